@@ -1,0 +1,57 @@
+# moe.cu build. The only build entry: binaries land in the repository root, objects in build/.
+#   make run        install what is missing, prepare the default data, train `small` on CPU, sample
+#   make test       install what is missing, build everything (CUDA too), run the CPU tests
+#   make train      the GPU trainer ./train          make test-gpu / make bench   on a GPU machine
+#   make bench-cpu  train_cpu against the PyTorch reference on this CPU
+
+CXX      ?= g++
+CXXFLAGS ?= -O3 -march=native -std=c++17 -fopenmp -Wall -Wextra -Wno-unused-parameter -I.
+NVCC     ?= /usr/local/cuda/bin/nvcc
+NVFLAGS  ?= -O3 -std=c++17 -I. -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=compute_90
+PYTHON   ?= /usr/bin/python3
+THREADS  ?= $(shell nproc)
+
+CORE_SRC := $(wildcard model/*.cpp) $(filter-out data/prepare.cpp,$(wildcard data/*.cpp)) $(wildcard comm/*.cpp)
+CORE_OBJ := $(patsubst %.cpp,build/%.o,$(CORE_SRC))
+TEST_SRC := $(wildcard test/*.cpp)
+TEST_OBJ := $(patsubst %.cpp,build/%.o,$(TEST_SRC))
+HEADERS  := $(wildcard model/*.h data/*.h comm/*.h kernels/*.cuh)
+
+.PHONY: all deps data run test test-gpu bench bench-cpu train clean
+
+all: train_cpu prepare_data test_cpu
+
+build/%.o: %.cpp $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -c $< -o $@
+
+train_cpu: build/train_cpu.o $(CORE_OBJ)
+	$(CXX) $(CXXFLAGS) $^ -o $@
+
+prepare_data: build/data/prepare.o $(CORE_OBJ)
+	$(CXX) $(CXXFLAGS) $^ -o $@
+
+test_cpu: $(TEST_OBJ) $(CORE_OBJ)
+	$(CXX) $(CXXFLAGS) $^ -o $@
+
+# The system packages the build, tests and run need (Debian names); installed only when missing.
+deps:
+	@./tools/install_deps.sh
+
+# Default data: the license texts every Debian system ships in /usr/share/common-licenses (base-files).
+data/default/train_000000.bin: prepare_data
+	./prepare_data --input /usr/share/common-licenses --out-dir data/default --vocab 1024
+
+data: data/default/train_000000.bin
+
+run: deps
+	$(MAKE) train_cpu data
+	OMP_NUM_THREADS=$(THREADS) ./train_cpu --config small --data 'data/default/train_*.bin' --val 'data/default/val_*.bin' \
+	  --steps 300 --batch 8 --seq 128 --lr 3e-3 --eval-every 50 --log run.jsonl --sample 200
+
+test: deps
+	$(MAKE) all train
+	OMP_NUM_THREADS=$(THREADS) ./test_cpu
+
+clean:
+	rm -rf build train_cpu prepare_data test_cpu train

@@ -1,0 +1,304 @@
+// Config loading: presets, JSON with Hugging Face DeepseekV3Config key names, validation, parameter counts.
+#include "config.h"
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <stdexcept>
+
+using nlohmann::json;
+
+// Presets. tiny: the gradient checks and unit tests. small: the CPU demo (about 4M parameters).
+// deepseek-v2-lite and deepseek-v3: the published shapes (routing is always DeepSeek-V3's sigmoid router).
+static const char* preset_json(const std::string& name) {
+    if (name == "tiny")
+        return R"({"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "moe_intermediate_size": 16,
+          "num_hidden_layers": 2, "num_attention_heads": 2, "q_lora_rank": 16, "kv_lora_rank": 16,
+          "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8, "n_routed_experts": 8,
+          "n_shared_experts": 1, "num_experts_per_tok": 2, "n_group": 4, "topk_group": 2,
+          "routed_scaling_factor": 2.5, "norm_topk_prob": true, "first_k_dense_replace": 1,
+          "num_nextn_predict_layers": 1, "initializer_range": 0.02, "aux_loss_alpha": 0.01,
+          "max_position_embeddings": 256})";
+    if (name == "small")
+        return R"({"vocab_size": 1024, "hidden_size": 192, "intermediate_size": 512, "moe_intermediate_size": 128,
+          "num_hidden_layers": 4, "num_attention_heads": 4, "q_lora_rank": 96, "kv_lora_rank": 64,
+          "qk_nope_head_dim": 32, "qk_rope_head_dim": 16, "v_head_dim": 32, "n_routed_experts": 8,
+          "n_shared_experts": 1, "num_experts_per_tok": 2, "n_group": 4, "topk_group": 2,
+          "routed_scaling_factor": 1.0, "norm_topk_prob": true, "first_k_dense_replace": 1,
+          "num_nextn_predict_layers": 1, "initializer_range": 0.02, "aux_loss_alpha": 0.0001,
+          "max_position_embeddings": 1024})";
+    if (name == "deepseek-v2-lite")
+        return R"({"vocab_size": 102400, "hidden_size": 2048, "intermediate_size": 10944, "moe_intermediate_size": 1408,
+          "num_hidden_layers": 27, "num_attention_heads": 16, "q_lora_rank": null, "kv_lora_rank": 512,
+          "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 64,
+          "n_shared_experts": 2, "num_experts_per_tok": 6, "n_group": 1, "topk_group": 1,
+          "routed_scaling_factor": 1.0, "norm_topk_prob": false, "first_k_dense_replace": 1,
+          "num_nextn_predict_layers": 0, "initializer_range": 0.02, "aux_loss_alpha": 0.001,
+          "max_position_embeddings": 163840, "rope_theta": 10000})";
+    if (name == "deepseek-v3")
+        return R"({"vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+          "num_hidden_layers": 61, "num_attention_heads": 128, "q_lora_rank": 1536, "kv_lora_rank": 512,
+          "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 256,
+          "n_shared_experts": 1, "num_experts_per_tok": 8, "n_group": 8, "topk_group": 4,
+          "routed_scaling_factor": 2.5, "norm_topk_prob": true, "first_k_dense_replace": 3,
+          "num_nextn_predict_layers": 1, "initializer_range": 0.006, "aux_loss_alpha": 0.0001,
+          "max_position_embeddings": 163840, "rope_theta": 10000,
+          "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+                           "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}})";
+    return nullptr;
+}
+
+// Keys of Hugging Face configs that carry no information this trainer needs (metadata, inference options).
+static bool is_ignored_hf_key(const std::string& k) {
+    static const char* keys[] = {"architectures", "auto_map", "model_type", "torch_dtype", "transformers_version",
+        "bos_token_id", "eos_token_id", "pad_token_id", "use_cache", "attention_bias", "attention_dropout",
+        "pretraining_tp", "ep_size", "num_key_value_heads", "seq_aux", "quantization_config", "_name_or_path",
+        "head_dim", "rope_interleave", "initializer_factor", "output_router_logits", "router_aux_loss_coef"};
+    for (const char* key : keys) if (k == key) return true;
+    return false;
+}
+
+static int get_int(const json& j, const char* key, int fallback) {
+    if (!j.contains(key) || j[key].is_null()) return fallback;
+    if (!j[key].is_number_integer()) throw std::runtime_error(std::string("'") + key + "' must be an integer");
+    int64_t v = j[key].get<int64_t>();
+    if (v < 0 || v > (int64_t)1 << 30) throw std::runtime_error(std::string("'") + key + "' is out of range");
+    return (int)v;
+}
+static float get_float(const json& j, const char* key, float fallback) {
+    if (!j.contains(key) || j[key].is_null()) return fallback;
+    if (!j[key].is_number()) throw std::runtime_error(std::string("'") + key + "' must be a number");
+    return j[key].get<float>();
+}
+
+Config parse_config_json(const std::string& text, const std::string& source) {
+    json j;
+    try {
+        j = json::parse(text);
+    } catch (const json::parse_error& e) {
+        throw std::runtime_error(source + ": malformed JSON (" + e.what() + ")");
+    }
+    if (!j.is_object()) throw std::runtime_error(source + ": the config must be a JSON object");
+    Config c;
+    try {
+        c.vocab_size = get_int(j, "vocab_size", c.vocab_size);
+        c.hidden_size = get_int(j, "hidden_size", c.hidden_size);
+        c.intermediate_size = get_int(j, "intermediate_size", c.intermediate_size);
+        c.moe_intermediate_size = get_int(j, "moe_intermediate_size", c.moe_intermediate_size);
+        c.num_hidden_layers = get_int(j, "num_hidden_layers", c.num_hidden_layers);
+        c.num_attention_heads = get_int(j, "num_attention_heads", c.num_attention_heads);
+        c.max_position_embeddings = get_int(j, "max_position_embeddings", c.max_position_embeddings);
+        c.q_lora_rank = get_int(j, "q_lora_rank", 0);  // null in configs without a low-rank query
+        c.kv_lora_rank = get_int(j, "kv_lora_rank", c.kv_lora_rank);
+        c.qk_nope_head_dim = get_int(j, "qk_nope_head_dim", c.qk_nope_head_dim);
+        c.qk_rope_head_dim = get_int(j, "qk_rope_head_dim", c.qk_rope_head_dim);
+        c.v_head_dim = get_int(j, "v_head_dim", c.v_head_dim);
+        c.n_routed_experts = get_int(j, "n_routed_experts", c.n_routed_experts);
+        c.n_shared_experts = get_int(j, "n_shared_experts", c.n_shared_experts);
+        c.num_experts_per_tok = get_int(j, "num_experts_per_tok", c.num_experts_per_tok);
+        c.n_group = get_int(j, "n_group", c.n_group);
+        c.topk_group = get_int(j, "topk_group", c.topk_group);
+        c.routed_scaling_factor = get_float(j, "routed_scaling_factor", c.routed_scaling_factor);
+        if (j.contains("norm_topk_prob")) {
+            if (!j["norm_topk_prob"].is_boolean()) throw std::runtime_error("'norm_topk_prob' must be true or false");
+            c.norm_topk_prob = j["norm_topk_prob"].get<bool>();
+        }
+        c.first_k_dense_replace = get_int(j, "first_k_dense_replace", c.first_k_dense_replace);
+        c.num_nextn_predict_layers = get_int(j, "num_nextn_predict_layers", c.num_nextn_predict_layers);
+        c.mtp_loss_weight = get_float(j, "mtp_loss_weight", c.mtp_loss_weight);
+        c.rms_norm_eps = get_float(j, "rms_norm_eps", c.rms_norm_eps);
+        c.rope_theta = get_float(j, "rope_theta", c.rope_theta);
+        c.initializer_range = get_float(j, "initializer_range", c.initializer_range);
+        c.aux_loss_alpha = get_float(j, "aux_loss_alpha", c.aux_loss_alpha);
+        c.bias_update_speed = get_float(j, "bias_update_speed", c.bias_update_speed);
+        if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
+            const json& rs = j["rope_scaling"];
+            if (!rs.is_object()) throw std::runtime_error("'rope_scaling' must be an object or null");
+            std::string type = rs.value("type", rs.value("rope_type", std::string("")));
+            if (type != "yarn") throw std::runtime_error("rope_scaling type '" + type + "' is not supported (only yarn)");
+            c.yarn_factor = get_float(rs, "factor", 1.0f);
+            c.yarn_original_max_position = get_int(rs, "original_max_position_embeddings", 4096);
+            c.yarn_beta_fast = get_float(rs, "beta_fast", 32.0f);
+            c.yarn_beta_slow = get_float(rs, "beta_slow", 1.0f);
+            c.yarn_mscale = get_float(rs, "mscale", 1.0f);
+            c.yarn_mscale_all_dim = get_float(rs, "mscale_all_dim", 0.0f);
+        }
+        // Keys that must have the one value this trainer implements.
+        if (j.contains("hidden_act") && j["hidden_act"] != "silu")
+            throw std::runtime_error("hidden_act must be \"silu\" (SwiGLU experts)");
+        if (j.contains("tie_word_embeddings") && j["tie_word_embeddings"] == true)
+            throw std::runtime_error("tie_word_embeddings must be false (DeepSeek's head is untied)");
+        if (j.contains("moe_layer_freq") && j["moe_layer_freq"] != 1)
+            throw std::runtime_error("moe_layer_freq must be 1 (every layer after first_k_dense_replace is MoE)");
+        if (j.contains("scoring_func") && j["scoring_func"] != "sigmoid")
+            fprintf(stderr, "%s: note: scoring_func %s is replaced by DeepSeek-V3's sigmoid router\n", source.c_str(),
+                    j["scoring_func"].dump().c_str());
+        if (j.contains("topk_method") && j["topk_method"] != "noaux_tc")
+            fprintf(stderr, "%s: note: topk_method %s is replaced by DeepSeek-V3's group-limited top-k with bias\n",
+                    source.c_str(), j["topk_method"].dump().c_str());
+    } catch (const json::exception& e) {
+        throw std::runtime_error(source + ": " + e.what());
+    } catch (const std::runtime_error& e) {
+        throw std::runtime_error(source + ": " + e.what());
+    }
+    static const char* known[] = {"vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
+        "num_hidden_layers", "num_attention_heads", "max_position_embeddings", "q_lora_rank", "kv_lora_rank",
+        "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "n_routed_experts", "n_shared_experts",
+        "num_experts_per_tok", "n_group", "topk_group", "routed_scaling_factor", "norm_topk_prob",
+        "first_k_dense_replace", "num_nextn_predict_layers", "mtp_loss_weight", "rms_norm_eps", "rope_theta",
+        "initializer_range", "aux_loss_alpha", "bias_update_speed", "rope_scaling", "hidden_act",
+        "tie_word_embeddings", "moe_layer_freq", "scoring_func", "topk_method"};
+    for (auto it = j.begin(); it != j.end(); ++it) {
+        bool found = is_ignored_hf_key(it.key());
+        for (const char* k : known) found = found || it.key() == k;
+        if (!found) fprintf(stderr, "%s: note: unknown key '%s' is ignored\n", source.c_str(), it.key().c_str());
+    }
+    try {
+        validate_config(c);
+    } catch (const std::runtime_error& e) {
+        throw std::runtime_error(source + ": " + e.what());
+    }
+    return c;
+}
+
+void validate_config(const Config& c) {
+    auto require = [](bool ok, const std::string& msg) {
+        if (!ok) throw std::runtime_error(msg);
+    };
+    require(c.vocab_size >= 2, "vocab_size must be at least 2");
+    require(c.hidden_size >= 1 && c.intermediate_size >= 1 && c.moe_intermediate_size >= 1,
+            "hidden_size, intermediate_size and moe_intermediate_size must be positive");
+    require(c.num_hidden_layers >= 1, "num_hidden_layers must be at least 1");
+    require(c.num_attention_heads >= 1, "num_attention_heads must be at least 1");
+    require(c.kv_lora_rank >= 1, "kv_lora_rank must be positive (MLA compresses keys and values)");
+    require(c.qk_nope_head_dim >= 1 && c.v_head_dim >= 1, "qk_nope_head_dim and v_head_dim must be positive");
+    require(c.qk_rope_head_dim >= 2 && c.qk_rope_head_dim % 2 == 0 && c.qk_rope_head_dim <= 1024,
+            "qk_rope_head_dim must be even and between 2 and 1024");
+    require(c.n_routed_experts >= 1, "n_routed_experts must be at least 1");
+    require(c.n_group >= 1 && c.n_routed_experts % c.n_group == 0,
+            "n_routed_experts (" + std::to_string(c.n_routed_experts) + ") must be divisible by n_group (" +
+                std::to_string(c.n_group) + ")");
+    require(c.n_group <= 64, "n_group must be at most 64");
+    require(c.topk_group >= 1 && c.topk_group <= c.n_group, "topk_group must be between 1 and n_group");
+    int allowed = c.topk_group * (c.n_routed_experts / c.n_group);
+    require(c.num_experts_per_tok >= 1 && c.num_experts_per_tok <= allowed,
+            "num_experts_per_tok (" + std::to_string(c.num_experts_per_tok) +
+                ") must be between 1 and the experts of the topk_group best groups (" + std::to_string(allowed) + ")");
+    require(c.first_k_dense_replace >= 0 && c.first_k_dense_replace <= c.num_hidden_layers,
+            "first_k_dense_replace must be between 0 and num_hidden_layers");
+    require(c.num_nextn_predict_layers == 0 || c.num_nextn_predict_layers == 1,
+            "num_nextn_predict_layers must be 0 or 1");
+    require(c.rms_norm_eps > 0 && c.rope_theta > 0, "rms_norm_eps and rope_theta must be positive");
+    require(c.routed_scaling_factor > 0, "routed_scaling_factor must be positive");
+    require(c.initializer_range > 0, "initializer_range must be positive");
+    require(c.aux_loss_alpha >= 0 && c.bias_update_speed >= 0 && c.mtp_loss_weight >= 0,
+            "aux_loss_alpha, bias_update_speed and mtp_loss_weight must not be negative");
+    require(c.yarn_factor >= 1.0f, "rope_scaling.factor must be at least 1");
+    require(c.max_position_embeddings >= 1, "max_position_embeddings must be positive");
+}
+
+Config load_config(const std::string& name) {
+    try {
+        if (const char* text = preset_json(name)) return parse_config_json(text, "preset " + name);
+        std::ifstream f(name);
+        if (!f)
+            throw std::runtime_error(name + ": no such preset (tiny, small, deepseek-v2-lite, deepseek-v3) or readable file");
+        std::stringstream ss;
+        ss << f.rdbuf();
+        return parse_config_json(ss.str(), name);
+    } catch (const std::runtime_error& e) {
+        fprintf(stderr, "error: config %s\n", e.what());
+        exit(1);
+    }
+}
+
+std::string config_to_json(const Config& c) {
+    json j;
+    j["architectures"] = {"DeepseekV3ForCausalLM"};
+    j["model_type"] = "deepseek_v3";
+    j["vocab_size"] = c.vocab_size;
+    j["hidden_size"] = c.hidden_size;
+    j["intermediate_size"] = c.intermediate_size;
+    j["moe_intermediate_size"] = c.moe_intermediate_size;
+    j["num_hidden_layers"] = c.num_hidden_layers;
+    j["num_attention_heads"] = c.num_attention_heads;
+    j["num_key_value_heads"] = c.num_attention_heads;
+    j["max_position_embeddings"] = c.max_position_embeddings;
+    j["q_lora_rank"] = c.q_lora_rank > 0 ? json(c.q_lora_rank) : json(nullptr);
+    j["kv_lora_rank"] = c.kv_lora_rank;
+    j["qk_nope_head_dim"] = c.qk_nope_head_dim;
+    j["qk_rope_head_dim"] = c.qk_rope_head_dim;
+    j["v_head_dim"] = c.v_head_dim;
+    j["n_routed_experts"] = c.n_routed_experts;
+    j["n_shared_experts"] = c.n_shared_experts;
+    j["num_experts_per_tok"] = c.num_experts_per_tok;
+    j["n_group"] = c.n_group;
+    j["topk_group"] = c.topk_group;
+    j["routed_scaling_factor"] = c.routed_scaling_factor;
+    j["norm_topk_prob"] = c.norm_topk_prob;
+    j["first_k_dense_replace"] = c.first_k_dense_replace;
+    j["moe_layer_freq"] = 1;
+    j["num_nextn_predict_layers"] = c.num_nextn_predict_layers;
+    j["mtp_loss_weight"] = c.mtp_loss_weight;
+    j["rms_norm_eps"] = c.rms_norm_eps;
+    j["rope_theta"] = c.rope_theta;
+    j["initializer_range"] = c.initializer_range;
+    j["aux_loss_alpha"] = c.aux_loss_alpha;
+    j["bias_update_speed"] = c.bias_update_speed;
+    j["hidden_act"] = "silu";
+    j["scoring_func"] = "sigmoid";
+    j["topk_method"] = "noaux_tc";
+    j["tie_word_embeddings"] = false;
+    if (c.yarn_factor > 1.0f)
+        j["rope_scaling"] = {{"type", "yarn"}, {"factor", c.yarn_factor},
+                             {"original_max_position_embeddings", c.yarn_original_max_position},
+                             {"beta_fast", c.yarn_beta_fast}, {"beta_slow", c.yarn_beta_slow},
+                             {"mscale", c.yarn_mscale}, {"mscale_all_dim", c.yarn_mscale_all_dim}};
+    else
+        j["rope_scaling"] = nullptr;
+    return j.dump(2);
+}
+
+// Parameters of one MLA block, of one SwiGLU of width w, and of one MoE layer.
+static int64_t mla_params(const Config& c) {
+    int64_t d = c.hidden_size, H = c.num_attention_heads, dq = c.qk_head_dim();
+    int64_t q = c.q_lora_rank > 0 ? d * c.q_lora_rank + c.q_lora_rank + (int64_t)c.q_lora_rank * H * dq : d * H * dq;
+    int64_t kv = d * (c.kv_lora_rank + c.qk_rope_head_dim) + c.kv_lora_rank +
+                 (int64_t)c.kv_lora_rank * H * (c.qk_nope_head_dim + c.v_head_dim);
+    return q + kv + H * c.v_head_dim * d;
+}
+static int64_t swiglu_params(const Config& c, int64_t width) { return 3 * width * c.hidden_size; }
+
+static int64_t block_params(const Config& c, int layer, bool active_only) {
+    int64_t n = 2 * (int64_t)c.hidden_size + mla_params(c);  // two norms + attention
+    if (!c.is_moe_layer(layer)) return n + swiglu_params(c, c.intermediate_size);
+    int64_t experts = active_only ? c.num_experts_per_tok : c.n_routed_experts;
+    n += (int64_t)c.n_routed_experts * c.hidden_size;  // router (all scores are computed per token)
+    n += swiglu_params(c, (int64_t)c.n_shared_experts * c.moe_intermediate_size);
+    n += experts * swiglu_params(c, c.moe_intermediate_size);
+    return n;
+}
+
+int64_t count_total_params(const Config& c) {
+    int64_t n = 2 * (int64_t)c.vocab_size * c.hidden_size + c.hidden_size;  // embedding, head, final norm
+    for (int l = 0; l < c.num_hidden_layers; l++) n += block_params(c, l, false);
+    return n;
+}
+
+int64_t count_active_params(const Config& c) {
+    int64_t n = 2 * (int64_t)c.vocab_size * c.hidden_size + c.hidden_size;
+    for (int l = 0; l < c.num_hidden_layers; l++) n += block_params(c, l, true);
+    return n;
+}
+
+int64_t count_mtp_params(const Config& c) {
+    if (c.num_nextn_predict_layers == 0) return 0;
+    int64_t d = c.hidden_size;
+    return 3 * d + 2 * d * d + block_params(c, c.num_hidden_layers, false);  // enorm, hnorm, head norm; eh_proj
+}
+
+void print_config(const Config& c) {
+    printf("config:\n%s\n", config_to_json(c).c_str());
+}

@@ -1,0 +1,218 @@
+// Model forward and backward on the CPU: the blocks, the head, the losses and MTP glued together.
+#include "model.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "ops.h"
+#include "rng.h"
+
+void model_init(Model& m, const Config& c) {
+    m.config = c;
+    m.table = build_param_table(c);
+    m.params.assign(m.table.total, 0.0f);
+    m.grads.assign(m.table.total, 0.0f);
+    m.w = map_weights(c, m.table, m.params.data());
+    m.g = map_weights(c, m.table, m.grads.data());
+    m.expert_counts.assign(c.num_blocks(), {});
+    for (int l = 0; l < c.num_blocks(); l++)
+        if (c.is_moe_layer(l)) m.expert_counts[l].assign(c.n_routed_experts, 0);
+    m.B = m.T = 0;
+}
+
+void model_init_weights(Model& m, uint64_t seed) {
+    Rng rng(seed);
+    for (const ParamTensor& t : m.table.tensors) {
+        float* p = m.params.data() + t.offset;
+        bool is_norm = t.shape.size() == 1 && t.trainable;
+        for (int64_t i = 0; i < t.numel; i++)
+            p[i] = !t.trainable ? 0.0f : is_norm ? 1.0f : m.config.initializer_range * rng.normal();
+    }
+}
+
+void model_zero_grads(Model& m) { std::fill(m.grads.begin(), m.grads.end(), 0.0f); }
+
+static void block_carve(Arena<float>& arena, const Config& c, int layer, int B, int T, BlockActs& a) {
+    const int64_t N = (int64_t)B * T, d = c.hidden_size;
+    a.attn_normed = arena.take(N * d);
+    a.attn_rstd = arena.take(N);
+    mla_carve(arena, c, B, T, a.mla);
+    a.attn_out = arena.take(N * d);
+    a.h_mid = arena.take(N * d);
+    a.ffn_normed = arena.take(N * d);
+    a.ffn_rstd = arena.take(N);
+    if (c.is_moe_layer(layer))
+        moe_carve(arena, c, B, T, a.moe);
+    else
+        swiglu_carve(arena, N, c.intermediate_size, a.dense);
+    a.ffn_out = arena.take(N * d);
+}
+
+// Lays out every activation of a B x T batch in one allocation (re-done only when B or T change).
+static void ensure_activations(Model& m, int B, int T) {
+    if (m.B == B && m.T == T) return;
+    const Config& c = m.config;
+    const int64_t N = (int64_t)B * T, d = c.hidden_size, V = c.vocab_size;
+    ModelActs& a = m.acts;
+    a.residual.assign(c.num_hidden_layers + 1, nullptr);
+    a.blocks.assign(c.num_blocks(), BlockActs{});
+    const bool mtp = c.num_nextn_predict_layers > 0;
+    carve_arena(m.act_storage, [&](Arena<float>& arena) {
+        for (float*& r : a.residual) r = arena.take(N * d);
+        for (int l = 0; l < c.num_blocks(); l++) block_carve(arena, c, l, B, T, a.blocks[l]);
+        a.final_normed = arena.take(N * d);
+        a.final_rstd = arena.take(N);
+        a.logits = arena.take(N * V);
+        a.next_embed = arena.take(mtp ? N * d : 0);
+        a.enorm_out = arena.take(mtp ? N * d : 0);
+        a.enorm_rstd = arena.take(mtp ? N : 0);
+        a.hnorm_out = arena.take(mtp ? N * d : 0);
+        a.hnorm_rstd = arena.take(mtp ? N : 0);
+        a.mtp_concat = arena.take(mtp ? 2 * N * d : 0);
+        a.mtp_in = arena.take(mtp ? N * d : 0);
+        a.mtp_out = arena.take(mtp ? N * d : 0);
+        a.mtp_normed = arena.take(mtp ? N * d : 0);
+        a.mtp_rstd = arena.take(mtp ? N : 0);
+        a.mtp_logits = arena.take(mtp ? N * V : 0);
+    });
+    m.B = B;
+    m.T = T;
+}
+
+// h_out = h_in + Attn(RMSNorm(h_in));  h_out += FFN(RMSNorm(.)). Returns the block's balance loss.
+static double block_forward(Model& m, int layer, const float* h_in, float* h_out, bool training) {
+    const Config& c = m.config;
+    const BlockWeights& w = m.w.blocks[layer];
+    BlockActs& a = m.acts.blocks[layer];
+    const int64_t N = (int64_t)m.B * m.T, d = c.hidden_size;
+    rmsnorm_forward(a.attn_normed, a.attn_rstd, h_in, w.attn_norm, N, d, c.rms_norm_eps);
+    mla_forward(c, w, a.mla, a.attn_normed, a.attn_out, m.B, m.T);
+    for (int64_t i = 0; i < N * d; i++) a.h_mid[i] = h_in[i] + a.attn_out[i];
+    rmsnorm_forward(a.ffn_normed, a.ffn_rstd, a.h_mid, w.ffn_norm, N, d, c.rms_norm_eps);
+    double balance = 0.0;
+    if (c.is_moe_layer(layer)) {
+        moe_forward(c, w, a.moe, a.ffn_normed, a.ffn_out, m.B, m.T);
+        if (training)
+            for (int e = 0; e < c.n_routed_experts; e++) m.expert_counts[layer][e] += a.moe.plan.counts[e];
+        balance = a.moe.balance_loss;
+    } else {
+        swiglu_ffn_forward(a.ffn_out, a.dense, a.ffn_normed, w.gate, w.up, w.down, N, d, c.intermediate_size);
+    }
+    for (int64_t i = 0; i < N * d; i++) h_out[i] = a.h_mid[i] + a.ffn_out[i];
+    return balance;
+}
+
+// dh_out (N, d) -> dh_in (N, d) overwritten.
+static void block_backward(Model& m, int layer, const float* h_in, const float* dh_out, float* dh_in,
+                           float loss_scale) {
+    const Config& c = m.config;
+    const BlockWeights& w = m.w.blocks[layer];
+    BlockWeights& g = m.g.blocks[layer];
+    const BlockActs& a = m.acts.blocks[layer];
+    const int64_t N = (int64_t)m.B * m.T, d = c.hidden_size;
+    std::vector<float> dnormed(N * d), dh_mid(dh_out, dh_out + N * d);
+    if (c.is_moe_layer(layer))
+        moe_backward(c, w, g, a.moe, a.ffn_normed, dh_out, dnormed.data(), m.B, m.T, loss_scale);
+    else
+        swiglu_ffn_backward(dnormed.data(), g.gate, g.up, g.down, dh_out, a.dense, a.ffn_normed, w.gate, w.up,
+                            w.down, N, d, c.intermediate_size, false);
+    rmsnorm_backward(dh_mid.data(), g.ffn_norm, dnormed.data(), a.h_mid, w.ffn_norm, a.ffn_rstd, N, d, true);
+    memcpy(dh_in, dh_mid.data(), N * d * sizeof(float));
+    mla_backward(c, w, g, a.mla, a.attn_normed, dh_mid.data(), dnormed.data(), m.B, m.T);
+    rmsnorm_backward(dh_in, g.attn_norm, dnormed.data(), h_in, w.attn_norm, a.attn_rstd, N, d, true);
+}
+
+LossParts model_forward(Model& m, const int32_t* inputs, const int32_t* targets, int B, int T, bool training) {
+    ensure_activations(m, B, T);
+    const Config& c = m.config;
+    ModelActs& a = m.acts;
+    const int64_t N = (int64_t)B * T, d = c.hidden_size, V = c.vocab_size, L = c.num_hidden_layers;
+    m.inputs.assign(inputs, inputs + N);
+    LossParts loss;
+
+    embedding_forward(a.residual[0], inputs, m.w.embed, N, d);
+    for (int l = 0; l < L; l++) loss.balance += block_forward(m, l, a.residual[l], a.residual[l + 1], training);
+    rmsnorm_forward(a.final_normed, a.final_rstd, a.residual[L], m.w.final_norm, N, d, c.rms_norm_eps);
+    matmul_forward(a.logits, a.final_normed, m.w.head, N, d, V);
+    if (!targets) {
+        m.targets.clear();
+        return m.loss = loss;
+    }
+    m.targets.assign(targets, targets + N);
+    loss.main = cross_entropy_forward_backward(nullptr, a.logits, targets, N, V, 0.0f) / N;
+
+    if (c.num_nextn_predict_layers > 0) {
+        m.mtp_targets.resize(N);
+        for (int64_t t = 0; t < N; t++) m.mtp_targets[t] = (t % T == T - 1) ? -1 : targets[t + 1];
+        embedding_forward(a.next_embed, targets, m.w.embed, N, d);
+        rmsnorm_forward(a.enorm_out, a.enorm_rstd, a.next_embed, m.w.mtp_enorm, N, d, c.rms_norm_eps);
+        rmsnorm_forward(a.hnorm_out, a.hnorm_rstd, a.final_normed, m.w.mtp_hnorm, N, d, c.rms_norm_eps);
+        for (int64_t t = 0; t < N; t++) {
+            memcpy(a.mtp_concat + t * 2 * d, a.enorm_out + t * d, d * sizeof(float));
+            memcpy(a.mtp_concat + t * 2 * d + d, a.hnorm_out + t * d, d * sizeof(float));
+        }
+        matmul_forward(a.mtp_in, a.mtp_concat, m.w.mtp_eh_proj, N, 2 * d, d);
+        loss.balance += block_forward(m, (int)L, a.mtp_in, a.mtp_out, training);
+        rmsnorm_forward(a.mtp_normed, a.mtp_rstd, a.mtp_out, m.w.mtp_norm, N, d, c.rms_norm_eps);
+        matmul_forward(a.mtp_logits, a.mtp_normed, m.w.head, N, d, V);
+        loss.mtp = cross_entropy_forward_backward(nullptr, a.mtp_logits, m.mtp_targets.data(), N, V, 0.0f) /
+                   ((double)B * (T - 1));
+    }
+    loss.total = loss.main + c.mtp_loss_weight * loss.mtp + loss.balance;
+    return m.loss = loss;
+}
+
+void model_backward(Model& m, float loss_scale) {
+    const Config& c = m.config;
+    ModelActs& a = m.acts;
+    const int B = m.B, T = m.T;
+    const int64_t N = (int64_t)B * T, d = c.hidden_size, V = c.vocab_size, L = c.num_hidden_layers;
+    std::vector<float> dlogits(N * V), dfinal(N * d), dh(N * d), dh_prev(N * d);
+
+    // main head: d(mean CE)/d logits, then into the final normalised state
+    cross_entropy_forward_backward(dlogits.data(), a.logits, m.targets.data(), N, V, loss_scale / N);
+    matmul_backward(dfinal.data(), m.g.head, dlogits.data(), a.final_normed, m.w.head, N, d, V, false);
+
+    if (c.num_nextn_predict_layers > 0) {
+        const float mtp_scale = loss_scale * c.mtp_loss_weight / ((float)B * (T - 1));
+        std::vector<float> dmtp(N * d), dmtp_out(N * d), dconcat(N * 2 * d), dhalf(N * d), dnext(N * d);
+        cross_entropy_forward_backward(dlogits.data(), a.mtp_logits, m.mtp_targets.data(), N, V, mtp_scale);
+        matmul_backward(dmtp.data(), m.g.head, dlogits.data(), a.mtp_normed, m.w.head, N, d, V, false);
+        rmsnorm_backward(dmtp_out.data(), m.g.mtp_norm, dmtp.data(), a.mtp_out, m.w.mtp_norm, a.mtp_rstd, N, d,
+                         false);
+        block_backward(m, (int)L, a.mtp_in, dmtp_out.data(), dmtp.data(), loss_scale);
+        matmul_backward(dconcat.data(), m.g.mtp_eh_proj, dmtp.data(), a.mtp_concat, m.w.mtp_eh_proj, N, 2 * d, d,
+                        false);
+        // split [d enorm_out | d hnorm_out]; the h half flows into the main model's final state
+        for (int64_t t = 0; t < N; t++) memcpy(dhalf.data() + t * d, dconcat.data() + t * 2 * d + d, d * sizeof(float));
+        rmsnorm_backward(dfinal.data(), m.g.mtp_hnorm, dhalf.data(), a.final_normed, m.w.mtp_hnorm, a.hnorm_rstd, N,
+                         d, true);
+        for (int64_t t = 0; t < N; t++) memcpy(dhalf.data() + t * d, dconcat.data() + t * 2 * d, d * sizeof(float));
+        rmsnorm_backward(dnext.data(), m.g.mtp_enorm, dhalf.data(), a.next_embed, m.w.mtp_enorm, a.enorm_rstd, N, d,
+                         false);
+        embedding_backward(m.g.embed, dnext.data(), m.targets.data(), N, d);
+    }
+
+    rmsnorm_backward(dh.data(), m.g.final_norm, dfinal.data(), a.residual[L], m.w.final_norm, a.final_rstd, N, d,
+                     false);
+    for (int64_t l = L - 1; l >= 0; l--) {
+        block_backward(m, (int)l, a.residual[l], dh.data(), dh_prev.data(), loss_scale);
+        std::swap(dh, dh_prev);
+    }
+    embedding_backward(m.g.embed, dh.data(), m.inputs.data(), N, d);
+}
+
+void model_update_router_bias(Model& m, const std::vector<std::vector<int64_t>>& counts) {
+    const Config& c = m.config;
+    for (int l = 0; l < c.num_blocks(); l++) {
+        if (!c.is_moe_layer(l)) continue;
+        double mean = 0.0;
+        for (int64_t n : counts[l]) mean += (double)n / c.n_routed_experts;
+        float* bias = m.w.blocks[l].router_bias;
+        for (int e = 0; e < c.n_routed_experts; e++) {
+            double gap = mean - (double)counts[l][e];
+            bias[e] += c.bias_update_speed * (float)((gap > 0) - (gap < 0));
+        }
+        std::fill(m.expert_counts[l].begin(), m.expert_counts[l].end(), 0);
+    }
+}

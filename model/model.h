@@ -1,0 +1,80 @@
+// The whole model on the CPU (DESIGN §1): embedding -> blocks (MLA + dense SwiGLU or MoE, pre-norm residuals) ->
+// final norm -> head -> cross-entropy, plus Multi-Token Prediction and the balance loss. This is the readable spec
+// that the GPU trainer and the PyTorch twin are checked against.
+//   loss = CE_main + mtp_loss_weight * CE_mtp + sum over MoE blocks of the balance loss
+// MTP runs over all T positions: position i gets h'_i = W_eh [RMSNorm_e(Emb(y_i)) ; RMSNorm_h(hf_i)] (y_i = the
+// next token, hf_i = the main model's normalised final state) and predicts y_{i+1}; position T-1 has no target,
+// so CE_mtp is the mean over B*(T-1) positions.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "config.h"
+#include "ffn.h"
+#include "mla.h"
+#include "moe.h"
+#include "params.h"
+
+struct BlockActs {
+    float* attn_normed;  // (N, d) RMSNorm(h) into the attention
+    float* attn_rstd;    // (N)
+    MLAActs mla;
+    float* attn_out;     // (N, d)
+    float* h_mid;        // (N, d) h + attention
+    float* ffn_normed;   // (N, d)
+    float* ffn_rstd;     // (N)
+    SwigluActs dense;    // dense layers only
+    MoEActs moe;         // MoE layers only
+    float* ffn_out;      // (N, d)
+};
+
+struct ModelActs {
+    std::vector<float*> residual;  // num_hidden_layers + 1 entries of (N, d): the input of each main block, then the output
+    std::vector<BlockActs> blocks; // main blocks, then the MTP block
+    float* final_normed;           // (N, d)
+    float* final_rstd;             // (N)
+    float* logits;                 // (N, V)
+    // MTP
+    float* next_embed;             // (N, d) Emb(y)
+    float* enorm_out;              // (N, d)
+    float* enorm_rstd;             // (N)
+    float* hnorm_out;              // (N, d)
+    float* hnorm_rstd;             // (N)
+    float* mtp_concat;             // (N, 2d) [enorm_out | hnorm_out]
+    float* mtp_in;                 // (N, d)  W_eh concat: the MTP block's input
+    float* mtp_out;                // (N, d)
+    float* mtp_normed;             // (N, d)
+    float* mtp_rstd;               // (N)
+    float* mtp_logits;             // (N, V)
+};
+
+struct LossParts {
+    double total = 0, main = 0, mtp = 0, balance = 0;
+};
+
+struct Model {
+    Config config;
+    ParamTable table;
+    std::vector<float> params, grads;  // one buffer each, laid out by the table
+    ModelWeights w, g;                 // pointers into params and grads
+    // activations of the last forward, for a batch of B x T
+    int B = 0, T = 0;
+    std::vector<float> act_storage;
+    ModelActs acts;
+    std::vector<int32_t> inputs, targets, mtp_targets;  // (N) each; mtp_targets[b, T-1] = -1
+    // tokens routed to each expert of each block since the last bias update (empty for dense blocks)
+    std::vector<std::vector<int64_t>> expert_counts;
+    LossParts loss;
+};
+
+void model_init(Model& m, const Config& c);                // table and zeroed buffers
+void model_init_weights(Model& m, uint64_t seed);          // N(0, initializer_range) matrices, norms 1, biases 0
+// Forward over B sequences of T tokens. targets == nullptr: logits only (no losses, no MTP).
+// training: add this batch's expert loads to expert_counts (evaluation and sampling must not).
+LossParts model_forward(Model& m, const int32_t* inputs, const int32_t* targets, int B, int T, bool training);
+// Backward of the last forward (which had targets): grads += loss_scale * d loss / d params.
+void model_backward(Model& m, float loss_scale);
+void model_zero_grads(Model& m);
+// Aux-loss-free balancing: b_i += gamma * sign(mean(count) - count_i) per MoE block, then counts reset.
+// counts are the global counts (summed over ranks and micro-batches).
+void model_update_router_bias(Model& m, const std::vector<std::vector<int64_t>>& counts);

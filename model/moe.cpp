@@ -1,0 +1,165 @@
+// MoE forward and backward on the CPU.
+// Gate-weight gradient: with S = sum_j s_j over the chosen experts and w_j = r s_j / S (norm_topk_prob),
+//   dL/ds_m = r (dw_m / S - sum_j dw_j s_j / S^2);  without normalisation dL/ds_m = r dw_m.
+// Balance loss per sequence: L = alpha sum_i f_i P_i, P_i = (1/T) sum_t s_ti / S_t, S_t = sum_e s_te (all experts),
+//   f_i = E/(kT) * #{t : i chosen at t} (constant), so dL/ds_ti = alpha/T (f_i / S_t - sum_e f_e s_te / S_t^2).
+// Router: s = sigmoid(z) so dL/dz = dL/ds * s (1 - s).
+#include "moe.h"
+
+#include <cstring>
+
+#include "ops.h"
+#include "router.h"
+
+void moe_carve(Arena<float>& arena, const Config& c, int B, int T, MoEActs& a) {
+    const int64_t N = (int64_t)B * T, d = c.hidden_size, E = c.n_routed_experts, k = c.num_experts_per_tok;
+    const int64_t I = c.moe_intermediate_size, S = (int64_t)c.n_shared_experts * I;
+    a.scores = arena.take(N * E);
+    a.gate_weights = arena.take(N * k);
+    a.rows_in = arena.take(N * k * d);
+    swiglu_carve(arena, N * k, I, a.experts);
+    a.rows_out = arena.take(N * k * d);
+    swiglu_carve(arena, N, S, a.shared);
+    a.shared_out = arena.take(S > 0 ? N * d : 0);
+    a.chosen.assign(N * k, 0);
+}
+
+// The SwigluActs of expert e's rows: views into the stacked buffers.
+static SwigluActs expert_view(const SwigluActs& all, int64_t first_row, int64_t I) {
+    return SwigluActs{all.g + first_row * I, all.u + first_row * I, all.a + first_row * I};
+}
+
+void moe_forward(const Config& c, const BlockWeights& w, MoEActs& a, const float* x, float* out, int B, int T) {
+    const int64_t N = (int64_t)B * T, d = c.hidden_size, E = c.n_routed_experts, k = c.num_experts_per_tok;
+    const int64_t I = c.moe_intermediate_size, S = (int64_t)c.n_shared_experts * I;
+
+    // route: scores (N, E), chosen experts and gate weights (N, k)
+    matmul_forward(a.scores, x, w.router, N, d, E);
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < N; t++) {
+        std::vector<float> scratch(E);
+        float* s = a.scores + t * E;
+        for (int64_t e = 0; e < E; e++) s[e] = sigmoidf_(s[e]);
+        router_select(c, s, w.router_bias, scratch.data(), a.chosen.data() + t * k, a.gate_weights + t * k);
+    }
+    a.plan = build_expert_plan(a.chosen.data(), N * k, (int)E);
+
+    // dispatch: gather token rows into expert-contiguous order
+#pragma omp parallel for schedule(static)
+    for (int64_t row = 0; row < N * k; row++)
+        memcpy(a.rows_in + row * d, x + (a.plan.slot_of_row[row] / k) * d, d * sizeof(float));
+    // grouped expert GEMMs, one contiguous block of rows per expert
+    for (int64_t e = 0; e < E; e++) {
+        int64_t first = a.plan.offsets[e], rows = a.plan.counts[e];
+        swiglu_ffn_forward(a.rows_out + first * d, expert_view(a.experts, first, I), a.rows_in + first * d,
+                           w.expert_gate + e * I * d, w.expert_up + e * I * d, w.expert_down + e * d * I, rows, d, I);
+    }
+    if (S > 0) swiglu_ffn_forward(a.shared_out, a.shared, x, w.gate, w.up, w.down, N, d, S);
+    // combine: out_t = sum_j w_tj rows_out[row(t, j)] + shared_t
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < N; t++) {
+        float* y = out + t * d;
+        for (int64_t i = 0; i < d; i++) y[i] = S > 0 ? a.shared_out[t * d + i] : 0.0f;
+        for (int64_t j = 0; j < k; j++) {
+            const float* r = a.rows_out + a.plan.row_of_slot[t * k + j] * d;
+            float gw = a.gate_weights[t * k + j];
+            for (int64_t i = 0; i < d; i++) y[i] += gw * r[i];
+        }
+    }
+
+    // sequence-wise balance loss
+    a.balance_loss = 0.0;
+    if (c.aux_loss_alpha > 0) {
+        for (int b = 0; b < B; b++) {
+            std::vector<double> f(E, 0.0), P(E, 0.0);
+            for (int64_t t = b * (int64_t)T; t < (b + 1) * (int64_t)T; t++) {
+                for (int64_t j = 0; j < k; j++) f[a.chosen[t * k + j]] += (double)E / (k * T);
+                double total = 0.0;
+                for (int64_t e = 0; e < E; e++) total += a.scores[t * E + e];
+                for (int64_t e = 0; e < E; e++) P[e] += a.scores[t * E + e] / total / T;
+            }
+            double sum = 0.0;
+            for (int64_t e = 0; e < E; e++) sum += f[e] * P[e];
+            a.balance_loss += c.aux_loss_alpha * sum / B;
+        }
+    }
+}
+
+void moe_backward(const Config& c, const BlockWeights& w, BlockWeights& g, const MoEActs& a, const float* x,
+                  const float* dout, float* dx, int B, int T, float balance_scale) {
+    const int64_t N = (int64_t)B * T, d = c.hidden_size, E = c.n_routed_experts, k = c.num_experts_per_tok;
+    const int64_t I = c.moe_intermediate_size, S = (int64_t)c.n_shared_experts * I;
+
+    // combine backward: d rows_out[row(t,j)] = w_tj dout_t;  dw_tj = dout_t . rows_out[row(t,j)]
+    std::vector<float> drows_out(N * k * d), dgate_weights(N * k), drows_in(N * k * d);
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < N; t++)
+        for (int64_t j = 0; j < k; j++) {
+            int64_t row = a.plan.row_of_slot[t * k + j];
+            const float* r = a.rows_out + row * d;
+            float gw = a.gate_weights[t * k + j], dot = 0.0f;
+            for (int64_t i = 0; i < d; i++) {
+                drows_out[row * d + i] = gw * dout[t * d + i];
+                dot += dout[t * d + i] * r[i];
+            }
+            dgate_weights[t * k + j] = dot;
+        }
+    for (int64_t e = 0; e < E; e++) {
+        int64_t first = a.plan.offsets[e], rows = a.plan.counts[e];
+        swiglu_ffn_backward(drows_in.data() + first * d, g.expert_gate + e * I * d, g.expert_up + e * I * d,
+                            g.expert_down + e * d * I, drows_out.data() + first * d, expert_view(a.experts, first, I),
+                            a.rows_in + first * d, w.expert_gate + e * I * d, w.expert_up + e * I * d,
+                            w.expert_down + e * d * I, rows, d, I, false);
+    }
+    // scatter the expert-row gradients back to their tokens (and the shared experts' gradient)
+    if (S > 0) swiglu_ffn_backward(dx, g.gate, g.up, g.down, dout, a.shared, x, w.gate, w.up, w.down, N, d, S, false);
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < N; t++) {
+        float* dxt = dx + t * d;
+        if (S == 0) memset(dxt, 0, d * sizeof(float));
+        for (int64_t j = 0; j < k; j++) {
+            const float* dr = drows_in.data() + a.plan.row_of_slot[t * k + j] * d;
+            for (int64_t i = 0; i < d; i++) dxt[i] += dr[i];
+        }
+    }
+
+    // router: gate weights and balance loss -> scores -> logits
+    std::vector<float> dlogits(N * E);
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < N; t++) {
+        const float* s = a.scores + t * E;
+        float* dz = dlogits.data() + t * E;
+        for (int64_t e = 0; e < E; e++) dz[e] = 0.0f;  // holds dL/ds until the sigmoid step below
+        const int32_t* chosen = a.chosen.data() + t * k;
+        const float* dgw = dgate_weights.data() + t * k;
+        if (c.norm_topk_prob) {
+            float sum = 0.0f, weighted = 0.0f;
+            for (int64_t j = 0; j < k; j++) sum += s[chosen[j]];
+            for (int64_t j = 0; j < k; j++) weighted += dgw[j] * s[chosen[j]];
+            for (int64_t j = 0; j < k; j++)
+                dz[chosen[j]] += c.routed_scaling_factor * (dgw[j] / sum - weighted / (sum * sum));
+        } else {
+            for (int64_t j = 0; j < k; j++) dz[chosen[j]] += c.routed_scaling_factor * dgw[j];
+        }
+    }
+    if (c.aux_loss_alpha > 0) {
+#pragma omp parallel for schedule(static)
+        for (int b = 0; b < B; b++) {
+            std::vector<double> f(E, 0.0);
+            for (int64_t t = b * (int64_t)T; t < (b + 1) * (int64_t)T; t++)
+                for (int64_t j = 0; j < k; j++) f[a.chosen[t * k + j]] += (double)E / (k * T);
+            const double coef = balance_scale * c.aux_loss_alpha / ((double)B * T);
+            for (int64_t t = b * (int64_t)T; t < (b + 1) * (int64_t)T; t++) {
+                const float* s = a.scores + t * E;
+                double total = 0.0, fs = 0.0;
+                for (int64_t e = 0; e < E; e++) total += s[e];
+                for (int64_t e = 0; e < E; e++) fs += f[e] * s[e];
+                for (int64_t e = 0; e < E; e++)
+                    dlogits[t * E + e] += (float)(coef * (f[e] / total - fs / (total * total)));
+            }
+        }
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < N * E; i++) dlogits[i] *= a.scores[i] * (1.0f - a.scores[i]);
+    matmul_backward(dx, g.router, dlogits.data(), x, w.router, N, d, E, true);
+}

@@ -1,0 +1,155 @@
+// CPU reference ops. The GEMM is register-blocked (4 rows x 32 columns of C held in registers while K streams),
+// written as plain loops the compiler vectorises; all the linear layers go through it.
+#include "ops.h"
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+static constexpr int64_t GEMM_ROWS = 4, GEMM_COLS = 32;
+
+// One C tile: rows [i0, i0+rows), columns [j0, j0+cols), rows <= 4 and cols <= 32.
+static inline void gemm_tile(float* C, const float* A, const float* B, int64_t K, int64_t N, int64_t i0, int64_t rows,
+                             int64_t j0, int64_t cols, bool accumulate) {
+    float acc[GEMM_ROWS][GEMM_COLS] = {};
+    if (rows == GEMM_ROWS && cols == GEMM_COLS) {
+        for (int64_t k = 0; k < K; k++) {
+            const float* b = B + k * N + j0;
+            for (int64_t r = 0; r < GEMM_ROWS; r++) {
+                float a = A[(i0 + r) * K + k];
+#pragma omp simd
+                for (int64_t c = 0; c < GEMM_COLS; c++) acc[r][c] += a * b[c];
+            }
+        }
+    } else {
+        for (int64_t k = 0; k < K; k++) {
+            const float* b = B + k * N + j0;
+            for (int64_t r = 0; r < rows; r++) {
+                float a = A[(i0 + r) * K + k];
+                for (int64_t c = 0; c < cols; c++) acc[r][c] += a * b[c];
+            }
+        }
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        float* out = C + (i0 + r) * N + j0;
+        for (int64_t c = 0; c < cols; c++) out[c] = accumulate ? out[c] + acc[r][c] : acc[r][c];
+    }
+}
+
+void gemm_nn(float* C, const float* A, const float* B, int64_t M, int64_t K, int64_t N, bool accumulate) {
+    const int64_t row_tiles = (M + GEMM_ROWS - 1) / GEMM_ROWS, col_tiles = (N + GEMM_COLS - 1) / GEMM_COLS;
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t ct = 0; ct < col_tiles; ct++)
+        for (int64_t rt = 0; rt < row_tiles; rt++) {
+            int64_t i0 = rt * GEMM_ROWS, j0 = ct * GEMM_COLS;
+            gemm_tile(C, A, B, K, N, i0, std::min(GEMM_ROWS, M - i0), j0, std::min(GEMM_COLS, N - j0), accumulate);
+        }
+}
+
+// dst (cols, rows) = src (rows, cols)^T
+static void transpose(float* dst, const float* src, int64_t rows, int64_t cols) {
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < cols; c++)
+        for (int64_t r = 0; r < rows; r++) dst[c * rows + r] = src[r * cols + c];
+}
+
+void matmul_forward(float* out, const float* inp, const float* W, int64_t M, int64_t K, int64_t N) {
+    std::vector<float> Wt(K * N);
+    transpose(Wt.data(), W, N, K);
+    gemm_nn(out, inp, Wt.data(), M, K, N, false);
+}
+
+void matmul_backward(float* dinp, float* dW, const float* dout, const float* inp, const float* W, int64_t M,
+                     int64_t K, int64_t N, bool accumulate_dinp) {
+    if (dinp) gemm_nn(dinp, dout, W, M, N, K, accumulate_dinp);
+    std::vector<float> dout_t(N * M);
+    transpose(dout_t.data(), dout, M, N);
+    gemm_nn(dW, dout_t.data(), inp, N, M, K, true);
+}
+
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int64_t M, int64_t C, float eps) {
+#pragma omp parallel for schedule(static)
+    for (int64_t m = 0; m < M; m++) {
+        const float* x = inp + m * C;
+        float ss = 0.0f;
+        for (int64_t c = 0; c < C; c++) ss += x[c] * x[c];
+        float r = 1.0f / sqrtf(ss / C + eps);
+        rstd[m] = r;
+        for (int64_t c = 0; c < C; c++) out[m * C + c] = x[c] * r * w[c];
+    }
+}
+
+// y = x r w with r = (mean(x^2)+eps)^-1/2:  dx = r (dy w) - x r^3 / C * sum(dy w x);  dw += sum_rows dy x r.
+void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, const float* rstd,
+                      int64_t M, int64_t C, bool accumulate_dinp) {
+#pragma omp parallel for schedule(static)
+    for (int64_t m = 0; m < M; m++) {
+        const float *x = inp + m * C, *dy = dout + m * C;
+        float r = rstd[m], dot = 0.0f;
+        for (int64_t c = 0; c < C; c++) dot += dy[c] * w[c] * x[c];
+        float coef = r * r * r * dot / C;
+        for (int64_t c = 0; c < C; c++) {
+            float g = r * dy[c] * w[c] - x[c] * coef;
+            dinp[m * C + c] = accumulate_dinp ? dinp[m * C + c] + g : g;
+        }
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < C; c++) {
+        float acc = 0.0f;
+        for (int64_t m = 0; m < M; m++) acc += dout[m * C + c] * inp[m * C + c] * rstd[m];
+        dw[c] += acc;
+    }
+}
+
+void swiglu_forward(float* out, const float* g, const float* u, int64_t n) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) out[i] = silu(g[i]) * u[i];
+}
+
+// silu'(g) = s (1 + g (1 - s)), s = sigmoid(g)
+void swiglu_backward(float* dg, float* du, const float* dout, const float* g, const float* u, int64_t n) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) {
+        float s = sigmoidf_(g[i]);
+        dg[i] = dout[i] * u[i] * s * (1.0f + g[i] * (1.0f - s));
+        du[i] = dout[i] * g[i] * s;
+    }
+}
+
+void embedding_forward(float* out, const int32_t* tokens, const float* embed, int64_t M, int64_t d) {
+#pragma omp parallel for schedule(static)
+    for (int64_t m = 0; m < M; m++) memcpy(out + m * d, embed + (int64_t)tokens[m] * d, d * sizeof(float));
+}
+
+void embedding_backward(float* dembed, const float* dout, const int32_t* tokens, int64_t M, int64_t d) {
+    for (int64_t m = 0; m < M; m++) {
+        float* row = dembed + (int64_t)tokens[m] * d;
+        for (int64_t c = 0; c < d; c++) row[c] += dout[m * d + c];
+    }
+}
+
+double cross_entropy_forward_backward(float* dlogits, const float* logits, const int32_t* targets, int64_t M,
+                                      int64_t V, float loss_scale) {
+    std::vector<double> row_loss(M, 0.0);
+#pragma omp parallel for schedule(static)
+    for (int64_t m = 0; m < M; m++) {
+        const float* z = logits + m * V;
+        if (targets[m] < 0) {
+            if (dlogits) memset(dlogits + m * V, 0, V * sizeof(float));
+            continue;
+        }
+        float zmax = z[0];
+        for (int64_t v = 1; v < V; v++) zmax = std::max(zmax, z[v]);
+        double sum = 0.0;
+        for (int64_t v = 0; v < V; v++) sum += expf(z[v] - zmax);
+        row_loss[m] = log(sum) - (z[targets[m]] - zmax);
+        if (dlogits) {
+            float inv = (float)(1.0 / sum);
+            for (int64_t v = 0; v < V; v++) dlogits[m * V + v] = loss_scale * expf(z[v] - zmax) * inv;
+            dlogits[m * V + targets[m]] -= loss_scale;
+        }
+    }
+    double total = 0.0;
+    for (int64_t m = 0; m < M; m++) total += row_loss[m];
+    return total;
+}

@@ -1,0 +1,65 @@
+// The parameter table: every tensor of the model with its Hugging Face name, shape and 64-bit offset into ONE
+// contiguous float buffer. Gradients and AdamW moments use the same offsets in buffers of their own.
+// Routed experts of a layer are stacked as one tensor [E, out, in] named model.layers.N.mlp.experts.*_proj.weight
+// (the published checkpoints store model.layers.N.mlp.experts.E.*_proj.weight, one per expert: slice E of ours).
+// The MTP block is layer num_hidden_layers, as in the published checkpoints.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "config.h"
+
+struct ParamTensor {
+    std::string name;
+    std::vector<int64_t> shape;
+    int64_t offset = 0;  // in floats, into the parameter buffer
+    int64_t numel = 0;
+    bool weight_decay = false;  // matrices and embeddings decay; norm weights do not
+    bool trainable = true;      // false for e_score_correction_bias (updated by the balancing rule, not AdamW)
+};
+
+struct ParamTable {
+    std::vector<ParamTensor> tensors;
+    int64_t total = 0;  // floats in the whole buffer
+    const ParamTensor* find(const std::string& name) const;   // nullptr when absent
+    const ParamTensor& at(const std::string& name) const;     // aborts with the name when absent
+};
+
+ParamTable build_param_table(const Config& c);
+
+// Pointers into a parameter (or gradient) buffer for one transformer block. Unused ones are nullptr.
+struct BlockWeights {
+    float* attn_norm;       // (d)
+    float* q_a;             // (q_lora, d)            when q_lora_rank > 0
+    float* q_a_norm;        // (q_lora)
+    float* q_b;             // (H*dqk, q_lora)
+    float* q;               // (H*dqk, d)             when q_lora_rank == 0
+    float* kv_a;            // (kv_lora + d_rope, d)
+    float* kv_a_norm;       // (kv_lora)
+    float* kv_b;            // (H*(d_nope + d_v), kv_lora)
+    float* o;               // (d, H*d_v)
+    float* ffn_norm;        // (d)
+    float* gate;            // dense: (inter, d); MoE shared experts: (n_shared*moe_inter, d)
+    float* up;              // same shape as gate
+    float* down;            // (d, width)
+    float* router;          // (E, d)                 MoE only
+    float* router_bias;     // (E) e_score_correction_bias
+    float* expert_gate;     // (E, moe_inter, d)
+    float* expert_up;       // (E, moe_inter, d)
+    float* expert_down;     // (E, d, moe_inter)
+};
+
+// The whole model's pointers into one buffer.
+struct ModelWeights {
+    float* embed;           // (V, d)
+    std::vector<BlockWeights> blocks;  // num_hidden_layers main blocks, then the MTP block if any
+    float* final_norm;      // (d)
+    float* head;            // (V, d)
+    float* mtp_enorm;       // (d)   MTP only
+    float* mtp_hnorm;       // (d)
+    float* mtp_eh_proj;     // (d, 2d)
+    float* mtp_norm;        // (d)   the MTP block's own final norm (shared_head.norm)
+};
+
+ModelWeights map_weights(const Config& c, const ParamTable& table, float* buffer);
