@@ -1,0 +1,100 @@
+// Checkpoint save and load through the safetensors reader and writer.
+#include "checkpoint.h"
+
+#include <dirent.h>
+#include <stdexcept>
+#include <sys/stat.h>
+
+#include "safetensors.h"
+
+static const char* FORMAT = "moe.cu checkpoint";
+
+std::string checkpoint_path(const std::string& dir, int64_t step) {
+    char name[64];
+    snprintf(name, sizeof(name), "/ckpt_%08lld.safetensors", (long long)step);
+    return dir + name;
+}
+
+std::string checkpoint_find_latest(const std::string& dir) {
+    DIR* d = opendir(dir.c_str());
+    if (!d) return "";
+    std::string best;
+    long long best_step = -1;
+    while (dirent* e = readdir(d)) {
+        long long step;
+        char tail[32];
+        if (sscanf(e->d_name, "ckpt_%lld.%31s", &step, tail) == 2 && std::string(tail) == "safetensors" &&
+            step > best_step) {
+            best_step = step;
+            best = dir + "/" + e->d_name;
+        }
+    }
+    closedir(d);
+    return best;
+}
+
+void checkpoint_save(const std::string& dir, const Model& m, const AdamWState& opt, const TrainState& st) {
+    mkdir(dir.c_str(), 0755);
+    std::vector<TensorView> views;
+    for (const ParamTensor& t : m.table.tensors)
+        views.push_back({t.name, DType::F32, t.shape, m.params.data() + t.offset});
+    for (const ParamTensor& t : m.table.tensors) {
+        if (!t.trainable) continue;
+        views.push_back({"optimizer.m." + t.name, DType::F32, t.shape, opt.m.data() + t.offset});
+        views.push_back({"optimizer.v." + t.name, DType::F32, t.shape, opt.v.data() + t.offset});
+    }
+    std::map<std::string, std::string> meta = {
+        {"format", FORMAT},
+        {"version", "1"},
+        {"config", config_to_json(m.config)},
+        {"step", std::to_string(st.step)},
+        {"optimizer_step", std::to_string(opt.step)},
+        {"data_shard", std::to_string(st.data_shard)},
+        {"data_position", std::to_string(st.data_position)},
+        {"rng_state", std::to_string(st.rng_state)},
+    };
+    safetensors_write(checkpoint_path(dir, st.step), views, meta);
+}
+
+static void check_format(const SafetensorsReader& r, const std::string& path) {
+    auto it = r.metadata().find("format");
+    if (it == r.metadata().end() || it->second != FORMAT)
+        throw std::runtime_error(path + ": not a moe.cu checkpoint (no format metadata)");
+    if (r.metadata_value("version") != "1")
+        throw std::runtime_error(path + ": checkpoint version " + r.metadata_value("version") + " is not supported");
+}
+
+Config checkpoint_config(const std::string& path) {
+    SafetensorsReader r(path);
+    check_format(r, path);
+    return parse_config_json(r.metadata_value("config"), path);
+}
+
+static uint64_t parse_integer(const SafetensorsReader& r, const std::string& key, const std::string& path) {
+    const std::string s = r.metadata_value(key);
+    try {
+        size_t used = 0;
+        unsigned long long v = std::stoull(s, &used);
+        if (used == s.size() && s[0] != '-') return v;
+    } catch (const std::exception&) {
+    }
+    throw std::runtime_error(path + ": metadata '" + key + "' is not a non-negative integer");
+}
+
+void checkpoint_load(const std::string& path, Model& m, AdamWState& opt, TrainState& st) {
+    SafetensorsReader r(path);
+    check_format(r, path);
+    opt.m.assign(m.table.total, 0.0f);
+    opt.v.assign(m.table.total, 0.0f);
+    for (const ParamTensor& t : m.table.tensors) {
+        r.read(t.name, DType::F32, t.shape, m.params.data() + t.offset);
+        if (!t.trainable) continue;
+        r.read("optimizer.m." + t.name, DType::F32, t.shape, opt.m.data() + t.offset);
+        r.read("optimizer.v." + t.name, DType::F32, t.shape, opt.v.data() + t.offset);
+    }
+    st.step = parse_integer(r, "step", path);
+    opt.step = parse_integer(r, "optimizer_step", path);
+    st.data_shard = parse_integer(r, "data_shard", path);
+    st.data_position = parse_integer(r, "data_position", path);
+    st.rng_state = parse_integer(r, "rng_state", path);
+}

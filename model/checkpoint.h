@@ -1,0 +1,27 @@
+// Training checkpoints: one safetensors file per save, DIR/ckpt_STEP.safetensors (STEP zero-padded to 8 digits),
+// holding every parameter under its table name (bias buffers included), the AdamW moments as
+// optimizer.m.NAME / optimizer.v.NAME, and in the metadata the config, the step, the data position and the RNG.
+// Written to a temporary file and renamed, so a crash never destroys the last good checkpoint. The file is the
+// same for the CPU and GPU trainers and for any number of ranks (tensors are always whole).
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "model.h"
+#include "optimizer.h"
+
+struct TrainState {
+    int64_t step = 0;           // optimizer steps completed
+    int64_t data_shard = 0;     // the training loader's position
+    int64_t data_position = 0;
+    uint64_t rng_state = 0;
+};
+
+std::string checkpoint_path(const std::string& dir, int64_t step);
+// Path of the checkpoint with the highest step in dir, or "" when there is none.
+std::string checkpoint_find_latest(const std::string& dir);
+void checkpoint_save(const std::string& dir, const Model& m, const AdamWState& opt, const TrainState& st);
+// The config stored in a checkpoint (throws std::runtime_error on a foreign or damaged file).
+Config checkpoint_config(const std::string& path);
+// Loads into a model built with model_init(checkpoint_config(path)); throws naming the file and tensor on mismatch.
+void checkpoint_load(const std::string& path, Model& m, AdamWState& opt, TrainState& st);

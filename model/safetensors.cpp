@@ -1,0 +1,179 @@
+// safetensors reader and writer.
+#include "safetensors.h"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <unistd.h>
+
+using nlohmann::json;
+
+static const char* dtype_name(DType t) {
+    switch (t) {
+        case DType::F32: return "F32";
+        case DType::F64: return "F64";
+        case DType::I32: return "I32";
+        case DType::I64: return "I64";
+        case DType::BF16: return "BF16";
+    }
+    return "?";
+}
+
+size_t dtype_size(DType t) {
+    switch (t) {
+        case DType::F32: case DType::I32: return 4;
+        case DType::F64: case DType::I64: return 8;
+        case DType::BF16: return 2;
+    }
+    return 0;
+}
+
+static bool parse_dtype(const std::string& s, DType* out) {
+    for (DType t : {DType::F32, DType::F64, DType::I32, DType::I64, DType::BF16})
+        if (s == dtype_name(t)) { *out = t; return true; }
+    return false;
+}
+
+int64_t TensorInfo::numel() const {
+    int64_t n = 1;
+    for (int64_t s : shape) n *= s;
+    return n;
+}
+
+static std::string shape_string(const std::vector<int64_t>& shape) {
+    std::string s = "[";
+    for (size_t i = 0; i < shape.size(); i++) s += (i ? ", " : "") + std::to_string(shape[i]);
+    return s + "]";
+}
+
+void safetensors_write(const std::string& path, const std::vector<TensorView>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+    json header = json::object();
+    if (!metadata.empty()) header["__metadata__"] = metadata;
+    uint64_t offset = 0;
+    for (const TensorView& t : tensors) {
+        uint64_t bytes = dtype_size(t.dtype);
+        for (int64_t s : t.shape) bytes *= (uint64_t)s;
+        header[t.name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+        offset += bytes;
+    }
+    std::string text = header.dump();
+    text.append((8 - text.size() % 8) % 8, ' ');  // the data section starts 8-byte aligned
+    const std::string tmp = path + ".tmp";
+    FILE* f = fopen(tmp.c_str(), "wb");
+    if (!f) throw std::runtime_error("cannot write " + tmp + " (does the directory exist and is it writable?)");
+    uint64_t len = text.size();
+    bool ok = fwrite(&len, 8, 1, f) == 1 && fwrite(text.data(), 1, text.size(), f) == text.size();
+    for (const TensorView& t : tensors) {
+        size_t bytes = dtype_size(t.dtype);
+        for (int64_t s : t.shape) bytes *= (size_t)s;
+        ok = ok && (bytes == 0 || fwrite(t.data, 1, bytes, f) == bytes);
+    }
+    ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    ok = (fclose(f) == 0) && ok;
+    if (!ok || rename(tmp.c_str(), path.c_str()) != 0) {
+        remove(tmp.c_str());
+        throw std::runtime_error("writing " + path + " failed (disk full?)");
+    }
+}
+
+SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
+    file_ = fopen(path.c_str(), "rb");
+    if (!file_) throw std::runtime_error(path + ": cannot open");
+    auto fail = [&](const std::string& why) {
+        fclose(file_);
+        file_ = nullptr;
+        throw std::runtime_error(path + ": " + why);
+    };
+    fseeko(file_, 0, SEEK_END);
+    const uint64_t file_size = (uint64_t)ftello(file_);
+    fseeko(file_, 0, SEEK_SET);
+    uint64_t header_len = 0;
+    if (fread(&header_len, 8, 1, file_) != 1) fail("not a safetensors file (shorter than 8 bytes)");
+    if (header_len > file_size - 8 || header_len > (100u << 20))
+        fail("not a safetensors file (header length " + std::to_string(header_len) + " does not fit the file)");
+    std::string text(header_len, '\0');
+    if (fread(&text[0], 1, header_len, file_) != header_len) fail("truncated header");
+    data_start_ = 8 + header_len;
+    const uint64_t data_size = file_size - data_start_;
+    json header;
+    try {
+        header = json::parse(text);
+    } catch (const json::exception& e) {
+        fail(std::string("malformed header JSON (") + e.what() + ")");
+    }
+    if (!header.is_object()) fail("header is not a JSON object");
+    std::vector<std::pair<uint64_t, uint64_t>> ranges;
+    for (auto it = header.begin(); it != header.end(); ++it) {
+        const std::string& name = it.key();
+        const json& v = it.value();
+        if (name == "__metadata__") {
+            if (!v.is_object()) fail("__metadata__ is not an object");
+            for (auto m = v.begin(); m != v.end(); ++m) {
+                if (!m.value().is_string()) fail("__metadata__ value of '" + m.key() + "' is not a string");
+                metadata_[m.key()] = m.value().get<std::string>();
+            }
+            continue;
+        }
+        TensorInfo info;
+        if (!v.is_object() || !v.contains("dtype") || !v.contains("shape") || !v.contains("data_offsets") ||
+            !v["dtype"].is_string() || !v["shape"].is_array() || !v["data_offsets"].is_array() ||
+            v["data_offsets"].size() != 2)
+            fail("tensor '" + name + "' lacks dtype, shape or data_offsets");
+        if (!parse_dtype(v["dtype"].get<std::string>(), &info.dtype))
+            fail("tensor '" + name + "' has unsupported dtype " + v["dtype"].dump());
+        uint64_t bytes = dtype_size(info.dtype);
+        for (const json& s : v["shape"]) {
+            if (!s.is_number_unsigned()) fail("tensor '" + name + "' has a bad shape " + v["shape"].dump());
+            uint64_t dim = s.get<uint64_t>();
+            if (dim != 0 && bytes > UINT64_MAX / dim) fail("tensor '" + name + "' is impossibly large");
+            bytes *= dim;
+            info.shape.push_back((int64_t)dim);
+        }
+        for (const json& o : v["data_offsets"])
+            if (!o.is_number_unsigned()) fail("tensor '" + name + "' has bad data_offsets");
+        info.begin = v["data_offsets"][0].get<uint64_t>();
+        info.end = v["data_offsets"][1].get<uint64_t>();
+        if (info.end < info.begin || info.end > data_size)
+            fail("tensor '" + name + "' has data_offsets outside the file");
+        if (info.end - info.begin != bytes)
+            fail("tensor '" + name + "' shape " + shape_string(info.shape) + " does not match its " +
+                 std::to_string(info.end - info.begin) + " bytes");
+        ranges.push_back({info.begin, info.end});
+        tensors_[name] = info;
+    }
+    std::sort(ranges.begin(), ranges.end());
+    for (size_t i = 1; i < ranges.size(); i++)
+        if (ranges[i].first < ranges[i - 1].second) fail("tensors have overlapping data_offsets");
+}
+
+SafetensorsReader::~SafetensorsReader() {
+    if (file_) fclose(file_);
+}
+
+const TensorInfo& SafetensorsReader::info(const std::string& name) const {
+    auto it = tensors_.find(name);
+    if (it == tensors_.end()) throw std::runtime_error(path_ + ": tensor '" + name + "' is missing");
+    return it->second;
+}
+
+void SafetensorsReader::read(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
+                             void* out) const {
+    const TensorInfo& t = info(name);
+    if (t.dtype != dtype)
+        throw std::runtime_error(path_ + ": tensor '" + name + "' is " + dtype_name(t.dtype) + ", expected " +
+                                 dtype_name(dtype));
+    if (t.shape != shape)
+        throw std::runtime_error(path_ + ": tensor '" + name + "' has shape " + shape_string(t.shape) +
+                                 ", expected " + shape_string(shape));
+    size_t bytes = t.end - t.begin;
+    if (fseeko(file_, (off_t)(data_start_ + t.begin), SEEK_SET) != 0 ||
+        (bytes > 0 && fread(out, 1, bytes, file_) != bytes))
+        throw std::runtime_error(path_ + ": reading tensor '" + name + "' failed");
+}
+
+std::string SafetensorsReader::metadata_value(const std::string& key) const {
+    auto it = metadata_.find(key);
+    if (it == metadata_.end()) throw std::runtime_error(path_ + ": metadata '" + key + "' is missing");
+    return it->second;
+}

@@ -1,0 +1,57 @@
+// safetensors files, read and written here: an 8-byte little-endian header length, a JSON header
+// {"name": {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {string: string}}, then the data.
+// Used for checkpoints (weights, AdamW moments, metadata), for Hugging Face export/import, and for the tensors
+// exchanged with the PyTorch twin. Writing streams tensor by tensor into PATH.tmp, then renames.
+#pragma once
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+enum class DType { F32, F64, I32, I64, BF16 };
+
+struct TensorView {  // a tensor to write: its bytes live elsewhere
+    std::string name;
+    DType dtype;
+    std::vector<int64_t> shape;
+    const void* data;
+};
+
+struct TensorInfo {  // a tensor found in a file
+    DType dtype;
+    std::vector<int64_t> shape;
+    uint64_t begin = 0, end = 0;  // byte offsets relative to the start of the data section
+    int64_t numel() const;
+};
+
+size_t dtype_size(DType t);
+
+// Throws std::runtime_error on any I/O failure; the previous file at path survives until the rename.
+void safetensors_write(const std::string& path, const std::vector<TensorView>& tensors,
+                       const std::map<std::string, std::string>& metadata);
+
+// An open file with its parsed, validated header. Throws std::runtime_error naming the file on a bad header:
+// bad length, malformed JSON, unknown dtype, shape/size mismatch, overlapping or out-of-range offsets.
+class SafetensorsReader {
+public:
+    explicit SafetensorsReader(const std::string& path);
+    ~SafetensorsReader();
+    SafetensorsReader(const SafetensorsReader&) = delete;
+    SafetensorsReader& operator=(const SafetensorsReader&) = delete;
+
+    const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
+    const std::map<std::string, std::string>& metadata() const { return metadata_; }
+    bool has(const std::string& name) const { return tensors_.count(name) > 0; }
+    const TensorInfo& info(const std::string& name) const;  // throws naming the missing tensor
+    // Reads a tensor into out, checking dtype and shape; throws naming the tensor on a mismatch.
+    void read(const std::string& name, DType dtype, const std::vector<int64_t>& shape, void* out) const;
+    std::string metadata_value(const std::string& key) const;  // throws when absent
+
+private:
+    std::string path_;
+    FILE* file_ = nullptr;
+    uint64_t data_start_ = 0;
+    std::map<std::string, TensorInfo> tensors_;
+    std::map<std::string, std::string> metadata_;
+};

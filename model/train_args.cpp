@@ -1,0 +1,104 @@
+// Command-line parsing: every flag takes one value (except the switches), numbers must parse completely.
+#include "train_args.h"
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+static const char* USAGE =
+    "usage: %s [flags]\n"
+    "  --config PRESET|FILE   tiny, small, deepseek-v2-lite, deepseek-v3, or a Hugging Face config.json (small)\n"
+    "  --data PATTERN         training shards, e.g. 'data/default/train_*.bin'\n"
+    "  --val PATTERN          validation shards\n"
+    "  --tokenizer FILE       for sampling (default: tokenizer.bin beside the first training shard)\n"
+    "  --steps N              total optimizer steps of the run (100)\n"
+    "  --batch B              sequences per rank per micro-step (8)\n"
+    "  --grad-accum N         micro-steps per optimizer step (1)\n"
+    "  --seq T                tokens per sequence (128)\n"
+    "  --lr X                 peak learning rate (3e-4); linear warmup, cosine decay to 10%%\n"
+    "  --warmup N             warmup steps (steps/10)\n"
+    "  --weight-decay X       AdamW weight decay on matrices and embeddings (0.1)\n"
+    "  --grad-clip X          global gradient-norm clip, 0 for none (1.0)\n"
+    "  --seed S               initialisation and sampling seed (1337)\n"
+    "  --eval-every N         validation loss every N steps and after the last (0: only after the last)\n"
+    "  --eval-batches N       batches per validation (20)\n"
+    "  --checkpoint-dir DIR   where checkpoints go\n"
+    "  --checkpoint-every N   checkpoint every N steps, and after the last step\n"
+    "  --resume               continue from the newest checkpoint in --checkpoint-dir\n"
+    "  --log FILE             one JSON line per step\n"
+    "  --sample N             tokens to sample after training (0)\n"
+    "  --prompt TEXT          sampling prompt (\"The\")\n"
+    "  --temperature X        sampling temperature (1.0)\n"
+    "  --top-k K              sample among the K most likely tokens, 0 for all (0)\n"
+    "  --describe             print the config and parameter counts, then exit\n";
+
+[[noreturn]] static void bad(const char* program, const std::string& msg) {
+    fprintf(stderr, "%s: %s (see --help)\n", program, msg.c_str());
+    exit(2);
+}
+
+static long long parse_int(const char* program, const char* flag, const char* text, long long lo, long long hi) {
+    char* end = nullptr;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (errno || end == text || *end != '\0' || v < lo || v > hi)
+        bad(program, std::string(flag) + " needs an integer between " + std::to_string(lo) + " and " +
+                         std::to_string(hi) + ", got '" + text + "'");
+    return v;
+}
+
+static float parse_float(const char* program, const char* flag, const char* text, double lo, double hi) {
+    char* end = nullptr;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (errno || end == text || *end != '\0' || !(v >= lo && v <= hi))
+        bad(program, std::string(flag) + " needs a number between " + std::to_string(lo) + " and " +
+                         std::to_string(hi) + ", got '" + text + "'");
+    return (float)v;
+}
+
+TrainArgs parse_train_args(int argc, char** argv, const char* program) {
+    TrainArgs a;
+    const long long BIG = 1000000000;
+    for (int i = 1; i < argc; i++) {
+        const char* flag = argv[i];
+        if (!strcmp(flag, "--help") || !strcmp(flag, "-h")) {
+            printf(USAGE, program);
+            exit(0);
+        }
+        if (!strcmp(flag, "--resume")) { a.resume = true; continue; }
+        if (!strcmp(flag, "--describe")) { a.describe = true; continue; }
+        if (strncmp(flag, "--", 2) != 0) bad(program, std::string("unexpected argument '") + flag + "'");
+        if (i + 1 >= argc) bad(program, std::string(flag) + " needs a value");
+        const char* v = argv[++i];
+        if (!strcmp(flag, "--config")) a.config = v;
+        else if (!strcmp(flag, "--data")) a.data = v;
+        else if (!strcmp(flag, "--val")) a.val = v;
+        else if (!strcmp(flag, "--tokenizer")) a.tokenizer = v;
+        else if (!strcmp(flag, "--steps")) a.steps = (int)parse_int(program, flag, v, 1, BIG);
+        else if (!strcmp(flag, "--batch")) a.batch = (int)parse_int(program, flag, v, 1, 1 << 20);
+        else if (!strcmp(flag, "--grad-accum")) a.grad_accum = (int)parse_int(program, flag, v, 1, 1 << 20);
+        else if (!strcmp(flag, "--seq")) a.seq = (int)parse_int(program, flag, v, 2, 1 << 24);
+        else if (!strcmp(flag, "--lr")) a.lr = parse_float(program, flag, v, 0.0, 10.0);
+        else if (!strcmp(flag, "--warmup")) a.warmup = (int)parse_int(program, flag, v, 0, BIG);
+        else if (!strcmp(flag, "--weight-decay")) a.weight_decay = parse_float(program, flag, v, 0.0, 10.0);
+        else if (!strcmp(flag, "--grad-clip")) a.grad_clip = parse_float(program, flag, v, 0.0, 1e6);
+        else if (!strcmp(flag, "--seed")) a.seed = (unsigned long long)parse_int(program, flag, v, 0, 1LL << 62);
+        else if (!strcmp(flag, "--eval-every")) a.eval_every = (int)parse_int(program, flag, v, 0, BIG);
+        else if (!strcmp(flag, "--eval-batches")) a.eval_batches = (int)parse_int(program, flag, v, 1, BIG);
+        else if (!strcmp(flag, "--checkpoint-dir")) a.checkpoint_dir = v;
+        else if (!strcmp(flag, "--checkpoint-every")) a.checkpoint_every = (int)parse_int(program, flag, v, 0, BIG);
+        else if (!strcmp(flag, "--log")) a.log = v;
+        else if (!strcmp(flag, "--sample")) a.sample = (int)parse_int(program, flag, v, 0, 1 << 20);
+        else if (!strcmp(flag, "--prompt")) a.prompt = v;
+        else if (!strcmp(flag, "--temperature")) a.temperature = parse_float(program, flag, v, 1e-3, 100.0);
+        else if (!strcmp(flag, "--top-k")) a.top_k = (int)parse_int(program, flag, v, 0, BIG);
+        else bad(program, std::string("unknown flag ") + flag);
+    }
+    if (a.warmup < 0) a.warmup = a.steps / 10;
+    if (!a.describe && a.data.empty()) bad(program, "--data PATTERN is required (training shards)");
+    if (a.resume && a.checkpoint_dir.empty()) bad(program, "--resume needs --checkpoint-dir");
+    return a;
+}

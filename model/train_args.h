@@ -1,0 +1,33 @@
+// The command line shared by train_cpu and train.cu (one contract, DESIGN §3): parsing and validation.
+// Bad flags or values print one line and exit with status 2.
+#pragma once
+#include <string>
+
+struct TrainArgs {
+    std::string config = "small";   // --config PRESET|FILE.json
+    std::string data;               // --data PATTERN   training shards
+    std::string val;                // --val PATTERN    validation shards
+    std::string tokenizer;          // --tokenizer FILE (default: tokenizer.bin beside the first training shard)
+    int steps = 100;                // --steps N        total optimizer steps of the run
+    int batch = 8;                  // --batch B        sequences per rank per micro-step
+    int grad_accum = 1;             // --grad-accum N
+    int seq = 128;                  // --seq T
+    float lr = 3e-4f;               // --lr X           peak learning rate
+    int warmup = -1;                // --warmup N       (default: steps / 10)
+    float weight_decay = 0.1f;      // --weight-decay X
+    float grad_clip = 1.0f;         // --grad-clip X    (0: off)
+    unsigned long long seed = 1337; // --seed S
+    int eval_every = 0;             // --eval-every N   (and always after the last step)
+    int eval_batches = 20;          // --eval-batches N
+    std::string checkpoint_dir;     // --checkpoint-dir DIR
+    int checkpoint_every = 0;       // --checkpoint-every N (and after the last step when a directory is given)
+    bool resume = false;            // --resume
+    std::string log;                // --log FILE       JSON lines
+    int sample = 0;                 // --sample N       tokens to sample at the end
+    std::string prompt = "The";     // --prompt TEXT
+    float temperature = 1.0f;       // --temperature X
+    int top_k = 0;                  // --top-k K        (0: all tokens)
+    bool describe = false;          // --describe
+};
+
+TrainArgs parse_train_args(int argc, char** argv, const char* program);

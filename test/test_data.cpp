@@ -1,0 +1,267 @@
+// Tests of the data pipeline: BPE tokenizer (round trips, determinism, file format), llm.c token shards
+// (round trips and rejection of bad files), the distributed resumable DataLoader, unigram entropy.
+#include <doctest/doctest.h>
+
+#include "data/dataloader.h"
+#include "data/shards.h"
+#include "data/tokenizer.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+#include <stdexcept>
+
+namespace {
+
+// A fresh directory from mkdtemp under /tmp, removed with everything in it at the end of the test.
+struct TempDir {
+    std::string path;
+    TempDir() {
+        char name[] = "/tmp/moe_test_data_XXXXXX";
+        if (!mkdtemp(name)) throw std::runtime_error("mkdtemp failed");
+        path = name;
+    }
+    ~TempDir() { std::filesystem::remove_all(path); }
+    std::string file(const std::string& name) const { return path + "/" + name; }
+};
+
+const char* ENGLISH =
+    "The quick brown fox jumps over the lazy dog. The dog, being lazy, does not jump back; it sleeps in the sun "
+    "until the evening comes and the fox has gone home. In 1999 there were 42 foxes and 7 dogs in the valley.\n\n"
+    "Tokenizers split text into pieces: words, numbers, punctuation and whitespace. A byte-level tokenizer never "
+    "fails on unusual input, because every byte is a token of its own before any merge is learned.\n";
+
+std::string repeat(const std::string& s, int times) {
+    std::string out;
+    for (int i = 0; i < times; i++) out += s;
+    return out;
+}
+
+std::string random_bytes(size_t n, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::string s(n, '\0');
+    for (size_t i = 0; i < n; i++) s[i] = (char)(rng() & 0xFF);
+    return s;
+}
+
+// Tokens 0, 1, 2, ... offset by `first`, so every position in every shard has a distinct value.
+std::vector<uint32_t> counting_tokens(size_t n, uint32_t first) {
+    std::vector<uint32_t> t(n);
+    for (size_t i = 0; i < n; i++) t[i] = first + (uint32_t)i;
+    return t;
+}
+
+}  // namespace
+
+TEST_CASE("data: tokenizer round trip on English text") {
+    Tokenizer tok = Tokenizer::train(repeat(ENGLISH, 3), 400);
+    CHECK(tok.vocab_size() > 256);
+    std::string text = ENGLISH;
+    CHECK(tok.decode(tok.encode(text)) == text);
+    std::string unseen = "Zebras  quietly\tgraze; 3.14159 isn't\r\n  an  answer!!\n\n\n";
+    CHECK(tok.decode(tok.encode(unseen)) == unseen);
+    CHECK(tok.encode("").empty());
+    CHECK_THROWS_WITH_AS(tok.decode({(uint32_t)tok.vocab_size()}), doctest::Contains("outside the vocabulary"), std::runtime_error);
+}
+
+TEST_CASE("data: tokenizer round trip on random bytes") {
+    std::string bytes = random_bytes(20000, 1);
+    bytes += std::string("\0\0\xff\xfe \x80\x80\x80 \0", 12);
+    Tokenizer on_english = Tokenizer::train(repeat(ENGLISH, 3), 400);
+    Tokenizer on_bytes = Tokenizer::train(bytes + bytes, 600);
+    CHECK(on_bytes.vocab_size() > 256);
+    CHECK(on_english.decode(on_english.encode(bytes)) == bytes);
+    CHECK(on_bytes.decode(on_bytes.encode(bytes)) == bytes);
+    CHECK(on_bytes.decode(on_bytes.encode(ENGLISH)) == ENGLISH);
+}
+
+TEST_CASE("data: tokenizer training is deterministic and breaks ties by the smallest pair") {
+    Tokenizer a = Tokenizer::train(repeat(ENGLISH, 4), 500);
+    Tokenizer b = Tokenizer::train(repeat(ENGLISH, 4), 500);
+    REQUIRE(a.vocab_size() == b.vocab_size());
+    for (int t = 0; t < a.vocab_size(); t++) CHECK(a.token_bytes(t) == b.token_bytes(t));
+    CHECK(a.encode(ENGLISH) == b.encode(ENGLISH));
+    // chunks "ab", " cd", " ab", " cd": pairs (a,b), (' ',c), (c,d) each occur twice; (' ',c) is smallest
+    CHECK(Tokenizer::train("ab cd ab cd", 257).token_bytes(256) == " c");
+}
+
+TEST_CASE("data: merges reduce length on repetitive text, stop early, and never cross chunks") {
+    std::string text = repeat("the cat sat on the mat. ", 200);
+    Tokenizer tok = Tokenizer::train(text, 1000);
+    CHECK(tok.vocab_size() < 1000);  // stops once every chunk is one token: nothing left to merge
+    // one token per chunk: 7 per repetition ("the" or " the", " cat", " sat", " on", " the", " mat", "."), then " "
+    CHECK(tok.encode(text).size() == 7 * 200 + 1);
+    CHECK(Tokenizer::train(text, 260).encode(text).size() < text.size());
+    CHECK(Tokenizer::train("abcdefg", 1000).vocab_size() == 256);  // no pair occurs twice
+    CHECK(Tokenizer::train(repeat("a1", 100), 1000).vocab_size() == 256);  // letters and digits are separate chunks
+    CHECK_THROWS_AS(Tokenizer::train("abc", 255), std::runtime_error);
+}
+
+TEST_CASE("data: tokenizer save/load round trip gives identical encodings") {
+    TempDir dir;
+    Tokenizer tok = Tokenizer::train(repeat(ENGLISH, 3), 450);
+    tok.save(dir.file("tok.bin"));
+    CHECK_FALSE(std::filesystem::exists(dir.file("tok.bin.tmp")));
+    Tokenizer loaded = Tokenizer::load(dir.file("tok.bin"));
+    CHECK(loaded.vocab_size() == tok.vocab_size());
+    std::string probe = std::string(ENGLISH) + random_bytes(2000, 2);
+    CHECK(loaded.encode(probe) == tok.encode(probe));
+}
+
+TEST_CASE("data: tokenizer load rejects missing, truncated and foreign files") {
+    TempDir dir;
+    Tokenizer::train(repeat(ENGLISH, 3), 300).save(dir.file("tok.bin"));
+    std::string bytes = read_file_bytes(dir.file("tok.bin"));
+    write_file_atomic(dir.file("short.bin"), bytes.substr(0, bytes.size() - 3));
+    CHECK_THROWS_WITH_AS(Tokenizer::load(dir.file("short.bin")), doctest::Contains("truncated"), std::runtime_error);
+    std::string corrupt = bytes;
+    corrupt[12] = (char)0xFF;  // merge 0's left token becomes 0x10FF, a token not defined before it
+    corrupt[13] = 0x10;
+    write_file_atomic(dir.file("corrupt.bin"), corrupt);
+    CHECK_THROWS_WITH_AS(Tokenizer::load(dir.file("corrupt.bin")), doctest::Contains("refers to a later token"), std::runtime_error);
+    write_shard(dir.file("shard.bin"), {1, 2, 3}, 1);
+    CHECK_THROWS_WITH_AS(Tokenizer::load(dir.file("shard.bin")), doctest::Contains("not a tokenizer file"), std::runtime_error);
+    CHECK_THROWS_WITH_AS(Tokenizer::load(dir.file("missing.bin")), doctest::Contains("cannot open"), std::runtime_error);
+}
+
+TEST_CASE("data: shard write/read round trip for versions 1 and 2") {
+    TempDir dir;
+    std::vector<uint32_t> small = {0, 1, 255, 256, 65535, 42};
+    write_shard(dir.file("v1.bin"), small, 1);
+    CHECK(read_shard(dir.file("v1.bin")) == small);
+    CHECK(std::filesystem::file_size(dir.file("v1.bin")) == 1024 + 2 * small.size());
+    std::vector<uint32_t> large = {0, 65536, 129279, 4000000000u, 7};
+    write_shard(dir.file("v2.bin"), large, 2);
+    CHECK(read_shard(dir.file("v2.bin")) == large);
+    CHECK(std::filesystem::file_size(dir.file("v2.bin")) == 1024 + 4 * large.size());
+    write_shard(dir.file("empty.bin"), {}, 1);
+    CHECK(read_shard(dir.file("empty.bin")).empty());
+    CHECK_FALSE(std::filesystem::exists(dir.file("v2.bin.tmp")));
+}
+
+TEST_CASE("data: read_shard rejects bad magic, bad version, truncated, trailing bytes and missing files") {
+    TempDir dir;
+    write_shard(dir.file("good.bin"), {1, 2, 3, 4}, 1);
+    std::string good = read_file_bytes(dir.file("good.bin"));
+
+    std::string bad_magic = good;
+    bad_magic[0] = 7;
+    write_file_atomic(dir.file("magic.bin"), bad_magic);
+    CHECK_THROWS_WITH_AS(read_shard(dir.file("magic.bin")), doctest::Contains("not a token shard"), std::runtime_error);
+
+    std::string bad_version = good;
+    bad_version[4] = 3;
+    write_file_atomic(dir.file("version.bin"), bad_version);
+    CHECK_THROWS_WITH_AS(read_shard(dir.file("version.bin")), doctest::Contains("unknown shard version 3"), std::runtime_error);
+
+    write_file_atomic(dir.file("truncated.bin"), good.substr(0, good.size() - 1));
+    CHECK_THROWS_WITH_AS(read_shard(dir.file("truncated.bin")), doctest::Contains("truncated"), std::runtime_error);
+    write_file_atomic(dir.file("header.bin"), good.substr(0, 100));
+    CHECK_THROWS_WITH_AS(read_shard(dir.file("header.bin")), doctest::Contains("truncated"), std::runtime_error);
+
+    write_file_atomic(dir.file("trailing.bin"), good + "xy");
+    CHECK_THROWS_WITH_AS(read_shard(dir.file("trailing.bin")), doctest::Contains("extra bytes"), std::runtime_error);
+
+    CHECK_THROWS_WITH_AS(read_shard(dir.file("missing.bin")), doctest::Contains("missing.bin"), std::runtime_error);
+    CHECK_THROWS_WITH_AS(glob_files(dir.file("nothing_*.bin")), doctest::Contains("no files match"), std::runtime_error);
+}
+
+TEST_CASE("data: version 1 shard rejects a token over 65535") {
+    TempDir dir;
+    CHECK_THROWS_WITH_AS(write_shard(dir.file("v1.bin"), {1, 65536}, 1), doctest::Contains("65536"), std::runtime_error);
+    CHECK_FALSE(std::filesystem::exists(dir.file("v1.bin")));
+}
+
+TEST_CASE("data: loader targets are the inputs shifted by one") {
+    TempDir dir;
+    write_shard(dir.file("train_000000.bin"), counting_tokens(1000, 0), 1);
+    const int B = 2, T = 16;
+    DataLoader loader(dir.file("train_*.bin"), B, T, 0, 1);
+    CHECK(loader.total_tokens() == 1000);
+    CHECK(loader.max_token() == 999);
+    std::vector<int32_t> inputs(B * T), targets(B * T);
+    for (int step = 0; step < 40; step++) {  // 31 steps fit the shard (31*32+1 <= 1000), then it wraps
+        loader.next_batch(inputs.data(), targets.data());
+        int32_t first = (step % 31) * B * T;
+        for (int i = 0; i < B * T; i++) {
+            CHECK(inputs[i] == first + i);
+            CHECK(targets[i] == first + i + 1);
+        }
+    }
+}
+
+TEST_CASE("data: loader rank split equals one rank with the whole batch, across shard boundaries") {
+    TempDir dir;
+    write_shard(dir.file("s_000000.bin"), counting_tokens(1000, 0), 1);
+    write_shard(dir.file("s_000001.bin"), counting_tokens(700, 5000), 2);
+    const int B = 4, T = 8, world = 2, rows_per_rank = B / world;
+    DataLoader single(dir.file("s_*.bin"), B, T, 0, 1);
+    DataLoader rank0(dir.file("s_*.bin"), rows_per_rank, T, 0, world);
+    DataLoader rank1(dir.file("s_*.bin"), rows_per_rank, T, 1, world);
+    CHECK(single.max_token() == 5699);
+    CHECK(single.total_tokens() == 1700);
+    std::vector<int32_t> x(B * T), y(B * T), x0(rows_per_rank * T), y0(rows_per_rank * T), x1(rows_per_rank * T), y1(rows_per_rank * T);
+    int shards_seen = 0;
+    for (int step = 0; step < 120; step++) {  // 31 + 21 steps per pass over both shards: more than two passes
+        single.next_batch(x.data(), y.data());
+        rank0.next_batch(x0.data(), y0.data());
+        rank1.next_batch(x1.data(), y1.data());
+        for (int i = 0; i < rows_per_rank * T; i++) {
+            CHECK(x0[i] == x[i]);
+            CHECK(y0[i] == y[i]);
+            CHECK(x1[i] == x[rows_per_rank * T + i]);
+            CHECK(y1[i] == y[rows_per_rank * T + i]);
+        }
+        shards_seen += x[0] == 5000;
+        CHECK(rank0.state().shard == single.state().shard);
+        CHECK(rank0.state().position == single.state().position);
+    }
+    CHECK(shards_seen == 2);
+}
+
+TEST_CASE("data: loader state/restore resumes identically") {
+    TempDir dir;
+    write_shard(dir.file("s_000000.bin"), counting_tokens(600, 0), 1);
+    write_shard(dir.file("s_000001.bin"), counting_tokens(500, 1000), 1);
+    const int B = 3, T = 10;
+    DataLoader loader(dir.file("s_*.bin"), B, T, 1, 2);
+    std::vector<int32_t> x(B * T), y(B * T);
+    for (int step = 0; step < 7; step++) loader.next_batch(x.data(), y.data());
+    DataLoaderState saved = loader.state();
+    std::vector<std::vector<int32_t>> expected;
+    for (int step = 0; step < 25; step++) {
+        loader.next_batch(x.data(), y.data());
+        expected.push_back(x);
+        expected.push_back(y);
+    }
+    DataLoader resumed(dir.file("s_*.bin"), B, T, 1, 2);
+    resumed.restore(saved);
+    for (int step = 0; step < 25; step++) {
+        resumed.next_batch(x.data(), y.data());
+        CHECK(x == expected[2 * step]);
+        CHECK(y == expected[2 * step + 1]);
+    }
+    resumed.reset();
+    CHECK(resumed.state().shard == 0);
+    CHECK(resumed.state().position == 0);
+    DataLoaderState bad_shard{2, 0}, bad_position{1, 500 - 60}, negative{0, -1};
+    CHECK_THROWS_WITH_AS(resumed.restore(bad_shard), doctest::Contains("shard 2"), std::runtime_error);
+    CHECK_THROWS_WITH_AS(resumed.restore(bad_position), doctest::Contains("position 440"), std::runtime_error);
+    CHECK_THROWS_AS(resumed.restore(negative), std::runtime_error);
+}
+
+TEST_CASE("data: loader constructor rejects missing and too-small shards") {
+    TempDir dir;
+    CHECK_THROWS_WITH_AS(DataLoader(dir.file("none_*.bin"), 2, 8, 0, 1), doctest::Contains("no files match"), std::runtime_error);
+    write_shard(dir.file("s_000000.bin"), counting_tokens(100, 0), 1);
+    write_shard(dir.file("s_000001.bin"), counting_tokens(32, 0), 1);  // needs 2*8*2+1 = 33
+    CHECK_THROWS_WITH_AS(DataLoader(dir.file("s_*.bin"), 2, 8, 0, 2), doctest::Contains("s_000001.bin"), std::runtime_error);
+    CHECK_NOTHROW(DataLoader(dir.file("s_*.bin"), 2, 8, 0, 1));  // 2*8+1 = 17 fits both
+    CHECK_THROWS_AS(DataLoader(dir.file("s_*.bin"), 2, 8, 2, 2), std::runtime_error);  // rank outside the world
+}
+
+TEST_CASE("data: unigram entropy of a uniform distribution over 4 symbols is ln 4") {
+    CHECK(unigram_entropy_nats({7, 1, 3, 9, 9, 3, 1, 7}) == doctest::Approx(std::log(4.0)).epsilon(1e-12));
+    CHECK(unigram_entropy_nats({5, 5, 5}) == doctest::Approx(0.0));
+}

@@ -1,0 +1,239 @@
+// train_cpu: the CPU reference trainer (fp32, OpenMP). Reads top to bottom:
+// args -> config -> model -> data -> (resume) -> loop of {micro-steps, bias update, clip, AdamW, log, eval,
+// checkpoint} -> sample. The GPU trainer train.cu keeps the same command line, data, logs and checkpoints.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <stdexcept>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/dataloader.h"
+#include "data/shards.h"
+#include "data/tokenizer.h"
+#include "model/checkpoint.h"
+#include "model/model.h"
+#include "model/optimizer.h"
+#include "model/rng.h"
+#include "model/train_args.h"
+
+[[noreturn]] static void fail(const std::string& msg) {
+    fprintf(stderr, "train_cpu: %s\n", msg.c_str());
+    exit(1);
+}
+
+// Mean main-head cross-entropy over `batches` validation batches from the start of the validation data.
+static double evaluate(Model& m, DataLoader& val, int batches, int B, int T) {
+    std::vector<int32_t> inputs((int64_t)B * T), targets((int64_t)B * T);
+    val.reset();
+    double total = 0.0;
+    for (int i = 0; i < batches; i++) {
+        val.next_batch(inputs.data(), targets.data());
+        total += model_forward(m, inputs.data(), targets.data(), B, T, false).main;
+    }
+    return total / batches;
+}
+
+// Largest-over-mean expert load of each MoE block: 1 is perfectly balanced.
+static std::string load_imbalance_json(const Model& m) {
+    std::string s = "[";
+    for (int l = 0; l < m.config.num_blocks(); l++) {
+        if (!m.config.is_moe_layer(l)) continue;
+        int64_t max = 0, sum = 0;
+        for (int64_t n : m.expert_counts[l]) { max = std::max(max, n); sum += n; }
+        double mean = (double)sum / m.config.n_routed_experts;
+        char buf[32];
+        snprintf(buf, sizeof(buf), "%s%.3f", s.size() > 1 ? "," : "", mean > 0 ? max / mean : 0.0);
+        s += buf;
+    }
+    return s + "]";
+}
+
+// Samples n tokens after the prompt, one full forward over a window of T tokens per token (no KV cache: the
+// reference favours simplicity). Causal attention makes the padding after the last real token irrelevant.
+static void sample_text(Model& m, const Tokenizer& tok, const TrainArgs& args, int T, Rng& rng) {
+    std::vector<uint32_t> prompt = tok.encode(args.prompt);
+    if (prompt.empty()) prompt.push_back('\n');
+    std::vector<int32_t> context(prompt.begin(), prompt.end());
+    std::vector<uint32_t> generated;
+    const int V = m.config.vocab_size;
+    printf("sample (temperature %.2f, top-k %d):\n%s", args.temperature, args.top_k, args.prompt.c_str());
+    for (int i = 0; i < args.sample; i++) {
+        int64_t start = std::max<int64_t>(0, (int64_t)context.size() - T);
+        std::vector<int32_t> window(context.begin() + start, context.end());
+        int last = (int)window.size() - 1;
+        window.resize(T, 0);
+        model_forward(m, window.data(), nullptr, 1, T, false);
+        const float* logits = m.acts.logits + (int64_t)last * V;
+        std::vector<std::pair<float, int>> ranked(V);
+        for (int v = 0; v < V; v++) ranked[v] = {logits[v] / args.temperature, v};
+        int keep = args.top_k > 0 ? std::min(args.top_k, V) : V;
+        std::partial_sort(ranked.begin(), ranked.begin() + keep, ranked.end(),
+                          [](auto& a, auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+        double sum = 0.0;
+        for (int j = 0; j < keep; j++) sum += exp(ranked[j].first - ranked[0].first);
+        double r = rng.uniform() * sum, acc = 0.0;
+        int next = ranked[keep - 1].second;
+        for (int j = 0; j < keep; j++) {
+            acc += exp(ranked[j].first - ranked[0].first);
+            if (acc > r) { next = ranked[j].second; break; }
+        }
+        context.push_back(next);
+        if ((uint32_t)next < (uint32_t)tok.vocab_size()) {
+            printf("%s", tok.token_bytes(next).c_str());
+            fflush(stdout);
+        }
+    }
+    printf("\n");
+}
+
+static std::string format_eta(double seconds) {
+    char buf[32];
+    int s = (int)seconds;
+    if (s >= 3600) snprintf(buf, sizeof(buf), "%dh%02dm", s / 3600, s / 60 % 60);
+    else snprintf(buf, sizeof(buf), "%dm%02ds", s / 60, s % 60);
+    return buf;
+}
+
+int main(int argc, char** argv) {
+    TrainArgs args = parse_train_args(argc, argv, "train_cpu");
+    try {
+        // config: from the checkpoint when resuming, else from --config
+        std::string resume_from = args.resume ? checkpoint_find_latest(args.checkpoint_dir) : "";
+        if (args.resume && resume_from.empty())
+            fprintf(stderr, "train_cpu: no checkpoint in %s yet; starting from step 0\n", args.checkpoint_dir.c_str());
+        Config config = resume_from.empty() ? load_config(args.config) : checkpoint_config(resume_from);
+        if (args.describe) {
+            print_config(config);
+            printf("total_params %lld\nactive_params %lld\nmtp_params %lld\n", (long long)count_total_params(config),
+                   (long long)count_active_params(config), (long long)count_mtp_params(config));
+            return 0;
+        }
+        const int B = args.batch, T = args.seq;
+        if (T > config.max_position_embeddings)
+            fail("--seq " + std::to_string(T) + " exceeds max_position_embeddings " +
+                 std::to_string(config.max_position_embeddings));
+
+        Model model;
+        model_init(model, config);
+        model_init_weights(model, args.seed);
+        OptimizerConfig oc;
+        oc.lr = args.lr;
+        oc.weight_decay = args.weight_decay;
+        oc.grad_clip = args.grad_clip;
+        oc.warmup_steps = args.warmup;
+        oc.total_steps = args.steps;
+        AdamWState opt;
+        opt.m.assign(model.table.total, 0.0f);
+        opt.v.assign(model.table.total, 0.0f);
+        TrainState state;
+        Rng rng(args.seed);
+
+        DataLoader train(args.data, B, T, 0, 1);
+        if (train.max_token() >= (uint32_t)config.vocab_size)
+            fail("the training data holds token " + std::to_string(train.max_token()) + " but vocab_size is " +
+                 std::to_string(config.vocab_size) + " (wrong --config for this data?)");
+        std::unique_ptr<DataLoader> val;
+        int eval_batches = 0;
+        if (!args.val.empty()) {
+            val = std::make_unique<DataLoader>(args.val, B, T, 0, 1);
+            // never more batches than the validation data holds, so no token is counted twice
+            eval_batches = (int)std::max<int64_t>(1, std::min<int64_t>(args.eval_batches, val->total_tokens() / ((int64_t)B * T + 1)));
+            if (val->max_token() >= (uint32_t)config.vocab_size)
+                fail("the validation data holds a token outside the vocabulary of " + std::to_string(config.vocab_size));
+        }
+        if (!resume_from.empty()) {
+            checkpoint_load(resume_from, model, opt, state);
+            train.restore({state.data_shard, state.data_position});
+            rng.state = state.rng_state;
+            printf("resumed from %s at step %lld\n", resume_from.c_str(), (long long)state.step);
+        }
+
+        printf("model: %lld parameters (%lld active per token, %lld in MTP); batch %d x %d x %d micro-steps; %d steps\n",
+               (long long)count_total_params(config), (long long)count_active_params(config),
+               (long long)count_mtp_params(config), B, T, args.grad_accum, args.steps);
+        FILE* log = nullptr;
+        if (!args.log.empty() && !(log = fopen(args.log.c_str(), resume_from.empty() ? "w" : "a")))
+            fail("cannot write the log file " + args.log);
+
+        std::vector<int32_t> inputs((int64_t)B * T), targets((int64_t)B * T);
+        const double tokens_per_step = (double)B * T * args.grad_accum;
+        double train_seconds = 0.0;
+        int timed_steps = 0;
+        for (int64_t step = state.step; step < args.steps; step++) {
+            auto t0 = std::chrono::steady_clock::now();
+            model_zero_grads(model);
+            LossParts loss;
+            for (int micro = 0; micro < args.grad_accum; micro++) {
+                train.next_batch(inputs.data(), targets.data());
+                LossParts l = model_forward(model, inputs.data(), targets.data(), B, T, true);
+                model_backward(model, 1.0f / args.grad_accum);
+                loss.total += l.total / args.grad_accum;
+                loss.main += l.main / args.grad_accum;
+                loss.mtp += l.mtp / args.grad_accum;
+                loss.balance += l.balance / args.grad_accum;
+            }
+            if (!std::isfinite(loss.total))
+                fail("the loss became " + std::to_string(loss.total) + " at step " + std::to_string(step) +
+                     " (try a lower --lr)");
+            const std::string imbalance = load_imbalance_json(model);
+            const double norm = global_grad_norm(model.grads.data(), model.table.total);
+            const float lr = learning_rate(oc, step);
+            adamw_update(model.table, model.params.data(), model.grads.data(), opt, oc, lr, clip_factor(oc, norm));
+            model_update_router_bias(model, model.expert_counts);
+            const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            if (step > state.step || args.steps - state.step == 1) { train_seconds += seconds; timed_steps++; }
+            const double tokens_per_s = tokens_per_step / seconds;
+            const double eta = (timed_steps ? train_seconds / timed_steps : seconds) * (args.steps - step - 1);
+
+            const bool last = step + 1 == args.steps;
+            double val_loss = NAN;
+            if (val && (last || (args.eval_every > 0 && (step + 1) % args.eval_every == 0)))
+                val_loss = evaluate(model, *val, eval_batches, B, T);
+            printf("step %5lld/%d | loss %.4f (main %.4f mtp %.4f bal %.5f) | lr %.2e | norm %.3f | %.0f tok/s | eta %s",
+                   (long long)step + 1, args.steps, loss.total, loss.main, loss.mtp, loss.balance, lr, norm,
+                   tokens_per_s, format_eta(eta).c_str());
+            if (!std::isnan(val_loss)) printf(" | val %.4f", val_loss);
+            printf("\n");
+            fflush(stdout);
+            if (log) {
+                fprintf(log,
+                        "{\"step\": %lld, \"loss\": %.6f, \"loss_main\": %.6f, \"loss_mtp\": %.6f, \"loss_balance\": %.8f, "
+                        "\"lr\": %.6e, \"grad_norm\": %.6f, \"tokens_per_s\": %.1f, \"tokens\": %.0f, \"load_imbalance\": %s",
+                        (long long)step + 1, loss.total, loss.main, loss.mtp, loss.balance, lr, norm, tokens_per_s,
+                        tokens_per_step * (step + 1), imbalance.c_str());
+                if (!std::isnan(val_loss)) fprintf(log, ", \"val_loss\": %.6f", val_loss);
+                fprintf(log, "}\n");
+                fflush(log);
+            }
+            state.step = step + 1;
+            if (!args.checkpoint_dir.empty() &&
+                (last || (args.checkpoint_every > 0 && state.step % args.checkpoint_every == 0))) {
+                DataLoaderState ds = train.state();
+                state.data_shard = ds.shard;
+                state.data_position = ds.position;
+                state.rng_state = rng.state;
+                checkpoint_save(args.checkpoint_dir, model, opt, state);
+            }
+        }
+        if (log) fclose(log);
+        if (args.sample > 0) {
+            std::string tok_path = args.tokenizer;
+            if (tok_path.empty()) {
+                std::string first = glob_files(args.data)[0];
+                size_t slash = first.find_last_of('/');
+                tok_path = (slash == std::string::npos ? std::string(".") : first.substr(0, slash)) + "/tokenizer.bin";
+            }
+            Tokenizer tok = Tokenizer::load(tok_path);
+            if (tok.vocab_size() > config.vocab_size)
+                fail("the tokenizer " + tok_path + " has " + std::to_string(tok.vocab_size()) +
+                     " tokens, more than the model's vocab_size " + std::to_string(config.vocab_size));
+            sample_text(model, tok, args, T, rng);
+        }
+    } catch (const std::exception& e) {
+        fail(e.what());
+    }
+    return 0;
+}
