@@ -55,3 +55,8 @@ test: deps
 
 clean:
 	rm -rf build train_cpu prepare_data test_cpu train
+
+# GPU trainer: CUDA code compiled with nvcc for Hopper, linked with the shared host code.
+HOST_OBJ := build/model/config.o build/model/params.o build/model/train_args.o
+train: train.cu $(HOST_OBJ) $(HEADERS)
+	$(NVCC) $(NVFLAGS) train.cu $(HOST_OBJ) -o $@

@@ -200,7 +200,7 @@ int main(int argc, char** argv) {
             fflush(stdout);
             if (log) {
                 fprintf(log,
-                        "{\"step\": %lld, \"loss\": %.6f, \"loss_main\": %.6f, \"loss_mtp\": %.6f, \"loss_balance\": %.8f, "
+                        "{\"step\": %lld, \"loss\": %.9g, \"loss_main\": %.9g, \"loss_mtp\": %.9g, \"loss_balance\": %.9g, "
                         "\"lr\": %.6e, \"grad_norm\": %.6f, \"tokens_per_s\": %.1f, \"tokens\": %.0f, \"load_imbalance\": %s",
                         (long long)step + 1, loss.total, loss.main, loss.mtp, loss.balance, lr, norm, tokens_per_s,
                         tokens_per_step * (step + 1), imbalance.c_str());

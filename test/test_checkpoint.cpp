@@ -1,0 +1,143 @@
+// Checkpoints: the safetensors layer, a save/load round trip, and the bit-exact resume of the real trainer:
+// N steps in one run give the same bits as N/2 steps, a resume from the checkpoint, and N/2 more.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "model/checkpoint.h"
+#include "model/safetensors.h"
+#include "test_helpers.h"
+
+namespace {
+
+std::string make_temp_dir() {
+    char pattern[] = "/tmp/moe_ckpt_XXXXXX";
+    REQUIRE(mkdtemp(pattern) != nullptr);
+    return pattern;
+}
+
+std::string slurp(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
+
+int run(const std::string& cmd) { return system((cmd + " > /dev/null 2>&1").c_str()); }
+
+// The "loss" values of a JSON-lines log, as printed (9 significant digits: float exact).
+std::vector<std::string> logged_losses(const std::string& path) {
+    std::vector<std::string> out;
+    std::ifstream f(path);
+    for (std::string line; std::getline(f, line);) {
+        size_t at = line.find("\"loss\": ");
+        if (at != std::string::npos) out.push_back(line.substr(at + 8, line.find(',', at) - at - 8));
+    }
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint: safetensors round trip keeps dtypes, shapes, bytes and metadata") {
+    std::string dir = make_temp_dir();
+    std::vector<float> a = {1.5f, -2.0f, 3.25f, 0.0f, 7.0f, -1e-30f};
+    std::vector<int32_t> b = {1, -2, 2147483647};
+    std::vector<double> c = {3.141592653589793};
+    safetensors_write(dir + "/t.safetensors",
+                      {{"a", DType::F32, {2, 3}, a.data()}, {"b", DType::I32, {3}, b.data()}, {"c", DType::F64, {}, c.data()}},
+                      {{"note", "hello"}});
+    SafetensorsReader r(dir + "/t.safetensors");
+    CHECK(r.tensors().size() == 3);
+    CHECK(r.metadata_value("note") == "hello");
+    std::vector<float> a2(6);
+    std::vector<int32_t> b2(3);
+    double c2 = 0;
+    r.read("a", DType::F32, {2, 3}, a2.data());
+    r.read("b", DType::I32, {3}, b2.data());
+    r.read("c", DType::F64, {}, &c2);
+    CHECK(a2 == a);
+    CHECK(b2 == b);
+    CHECK(c2 == c[0]);
+    CHECK_THROWS_WITH_AS(r.read("a", DType::F32, {3, 2}, a2.data()), doctest::Contains("shape"), std::runtime_error);
+    CHECK_THROWS_WITH_AS(r.read("b", DType::F32, {3}, a2.data()), doctest::Contains("I32"), std::runtime_error);
+    CHECK_THROWS_WITH_AS(r.info("missing"), doctest::Contains("missing"), std::runtime_error);
+    // a truncated copy is rejected when opened
+    std::string bytes = slurp(dir + "/t.safetensors");
+    std::ofstream(dir + "/cut.safetensors", std::ios::binary) << bytes.substr(0, bytes.size() - 5);
+    CHECK_THROWS_WITH_AS(SafetensorsReader(dir + "/cut.safetensors"), doctest::Contains("outside the file"),
+                         std::runtime_error);
+    system(("rm -rf " + dir).c_str());
+}
+
+TEST_CASE("checkpoint: save and load restore weights, AdamW moments, step, data position and RNG") {
+    std::string dir = make_temp_dir();
+    Model m;
+    model_init(m, load_config("tiny"));
+    randomize_for_test(m, 5);
+    AdamWState opt;
+    opt.m.assign(m.table.total, 0.0f);
+    opt.v.assign(m.table.total, 0.0f);
+    Rng rng(9);
+    for (int64_t i = 0; i < m.table.total; i++) { opt.m[i] = rng.normal(); opt.v[i] = rng.uniform(); }
+    opt.step = 17;
+    TrainState st{17, 2, 12345, 0xFEDCBA9876543210ull};
+    checkpoint_save(dir, m, opt, st);
+    CHECK(checkpoint_find_latest(dir) == checkpoint_path(dir, 17));
+
+    Config c = checkpoint_config(checkpoint_path(dir, 17));
+    Model m2;
+    model_init(m2, c);
+    AdamWState opt2;
+    TrainState st2;
+    checkpoint_load(checkpoint_path(dir, 17), m2, opt2, st2);
+    CHECK(m2.params == m.params);
+    CHECK(opt2.m.size() == opt.m.size());
+    bool trainable_moments_equal = true;
+    for (const ParamTensor& t : m.table.tensors)
+        for (int64_t i = t.offset; t.trainable && i < t.offset + t.numel; i++)
+            trainable_moments_equal = trainable_moments_equal && opt2.m[i] == opt.m[i] && opt2.v[i] == opt.v[i];
+    CHECK(trainable_moments_equal);
+    CHECK(opt2.step == 17);
+    CHECK(st2.step == 17);
+    CHECK(st2.data_shard == 2);
+    CHECK(st2.data_position == 12345);
+    CHECK(st2.rng_state == 0xFEDCBA9876543210ull);
+
+    // a checkpoint of another architecture does not load into this model
+    Config other = c;
+    other.hidden_size = 48;
+    Model m3;
+    model_init(m3, other);
+    CHECK_THROWS_WITH_AS(checkpoint_load(checkpoint_path(dir, 17), m3, opt2, st2), doctest::Contains("shape"),
+                         std::runtime_error);
+    system(("rm -rf " + dir).c_str());
+}
+
+TEST_CASE("checkpoint: 8 steps equal 4 steps, a resume, and 4 more, to the bit") {
+    std::string dir = make_temp_dir();
+    // a tiny model with the default data's vocabulary; MTP, groups and the balance loss are all on
+    std::ofstream(dir + "/config.json") << R"({"vocab_size": 1024, "hidden_size": 32, "intermediate_size": 64,
+        "moe_intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2, "q_lora_rank": 16,
+        "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8, "n_routed_experts": 8,
+        "n_shared_experts": 1, "num_experts_per_tok": 2, "n_group": 4, "topk_group": 2, "first_k_dense_replace": 1,
+        "num_nextn_predict_layers": 1, "aux_loss_alpha": 0.01})";
+    const std::string common = "./train_cpu --config " + dir + "/config.json --data 'data/default/train_*.bin' " +
+                               "--steps 8 --batch 2 --seq 32 --grad-accum 2 --lr 1e-2 --warmup 2";
+    REQUIRE(run(common + " --checkpoint-dir " + dir + "/straight --log " + dir + "/straight.jsonl") == 0);
+    REQUIRE(run(common + " --checkpoint-dir " + dir + "/split --checkpoint-every 4 --log " + dir + "/first.jsonl") == 0);
+    // forget everything after step 4, as if the first run had died there
+    REQUIRE(remove(checkpoint_path(dir + "/split", 8).c_str()) == 0);
+    REQUIRE(run(common + " --checkpoint-dir " + dir + "/split --resume --log " + dir + "/second.jsonl") == 0);
+
+    std::vector<std::string> straight = logged_losses(dir + "/straight.jsonl"), second = logged_losses(dir + "/second.jsonl");
+    REQUIRE(straight.size() == 8);
+    REQUIRE(second.size() == 4);
+    for (int i = 0; i < 4; i++) CHECK(second[i] == straight[4 + i]);
+    std::string a = slurp(checkpoint_path(dir + "/straight", 8)), b = slurp(checkpoint_path(dir + "/split", 8));
+    CHECK(a.size() > 100000);
+    CHECK(a == b);  // weights, AdamW moments, router biases, data position and RNG, byte for byte
+    system(("rm -rf " + dir).c_str());
+}

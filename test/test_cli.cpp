@@ -1,0 +1,83 @@
+// Bad input to train_cpu and prepare_data: one clear line on stderr, a non-zero exit, no crash, no hang, and no
+// good file overwritten.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <sys/wait.h>
+
+namespace {
+
+struct Result {
+    int status;  // exit status, or 128 + signal
+    std::string err;
+};
+
+Result run_capture(const std::string& cmd) {
+    const std::string err_path = "/tmp/moe_cli_stderr.txt";
+    int rc = system(("timeout 60 " + cmd + " > /dev/null 2> " + err_path).c_str());
+    std::ifstream f(err_path);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    int status = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128 + WTERMSIG(rc);
+    return {status, ss.str()};
+}
+
+int count_lines(const std::string& s) {
+    int n = 0;
+    for (char ch : s) n += ch == '\n';
+    return n;
+}
+
+// Exit 1 or 2 (not a signal, not the 124 of a timeout), exactly one line, mentioning `expect`.
+void expect_clean_failure(const std::string& cmd, const std::string& expect) {
+    Result r = run_capture(cmd);
+    INFO("command: " << cmd << "\nstderr: " << r.err);
+    CHECK((r.status == 1 || r.status == 2));
+    CHECK(count_lines(r.err) == 1);
+    CHECK(r.err.find(expect) != std::string::npos);
+}
+
+const std::string DATA = " --data 'data/default/train_*.bin'";
+
+}  // namespace
+
+TEST_CASE("cli: nonsense flags and values are one-line errors") {
+    expect_clean_failure("./train_cpu --bogus 1" + DATA, "unknown flag --bogus");
+    expect_clean_failure("./train_cpu --steps -3" + DATA, "--steps");
+    expect_clean_failure("./train_cpu --steps 12abc" + DATA, "--steps");
+    expect_clean_failure("./train_cpu --lr" + DATA.substr(0, 0), "--lr needs a value");
+    expect_clean_failure("./train_cpu --config small", "--data");
+    expect_clean_failure("./train_cpu --resume" + DATA, "--checkpoint-dir");
+}
+
+TEST_CASE("cli: missing or foreign files are one-line errors") {
+    expect_clean_failure("./train_cpu --config nosuch" + DATA, "no such preset");
+    expect_clean_failure("./train_cpu --data '/tmp/definitely_missing_*.bin'", "no files match");
+    std::ofstream("/tmp/moe_cli_bad.json") << "{\"hidden_size\": 64,";
+    expect_clean_failure("./train_cpu --config /tmp/moe_cli_bad.json" + DATA, "malformed JSON");
+    std::ofstream("/tmp/moe_cli_inconsistent.json") << "{\"n_routed_experts\": 6, \"n_group\": 4}";
+    expect_clean_failure("./train_cpu --config /tmp/moe_cli_inconsistent.json" + DATA, "divisible by n_group");
+    std::ofstream("/tmp/moe_cli_foreign.bin") << std::string(4096, 'x');
+    expect_clean_failure("./train_cpu --config small --data /tmp/moe_cli_foreign.bin", "magic");
+    // data whose tokens do not fit the model's vocabulary
+    expect_clean_failure("./train_cpu --config tiny" + DATA, "vocab_size");
+    expect_clean_failure("./train_cpu --config small" + DATA + " --seq 5000", "max_position_embeddings");
+}
+
+TEST_CASE("cli: a damaged checkpoint is refused and left alone") {
+    system("rm -rf /tmp/moe_cli_ckpt && mkdir -p /tmp/moe_cli_ckpt");
+    std::ofstream("/tmp/moe_cli_ckpt/ckpt_00000005.safetensors") << std::string(20, '\x7f');
+    expect_clean_failure("./train_cpu --config small --resume --checkpoint-dir /tmp/moe_cli_ckpt" + DATA,
+                         "ckpt_00000005.safetensors");
+    std::ifstream f("/tmp/moe_cli_ckpt/ckpt_00000005.safetensors", std::ios::binary | std::ios::ate);
+    CHECK(f.tellg() == 20);
+    system("rm -rf /tmp/moe_cli_ckpt");
+}
+
+TEST_CASE("cli: prepare_data rejects a missing input and an unknown flag") {
+    expect_clean_failure("./prepare_data --input /nonexistent/file --out-dir /tmp/moe_cli_out", "prepare_data");
+    expect_clean_failure("./prepare_data --bogus", "prepare_data");
+}
