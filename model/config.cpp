@@ -36,7 +36,9 @@ static const char* preset_json(const std::string& name) {
           "n_shared_experts": 2, "num_experts_per_tok": 6, "n_group": 1, "topk_group": 1,
           "routed_scaling_factor": 1.0, "norm_topk_prob": false, "first_k_dense_replace": 1,
           "num_nextn_predict_layers": 0, "initializer_range": 0.02, "aux_loss_alpha": 0.001,
-          "max_position_embeddings": 163840, "rope_theta": 10000})";
+          "max_position_embeddings": 163840, "rope_theta": 10000,
+          "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+                           "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707}})";
     if (name == "deepseek-v3")
         return R"({"vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
           "num_hidden_layers": 61, "num_attention_heads": 128, "q_lora_rank": 1536, "kv_lora_rank": 512,
@@ -287,8 +289,10 @@ int64_t count_total_params(const Config& c) {
     return n;
 }
 
+// The input embedding is a table lookup, not compute, so it is not counted as active (DeepSeek's convention:
+// this gives the published 2.4B of V2-Lite and 37B of V3); the output head is.
 int64_t count_active_params(const Config& c) {
-    int64_t n = 2 * (int64_t)c.vocab_size * c.hidden_size + c.hidden_size;
+    int64_t n = (int64_t)c.vocab_size * c.hidden_size + c.hidden_size;
     for (int l = 0; l < c.num_hidden_layers; l++) n += block_params(c, l, true);
     return n;
 }

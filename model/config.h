@@ -63,7 +63,7 @@ void validate_config(const Config& c);
 std::string config_to_json(const Config& c);
 // Human-readable summary for --describe.
 void print_config(const Config& c);
-// Parameter counts: total without MTP, and active per token without MTP (DESIGN §1.6).
+// Parameter counts: total without MTP, and active per token without MTP or the input embedding (DESIGN §1.6).
 int64_t count_total_params(const Config& c);
 int64_t count_active_params(const Config& c);
 int64_t count_mtp_params(const Config& c);

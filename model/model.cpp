@@ -206,11 +206,12 @@ void model_update_router_bias(Model& m, const std::vector<std::vector<int64_t>>&
     const Config& c = m.config;
     for (int l = 0; l < c.num_blocks(); l++) {
         if (!c.is_moe_layer(l)) continue;
-        double mean = 0.0;
-        for (int64_t n : counts[l]) mean += (double)n / c.n_routed_experts;
+        // compare E * count_i with the total in integers: no rounding can move an expert that sits at the mean
+        int64_t total = 0;
+        for (int64_t n : counts[l]) total += n;
         float* bias = m.w.blocks[l].router_bias;
         for (int e = 0; e < c.n_routed_experts; e++) {
-            double gap = mean - (double)counts[l][e];
+            int64_t gap = total - (int64_t)c.n_routed_experts * counts[l][e];
             bias[e] += c.bias_update_speed * (float)((gap > 0) - (gap < 0));
         }
         std::fill(m.expert_counts[l].begin(), m.expert_counts[l].end(), 0);
