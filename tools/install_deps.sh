@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages moe.cu needs, only those that are missing. Run as root (or with sudo).
 set -euo pipefail
-pkgs=(g++ make doctest-dev libstb-dev nlohmann-json3-dev libopenmpi-dev openmpi-bin python3-torch)
+pkgs=(g++ make doctest-dev libstb-dev nlohmann-json3-dev libopenmpi-dev openmpi-bin python3-torch libopenblas0-openmp)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
