@@ -13,11 +13,11 @@ THREADS  ?= $(shell nproc)
 
 CORE_SRC := $(wildcard model/*.cpp) $(filter-out data/prepare.cpp,$(wildcard data/*.cpp)) $(wildcard comm/*.cpp)
 CORE_OBJ := $(patsubst %.cpp,build/%.o,$(CORE_SRC))
-TEST_SRC := $(wildcard test/*.cpp)
+TEST_SRC := $(filter-out test/bench_cpu.cpp,$(wildcard test/*.cpp))
 TEST_OBJ := $(patsubst %.cpp,build/%.o,$(TEST_SRC))
 HEADERS  := $(wildcard model/*.h data/*.h comm/*.h kernels/*.cuh)
 
-.PHONY: all deps data run test test-gpu bench bench-cpu train clean
+.PHONY: all deps data run test bench-cpu clean
 
 all: train_cpu prepare_data test_cpu
 
@@ -50,11 +50,19 @@ run: deps
 	  --steps 300 --batch 8 --seq 128 --lr 3e-3 --eval-every 50 --log run.jsonl --sample 200
 
 test: deps
-	$(MAKE) all train
+	$(MAKE) all data
+	@if [ -x $(NVCC) ]; then $(MAKE) train; else echo "note: $(NVCC) not found: the GPU trainer is not built (install the CUDA toolkit)"; fi
 	OMP_NUM_THREADS=$(THREADS) ./test_cpu
 
+bench_cpu: build/test/bench_cpu.o $(CORE_OBJ)
+	$(CXX) $(CXXFLAGS) $^ -o $@
+
+bench-cpu: deps
+	$(MAKE) bench_cpu data
+	./bench_cpu --config small --batch 8 --seq 128 --steps 10 --threads $(THREADS)
+
 clean:
-	rm -rf build train_cpu prepare_data test_cpu train
+	rm -rf build train_cpu prepare_data test_cpu bench_cpu train
 
 # GPU trainer: CUDA code compiled with nvcc for Hopper, linked with the shared host code.
 HOST_OBJ := build/model/config.o build/model/params.o build/model/train_args.o

@@ -98,6 +98,7 @@ void mla_forward(const Config& c, const BlockWeights& w, MLAActs& a, const float
                 for (int j = 0; j <= i; j++) {
                     const float* k = a.k_heads + (((int64_t)b * T + j) * H + h) * dqk;
                     float s = 0.0f;
+#pragma omp simd reduction(+ : s)
                     for (int64_t e = 0; e < dqk; e++) s += q[e] * k[e];
                     p[j] = s * scale;
                     max_score = std::max(max_score, p[j]);
@@ -142,6 +143,7 @@ void mla_backward(const Config& c, const BlockWeights& w, BlockWeights& g, const
                 for (int j = 0; j <= i; j++) {
                     const float* v = a.kv + (((int64_t)b * T + j) * H + h) * (dn + dv) + dn;
                     float dp = 0.0f;
+#pragma omp simd reduction(+ : dp)
                     for (int64_t e = 0; e < dv; e++) dp += doi[e] * v[e];
                     ds[j] = dp;
                     weighted += p[j] * dp;
