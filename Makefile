@@ -47,7 +47,7 @@ data: data/default/train_000000.bin
 run: deps
 	$(MAKE) train_cpu data
 	OMP_NUM_THREADS=$(THREADS) ./train_cpu --config small --data 'data/default/train_*.bin' --val 'data/default/val_*.bin' \
-	  --steps 300 --batch 8 --seq 128 --lr 3e-3 --eval-every 50 --log run.jsonl --sample 200
+	  --steps 400 --batch 8 --seq 128 --lr 3e-3 --eval-every 50 --log run.jsonl --sample 200
 
 test: deps
 	$(MAKE) all data
