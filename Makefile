@@ -9,30 +9,40 @@ CXXFLAGS ?= -O3 -march=native -std=c++17 -fopenmp -Wall -Wextra -Wno-unused-para
 NVCC     ?= /usr/local/cuda/bin/nvcc
 NVFLAGS  ?= -O3 -std=c++17 -I. -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=compute_90
 PYTHON   ?= /usr/bin/python3
+MPI_CFLAGS = $(shell mpicxx --showme:compile 2>/dev/null)
+MPI_LIBS   = $(shell mpicxx --showme:link 2>/dev/null)
 THREADS  ?= $(shell nproc)
 
-CORE_SRC := $(wildcard model/*.cpp) $(filter-out data/prepare.cpp,$(wildcard data/*.cpp)) $(wildcard comm/*.cpp)
+CORE_SRC := $(wildcard model/*.cpp) $(filter-out data/prepare.cpp,$(wildcard data/*.cpp)) $(wildcard comm/*.cpp) \
+            $(filter-out tools/%_main.cpp,$(wildcard tools/*.cpp))
 CORE_OBJ := $(patsubst %.cpp,build/%.o,$(CORE_SRC))
-TEST_SRC := $(filter-out test/bench_cpu.cpp,$(wildcard test/*.cpp))
+TEST_SRC := $(filter-out test/bench_cpu.cpp test/ep_check.cpp test/bench_io.cpp,$(wildcard test/*.cpp))
 TEST_OBJ := $(patsubst %.cpp,build/%.o,$(TEST_SRC))
-HEADERS  := $(wildcard model/*.h data/*.h comm/*.h kernels/*.cuh)
+HEADERS  := $(wildcard model/*.h data/*.h comm/*.h tools/*.h kernels/*.cuh)
 
 .PHONY: all deps data run test bench-cpu clean
 
-all: train_cpu prepare_data test_cpu
+all: train_cpu prepare_data test_cpu ep_check $(if $(wildcard tools/plot_main.cpp),plot)
 
 build/%.o: %.cpp $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -c $< -o $@
 
+build/comm/mpi_comm.o: comm/mpi_comm.cpp $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) $(MPI_CFLAGS) -c $< -o $@
+
 train_cpu: build/train_cpu.o $(CORE_OBJ)
-	$(CXX) $(CXXFLAGS) $^ -o $@
+	$(CXX) $(CXXFLAGS) $^ -o $@ $(MPI_LIBS)
 
 prepare_data: build/data/prepare.o $(CORE_OBJ)
-	$(CXX) $(CXXFLAGS) $^ -o $@
+	$(CXX) $(CXXFLAGS) $^ -o $@ $(MPI_LIBS)
+
+plot: build/tools/plot_main.o $(CORE_OBJ)
+	$(CXX) $(CXXFLAGS) $^ -o $@ $(MPI_LIBS)
 
 test_cpu: $(TEST_OBJ) $(CORE_OBJ)
-	$(CXX) $(CXXFLAGS) $^ -o $@
+	$(CXX) $(CXXFLAGS) $^ -o $@ $(MPI_LIBS)
 
 # The system packages the build, tests and run need (Debian names); installed only when missing.
 deps:
@@ -54,15 +64,18 @@ test: deps
 	@if [ -x $(NVCC) ]; then $(MAKE) train; else echo "note: $(NVCC) not found: the GPU trainer is not built (install the CUDA toolkit)"; fi
 	OMP_NUM_THREADS=$(THREADS) ./test_cpu
 
+ep_check: build/test/ep_check.o $(CORE_OBJ)
+	$(CXX) $(CXXFLAGS) $^ -o $@ $(MPI_LIBS)
+
 bench_cpu: build/test/bench_cpu.o $(CORE_OBJ)
-	$(CXX) $(CXXFLAGS) $^ -o $@
+	$(CXX) $(CXXFLAGS) $^ -o $@ $(MPI_LIBS)
 
 bench-cpu: deps
 	$(MAKE) bench_cpu data
 	./bench_cpu --config small --batch 8 --seq 128 --steps 10 --threads $(THREADS)
 
 clean:
-	rm -rf build train_cpu prepare_data test_cpu bench_cpu train
+	rm -rf build train_cpu prepare_data test_cpu bench_cpu ep_check plot train
 
 # GPU trainer: CUDA code compiled with nvcc for Hopper, linked with the shared host code.
 HOST_OBJ := build/model/config.o build/model/params.o build/model/train_args.o

@@ -1,9 +1,13 @@
-// train_cpu: the CPU reference trainer (fp32, OpenMP). Reads top to bottom:
-// args -> config -> model -> data -> (resume) -> loop of {micro-steps, bias update, clip, AdamW, log, eval,
-// checkpoint} -> sample. The GPU trainer train.cu keeps the same command line, data, logs and checkpoints.
+// train_cpu: the CPU reference trainer (fp32, OpenMP, optionally over MPI ranks). Reads top to bottom:
+// args -> ranks -> config -> model -> data -> (resume) -> loop of {micro-steps, gradient reduction, bias update,
+// clip, AdamW, log, eval, checkpoint} -> sample. The GPU trainer train.cu keeps the same command line, data, logs
+// and checkpoints. Under mpirun every rank runs this file; rank 0 alone prints, logs and writes checkpoints.
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <cstdio>
 #include <stdexcept>
 #include <memory>
@@ -12,6 +16,7 @@
 
 #include "data/dataloader.h"
 #include "data/shards.h"
+#include "comm/comm.h"
 #include "data/tokenizer.h"
 #include "model/checkpoint.h"
 #include "model/model.h"
@@ -19,12 +24,37 @@
 #include "model/rng.h"
 #include "model/train_args.h"
 
-[[noreturn]] static void fail(const std::string& msg) {
-    fprintf(stderr, "train_cpu: %s\n", msg.c_str());
-    exit(1);
+static Comm* g_comm = nullptr;
+
+// A failure during training: the rank that hit it says why, and the whole job ends.
+[[noreturn]] static void fail(const std::string& msg) { g_comm->abort(msg); }
+
+// Setup (config, data, checkpoint) is checked on every rank; if any rank failed, the first of them prints its
+// reason once and every rank exits 1, so the job neither hangs nor repeats the message N times.
+static void agree_on_setup(Comm& comm, const std::string& error) {
+    std::vector<int64_t> failed(comm.world, 0);
+    failed[comm.rank] = error.empty() ? 0 : 1;
+    comm.all_reduce_sum(failed.data(), comm.world, Group::World);
+    for (int r = 0; r < comm.world; r++) {
+        if (!failed[r]) continue;
+        if (r == comm.rank) fprintf(stderr, "train_cpu: %s%s\n", comm.world > 1 ? ("[rank " + std::to_string(r) + "] ").c_str() : "", error.c_str());
+        delete g_comm;
+        exit(1);
+    }
 }
 
-// Mean main-head cross-entropy over `batches` validation batches from the start of the validation data.
+// Fault injection for the failure tests: MOE_FAULT=RANK:STEP:error|crash makes that rank fail at that step.
+static void maybe_inject_fault(const Comm& comm, int64_t step) {
+    const char* spec = getenv("MOE_FAULT");
+    int rank = -1;
+    long long at = -1;
+    char kind[16] = {0};
+    if (!spec || sscanf(spec, "%d:%lld:%15s", &rank, &at, kind) != 3 || rank != comm.rank || at != step) return;
+    if (!strcmp(kind, "crash")) raise(SIGKILL);
+    fail("injected fault at step " + std::to_string(step) + " (MOE_FAULT)");
+}
+
+// Mean main-head cross-entropy over `batches` validation batches from the start of every rank's slice.
 static double evaluate(Model& m, DataLoader& val, int batches, int B, int T) {
     std::vector<int32_t> inputs((int64_t)B * T), targets((int64_t)B * T);
     val.reset();
@@ -33,7 +63,8 @@ static double evaluate(Model& m, DataLoader& val, int batches, int B, int T) {
         val.next_batch(inputs.data(), targets.data());
         total += model_forward(m, inputs.data(), targets.data(), B, T, false).main;
     }
-    return total / batches;
+    m.comm->all_reduce_sum(&total, 1, Group::World);
+    return total / batches / m.comm->world;
 }
 
 // Largest-over-mean expert load of each MoE block: 1 is perfectly balanced.
@@ -59,7 +90,8 @@ static void sample_text(Model& m, const Tokenizer& tok, const TrainArgs& args, i
     std::vector<int32_t> context(prompt.begin(), prompt.end());
     std::vector<uint32_t> generated;
     const int V = m.config.vocab_size;
-    printf("sample (temperature %.2f, top-k %d):\n%s", args.temperature, args.top_k, args.prompt.c_str());
+    const bool speak = m.comm->rank == 0;  // every rank samples the same tokens (EP needs them all); one prints
+    if (speak) printf("sample (temperature %.2f, top-k %d):\n%s", args.temperature, args.top_k, args.prompt.c_str());
     for (int i = 0; i < args.sample; i++) {
         int64_t start = std::max<int64_t>(0, (int64_t)context.size() - T);
         std::vector<int32_t> window(context.begin() + start, context.end());
@@ -81,12 +113,12 @@ static void sample_text(Model& m, const Tokenizer& tok, const TrainArgs& args, i
             if (acc > r) { next = ranked[j].second; break; }
         }
         context.push_back(next);
-        if ((uint32_t)next < (uint32_t)tok.vocab_size()) {
+        if (speak && (uint32_t)next < (uint32_t)tok.vocab_size()) {
             printf("%s", tok.token_bytes(next).c_str());
             fflush(stdout);
         }
     }
-    printf("\n");
+    if (speak) printf("\n");
 }
 
 static std::string format_eta(double seconds) {
@@ -99,127 +131,177 @@ static std::string format_eta(double seconds) {
 
 int main(int argc, char** argv) {
     TrainArgs args = parse_train_args(argc, argv, "train_cpu");
+    std::unique_ptr<Comm> comm_owner = make_comm(args.ep, "train_cpu");
+    Comm& comm = *comm_owner;
+    g_comm = comm_owner.release();  // lives until exit; fail() and agree_on_setup() end the job through it
+    const bool lead = comm.rank == 0;
+
+    // config: from the checkpoint when resuming, else from --config; every rank must hold the same one
+    std::string error, resume_from;
+    Config config;
     try {
-        // config: from the checkpoint when resuming, else from --config
-        std::string resume_from = args.resume ? checkpoint_find_latest(args.checkpoint_dir) : "";
-        if (args.resume && resume_from.empty())
-            fprintf(stderr, "train_cpu: no checkpoint in %s yet; starting from step 0\n", args.checkpoint_dir.c_str());
-        Config config = resume_from.empty() ? load_config(args.config) : checkpoint_config(resume_from);
-        if (args.describe) {
+        resume_from = args.resume ? checkpoint_find_latest(args.checkpoint_dir) : "";
+        config = resume_from.empty() ? parse_config_file(args.config) : checkpoint_config(resume_from);
+        if (config.n_routed_experts % args.ep != 0)
+            error = "--ep " + std::to_string(args.ep) + " does not divide n_routed_experts " +
+                    std::to_string(config.n_routed_experts);
+    } catch (const std::exception& e) {
+        error = e.what();
+    }
+    agree_on_setup(comm, error);
+    std::string text = config_to_json(config) + " built " __DATE__ " " __TIME__;
+    uint64_t fingerprint = 1469598103934665603ull;
+    for (char ch : text) fingerprint = (fingerprint ^ (uint8_t)ch) * 0x100000001B3ull;
+    uint64_t lead_fingerprint = fingerprint;
+    comm.broadcast(&lead_fingerprint, sizeof(lead_fingerprint), 0);
+    agree_on_setup(comm, lead_fingerprint == fingerprint ? "" : "this rank's config or build differs from rank 0's");
+    if (args.resume && resume_from.empty() && lead)
+        fprintf(stderr, "train_cpu: no checkpoint in %s yet; starting from step 0\n", args.checkpoint_dir.c_str());
+    if (args.describe) {
+        if (lead) {
             print_config(config);
             printf("total_params %lld\nactive_params %lld\nmtp_params %lld\n", (long long)count_total_params(config),
                    (long long)count_active_params(config), (long long)count_mtp_params(config));
-            return 0;
         }
-        const int B = args.batch, T = args.seq;
-        if (T > config.max_position_embeddings)
-            fail("--seq " + std::to_string(T) + " exceeds max_position_embeddings " +
-                 std::to_string(config.max_position_embeddings));
+        delete g_comm;
+        return 0;
+    }
+    const int B = args.batch, T = args.seq;
 
-        Model model;
-        model_init(model, config);
+    Model model;
+    OptimizerConfig oc;
+    oc.lr = args.lr;
+    oc.weight_decay = args.weight_decay;
+    oc.grad_clip = args.grad_clip;
+    oc.warmup_steps = args.warmup;
+    oc.total_steps = args.steps;
+    AdamWState opt;
+    TrainState state;
+    Rng rng(args.seed);
+    std::unique_ptr<DataLoader> train, val;
+    int eval_batches = 0;
+    try {
+        if (T > config.max_position_embeddings)
+            throw std::runtime_error("--seq " + std::to_string(T) + " exceeds max_position_embeddings " +
+                                     std::to_string(config.max_position_embeddings));
+        model_init(model, config, &comm);
         model_init_weights(model, args.seed);
-        OptimizerConfig oc;
-        oc.lr = args.lr;
-        oc.weight_decay = args.weight_decay;
-        oc.grad_clip = args.grad_clip;
-        oc.warmup_steps = args.warmup;
-        oc.total_steps = args.steps;
-        AdamWState opt;
         opt.m.assign(model.table.total, 0.0f);
         opt.v.assign(model.table.total, 0.0f);
-        TrainState state;
-        Rng rng(args.seed);
-
-        DataLoader train(args.data, B, T, 0, 1);
-        if (train.max_token() >= (uint32_t)config.vocab_size)
-            fail("the training data holds token " + std::to_string(train.max_token()) + " but vocab_size is " +
-                 std::to_string(config.vocab_size) + " (wrong --config for this data?)");
-        std::unique_ptr<DataLoader> val;
-        int eval_batches = 0;
+        // each rank reads its own slice of every global batch
+        train = std::make_unique<DataLoader>(args.data, B, T, comm.rank, comm.world);
+        if (train->max_token() >= (uint32_t)config.vocab_size)
+            throw std::runtime_error("the training data holds token " + std::to_string(train->max_token()) +
+                                     " but vocab_size is " + std::to_string(config.vocab_size) +
+                                     " (wrong --config for this data?)");
         if (!args.val.empty()) {
-            val = std::make_unique<DataLoader>(args.val, B, T, 0, 1);
-            // never more batches than the validation data holds, so no token is counted twice
-            eval_batches = (int)std::max<int64_t>(1, std::min<int64_t>(args.eval_batches, val->total_tokens() / ((int64_t)B * T + 1)));
+            val = std::make_unique<DataLoader>(args.val, B, T, comm.rank, comm.world);
             if (val->max_token() >= (uint32_t)config.vocab_size)
-                fail("the validation data holds a token outside the vocabulary of " + std::to_string(config.vocab_size));
+                throw std::runtime_error("the validation data holds a token outside the vocabulary of " +
+                                         std::to_string(config.vocab_size));
+            // never more batches than the validation data holds, so no token is counted twice
+            const int64_t per_batch = (int64_t)B * T * comm.world + 1;
+            eval_batches = (int)std::max<int64_t>(1, std::min<int64_t>(args.eval_batches, val->total_tokens() / per_batch));
         }
         if (!resume_from.empty()) {
             checkpoint_load(resume_from, model, opt, state);
-            train.restore({state.data_shard, state.data_position});
+            train->restore({state.data_shard, state.data_position});
             rng.state = state.rng_state;
-            printf("resumed from %s at step %lld\n", resume_from.c_str(), (long long)state.step);
         }
+        error.clear();
+    } catch (const std::exception& e) {
+        error = e.what();
+    }
+    agree_on_setup(comm, error);
 
-        printf("model: %lld parameters (%lld active per token, %lld in MTP); batch %d x %d x %d micro-steps; %d steps\n",
+    FILE* log = nullptr;
+    if (lead) {
+        if (!resume_from.empty()) printf("resumed from %s at step %lld\n", resume_from.c_str(), (long long)state.step);
+        printf("model: %lld parameters (%lld active per token, %lld in MTP); %d rank(s) (EP %d x DP %d); "
+               "batch %d x %d x %d micro-steps per rank; %d steps\n",
                (long long)count_total_params(config), (long long)count_active_params(config),
-               (long long)count_mtp_params(config), B, T, args.grad_accum, args.steps);
-        FILE* log = nullptr;
+               (long long)count_mtp_params(config), comm.world, comm.ep_size, comm.dp_size, B, T, args.grad_accum,
+               args.steps);
         if (!args.log.empty() && !(log = fopen(args.log.c_str(), resume_from.empty() ? "w" : "a")))
             fail("cannot write the log file " + args.log);
+    }
 
-        std::vector<int32_t> inputs((int64_t)B * T), targets((int64_t)B * T);
-        const double tokens_per_step = (double)B * T * args.grad_accum;
-        double train_seconds = 0.0;
-        int timed_steps = 0;
-        for (int64_t step = state.step; step < args.steps; step++) {
-            auto t0 = std::chrono::steady_clock::now();
-            model_zero_grads(model);
-            LossParts loss;
-            for (int micro = 0; micro < args.grad_accum; micro++) {
-                train.next_batch(inputs.data(), targets.data());
-                LossParts l = model_forward(model, inputs.data(), targets.data(), B, T, true);
-                model_backward(model, 1.0f / args.grad_accum);
-                loss.total += l.total / args.grad_accum;
-                loss.main += l.main / args.grad_accum;
-                loss.mtp += l.mtp / args.grad_accum;
-                loss.balance += l.balance / args.grad_accum;
-            }
-            if (!std::isfinite(loss.total))
-                fail("the loss became " + std::to_string(loss.total) + " at step " + std::to_string(step) +
-                     " (try a lower --lr)");
-            const std::string imbalance = load_imbalance_json(model);
-            const double norm = global_grad_norm(model.grads.data(), model.table.total);
-            const float lr = learning_rate(oc, step);
-            adamw_update(model.table, model.params.data(), model.grads.data(), opt, oc, lr, clip_factor(oc, norm));
-            model_update_router_bias(model, model.expert_counts);
-            const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-            if (step > state.step || args.steps - state.step == 1) { train_seconds += seconds; timed_steps++; }
-            const double tokens_per_s = tokens_per_step / seconds;
-            const double eta = (timed_steps ? train_seconds / timed_steps : seconds) * (args.steps - step - 1);
+    std::vector<int32_t> inputs((int64_t)B * T), targets((int64_t)B * T);
+    const double tokens_per_step = (double)B * T * args.grad_accum * comm.world;
+    // backward of the global mean loss: each rank's mean over its tokens, averaged over micro-steps and ranks
+    const float loss_scale = 1.0f / (args.grad_accum * comm.world);
+    double train_seconds = 0.0;
+    int timed_steps = 0;
+    for (int64_t step = state.step; step < args.steps; step++) {
+        maybe_inject_fault(comm, step);
+        auto t0 = std::chrono::steady_clock::now();
+        model_zero_grads(model);
+        double loss[4] = {0, 0, 0, 0};  // total, main, MTP, balance
+        for (int micro = 0; micro < args.grad_accum; micro++) {
+            train->next_batch(inputs.data(), targets.data());
+            LossParts l = model_forward(model, inputs.data(), targets.data(), B, T, true);
+            model_backward(model, loss_scale);
+            loss[0] += l.total * loss_scale;
+            loss[1] += l.main * loss_scale;
+            loss[2] += l.mtp * loss_scale;
+            loss[3] += l.balance * loss_scale;
+        }
+        model_reduce_grads(model);
+        comm.all_reduce_sum(loss, 4, Group::World);
+        if (!std::isfinite(loss[0]))
+            fail("the loss became " + std::to_string(loss[0]) + " at step " + std::to_string(step) + " (try a lower --lr)");
+        for (std::vector<int64_t>& counts : model.expert_counts)
+            comm.all_reduce_sum(counts.data(), (int64_t)counts.size(), Group::World);
+        const std::string imbalance = load_imbalance_json(model);
+        const double norm = model_grad_norm(model);
+        const float lr = learning_rate(oc, step);
+        adamw_update(model.table, model.params.data(), model.grads.data(), opt, oc, lr, clip_factor(oc, norm));
+        model_update_router_bias(model, model.expert_counts);
+        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (step > state.step || args.steps - state.step == 1) { train_seconds += seconds; timed_steps++; }
+        const double tokens_per_s = tokens_per_step / seconds;
+        const double eta = (timed_steps ? train_seconds / timed_steps : seconds) * (args.steps - step - 1);
 
-            const bool last = step + 1 == args.steps;
-            double val_loss = NAN;
-            if (val && (last || (args.eval_every > 0 && (step + 1) % args.eval_every == 0)))
-                val_loss = evaluate(model, *val, eval_batches, B, T);
+        const bool last = step + 1 == args.steps;
+        double val_loss = NAN;
+        if (val && (last || (args.eval_every > 0 && (step + 1) % args.eval_every == 0)))
+            val_loss = evaluate(model, *val, eval_batches, B, T);
+        if (lead) {
             printf("step %5lld/%d | loss %.4f (main %.4f mtp %.4f bal %.5f) | lr %.2e | norm %.3f | %.0f tok/s | eta %s",
-                   (long long)step + 1, args.steps, loss.total, loss.main, loss.mtp, loss.balance, lr, norm,
-                   tokens_per_s, format_eta(eta).c_str());
+                   (long long)step + 1, args.steps, loss[0], loss[1], loss[2], loss[3], lr, norm, tokens_per_s,
+                   format_eta(eta).c_str());
             if (!std::isnan(val_loss)) printf(" | val %.4f", val_loss);
             printf("\n");
             fflush(stdout);
-            if (log) {
-                fprintf(log,
-                        "{\"step\": %lld, \"loss\": %.9g, \"loss_main\": %.9g, \"loss_mtp\": %.9g, \"loss_balance\": %.9g, "
-                        "\"lr\": %.6e, \"grad_norm\": %.6f, \"tokens_per_s\": %.1f, \"tokens\": %.0f, \"load_imbalance\": %s",
-                        (long long)step + 1, loss.total, loss.main, loss.mtp, loss.balance, lr, norm, tokens_per_s,
-                        tokens_per_step * (step + 1), imbalance.c_str());
-                if (!std::isnan(val_loss)) fprintf(log, ", \"val_loss\": %.6f", val_loss);
-                fprintf(log, "}\n");
-                fflush(log);
-            }
-            state.step = step + 1;
-            if (!args.checkpoint_dir.empty() &&
-                (last || (args.checkpoint_every > 0 && state.step % args.checkpoint_every == 0))) {
-                DataLoaderState ds = train.state();
-                state.data_shard = ds.shard;
-                state.data_position = ds.position;
-                state.rng_state = rng.state;
+        }
+        if (log) {
+            fprintf(log,
+                    "{\"step\": %lld, \"loss\": %.9g, \"loss_main\": %.9g, \"loss_mtp\": %.9g, \"loss_balance\": %.9g, "
+                    "\"lr\": %.6e, \"grad_norm\": %.6f, \"tokens_per_s\": %.1f, \"tokens\": %.0f, \"load_imbalance\": %s",
+                    (long long)step + 1, loss[0], loss[1], loss[2], loss[3], lr, norm, tokens_per_s,
+                    tokens_per_step * (step + 1), imbalance.c_str());
+            if (!std::isnan(val_loss)) fprintf(log, ", \"val_loss\": %.6f", val_loss);
+            fprintf(log, "}\n");
+            fflush(log);
+        }
+        state.step = step + 1;
+        if (!args.checkpoint_dir.empty() &&
+            (last || (args.checkpoint_every > 0 && state.step % args.checkpoint_every == 0))) {
+            // every rank's loader is at the same global position; rank 0's is the one saved
+            DataLoaderState ds = train->state();
+            state.data_shard = ds.shard;
+            state.data_position = ds.position;
+            state.rng_state = rng.state;
+            try {
                 checkpoint_save(args.checkpoint_dir, model, opt, state);
+            } catch (const std::exception& e) {
+                fail(e.what());
             }
         }
-        if (log) fclose(log);
-        if (args.sample > 0) {
+    }
+    if (log) fclose(log);
+    if (args.sample > 0) {
+        try {
             std::string tok_path = args.tokenizer;
             if (tok_path.empty()) {
                 std::string first = glob_files(args.data)[0];
@@ -231,9 +313,10 @@ int main(int argc, char** argv) {
                 fail("the tokenizer " + tok_path + " has " + std::to_string(tok.vocab_size()) +
                      " tokens, more than the model's vocab_size " + std::to_string(config.vocab_size));
             sample_text(model, tok, args, T, rng);
+        } catch (const std::exception& e) {
+            fail(e.what());
         }
-    } catch (const std::exception& e) {
-        fail(e.what());
     }
+    delete g_comm;
     return 0;
 }

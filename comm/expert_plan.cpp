@@ -18,3 +18,31 @@ ExpertPlan build_expert_plan(const int32_t* expert_of_slot, int64_t num_slots, i
     }
     return p;
 }
+
+DispatchPlan build_dispatch_plan(const ExpertPlan& local, const std::vector<int64_t>& recv_counts, int ep_size,
+                                 int ep_rank) {
+    DispatchPlan d;
+    const int per_rank = local.num_experts / ep_size;
+    d.ep_size = ep_size;
+    d.ep_rank = ep_rank;
+    d.experts_per_rank = per_rank;
+    d.send_rows.assign(ep_size, 0);
+    d.recv_rows.assign(ep_size, 0);
+    d.expert_counts.assign(per_rank, 0);
+    d.expert_offsets.assign(per_rank + 1, 0);
+    for (int e = 0; e < local.num_experts; e++) d.send_rows[e / per_rank] += local.counts[e];
+    for (int s = 0; s < ep_size; s++)
+        for (int j = 0; j < per_rank; j++) {
+            d.recv_rows[s] += recv_counts[s * per_rank + j];
+            d.expert_counts[j] += recv_counts[s * per_rank + j];
+        }
+    for (int j = 0; j < per_rank; j++) d.expert_offsets[j + 1] = d.expert_offsets[j] + d.expert_counts[j];
+    // walk the received rows in arrival order (source, then expert) and place each after its expert's earlier rows
+    d.expert_row_of_recv.resize(d.expert_offsets[per_rank]);
+    std::vector<int64_t> next(d.expert_offsets.begin(), d.expert_offsets.end() - 1);
+    int64_t recv_row = 0;
+    for (int s = 0; s < ep_size; s++)
+        for (int j = 0; j < per_rank; j++)
+            for (int64_t r = 0; r < recv_counts[s * per_rank + j]; r++) d.expert_row_of_recv[recv_row++] = next[j]++;
+    return d;
+}

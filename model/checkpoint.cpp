@@ -34,26 +34,44 @@ std::string checkpoint_find_latest(const std::string& dir) {
 }
 
 void checkpoint_save(const std::string& dir, const Model& m, const AdamWState& opt, const TrainState& st) {
-    mkdir(dir.c_str(), 0755);
+    Comm& comm = *m.comm;
+    // Whole expert tensors: gathered from the EP group of replica 0 (params, then the two moments).
+    std::vector<std::vector<float>> gathered;
+    auto whole = [&](const ParamTensor& t, const float* local) -> const float* {
+        if (!t.expert_shard || comm.ep_size == 1) return local;
+        if (comm.dp_rank != 0) return nullptr;
+        gathered.emplace_back(comm.rank == 0 ? t.numel * comm.ep_size : 0);
+        comm.gather_to_ep_root(local, t.numel, gathered.back().data());
+        return gathered.back().data();
+    };
+    auto full_shape = [&](const ParamTensor& t) {
+        std::vector<int64_t> shape = t.shape;
+        if (t.expert_shard) shape[0] *= comm.ep_size;
+        return shape;
+    };
     std::vector<TensorView> views;
     for (const ParamTensor& t : m.table.tensors)
-        views.push_back({t.name, DType::F32, t.shape, m.params.data() + t.offset});
+        views.push_back({t.name, DType::F32, full_shape(t), whole(t, m.params.data() + t.offset)});
     for (const ParamTensor& t : m.table.tensors) {
         if (!t.trainable) continue;
-        views.push_back({"optimizer.m." + t.name, DType::F32, t.shape, opt.m.data() + t.offset});
-        views.push_back({"optimizer.v." + t.name, DType::F32, t.shape, opt.v.data() + t.offset});
+        views.push_back({"optimizer.m." + t.name, DType::F32, full_shape(t), whole(t, opt.m.data() + t.offset)});
+        views.push_back({"optimizer.v." + t.name, DType::F32, full_shape(t), whole(t, opt.v.data() + t.offset)});
     }
-    std::map<std::string, std::string> meta = {
-        {"format", FORMAT},
-        {"version", "1"},
-        {"config", config_to_json(m.config)},
-        {"step", std::to_string(st.step)},
-        {"optimizer_step", std::to_string(opt.step)},
-        {"data_shard", std::to_string(st.data_shard)},
-        {"data_position", std::to_string(st.data_position)},
-        {"rng_state", std::to_string(st.rng_state)},
-    };
-    safetensors_write(checkpoint_path(dir, st.step), views, meta);
+    if (comm.rank == 0) {
+        mkdir(dir.c_str(), 0755);
+        std::map<std::string, std::string> meta = {
+            {"format", FORMAT},
+            {"version", "1"},
+            {"config", config_to_json(m.config)},
+            {"step", std::to_string(st.step)},
+            {"optimizer_step", std::to_string(opt.step)},
+            {"data_shard", std::to_string(st.data_shard)},
+            {"data_position", std::to_string(st.data_position)},
+            {"rng_state", std::to_string(st.rng_state)},
+        };
+        safetensors_write(checkpoint_path(dir, st.step), views, meta);
+    }
+    comm.barrier();
 }
 
 static void check_format(const SafetensorsReader& r, const std::string& path) {
@@ -86,11 +104,20 @@ void checkpoint_load(const std::string& path, Model& m, AdamWState& opt, TrainSt
     check_format(r, path);
     opt.m.assign(m.table.total, 0.0f);
     opt.v.assign(m.table.total, 0.0f);
+    const Comm& comm = *m.comm;
     for (const ParamTensor& t : m.table.tensors) {
-        r.read(t.name, DType::F32, t.shape, m.params.data() + t.offset);
+        // an expert shard is rows [ep_rank * E_local, (ep_rank + 1) * E_local) of the whole tensor
+        std::vector<int64_t> shape = t.shape;
+        int64_t first = 0;
+        if (t.expert_shard) {
+            first = comm.ep_rank * shape[0];
+            shape[0] *= comm.ep_size;
+        }
+        const int64_t rows = t.shape.empty() ? 1 : t.shape[0];
+        r.read_rows(t.name, DType::F32, shape, first, rows, m.params.data() + t.offset);
         if (!t.trainable) continue;
-        r.read("optimizer.m." + t.name, DType::F32, t.shape, opt.m.data() + t.offset);
-        r.read("optimizer.v." + t.name, DType::F32, t.shape, opt.v.data() + t.offset);
+        r.read_rows("optimizer.m." + t.name, DType::F32, shape, first, rows, opt.m.data() + t.offset);
+        r.read_rows("optimizer.v." + t.name, DType::F32, shape, first, rows, opt.v.data() + t.offset);
     }
     st.step = parse_integer(r, "step", path);
     opt.step = parse_integer(r, "optimizer_step", path);

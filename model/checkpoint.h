@@ -20,8 +20,11 @@ struct TrainState {
 std::string checkpoint_path(const std::string& dir, int64_t step);
 // Path of the checkpoint with the highest step in dir, or "" when there is none.
 std::string checkpoint_find_latest(const std::string& dir);
+// Collective over m.comm: the EP ranks of data-parallel replica 0 send their experts to rank 0, which writes
+// whole tensors (so rank 0 briefly holds every expert's weights and moments); the others wait for the rename.
 void checkpoint_save(const std::string& dir, const Model& m, const AdamWState& opt, const TrainState& st);
 // The config stored in a checkpoint (throws std::runtime_error on a foreign or damaged file).
 Config checkpoint_config(const std::string& path);
-// Loads into a model built with model_init(checkpoint_config(path)); throws naming the file and tensor on mismatch.
+// Loads into a model built with model_init(checkpoint_config(path), comm); each rank reads its own experts, so a
+// checkpoint saved with any EP x DP layout loads into any other. Throws naming the file and tensor on mismatch.
 void checkpoint_load(const std::string& path, Model& m, AdamWState& opt, TrainState& st);

@@ -201,17 +201,22 @@ void validate_config(const Config& c) {
     require(c.max_position_embeddings >= 1, "max_position_embeddings must be positive");
 }
 
+Config parse_config_file(const std::string& name) {
+    if (const char* text = preset_json(name)) return parse_config_json(text, "preset " + name);
+    std::ifstream f(name);
+    if (!f)
+        throw std::runtime_error("config " + name +
+                                 ": no such preset (tiny, small, deepseek-v2-lite, deepseek-v3) or readable file");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return parse_config_json(ss.str(), "config " + name);
+}
+
 Config load_config(const std::string& name) {
     try {
-        if (const char* text = preset_json(name)) return parse_config_json(text, "preset " + name);
-        std::ifstream f(name);
-        if (!f)
-            throw std::runtime_error(name + ": no such preset (tiny, small, deepseek-v2-lite, deepseek-v3) or readable file");
-        std::stringstream ss;
-        ss << f.rdbuf();
-        return parse_config_json(ss.str(), name);
+        return parse_config_file(name);
     } catch (const std::runtime_error& e) {
-        fprintf(stderr, "error: config %s\n", e.what());
+        fprintf(stderr, "error: %s\n", e.what());
         exit(1);
     }
 }

@@ -53,7 +53,9 @@ struct Config {
     int num_blocks() const { return num_hidden_layers + num_nextn_predict_layers; }  // MTP block last
 };
 
-// Loads a preset name or a JSON file; exits with one clear line on any error.
+// Loads a preset name or a JSON file; throws std::runtime_error with one clear line on any error.
+Config parse_config_file(const std::string& preset_or_path);
+// The same, but prints the error and exits 1: for tools and tests.
 Config load_config(const std::string& preset_or_path);
 // Parses JSON text; on error throws std::runtime_error with a one-line message.
 Config parse_config_json(const std::string& json_text, const std::string& source_name);

@@ -5,11 +5,13 @@
 #include <cstring>
 
 #include "ops.h"
+#include "optimizer.h"
 #include "rng.h"
 
-void model_init(Model& m, const Config& c) {
+void model_init(Model& m, const Config& c, Comm* comm) {
     m.config = c;
-    m.table = build_param_table(c);
+    m.comm = comm ? comm : &local_comm();
+    m.table = build_param_table(c, m.comm->ep_size);
     m.params.assign(m.table.total, 0.0f);
     m.grads.assign(m.table.total, 0.0f);
     m.w = map_weights(c, m.table, m.params.data());
@@ -20,13 +22,21 @@ void model_init(Model& m, const Config& c) {
     m.B = m.T = 0;
 }
 
+// Each tensor (each expert, for stacked experts) draws from its own stream, seeded by the run's seed and its name,
+// so the initial weights are the same whatever the expert-parallel layout.
 void model_init_weights(Model& m, uint64_t seed) {
-    Rng rng(seed);
     for (const ParamTensor& t : m.table.tensors) {
-        float* p = m.params.data() + t.offset;
-        bool is_norm = t.shape.size() == 1 && t.trainable;
-        for (int64_t i = 0; i < t.numel; i++)
-            p[i] = !t.trainable ? 0.0f : is_norm ? 1.0f : m.config.initializer_range * rng.normal();
+        const int64_t slices = t.expert_shard ? t.shape[0] : 1, per_slice = t.numel / slices;
+        const int64_t first_expert = t.expert_shard ? (int64_t)m.comm->ep_rank * t.shape[0] : 0;
+        const bool is_norm = t.shape.size() == 1 && t.trainable;
+        for (int64_t s = 0; s < slices; s++) {
+            uint64_t h = seed * 0x9E3779B97F4A7C15ull + (uint64_t)(first_expert + s);
+            for (char ch : t.name) h = (h ^ (uint8_t)ch) * 0x100000001B3ull;  // FNV-1a over the name
+            Rng rng(h);
+            float* p = m.params.data() + t.offset + s * per_slice;
+            for (int64_t i = 0; i < per_slice; i++)
+                p[i] = !t.trainable ? 0.0f : is_norm ? 1.0f : m.config.initializer_range * rng.normal();
+        }
     }
 }
 
@@ -91,7 +101,7 @@ static double block_forward(Model& m, int layer, const float* h_in, float* h_out
     rmsnorm_forward(a.ffn_normed, a.ffn_rstd, a.h_mid, w.ffn_norm, N, d, c.rms_norm_eps);
     double balance = 0.0;
     if (c.is_moe_layer(layer)) {
-        moe_forward(c, w, a.moe, a.ffn_normed, a.ffn_out, m.B, m.T);
+        moe_forward(c, w, a.moe, a.ffn_normed, a.ffn_out, m.B, m.T, *m.comm);
         if (training)
             for (int e = 0; e < c.n_routed_experts; e++) m.expert_counts[layer][e] += a.moe.plan.counts[e];
         balance = a.moe.balance_loss;
@@ -108,11 +118,11 @@ static void block_backward(Model& m, int layer, const float* h_in, const float* 
     const Config& c = m.config;
     const BlockWeights& w = m.w.blocks[layer];
     BlockWeights& g = m.g.blocks[layer];
-    const BlockActs& a = m.acts.blocks[layer];
+    BlockActs& a = m.acts.blocks[layer];
     const int64_t N = (int64_t)m.B * m.T, d = c.hidden_size;
     std::vector<float> dnormed(N * d), dh_mid(dh_out, dh_out + N * d);
     if (c.is_moe_layer(layer))
-        moe_backward(c, w, g, a.moe, a.ffn_normed, dh_out, dnormed.data(), m.B, m.T, loss_scale);
+        moe_backward(c, w, g, a.moe, a.ffn_normed, dh_out, dnormed.data(), m.B, m.T, loss_scale, *m.comm);
     else
         swiglu_ffn_backward(dnormed.data(), g.gate, g.up, g.down, dh_out, a.dense, a.ffn_normed, w.gate, w.up,
                             w.down, N, d, c.intermediate_size, false);
@@ -216,4 +226,22 @@ void model_update_router_bias(Model& m, const std::vector<std::vector<int64_t>>&
         }
         std::fill(m.expert_counts[l].begin(), m.expert_counts[l].end(), 0);
     }
+}
+
+void model_reduce_grads(Model& m) {
+    for (const ParamTensor& t : m.table.tensors)
+        if (t.trainable)
+            m.comm->all_reduce_sum(m.grads.data() + t.offset, t.numel,
+                                   t.expert_shard ? Group::DataParallel : Group::World);
+}
+
+double model_grad_norm(const Model& m) {
+    double replicated = 0.0, experts = 0.0;
+    for (const ParamTensor& t : m.table.tensors) {
+        if (!t.trainable) continue;
+        double n = global_grad_norm(m.grads.data() + t.offset, t.numel);
+        (t.expert_shard ? experts : replicated) += n * n;
+    }
+    m.comm->all_reduce_sum(&experts, 1, Group::ExpertParallel);
+    return sqrt(replicated + experts);
 }

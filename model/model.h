@@ -54,6 +54,7 @@ struct LossParts {
 
 struct Model {
     Config config;
+    Comm* comm = nullptr;              // the ranks this model is spread over (expert parallelism); never null
     ParamTable table;
     std::vector<float> params, grads;  // one buffer each, laid out by the table
     ModelWeights w, g;                 // pointers into params and grads
@@ -67,7 +68,8 @@ struct Model {
     LossParts loss;
 };
 
-void model_init(Model& m, const Config& c);                // table and zeroed buffers
+// Table and zeroed buffers. With comm (default: one process), the routed experts are split over its EP group.
+void model_init(Model& m, const Config& c, Comm* comm = nullptr);
 void model_init_weights(Model& m, uint64_t seed);          // N(0, initializer_range) matrices, norms 1, biases 0
 // Forward over B sequences of T tokens. targets == nullptr: logits only (no losses, no MTP).
 // training: add this batch's expert loads to expert_counts (evaluation and sampling must not).
@@ -75,6 +77,11 @@ LossParts model_forward(Model& m, const int32_t* inputs, const int32_t* targets,
 // Backward of the last forward (which had targets): grads += loss_scale * d loss / d params.
 void model_backward(Model& m, float loss_scale);
 void model_zero_grads(Model& m);
+// Sums the gradients over the ranks that share each tensor: replicated tensors over the world, expert shards
+// over their data-parallel replicas. (Backward with loss_scale 1/world then gives the global mean's gradient.)
+void model_reduce_grads(Model& m);
+// The global gradient norm over every rank's tensors, counting each replicated tensor once.
+double model_grad_norm(const Model& m);
 // Aux-loss-free balancing: b_i += gamma * sign(mean(count) - count_i) per MoE block, then counts reset.
 // counts are the global counts (summed over ranks and micro-batches).
 void model_update_router_bias(Model& m, const std::vector<std::vector<int64_t>>& counts);

@@ -16,20 +16,42 @@ void moe_carve(Arena<float>& arena, const Config& c, int B, int T, MoEActs& a) {
     const int64_t I = c.moe_intermediate_size, S = (int64_t)c.n_shared_experts * I;
     a.scores = arena.take(N * E);
     a.gate_weights = arena.take(N * k);
-    a.rows_in = arena.take(N * k * d);
-    swiglu_carve(arena, N * k, I, a.experts);
-    a.rows_out = arena.take(N * k * d);
+    a.rows_sent = arena.take(N * k * d);
+    a.rows_back = arena.take(N * k * d);
     swiglu_carve(arena, N, S, a.shared);
     a.shared_out = arena.take(S > 0 ? N * d : 0);
     a.chosen.assign(N * k, 0);
 }
 
-// The SwigluActs of expert e's rows: views into the stacked buffers.
-static SwigluActs expert_view(const SwigluActs& all, int64_t first_row, int64_t I) {
-    return SwigluActs{all.g + first_row * I, all.u + first_row * I, all.a + first_row * I};
+// The SwigluActs of local expert j's rows: views into the stacked buffers.
+static SwigluActs expert_view(MoEActs& a, int64_t first_row, int64_t I) {
+    return SwigluActs{a.expert_g.data() + first_row * I, a.expert_u.data() + first_row * I,
+                      a.expert_a.data() + first_row * I};
 }
 
-void moe_forward(const Config& c, const BlockWeights& w, MoEActs& a, const float* x, float* out, int B, int T) {
+// Rows (R, d) between arrival order and expert-contiguous order: to_expert moves row r to expert_row_of_recv[r].
+static void permute_rows(float* dst, const float* src, const DispatchPlan& p, int64_t d, bool to_expert) {
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < p.received(); r++) {
+        int64_t e = p.expert_row_of_recv[r];
+        memcpy(dst + (to_expert ? e : r) * d, src + (to_expert ? r : e) * d, d * sizeof(float));
+    }
+}
+
+// Sends rows (plan order) to the experts' ranks and returns them in expert-contiguous order, or the reverse.
+static void dispatch_rows(Comm& comm, const DispatchPlan& p, const float* rows, float* expert_rows, int64_t d) {
+    std::vector<float> arrived(p.received() * d);
+    comm.all_to_all_v(rows, p.send_rows.data(), arrived.data(), p.recv_rows.data(), d);
+    permute_rows(expert_rows, arrived.data(), p, d, true);
+}
+static void combine_rows(Comm& comm, const DispatchPlan& p, const float* expert_rows, float* rows, int64_t d) {
+    std::vector<float> leaving(p.received() * d);
+    permute_rows(leaving.data(), expert_rows, p, d, false);
+    comm.all_to_all_v(leaving.data(), p.recv_rows.data(), rows, p.send_rows.data(), d);
+}
+
+void moe_forward(const Config& c, const BlockWeights& w, MoEActs& a, const float* x, float* out, int B, int T,
+                 Comm& comm) {
     const int64_t N = (int64_t)B * T, d = c.hidden_size, E = c.n_routed_experts, k = c.num_experts_per_tok;
     const int64_t I = c.moe_intermediate_size, S = (int64_t)c.n_shared_experts * I;
 
@@ -43,25 +65,37 @@ void moe_forward(const Config& c, const BlockWeights& w, MoEActs& a, const float
         router_select(c, s, w.router_bias, scratch.data(), a.chosen.data() + t * k, a.gate_weights + t * k);
     }
     a.plan = build_expert_plan(a.chosen.data(), N * k, (int)E);
+    const int64_t E_local = E / comm.ep_size;
+    std::vector<int64_t> recv_counts(E);  // (P, E_local): rows each source sends to each of this rank's experts
+    comm.all_to_all(a.plan.counts.data(), recv_counts.data(), E_local);
+    a.dispatch = build_dispatch_plan(a.plan, recv_counts, comm.ep_size, comm.ep_rank);
+    const int64_t R = a.dispatch.received();
 
-    // dispatch: gather token rows into expert-contiguous order
+    // dispatch: gather token rows in plan order, send them to the experts' ranks, sort them by local expert
 #pragma omp parallel for schedule(static)
     for (int64_t row = 0; row < N * k; row++)
-        memcpy(a.rows_in + row * d, x + (a.plan.slot_of_row[row] / k) * d, d * sizeof(float));
-    // grouped expert GEMMs, one contiguous block of rows per expert
-    for (int64_t e = 0; e < E; e++) {
-        int64_t first = a.plan.offsets[e], rows = a.plan.counts[e];
-        swiglu_ffn_forward(a.rows_out + first * d, expert_view(a.experts, first, I), a.rows_in + first * d,
-                           w.expert_gate + e * I * d, w.expert_up + e * I * d, w.expert_down + e * d * I, rows, d, I);
+        memcpy(a.rows_sent + row * d, x + (a.plan.slot_of_row[row] / k) * d, d * sizeof(float));
+    a.expert_in.resize(R * d);
+    a.expert_out.resize(R * d);
+    a.expert_g.resize(R * I);
+    a.expert_u.resize(R * I);
+    a.expert_a.resize(R * I);
+    dispatch_rows(comm, a.dispatch, a.rows_sent, a.expert_in.data(), d);
+    // grouped expert GEMMs, one contiguous block of rows per local expert
+    for (int64_t j = 0; j < E_local; j++) {
+        int64_t first = a.dispatch.expert_offsets[j], rows = a.dispatch.expert_counts[j];
+        swiglu_ffn_forward(a.expert_out.data() + first * d, expert_view(a, first, I), a.expert_in.data() + first * d,
+                           w.expert_gate + j * I * d, w.expert_up + j * I * d, w.expert_down + j * d * I, rows, d, I);
     }
+    combine_rows(comm, a.dispatch, a.expert_out.data(), a.rows_back, d);
     if (S > 0) swiglu_ffn_forward(a.shared_out, a.shared, x, w.gate, w.up, w.down, N, d, S);
-    // combine: out_t = sum_j w_tj rows_out[row(t, j)] + shared_t
+    // combine: out_t = sum_j w_tj rows_back[row(t, j)] + shared_t
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < N; t++) {
         float* y = out + t * d;
         for (int64_t i = 0; i < d; i++) y[i] = S > 0 ? a.shared_out[t * d + i] : 0.0f;
         for (int64_t j = 0; j < k; j++) {
-            const float* r = a.rows_out + a.plan.row_of_slot[t * k + j] * d;
+            const float* r = a.rows_back + a.plan.row_of_slot[t * k + j] * d;
             float gw = a.gate_weights[t * k + j];
             for (int64_t i = 0; i < d; i++) y[i] += gw * r[i];
         }
@@ -85,32 +119,37 @@ void moe_forward(const Config& c, const BlockWeights& w, MoEActs& a, const float
     }
 }
 
-void moe_backward(const Config& c, const BlockWeights& w, BlockWeights& g, const MoEActs& a, const float* x,
-                  const float* dout, float* dx, int B, int T, float balance_scale) {
+void moe_backward(const Config& c, const BlockWeights& w, BlockWeights& g, MoEActs& a, const float* x,
+                  const float* dout, float* dx, int B, int T, float balance_scale, Comm& comm) {
     const int64_t N = (int64_t)B * T, d = c.hidden_size, E = c.n_routed_experts, k = c.num_experts_per_tok;
     const int64_t I = c.moe_intermediate_size, S = (int64_t)c.n_shared_experts * I;
 
-    // combine backward: d rows_out[row(t,j)] = w_tj dout_t;  dw_tj = dout_t . rows_out[row(t,j)]
-    std::vector<float> drows_out(N * k * d), dgate_weights(N * k), drows_in(N * k * d);
+    // combine backward: d rows_back[row(t,j)] = w_tj dout_t;  dw_tj = dout_t . rows_back[row(t,j)]
+    std::vector<float> drows_back(N * k * d), dgate_weights(N * k), drows_sent(N * k * d);
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < N; t++)
         for (int64_t j = 0; j < k; j++) {
             int64_t row = a.plan.row_of_slot[t * k + j];
-            const float* r = a.rows_out + row * d;
+            const float* r = a.rows_back + row * d;
             float gw = a.gate_weights[t * k + j], dot = 0.0f;
             for (int64_t i = 0; i < d; i++) {
-                drows_out[row * d + i] = gw * dout[t * d + i];
+                drows_back[row * d + i] = gw * dout[t * d + i];
                 dot += dout[t * d + i] * r[i];
             }
             dgate_weights[t * k + j] = dot;
         }
-    for (int64_t e = 0; e < E; e++) {
-        int64_t first = a.plan.offsets[e], rows = a.plan.counts[e];
-        swiglu_ffn_backward(drows_in.data() + first * d, g.expert_gate + e * I * d, g.expert_up + e * I * d,
-                            g.expert_down + e * d * I, drows_out.data() + first * d, expert_view(a.experts, first, I),
-                            a.rows_in + first * d, w.expert_gate + e * I * d, w.expert_up + e * I * d,
-                            w.expert_down + e * d * I, rows, d, I, false);
+    // the mirror of the forward exchange: output gradients travel to the experts, input gradients come back
+    const int64_t E_local = E / comm.ep_size, R = a.dispatch.received();
+    std::vector<float> dexpert_out(R * d), dexpert_in(R * d);
+    dispatch_rows(comm, a.dispatch, drows_back.data(), dexpert_out.data(), d);
+    for (int64_t j = 0; j < E_local; j++) {
+        int64_t first = a.dispatch.expert_offsets[j], rows = a.dispatch.expert_counts[j];
+        swiglu_ffn_backward(dexpert_in.data() + first * d, g.expert_gate + j * I * d, g.expert_up + j * I * d,
+                            g.expert_down + j * d * I, dexpert_out.data() + first * d, expert_view(a, first, I),
+                            a.expert_in.data() + first * d, w.expert_gate + j * I * d, w.expert_up + j * I * d,
+                            w.expert_down + j * d * I, rows, d, I, false);
     }
+    combine_rows(comm, a.dispatch, dexpert_in.data(), drows_sent.data(), d);
     // scatter the expert-row gradients back to their tokens (and the shared experts' gradient)
     if (S > 0) swiglu_ffn_backward(dx, g.gate, g.up, g.down, dout, a.shared, x, w.gate, w.up, w.down, N, d, S, false);
 #pragma omp parallel for schedule(static)
@@ -118,7 +157,7 @@ void moe_backward(const Config& c, const BlockWeights& w, BlockWeights& g, const
         float* dxt = dx + t * d;
         if (S == 0) memset(dxt, 0, d * sizeof(float));
         for (int64_t j = 0; j < k; j++) {
-            const float* dr = drows_in.data() + a.plan.row_of_slot[t * k + j] * d;
+            const float* dr = drows_sent.data() + a.plan.row_of_slot[t * k + j] * d;
             for (int64_t i = 0; i < d; i++) dxt[i] += dr[i];
         }
     }

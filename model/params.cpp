@@ -19,9 +19,9 @@ const ParamTensor& ParamTable::at(const std::string& name) const {
     return *t;
 }
 
-ParamTable build_param_table(const Config& c) {
+ParamTable build_param_table(const Config& c, int ep_size) {
     ParamTable table;
-    auto add = [&](const std::string& name, std::vector<int64_t> shape, bool trainable = true) {
+    auto add = [&](const std::string& name, std::vector<int64_t> shape, bool trainable = true, bool expert_shard = false) {
         ParamTensor t;
         t.name = name;
         t.shape = shape;
@@ -30,6 +30,7 @@ ParamTable build_param_table(const Config& c) {
         t.offset = table.total;
         t.weight_decay = shape.size() >= 2;
         t.trainable = trainable;
+        t.expert_shard = expert_shard;
         table.total += t.numel;
         table.tensors.push_back(t);
     };
@@ -60,12 +61,12 @@ ParamTable build_param_table(const Config& c) {
             add(p + "mlp.up_proj.weight", {c.intermediate_size, d});
             add(p + "mlp.down_proj.weight", {d, c.intermediate_size});
         } else {
-            const int64_t E = c.n_routed_experts, I = c.moe_intermediate_size;
+            const int64_t E = c.n_routed_experts, I = c.moe_intermediate_size, E_local = E / ep_size;
             add(p + "mlp.gate.weight", {E, d});
             add(p + "mlp.gate.e_score_correction_bias", {E}, false);
-            add(p + "mlp.experts.gate_proj.weight", {E, I, d});
-            add(p + "mlp.experts.up_proj.weight", {E, I, d});
-            add(p + "mlp.experts.down_proj.weight", {E, d, I});
+            add(p + "mlp.experts.gate_proj.weight", {E_local, I, d}, true, true);
+            add(p + "mlp.experts.up_proj.weight", {E_local, I, d}, true, true);
+            add(p + "mlp.experts.down_proj.weight", {E_local, d, I}, true, true);
             if (c.n_shared_experts > 0) {
                 const int64_t S = (int64_t)c.n_shared_experts * I;
                 add(p + "mlp.shared_experts.gate_proj.weight", {S, d});

@@ -17,6 +17,7 @@ struct ParamTensor {
     int64_t numel = 0;
     bool weight_decay = false;  // matrices and embeddings decay; norm weights do not
     bool trainable = true;      // false for e_score_correction_bias (updated by the balancing rule, not AdamW)
+    bool expert_shard = false;  // stacked routed experts: this rank holds E/ep_size of them (dim 0 is sharded)
 };
 
 struct ParamTable {
@@ -26,7 +27,8 @@ struct ParamTable {
     const ParamTensor& at(const std::string& name) const;     // aborts with the name when absent
 };
 
-ParamTable build_param_table(const Config& c);
+// ep_size > 1: the routed-expert tensors hold only this rank's E/ep_size experts ([E/ep_size, out, in]).
+ParamTable build_param_table(const Config& c, int ep_size = 1);
 
 // Pointers into a parameter (or gradient) buffer for one transformer block. Unused ones are nullptr.
 struct BlockWeights {
@@ -45,9 +47,9 @@ struct BlockWeights {
     float* down;            // (d, width)
     float* router;          // (E, d)                 MoE only
     float* router_bias;     // (E) e_score_correction_bias
-    float* expert_gate;     // (E, moe_inter, d)
-    float* expert_up;       // (E, moe_inter, d)
-    float* expert_down;     // (E, d, moe_inter)
+    float* expert_gate;     // (E_local, moe_inter, d)   E_local = E / ep_size experts of this rank
+    float* expert_up;       // (E_local, moe_inter, d)
+    float* expert_down;     // (E_local, d, moe_inter)
 };
 
 // The whole model's pointers into one buffer.

@@ -85,9 +85,9 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
         file_ = nullptr;
         throw std::runtime_error(path + ": " + why);
     };
-    fseeko(file_, 0, SEEK_END);
-    const uint64_t file_size = (uint64_t)ftello(file_);
-    fseeko(file_, 0, SEEK_SET);
+    const off_t end = fseeko(file_, 0, SEEK_END) == 0 ? ftello(file_) : -1;
+    if (end < 0 || fseeko(file_, 0, SEEK_SET) != 0) fail("cannot seek (not a regular file?)");
+    const uint64_t file_size = (uint64_t)end;
     uint64_t header_len = 0;
     if (fread(&header_len, 8, 1, file_) != 1) fail("not a safetensors file (shorter than 8 bytes)");
     if (header_len > file_size - 8 || header_len > (100u << 20))
@@ -126,6 +126,7 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
         for (const json& s : v["shape"]) {
             if (!s.is_number_unsigned()) fail("tensor '" + name + "' has a bad shape " + v["shape"].dump());
             uint64_t dim = s.get<uint64_t>();
+            if (dim > (uint64_t)INT64_MAX) fail("tensor '" + name + "' has a bad shape " + v["shape"].dump());
             if (dim != 0 && bytes > UINT64_MAX / dim) fail("tensor '" + name + "' is impossibly large");
             bytes *= dim;
             info.shape.push_back((int64_t)dim);
@@ -134,7 +135,8 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
             if (!o.is_number_unsigned()) fail("tensor '" + name + "' has bad data_offsets");
         info.begin = v["data_offsets"][0].get<uint64_t>();
         info.end = v["data_offsets"][1].get<uint64_t>();
-        if (info.end < info.begin || info.end > data_size)
+        if (info.end < info.begin) fail("tensor '" + name + "' has data_offsets with begin > end");
+        if (info.end > data_size)
             fail("tensor '" + name + "' has data_offsets outside the file");
         if (info.end - info.begin != bytes)
             fail("tensor '" + name + "' shape " + shape_string(info.shape) + " does not match its " +
@@ -159,15 +161,21 @@ const TensorInfo& SafetensorsReader::info(const std::string& name) const {
 
 void SafetensorsReader::read(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
                              void* out) const {
+    read_rows(name, dtype, shape, 0, shape.empty() ? 1 : shape[0], out);
+}
+
+void SafetensorsReader::read_rows(const std::string& name, DType dtype, const std::vector<int64_t>& full_shape,
+                                  int64_t first_row, int64_t rows, void* out) const {
     const TensorInfo& t = info(name);
     if (t.dtype != dtype)
         throw std::runtime_error(path_ + ": tensor '" + name + "' is " + dtype_name(t.dtype) + ", expected " +
                                  dtype_name(dtype));
-    if (t.shape != shape)
+    if (t.shape != full_shape)
         throw std::runtime_error(path_ + ": tensor '" + name + "' has shape " + shape_string(t.shape) +
-                                 ", expected " + shape_string(shape));
-    size_t bytes = t.end - t.begin;
-    if (fseeko(file_, (off_t)(data_start_ + t.begin), SEEK_SET) != 0 ||
+                                 ", expected " + shape_string(full_shape));
+    const uint64_t row_bytes = full_shape.empty() ? t.end - t.begin : (t.end - t.begin) / std::max<int64_t>(1, full_shape[0]);
+    const uint64_t bytes = row_bytes * rows;
+    if (fseeko(file_, (off_t)(data_start_ + t.begin + row_bytes * first_row), SEEK_SET) != 0 ||
         (bytes > 0 && fread(out, 1, bytes, file_) != bytes))
         throw std::runtime_error(path_ + ": reading tensor '" + name + "' failed");
 }

@@ -46,6 +46,9 @@ public:
     const TensorInfo& info(const std::string& name) const;  // throws naming the missing tensor
     // Reads a tensor into out, checking dtype and shape; throws naming the tensor on a mismatch.
     void read(const std::string& name, DType dtype, const std::vector<int64_t>& shape, void* out) const;
+    // Reads rows [first_row, first_row + rows) along dim 0 of a tensor of shape full_shape (one rank's experts).
+    void read_rows(const std::string& name, DType dtype, const std::vector<int64_t>& full_shape, int64_t first_row,
+                   int64_t rows, void* out) const;
     std::string metadata_value(const std::string& key) const;  // throws when absent
 
 private:

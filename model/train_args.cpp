@@ -32,10 +32,13 @@ static const char* USAGE =
     "  --prompt TEXT          sampling prompt (\"The\")\n"
     "  --temperature X        sampling temperature (1.0)\n"
     "  --top-k K              sample among the K most likely tokens, 0 for all (0)\n"
+    "  --ep N                 split the routed experts over N ranks (launch with mpirun; world = EP x DP) (1)\n"
     "  --describe             print the config and parameter counts, then exit\n";
 
+// Every rank of an mpirun job parses the same flags; only rank 0 says what is wrong.
 [[noreturn]] static void bad(const char* program, const std::string& msg) {
-    fprintf(stderr, "%s: %s (see --help)\n", program, msg.c_str());
+    const char* rank = getenv("OMPI_COMM_WORLD_RANK");
+    if (!rank || !strcmp(rank, "0")) fprintf(stderr, "%s: %s (see --help)\n", program, msg.c_str());
     exit(2);
 }
 
@@ -95,6 +98,7 @@ TrainArgs parse_train_args(int argc, char** argv, const char* program) {
         else if (!strcmp(flag, "--prompt")) a.prompt = v;
         else if (!strcmp(flag, "--temperature")) a.temperature = parse_float(program, flag, v, 1e-3, 100.0);
         else if (!strcmp(flag, "--top-k")) a.top_k = (int)parse_int(program, flag, v, 0, BIG);
+        else if (!strcmp(flag, "--ep")) a.ep = (int)parse_int(program, flag, v, 1, 1 << 16);
         else bad(program, std::string("unknown flag ") + flag);
     }
     if (a.warmup < 0) a.warmup = a.steps / 10;

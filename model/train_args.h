@@ -27,6 +27,7 @@ struct TrainArgs {
     std::string prompt = "The";     // --prompt TEXT
     float temperature = 1.0f;       // --temperature X
     int top_k = 0;                  // --top-k K        (0: all tokens)
+    int ep = 1;                     // --ep N           expert-parallel ranks (world = EP x DP, under mpirun)
     bool describe = false;          // --describe
 };
 

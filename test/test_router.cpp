@@ -269,7 +269,7 @@ struct MoEFixture {
     }
     const BlockWeights& w() const { return m.w.blocks[layer]; }
     double forward() {
-        moe_forward(c, w(), a, x.data(), out.data(), B, T);
+        moe_forward(c, w(), a, x.data(), out.data(), B, T, local_comm());
         return a.balance_loss;
     }
     // The router gradient of the balance loss alone (dout = 0).
@@ -277,7 +277,7 @@ struct MoEFixture {
         model_zero_grads(m);
         forward();
         std::vector<float> dout(x.size(), 0.0f), dx(x.size());
-        moe_backward(c, w(), m.g.blocks[layer], a, x.data(), dout.data(), dx.data(), B, T, 1.0f);
+        moe_backward(c, w(), m.g.blocks[layer], a, x.data(), dout.data(), dx.data(), B, T, 1.0f, local_comm());
         const float* g = m.g.blocks[layer].router;
         return std::vector<float>(g, g + (size_t)c.n_routed_experts * c.hidden_size);
     }

@@ -1,0 +1,56 @@
+// The single-process Comm: collectives over one rank are copies, and the choice of backend.
+#include "comm.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+std::unique_ptr<Comm> make_mpi_comm(int ep_size, const char* program);
+
+namespace {
+
+class SingleComm : public Comm {
+public:
+    explicit SingleComm(const char* program) : program_(program) {}
+    void all_reduce_sum(float*, int64_t, Group) override {}
+    void all_reduce_sum(double*, int64_t, Group) override {}
+    void all_reduce_sum(int64_t*, int64_t, Group) override {}
+    void all_to_all(const int64_t* send, int64_t* recv, int64_t per_rank) override {
+        memcpy(recv, send, per_rank * sizeof(int64_t));
+    }
+    void all_to_all_v(const float* send, const int64_t* send_rows, float* recv, const int64_t*,
+                      int64_t width) override {
+        memcpy(recv, send, send_rows[0] * width * sizeof(float));
+    }
+    void gather_to_ep_root(const float* data, int64_t n, float* out) override { memcpy(out, data, n * sizeof(float)); }
+    void broadcast(void*, int64_t, int) override {}
+    void barrier() override {}
+    [[noreturn]] void abort(const std::string& message) override {
+        fprintf(stderr, "%s: %s\n", program_, message.c_str());
+        exit(1);
+    }
+
+private:
+    const char* program_;
+};
+
+bool launched_by_mpi() {
+    return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK") || getenv("SLURM_PROCID");
+}
+
+}  // namespace
+
+Comm& local_comm() {
+    static SingleComm single("moe.cu");
+    return single;
+}
+
+std::unique_ptr<Comm> make_comm(int ep_size, const char* program) {
+    if (launched_by_mpi()) return make_mpi_comm(ep_size, program);
+    if (ep_size != 1) {
+        fprintf(stderr, "%s: --ep %d needs %d or more ranks: launch with mpirun -np N (N a multiple of %d)\n", program,
+                ep_size, ep_size, ep_size);
+        exit(2);
+    }
+    return std::make_unique<SingleComm>(program);
+}

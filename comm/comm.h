@@ -1,0 +1,46 @@
+// The Comm interface: the collectives the trainers need, over a world of ranks laid out as EP x DP (DESIGN §2).
+// rank = dp_rank * ep_size + ep_rank: the ranks of one expert-parallel group are consecutive (on one node when
+// ep_size divides the GPUs per node). Backends: one process (comm/comm.cpp) and MPI (comm/mpi_comm.cpp, for
+// train_cpu); the NCCL backend for train.cu builds on the same interface.
+// Counts are 64-bit everywhere; backends split transfers that MPI's int counts cannot express.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+enum class Group {
+    World,           // every rank: replicated parameters, losses, expert-load counts
+    ExpertParallel,  // the ep_size ranks that together hold all experts: dispatch and combine
+    DataParallel,    // the dp_size ranks that hold the same experts: expert gradients
+};
+
+class Comm {
+public:
+    int rank = 0, world = 1, local_rank = 0;
+    int ep_size = 1, ep_rank = 0, dp_size = 1, dp_rank = 0;
+
+    virtual ~Comm() = default;
+    virtual void all_reduce_sum(float* data, int64_t n, Group g) = 0;
+    virtual void all_reduce_sum(double* data, int64_t n, Group g) = 0;
+    virtual void all_reduce_sum(int64_t* data, int64_t n, Group g) = 0;
+    // Over the EP group: sends per_rank values to each rank from send (rank-major), receives per_rank from each.
+    virtual void all_to_all(const int64_t* send, int64_t* recv, int64_t per_rank) = 0;
+    // Over the EP group: rows of `width` floats; send_rows[p] rows go to EP rank p (consecutive in send, rank
+    // order), recv_rows[p] rows arrive from EP rank p (consecutive in recv, rank order).
+    virtual void all_to_all_v(const float* send, const int64_t* send_rows, float* recv, const int64_t* recv_rows,
+                              int64_t width) = 0;
+    // Over the EP group: ep_rank 0 receives the n floats of every EP rank, rank-major, into out (n * ep_size).
+    virtual void gather_to_ep_root(const float* data, int64_t n, float* out) = 0;
+    // Over the world: root's bytes to everyone.
+    virtual void broadcast(void* data, int64_t bytes, int root) = 0;
+    virtual void barrier() = 0;
+    // Prints "PROGRAM: [rank r] message" once, from this rank, and ends the whole job with a non-zero status.
+    [[noreturn]] virtual void abort(const std::string& message) = 0;
+};
+
+// A one-rank Comm (no other process involved), for models that are not distributed.
+Comm& local_comm();
+
+// The MPI backend when the process was started by mpirun (or srun), else the single-process one. ep_size must
+// divide the world size; the caller checks that it divides n_routed_experts. program names the error lines.
+std::unique_ptr<Comm> make_comm(int ep_size, const char* program);

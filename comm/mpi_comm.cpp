@@ -1,0 +1,149 @@
+// The MPI Comm for the CPU trainer. Large transfers are split into pieces whose counts fit MPI's int.
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "comm.h"
+
+namespace {
+
+void check_mpi(int rc, const char* what) {
+    if (rc != MPI_SUCCESS) {
+        char msg[MPI_MAX_ERROR_STRING];
+        int len = 0;
+        MPI_Error_string(rc, msg, &len);
+        fprintf(stderr, "MPI error in %s: %s\n", what, msg);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+}
+
+constexpr int64_t MAX_PIECE = 1 << 28;  // elements per MPI call
+
+class MpiComm : public Comm {
+public:
+    MpiComm(int ep, const char* program) : program_(program) {
+        int provided = 0;
+        check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+        check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &rank), "MPI_Comm_rank");
+        check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &world), "MPI_Comm_size");
+        MPI_Comm node;
+        check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node), "split node");
+        check_mpi(MPI_Comm_rank(node, &local_rank), "MPI_Comm_rank(node)");
+        check_mpi(MPI_Comm_free(&node), "MPI_Comm_free");
+        if (ep < 1 || world % ep != 0) {
+            if (rank == 0)
+                fprintf(stderr, "%s: --ep %d does not divide the %d ranks (world = EP x DP)\n", program, ep, world);
+            MPI_Finalize();
+            exit(2);
+        }
+        ep_size = ep;
+        ep_rank = rank % ep;
+        dp_size = world / ep;
+        dp_rank = rank / ep;
+        check_mpi(MPI_Comm_split(MPI_COMM_WORLD, dp_rank, ep_rank, &ep_comm_), "split EP");
+        check_mpi(MPI_Comm_split(MPI_COMM_WORLD, ep_rank, dp_rank, &dp_comm_), "split DP");
+    }
+    ~MpiComm() override {
+        MPI_Comm_free(&ep_comm_);
+        MPI_Comm_free(&dp_comm_);
+        MPI_Finalize();
+    }
+
+    void all_reduce_sum(float* data, int64_t n, Group g) override { reduce(data, n, MPI_FLOAT, g); }
+    void all_reduce_sum(double* data, int64_t n, Group g) override { reduce(data, n, MPI_DOUBLE, g); }
+    void all_reduce_sum(int64_t* data, int64_t n, Group g) override { reduce(data, n, MPI_INT64_T, g); }
+
+    void all_to_all(const int64_t* send, int64_t* recv, int64_t per_rank) override {
+        check_mpi(MPI_Alltoall(send, (int)per_rank, MPI_INT64_T, recv, (int)per_rank, MPI_INT64_T, ep_comm_),
+                  "MPI_Alltoall");
+    }
+
+    // Point-to-point pairs with a row datatype: counts are in rows, so they stay far below 2^31.
+    void all_to_all_v(const float* send, const int64_t* send_rows, float* recv, const int64_t* recv_rows,
+                      int64_t width) override {
+        MPI_Datatype row;
+        check_mpi(MPI_Type_contiguous((int)width, MPI_FLOAT, &row), "MPI_Type_contiguous");
+        check_mpi(MPI_Type_commit(&row), "MPI_Type_commit");
+        std::vector<MPI_Request> requests;
+        int64_t send_at = 0, recv_at = 0;
+        for (int p = 0; p < ep_size; p++) {
+            if (recv_rows[p] > 0) {
+                requests.emplace_back();
+                check_mpi(MPI_Irecv(recv + recv_at * width, checked_int(recv_rows[p]), row, p, 7, ep_comm_,
+                                    &requests.back()), "MPI_Irecv");
+            }
+            recv_at += recv_rows[p];
+        }
+        for (int p = 0; p < ep_size; p++) {
+            if (send_rows[p] > 0) {
+                requests.emplace_back();
+                check_mpi(MPI_Isend(send + send_at * width, checked_int(send_rows[p]), row, p, 7, ep_comm_,
+                                    &requests.back()), "MPI_Isend");
+            }
+            send_at += send_rows[p];
+        }
+        check_mpi(MPI_Waitall((int)requests.size(), requests.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
+        check_mpi(MPI_Type_free(&row), "MPI_Type_free");
+    }
+
+    void gather_to_ep_root(const float* data, int64_t n, float* out) override {
+        for (int64_t at = 0; at < n; at += MAX_PIECE) {
+            int64_t piece = std::min(MAX_PIECE, n - at);
+            if (ep_rank == 0) {
+                std::copy(data + at, data + at + piece, out + at);
+                for (int p = 1; p < ep_size; p++)
+                    check_mpi(MPI_Recv(out + p * n + at, (int)piece, MPI_FLOAT, p, 8, ep_comm_, MPI_STATUS_IGNORE),
+                              "MPI_Recv");
+            } else {
+                check_mpi(MPI_Send(data + at, (int)piece, MPI_FLOAT, 0, 8, ep_comm_), "MPI_Send");
+            }
+        }
+    }
+
+    void broadcast(void* data, int64_t bytes, int root) override {
+        for (int64_t at = 0; at < bytes; at += MAX_PIECE)
+            check_mpi(MPI_Bcast((char*)data + at, (int)std::min(MAX_PIECE, bytes - at), MPI_BYTE, root, MPI_COMM_WORLD),
+                      "MPI_Bcast");
+    }
+
+    void barrier() override { check_mpi(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier"); }
+
+    [[noreturn]] void abort(const std::string& message) override {
+        fprintf(stderr, "%s: [rank %d] %s\n", program_, rank, message.c_str());
+        fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+        exit(1);
+    }
+
+private:
+    void reduce(void* data, int64_t n, MPI_Datatype type, Group g) {
+        int size = 0;
+        MPI_Type_size(type, &size);
+        for (int64_t at = 0; at < n; at += MAX_PIECE)
+            check_mpi(MPI_Allreduce(MPI_IN_PLACE, (char*)data + at * size, (int)std::min(MAX_PIECE, n - at), type,
+                                    MPI_SUM, group(g)),
+                      "MPI_Allreduce");
+    }
+    MPI_Comm group(Group g) const {
+        return g == Group::World ? MPI_COMM_WORLD : g == Group::ExpertParallel ? ep_comm_ : dp_comm_;
+    }
+    int checked_int(int64_t rows) const {
+        if (rows > INT32_MAX) {
+            fprintf(stderr, "%s: a transfer of %lld rows is too large for MPI\n", program_, (long long)rows);
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+        return (int)rows;
+    }
+
+    const char* program_;
+    MPI_Comm ep_comm_ = MPI_COMM_NULL, dp_comm_ = MPI_COMM_NULL;
+};
+
+}  // namespace
+
+std::unique_ptr<Comm> make_mpi_comm(int ep_size, const char* program) {
+    return std::make_unique<MpiComm>(ep_size, program);
+}
