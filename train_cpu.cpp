@@ -154,7 +154,15 @@ int main(int argc, char** argv) {
     for (char ch : text) fingerprint = (fingerprint ^ (uint8_t)ch) * 0x100000001B3ull;
     uint64_t lead_fingerprint = fingerprint;
     comm.broadcast(&lead_fingerprint, sizeof(lead_fingerprint), 0);
-    agree_on_setup(comm, lead_fingerprint == fingerprint ? "" : "this rank's config or build differs from rank 0's");
+    std::vector<int64_t> differs(comm.world, 0);
+    differs[comm.rank] = lead_fingerprint != fingerprint;
+    comm.all_reduce_sum(differs.data(), comm.world, Group::World);
+    for (int r = 0; r < comm.world; r++) {
+        if (!differs[r]) continue;
+        if (lead) fprintf(stderr, "train_cpu: rank %d's config or build differs from rank 0's\n", r);
+        delete g_comm;
+        exit(1);
+    }
     if (args.resume && resume_from.empty() && lead)
         fprintf(stderr, "train_cpu: no checkpoint in %s yet; starting from step 0\n", args.checkpoint_dir.c_str());
     if (args.describe) {

@@ -1,0 +1,188 @@
+// Expert and data parallelism on the CPU: the dispatch plan on its own, then real MPI jobs (mpirun, 1/2/4 ranks,
+// oversubscribed on this machine): EP=2, EP=4 and EP=2 x DP=2 against one process (test/ep_check.cpp), a 4-rank
+// checkpoint resumed on 2 ranks, and failures that must end the whole job quickly with one message.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <sys/wait.h>
+
+#include "comm/expert_plan.h"
+#include "model/rng.h"
+
+namespace {
+
+// Runs the plans of P simulated ranks and moves rows between them as the all-to-all-v would: every expert must
+// receive exactly the assignments routed to it, in expert-contiguous order, and the way back must invert it.
+void check_dispatch(int P, int E, const std::vector<std::vector<int32_t>>& choices) {
+    const int per_rank = E / P;
+    std::vector<ExpertPlan> plans;
+    for (int r = 0; r < P; r++) plans.push_back(build_expert_plan(choices[r].data(), (int64_t)choices[r].size(), E));
+    for (int dst = 0; dst < P; dst++) {
+        std::vector<int64_t> recv_counts(P * per_rank);
+        for (int s = 0; s < P; s++)
+            for (int j = 0; j < per_rank; j++) recv_counts[s * per_rank + j] = plans[s].counts[dst * per_rank + j];
+        DispatchPlan d = build_dispatch_plan(plans[dst], recv_counts, P, dst);
+        // the rows that arrive at dst, tagged (source rank, slot), in arrival order
+        std::vector<std::pair<int, int64_t>> arrived;
+        for (int s = 0; s < P; s++) {
+            int64_t first = plans[s].offsets[dst * per_rank], last = plans[s].offsets[(dst + 1) * per_rank];
+            for (int64_t row = first; row < last; row++) arrived.push_back({s, plans[s].slot_of_row[row]});
+            DispatchPlan ds = build_dispatch_plan(plans[s], recv_counts, P, s);
+            CHECK(ds.send_rows[dst] == last - first);
+        }
+        REQUIRE((int64_t)arrived.size() == d.received());
+        std::vector<std::pair<int, int64_t>> by_expert(arrived.size(), {-1, -1});
+        for (size_t r = 0; r < arrived.size(); r++) by_expert[d.expert_row_of_recv[r]] = arrived[r];
+        for (int j = 0; j < per_rank; j++) {
+            const int expert = dst * per_rank + j;
+            int64_t expected = 0;
+            for (int s = 0; s < P; s++) expected += plans[s].counts[expert];
+            CHECK(d.expert_counts[j] == expected);
+            for (int64_t row = d.expert_offsets[j]; row < d.expert_offsets[j + 1]; row++) {
+                auto [src, slot] = by_expert[row];
+                REQUIRE(src >= 0);
+                CHECK(choices[src][slot] == expert);
+            }
+        }
+    }
+}
+
+}  // namespace
+
+TEST_CASE("ep: the local plan sorts assignments by expert and inverts") {
+    std::vector<int32_t> chosen = {3, 0, 3, 1, 0, 3};
+    ExpertPlan p = build_expert_plan(chosen.data(), 6, 5);
+    CHECK(p.counts == std::vector<int64_t>{2, 1, 0, 3, 0});
+    CHECK(p.offsets == std::vector<int64_t>{0, 2, 3, 3, 6, 6});
+    CHECK(p.row_of_slot == std::vector<int64_t>{3, 0, 4, 2, 1, 5});
+    for (int64_t a = 0; a < 6; a++) CHECK(p.slot_of_row[p.row_of_slot[a]] == a);
+}
+
+TEST_CASE("ep: dispatch plans route every row to its expert, with idle experts and silent ranks") {
+    Rng rng(99);
+    for (int P : {1, 2, 4}) {
+        const int E = 8;
+        std::vector<std::vector<int32_t>> random(P), skewed(P);
+        for (int r = 0; r < P; r++) {
+            for (int a = 0; a < 40; a++) random[r].push_back((int32_t)(rng.next_u64() % E));
+            // rank 1 (when there is one) sends nothing; the others use experts 0 and 5 only
+            if (r != 1 || P == 1)
+                for (int a = 0; a < 12; a++) skewed[r].push_back(a % 3 == 0 ? 5 : 0);
+        }
+        check_dispatch(P, E, random);
+        check_dispatch(P, E, skewed);
+    }
+}
+
+namespace {
+
+struct Job {
+    int status;
+    double seconds;
+    std::string out, err;
+};
+
+std::string slurp(const std::string& path) {
+    std::ifstream f(path);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
+
+// mpirun as root on an oversubscribed machine; a 120 s timeout turns a hang into a failure.
+Job mpirun(int ranks, const std::string& args) {
+    const std::string cmd = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 timeout 120 "
+                            "mpirun --oversubscribe -np " + std::to_string(ranks) + " " + args +
+                            " > /tmp/moe_mpi_out.txt 2> /tmp/moe_mpi_err.txt";
+    auto t0 = std::chrono::steady_clock::now();
+    int rc = system(cmd.c_str());
+    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    int status = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+    return {status, seconds, slurp("/tmp/moe_mpi_out.txt"), slurp("/tmp/moe_mpi_err.txt")};
+}
+
+int count(const std::string& text, const std::string& what) {
+    int n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) n++;
+    return n;
+}
+
+std::vector<std::string> losses(const std::string& log) {
+    std::vector<std::string> out;
+    std::istringstream in(slurp(log));
+    for (std::string line; std::getline(in, line);) {
+        size_t at = line.find("\"loss\": ");
+        if (at != std::string::npos) out.push_back(line.substr(at + 8, line.find(',', at) - at - 8));
+    }
+    return out;
+}
+
+const std::string TRAIN = "./train_cpu --config test/data/ep-tiny.json --data 'data/default/train_*.bin' --seq 32 --lr 1e-2";
+
+}  // namespace
+
+TEST_CASE("ep: EP=2, EP=4 and EP=2 x DP=2 give the loss and gradients of one process, and the same 10 steps") {
+    for (auto [ranks, ep] : std::vector<std::pair<int, int>>{{1, 1}, {2, 2}, {4, 4}, {4, 2}}) {
+        Job j = mpirun(ranks, "./ep_check --ep " + std::to_string(ep));
+        INFO("ranks " << ranks << " ep " << ep << "\n" << j.out << j.err);
+        CHECK(j.status == 0);
+        CHECK(j.out.find(", ok") != std::string::npos);
+    }
+}
+
+TEST_CASE("ep: train_cpu on 4 ranks (EP 2 x DP 2) matches 1 rank, and its checkpoint resumes on 2 ranks") {
+    system("rm -rf /tmp/moe_ep_ckpt /tmp/moe_ep_*.jsonl");
+    // one rank with batch 4 sees the tokens of four ranks with batch 1
+    Job one = mpirun(1, TRAIN + " --steps 6 --batch 4 --log /tmp/moe_ep_one.jsonl");
+    Job four = mpirun(4, TRAIN + " --steps 6 --batch 1 --ep 2 --checkpoint-dir /tmp/moe_ep_ckpt --checkpoint-every 3 "
+                                 "--log /tmp/moe_ep_four.jsonl");
+    REQUIRE_MESSAGE(one.status == 0, one.err);
+    REQUIRE_MESSAGE(four.status == 0, four.err);
+    std::vector<std::string> a = losses("/tmp/moe_ep_one.jsonl"), b = losses("/tmp/moe_ep_four.jsonl");
+    REQUIRE(a.size() == 6);
+    REQUIRE(b.size() == 6);
+    for (int i = 0; i < 6; i++) CHECK(std::stod(b[i]) == doctest::Approx(std::stod(a[i])).epsilon(1e-5));
+    // forget steps 4-6 and continue on 2 ranks (EP 2, batch 2: the same global batch)
+    REQUIRE(remove("/tmp/moe_ep_ckpt/ckpt_00000006.safetensors") == 0);
+    Job two = mpirun(2, TRAIN + " --steps 6 --batch 2 --ep 2 --checkpoint-dir /tmp/moe_ep_ckpt --resume "
+                                "--log /tmp/moe_ep_two.jsonl");
+    REQUIRE_MESSAGE(two.status == 0, two.err);
+    CHECK(two.out.find("resumed from /tmp/moe_ep_ckpt/ckpt_00000003.safetensors") != std::string::npos);
+    std::vector<std::string> c = losses("/tmp/moe_ep_two.jsonl");
+    REQUIRE(c.size() == 3);
+    for (int i = 0; i < 3; i++) CHECK(std::stod(c[i]) == doctest::Approx(std::stod(a[3 + i])).epsilon(1e-5));
+    system("rm -rf /tmp/moe_ep_ckpt /tmp/moe_ep_*.jsonl");
+}
+
+TEST_CASE("ep: a failing or dying rank ends the whole job within seconds, the reason printed once") {
+    // rank 1 hits an error at step 2: it says so, once, and every rank stops
+    Job error = mpirun(4, "env MOE_FAULT=1:2:error " + TRAIN + " --steps 50 --batch 1 --ep 2");
+    CHECK(error.status != 0);
+    CHECK(count(error.err, "injected fault at step 2") == 1);
+    CHECK(error.err.find("[rank 1]") != std::string::npos);
+    CHECK(error.seconds < 60);
+    // rank 3 is killed outright: mpirun notices and ends the job
+    Job crash = mpirun(4, "env MOE_FAULT=3:2:crash " + TRAIN + " --steps 50 --batch 1 --ep 2");
+    CHECK(crash.status != 0);
+    CHECK(crash.seconds < 60);
+}
+
+TEST_CASE("ep: bad layouts are one error from rank 0 and a non-zero exit everywhere") {
+    Job undivided = mpirun(3, TRAIN + " --steps 2 --batch 1 --ep 2");
+    CHECK(undivided.status != 0);
+    CHECK(count(undivided.err, "does not divide the 3 ranks") == 1);
+    Job experts = mpirun(3, TRAIN + " --steps 2 --batch 1 --ep 3");
+    CHECK(experts.status != 0);
+    CHECK(count(experts.err, "does not divide n_routed_experts") == 1);
+    Job alone = mpirun(1, TRAIN + " --steps 2 --batch 1 --ep 2");
+    CHECK(alone.status != 0);
+    CHECK(count(alone.err, "does not divide the 1 ranks") == 1);
+    // two ranks started with different configs (mpirun's MPMD form: one program line per rank)
+    Job mismatch = mpirun(1, TRAIN + " --steps 2 --batch 1 : -np 1 " + TRAIN + " --steps 2 --batch 1 --config tiny");
+    CHECK(mismatch.status != 0);
+    CHECK(count(mismatch.err, "rank 1's config or build differs from rank 0's") == 1);
+}
