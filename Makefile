@@ -10,7 +10,7 @@ NVCC     ?= /usr/local/cuda/bin/nvcc
 NVFLAGS  ?= -O3 -std=c++17 -I. -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=compute_90
 PYTHON   ?= /usr/bin/python3
 MPI_CFLAGS = $(shell mpicxx --showme:compile 2>/dev/null)
-MPI_LIBS   = $(shell mpicxx --showme:link 2>/dev/null)
+MPI_LIBS   = $(filter-out -lmpi_cxx,$(shell mpicxx --showme:link 2>/dev/null))
 THREADS  ?= $(shell nproc)
 
 CORE_SRC := $(wildcard model/*.cpp) $(filter-out data/prepare.cpp,$(wildcard data/*.cpp)) $(wildcard comm/*.cpp) \
@@ -30,7 +30,7 @@ build/%.o: %.cpp $(HEADERS)
 
 build/comm/mpi_comm.o: comm/mpi_comm.cpp $(HEADERS)
 	@mkdir -p $(dir $@)
-	$(CXX) $(CXXFLAGS) $(MPI_CFLAGS) -c $< -o $@
+	$(CXX) $(CXXFLAGS) $(MPI_CFLAGS) -DOMPI_SKIP_MPICXX=1 -c $< -o $@
 
 train_cpu: build/train_cpu.o $(CORE_OBJ)
 	$(CXX) $(CXXFLAGS) $^ -o $@ $(MPI_LIBS)

@@ -21,13 +21,17 @@
 #include "model/checkpoint.h"
 #include "model/model.h"
 #include "model/optimizer.h"
+#include "model/plan.h"
 #include "model/rng.h"
 #include "model/train_args.h"
 
 static Comm* g_comm = nullptr;
 
 // A failure during training: the rank that hit it says why, and the whole job ends.
-[[noreturn]] static void fail(const std::string& msg) { g_comm->abort(msg); }
+[[noreturn]] static void fail(const std::string& msg) {
+    g_comm->abort(msg);
+    exit(1);  // not reached: abort() ends the job (a virtual call hides that from the compiler)
+}
 
 // Setup (config, data, checkpoint) is checked on every rank; if any rank failed, the first of them prints its
 // reason once and every rank exits 1, so the job neither hangs nor repeats the message N times.
@@ -131,6 +135,29 @@ static std::string format_eta(double seconds) {
 
 int main(int argc, char** argv) {
     TrainArgs args = parse_train_args(argc, argv, "train_cpu");
+    if (args.plan) {
+        try {
+            Config config = parse_config_file(args.config);
+            if (config.n_routed_experts % args.ep != 0)
+                throw std::runtime_error("--ep " + std::to_string(args.ep) + " does not divide n_routed_experts");
+            PlanInputs p;
+            p.gpus = args.gpus;
+            p.gpus_per_node = args.gpus_per_node;
+            p.ep = args.ep;
+            p.batch = args.batch;
+            p.seq = args.seq;
+            p.grad_accum = args.grad_accum;
+            p.matmul_tflops = args.matmul_tflops;
+            p.nvlink_gbps = args.nvlink_gbps;
+            p.network_gbps = args.network_gbps;
+            p.gpu_memory_gib = args.gpu_memory_gib;
+            print_plan(config, p);
+            return 0;
+        } catch (const std::exception& e) {
+            fprintf(stderr, "train_cpu: %s\n", e.what());
+            return 1;
+        }
+    }
     std::unique_ptr<Comm> comm_owner = make_comm(args.ep, "train_cpu");
     Comm& comm = *comm_owner;
     g_comm = comm_owner.release();  // lives until exit; fail() and agree_on_setup() end the job through it

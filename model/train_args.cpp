@@ -33,7 +33,10 @@ static const char* USAGE =
     "  --temperature X        sampling temperature (1.0)\n"
     "  --top-k K              sample among the K most likely tokens, 0 for all (0)\n"
     "  --ep N                 split the routed experts over N ranks (launch with mpirun; world = EP x DP) (1)\n"
-    "  --describe             print the config and parameter counts, then exit\n";
+    "  --describe             print the config and parameter counts, then exit\n"
+    "  --plan                 plan a run on paper: memory, FLOPs, all-to-all bytes, predicted step time; with\n"
+    "                         --gpus N (8) --gpus-per-node N (8) --ep M --batch B --seq T --grad-accum N\n"
+    "                         --matmul-tflops X (400) --nvlink-gbps X (160) --network-gbps X (40) --gpu-memory-gib X (80)\n";
 
 // Every rank of an mpirun job parses the same flags; only rank 0 says what is wrong.
 [[noreturn]] static void bad(const char* program, const std::string& msg) {
@@ -73,6 +76,7 @@ TrainArgs parse_train_args(int argc, char** argv, const char* program) {
         }
         if (!strcmp(flag, "--resume")) { a.resume = true; continue; }
         if (!strcmp(flag, "--describe")) { a.describe = true; continue; }
+        if (!strcmp(flag, "--plan")) { a.plan = true; continue; }
         if (strncmp(flag, "--", 2) != 0) bad(program, std::string("unexpected argument '") + flag + "'");
         if (i + 1 >= argc) bad(program, std::string(flag) + " needs a value");
         const char* v = argv[++i];
@@ -99,10 +103,17 @@ TrainArgs parse_train_args(int argc, char** argv, const char* program) {
         else if (!strcmp(flag, "--temperature")) a.temperature = parse_float(program, flag, v, 1e-3, 100.0);
         else if (!strcmp(flag, "--top-k")) a.top_k = (int)parse_int(program, flag, v, 0, BIG);
         else if (!strcmp(flag, "--ep")) a.ep = (int)parse_int(program, flag, v, 1, 1 << 16);
+        else if (!strcmp(flag, "--gpus")) a.gpus = (int)parse_int(program, flag, v, 1, 1 << 20);
+        else if (!strcmp(flag, "--gpus-per-node")) a.gpus_per_node = (int)parse_int(program, flag, v, 1, 1024);
+        else if (!strcmp(flag, "--matmul-tflops")) a.matmul_tflops = parse_float(program, flag, v, 1e-3, 1e6);
+        else if (!strcmp(flag, "--nvlink-gbps")) a.nvlink_gbps = parse_float(program, flag, v, 1e-3, 1e6);
+        else if (!strcmp(flag, "--network-gbps")) a.network_gbps = parse_float(program, flag, v, 1e-3, 1e6);
+        else if (!strcmp(flag, "--gpu-memory-gib")) a.gpu_memory_gib = parse_float(program, flag, v, 1e-3, 1e6);
         else bad(program, std::string("unknown flag ") + flag);
     }
     if (a.warmup < 0) a.warmup = a.steps / 10;
-    if (!a.describe && a.data.empty()) bad(program, "--data PATTERN is required (training shards)");
+    if (a.plan && (a.gpus % a.ep != 0)) bad(program, "--ep must divide --gpus");
+    if (!a.describe && !a.plan && a.data.empty()) bad(program, "--data PATTERN is required (training shards)");
     if (a.resume && a.checkpoint_dir.empty()) bad(program, "--resume needs --checkpoint-dir");
     return a;
 }

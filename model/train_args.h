@@ -29,6 +29,11 @@ struct TrainArgs {
     int top_k = 0;                  // --top-k K        (0: all tokens)
     int ep = 1;                     // --ep N           expert-parallel ranks (world = EP x DP, under mpirun)
     bool describe = false;          // --describe
+    bool plan = false;              // --plan: memory, FLOPs, all-to-all and step time on paper, then exit
+    int gpus = 8, gpus_per_node = 8;            // --gpus N, --gpus-per-node N
+    double matmul_tflops = 400;                 // --matmul-tflops X
+    double nvlink_gbps = 160, network_gbps = 40; // --nvlink-gbps X, --network-gbps X
+    double gpu_memory_gib = 80;                 // --gpu-memory-gib X
 };
 
 TrainArgs parse_train_args(int argc, char** argv, const char* program);

@@ -81,3 +81,20 @@ TEST_CASE("cli: prepare_data rejects a missing input and an unknown flag") {
     expect_clean_failure("./prepare_data --input /nonexistent/file --out-dir /tmp/moe_cli_out", "prepare_data");
     expect_clean_failure("./prepare_data --bogus", "prepare_data");
 }
+
+TEST_CASE("cli: --plan for DeepSeek-V3 on 256 GPUs") {
+    const std::string out_path = "/tmp/moe_cli_plan.txt";
+    REQUIRE(system(("./train_cpu --config deepseek-v3 --plan --gpus 256 --ep 64 --batch 1 --seq 4096 --grad-accum 16 > " +
+                    out_path).c_str()) == 0);
+    std::ifstream f(out_path);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    const std::string out = ss.str();
+    // FLOPs per token by hand: 6 x 37.31e9 active (36.63e9 + the MTP block's attention, shared and 8 routed experts)
+    // + attention 6 x 2 x 128 heads x 4096 x (192 + 128) / 2 x 62 blocks = 6.24e10  ->  2.86e11
+    CHECK(out.find("FLOPs per token: 2.863e+11") != std::string::npos);
+    // all-to-all: 4 x 59 MoE blocks x 4096 tokens x 8 rows x 7168 x 2 bytes = 111 GB
+    CHECK(out.find("111 GB sent") != std::string::npos);
+    CHECK(out.find("does NOT fit") != std::string::npos);  // 28B parameters x 18 bytes on one 80 GiB GPU
+    expect_clean_failure("./train_cpu --config deepseek-v3 --plan --gpus 256 --ep 3", "--ep must divide --gpus");
+}

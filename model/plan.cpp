@@ -1,0 +1,81 @@
+// The arithmetic of --plan. Memory follows this trainer's scheme (DESIGN §1.4, §2): FP32 master weights, FP32
+// gradients, two FP32 AdamW moments and a BF16 working copy of every parameter a GPU holds (no ZeRO sharding, no
+// pipeline stages): the replicated parameters in full, the routed experts divided by EP. FLOPs per token follow
+// Megatron: 6 x active parameters (shared experts and MTP included) + the attention scores, causal halved.
+// All-to-all: per MoE layer and token, k rows of d BF16 values go out (dispatch) and come back (combine) in the
+// forward, and again in the backward; a share 1/EP stays on the GPU, (per_node - 1)/EP crosses NVLink, the rest the
+// network. The predicted step adds compute and communication: no overlap is assumed.
+#include "plan.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "params.h"
+
+void print_plan(const Config& c, const PlanInputs& p) {
+    const double GiB = 1024.0 * 1024 * 1024;
+    ParamTable table = build_param_table(c, 1);
+    double expert_params = 0, replicated_params = 0;
+    for (const ParamTensor& t : table.tensors) (t.expert_shard ? expert_params : replicated_params) += t.numel;
+    const double held = replicated_params + expert_params / p.ep;
+    const double bytes_per_param = 4 + 4 + 8 + 2;  // master, gradient, AdamW m and v, BF16 copy
+    const double d = c.hidden_size, H = c.num_attention_heads, T = p.seq;
+    const double dqk = c.qk_head_dim(), dv = c.v_head_dim, I = c.moe_intermediate_size, k = c.num_experts_per_tok;
+    const int moe_layers = c.num_blocks() - std::min(c.first_k_dense_replace, c.num_hidden_layers);
+
+    // activations kept for the backward, per token and block, in BF16 (the attention core recomputes its
+    // probabilities from the saved output and log-sum-exp, as flash attention does)
+    const double qr = c.q_lora_rank, kr = c.kv_lora_rank;
+    const double attn = 2 * d + (qr > 0 ? 2 * qr : 0) + 2 * H * dqk + (kr + c.qk_rope_head_dim) + 2 * kr +
+                        H * (c.qk_nope_head_dim + dv) + H * dqk + H * dv + 2 * H;
+    const double dense_ffn = 2 * d + 3 * c.intermediate_size;
+    const double moe_ffn = 2 * d + c.n_routed_experts + 2 * k * d + k * 3 * I + 3 * c.n_shared_experts * I;
+    const double act_per_token = 2 * ((c.num_blocks() - moe_layers) * (attn + dense_ffn) + moe_layers * (attn + moe_ffn) +
+                                      2.0 * c.vocab_size);  // logits of the main head and MTP
+    const double tokens = (double)p.batch * T;
+    const double act_bytes = act_per_token * tokens;
+
+    // FLOPs per token: 6 x active (with MTP) + attention 6 x 2 x H x T x (dqk + dv) / 2 per block
+    const double active = count_active_params(c) + (c.num_nextn_predict_layers > 0
+                              ? count_mtp_params(c) - (double)(c.n_routed_experts - c.num_experts_per_tok) * 3 * I * d
+                              : 0);
+    const double attn_flops = 6.0 * 2 * H * T * (dqk + dv) / 2 * c.num_blocks();
+    const double flops_per_token = 6 * active + attn_flops;
+
+    // all-to-all bytes per GPU per micro-step (both directions counted once, as sent)
+    const double row_bytes = 2 * d;
+    const double sent = 4 * moe_layers * tokens * k * row_bytes;  // dispatch + combine, forward + backward
+    const double local_share = 1.0 / p.ep;
+    const double node_share = std::max(0.0, (double)(std::min(p.gpus_per_node, p.ep) - 1) / p.ep);
+    const double network_share = 1.0 - local_share - node_share;
+
+    const double compute_s = tokens * flops_per_token / (p.matmul_tflops * 1e12);
+    const double comm_s = sent * node_share / (p.nvlink_gbps * 1e9) + sent * network_share / (p.network_gbps * 1e9);
+    // once per step, ring all-reduces of FP32 gradients (2 (n-1)/n of the bytes per GPU): the replicated
+    // parameters over all GPUs, each expert shard over its DP replicas
+    const int dp = p.gpus / p.ep;
+    const double allreduce_s = (2.0 * (p.gpus - 1) / p.gpus * 4 * replicated_params +
+                                2.0 * (dp - 1) / dp * 4 * expert_params / p.ep) / (p.network_gbps * 1e9);
+    const double step_s = p.grad_accum * (compute_s + comm_s) + allreduce_s;
+    const double tokens_per_gpu_s = p.grad_accum * tokens / step_s;
+
+    printf("plan: %d GPUs (%d per node) as EP %d x DP %d; micro-batch %d x %d tokens, %d micro-steps per step\n",
+           p.gpus, p.gpus_per_node, p.ep, p.gpus / p.ep, p.batch, p.seq, p.grad_accum);
+    printf("parameters: %.3g total (%.3g replicated, %.3g in routed experts); one GPU holds %.3g\n",
+           replicated_params + expert_params, replicated_params, expert_params, held);
+    printf("memory per GPU: weights+grads+AdamW+BF16 copy %.1f GiB, activations %.1f GiB, total %.1f of %.0f GiB%s\n",
+           held * bytes_per_param / GiB, act_bytes / GiB, (held * bytes_per_param + act_bytes) / GiB, p.gpu_memory_gib,
+           held * bytes_per_param + act_bytes > p.gpu_memory_gib * GiB
+               ? "  -> does NOT fit: this needs optimizer sharding or pipeline stages, which moe.cu does not have"
+               : "  -> fits");
+    printf("FLOPs per token: %.4g (6 x %.4g active parameters incl. MTP, + %.4g attention)\n", flops_per_token, active,
+           attn_flops);
+    printf("all-to-all per GPU per micro-step: %.3g GB sent (%.0f%% local, %.0f%% NVLink, %.0f%% network)\n", sent / 1e9,
+           100 * local_share, 100 * node_share, 100 * network_share);
+    printf("assumed: matmul %.0f TFLOP/s per GPU, NVLink %.0f GB/s, network %.0f GB/s per GPU, no overlap\n",
+           p.matmul_tflops, p.nvlink_gbps, p.network_gbps);
+    printf("predicted per micro-step: compute %.3f s, all-to-all %.3f s; per step: gradient all-reduces %.3f s, "
+           "step %.3f s\n", compute_s, comm_s, allreduce_s, step_s);
+    printf("predicted throughput: %.0f tokens/s per GPU = %.0fK GPU-hours per trillion tokens\n", tokens_per_gpu_s,
+           1e12 / tokens_per_gpu_s / 3600 / 1e3);
+}

@@ -1,0 +1,15 @@
+// Planning on paper (train_cpu --plan): for a config spread over G GPUs as EP x DP, what one GPU holds and does
+// per step, and a step time predicted from a stated matmul rate and stated link bandwidths. No hardware needed.
+#pragma once
+#include "config.h"
+
+struct PlanInputs {
+    int gpus = 8, gpus_per_node = 8, ep = 8;
+    int batch = 1, seq = 4096, grad_accum = 1;  // micro-batch per GPU, micro-steps per step
+    double matmul_tflops = 400;   // sustained dense BF16 rate per GPU (not the datasheet peak)
+    double nvlink_gbps = 160;     // GB/s per GPU to GPUs of the same node, achieved for all-to-all
+    double network_gbps = 40;     // GB/s per GPU to other nodes (400 Gb/s InfiniBand ~ 50 GB/s, ~80% achieved)
+    double gpu_memory_gib = 80;
+};
+
+void print_plan(const Config& c, const PlanInputs& p);
