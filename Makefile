@@ -79,5 +79,8 @@ clean:
 
 # GPU trainer: CUDA code compiled with nvcc for Hopper, linked with the shared host code.
 HOST_OBJ := build/model/config.o build/model/params.o build/model/train_args.o
-train: train.cu $(HOST_OBJ) $(HEADERS)
-	$(NVCC) $(NVFLAGS) train.cu $(HOST_OBJ) -o $@
+build/comm/nccl_comm.o: comm/nccl_comm.cu comm/comm.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) $(MPI_CFLAGS) -c $< -o $@
+train: train.cu build/comm/nccl_comm.o $(HOST_OBJ) $(HEADERS)
+	$(NVCC) $(NVFLAGS) train.cu build/comm/nccl_comm.o $(HOST_OBJ) -o $@ -lnccl $(MPI_LIBS)

@@ -1,11 +1,15 @@
 // train: the GPU trainer. It keeps train_cpu's command line, config, data and checkpoint formats (DESIGN §3).
-// This first version finds the GPU, checks the config and prints the memory plan of the FP32 master weights,
-// gradients and AdamW state; the training loop with the hand-written CUDA kernels is the GPU trainer issue.
-// Until then it exits non-zero after the plan, so no script mistakes it for a finished run.
+// This first version sets up the ranks over NCCL (one GPU each; MPI bootstraps under mpirun), checks the config
+// and prints the memory plan of the FP32 master weights, gradients and AdamW state; the training loop with the
+// hand-written CUDA kernels is the GPU trainer issue. Until then it exits non-zero after the plan, so no script
+// mistakes it for a finished run.
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
+#include <string>
 #include <cuda_runtime.h>
 
+#include "comm/comm.h"
 #include "model/config.h"
 #include "model/params.h"
 #include "model/train_args.h"
@@ -23,18 +27,19 @@
 int main(int argc, char** argv) {
     TrainArgs args = parse_train_args(argc, argv, "train");
     Config config = load_config(args.config);
-    int devices = 0;
-    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-        fprintf(stderr, "train: no CUDA GPU found; use ./train_cpu for the CPU trainer\n");
-        return 1;
-    }
+    std::unique_ptr<Comm> comm = make_nccl_comm(args.ep, "train");
+    if (config.n_routed_experts % comm->ep_size != 0)
+        comm->abort("--ep " + std::to_string(comm->ep_size) + " does not divide n_routed_experts");
+    int device = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
     cudaDeviceProp prop;
-    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
     size_t free_bytes = 0, total_bytes = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-    ParamTable table = build_param_table(config);
+    ParamTable table = build_param_table(config, comm->ep_size);
     const double gib = 1024.0 * 1024.0 * 1024.0, param_bytes = 4.0 * table.total;
-    printf("GPU: %s, %.1f GiB (%.1f GiB free)\n", prop.name, total_bytes / gib, free_bytes / gib);
+    printf("rank %d of %d (EP %d x DP %d), GPU %d: %s, %.1f GiB (%.1f GiB free)\n", comm->rank, comm->world,
+           comm->ep_size, comm->dp_size, device, prop.name, total_bytes / gib, free_bytes / gib);
     printf("memory plan: parameters %.2f GiB, gradients %.2f GiB, AdamW state %.2f GiB\n", param_bytes / gib,
            param_bytes / gib, 2 * param_bytes / gib);
     fprintf(stderr, "train: the GPU training loop is not built yet; train with ./train_cpu\n");

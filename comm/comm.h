@@ -2,6 +2,7 @@
 // rank = dp_rank * ep_size + ep_rank: the ranks of one expert-parallel group are consecutive (on one node when
 // ep_size divides the GPUs per node). Backends: one process (comm/comm.cpp) and MPI (comm/mpi_comm.cpp, for
 // train_cpu); the NCCL backend for train.cu builds on the same interface.
+// Buffers are host memory for the single-process and MPI backends, device memory for NCCL.
 // Counts are 64-bit everywhere; backends split transfers that MPI's int counts cannot express.
 #pragma once
 #include <cstdint>
@@ -44,3 +45,5 @@ Comm& local_comm();
 // The MPI backend when the process was started by mpirun (or srun), else the single-process one. ep_size must
 // divide the world size; the caller checks that it divides n_routed_experts. program names the error lines.
 std::unique_ptr<Comm> make_comm(int ep_size, const char* program);
+// The NCCL backend (comm/nccl_comm.cu, GPU builds only): under mpirun or alone, one rank per GPU of its host.
+std::unique_ptr<Comm> make_nccl_comm(int ep_size, const char* program);
