@@ -20,7 +20,7 @@ TEST_SRC := $(filter-out test/bench_cpu.cpp test/ep_check.cpp test/bench_io.cpp,
 TEST_OBJ := $(patsubst %.cpp,build/%.o,$(TEST_SRC))
 HEADERS  := $(wildcard model/*.h data/*.h comm/*.h tools/*.h kernels/*.cuh)
 
-.PHONY: all deps data run test bench-cpu clean
+.PHONY: all deps data run test bench-cpu bench-io clean
 
 all: train_cpu prepare_data test_cpu ep_check $(if $(wildcard tools/plot_main.cpp),plot)
 
@@ -64,6 +64,14 @@ test: deps
 	@if [ -x $(NVCC) ]; then $(MAKE) train; else echo "note: $(NVCC) not found: the GPU trainer is not built (install the CUDA toolkit)"; fi
 	OMP_NUM_THREADS=$(THREADS) ./test_cpu
 
+bench_io: build/test/bench_io.o $(CORE_OBJ)
+	$(CXX) $(CXXFLAGS) $^ -o $@ $(MPI_LIBS)
+
+# Hugging Face export and import of a ~1 GB model against the disk's plain write and read speed
+bench-io: deps
+	$(MAKE) bench_io
+	./bench_io
+
 ep_check: build/test/ep_check.o $(CORE_OBJ)
 	$(CXX) $(CXXFLAGS) $^ -o $@ $(MPI_LIBS)
 
@@ -75,10 +83,10 @@ bench-cpu: deps
 	./bench_cpu --config small --batch 8 --seq 128 --steps 10 --threads $(THREADS)
 
 clean:
-	rm -rf build train_cpu prepare_data test_cpu bench_cpu ep_check plot train
+	rm -rf build train_cpu prepare_data test_cpu bench_cpu bench_io ep_check plot train
 
 # GPU trainer: CUDA code compiled with nvcc for Hopper, linked with the shared host code.
-HOST_OBJ := build/model/config.o build/model/params.o build/model/train_args.o
+HOST_OBJ := build/model/config.o build/model/params.o build/model/train_args.o build/comm/comm.o build/comm/mpi_comm.o
 build/comm/nccl_comm.o: comm/nccl_comm.cu comm/comm.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) $(MPI_CFLAGS) -c $< -o $@

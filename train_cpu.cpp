@@ -19,11 +19,13 @@
 #include "comm/comm.h"
 #include "data/tokenizer.h"
 #include "model/checkpoint.h"
+#include "model/hf_checkpoint.h"
 #include "model/model.h"
 #include "model/optimizer.h"
 #include "model/plan.h"
 #include "model/rng.h"
 #include "model/train_args.h"
+#include "tools/plot.h"
 
 static Comm* g_comm = nullptr;
 
@@ -140,18 +142,7 @@ int main(int argc, char** argv) {
             Config config = parse_config_file(args.config);
             if (config.n_routed_experts % args.ep != 0)
                 throw std::runtime_error("--ep " + std::to_string(args.ep) + " does not divide n_routed_experts");
-            PlanInputs p;
-            p.gpus = args.gpus;
-            p.gpus_per_node = args.gpus_per_node;
-            p.ep = args.ep;
-            p.batch = args.batch;
-            p.seq = args.seq;
-            p.grad_accum = args.grad_accum;
-            p.matmul_tflops = args.matmul_tflops;
-            p.nvlink_gbps = args.nvlink_gbps;
-            p.network_gbps = args.network_gbps;
-            p.gpu_memory_gib = args.gpu_memory_gib;
-            print_plan(config, p);
+            print_plan(config, args.plan_inputs);
             return 0;
         } catch (const std::exception& e) {
             fprintf(stderr, "train_cpu: %s\n", e.what());
@@ -163,15 +154,26 @@ int main(int argc, char** argv) {
     g_comm = comm_owner.release();  // lives until exit; fail() and agree_on_setup() end the job through it
     const bool lead = comm.rank == 0;
 
-    // config: from the checkpoint when resuming, else from --config; every rank must hold the same one
+    // config: from the checkpoint when resuming, from the Hugging Face directory, else from --config; every rank
+    // must hold the same one
     std::string error, resume_from;
     Config config;
     try {
         resume_from = args.resume ? checkpoint_find_latest(args.checkpoint_dir) : "";
-        config = resume_from.empty() ? parse_config_file(args.config) : checkpoint_config(resume_from);
+        config = !resume_from.empty()          ? checkpoint_config(resume_from)
+                 : !args.init_from_hf.empty() ? hf_config(args.init_from_hf)
+                                              : parse_config_file(args.config);
+        if (args.vocab > 0 && args.vocab != config.vocab_size) {
+            if (!resume_from.empty() || !args.init_from_hf.empty())
+                throw std::runtime_error("--vocab " + std::to_string(args.vocab) + " differs from the loaded model's " +
+                                         std::to_string(config.vocab_size));
+            config.vocab_size = args.vocab;
+        }
         if (config.n_routed_experts % args.ep != 0)
             error = "--ep " + std::to_string(args.ep) + " does not divide n_routed_experts " +
                     std::to_string(config.n_routed_experts);
+        if (!args.export_hf.empty() && args.ep != 1)
+            error = "--export-hf needs --ep 1 (resume the checkpoint on one rank to export it)";
     } catch (const std::exception& e) {
         error = e.what();
     }
@@ -223,12 +225,15 @@ int main(int argc, char** argv) {
         model_init_weights(model, args.seed);
         opt.m.assign(model.table.total, 0.0f);
         opt.v.assign(model.table.total, 0.0f);
+        if (!args.init_from_hf.empty()) import_hf(model, args.init_from_hf);
         // each rank reads its own slice of every global batch
-        train = std::make_unique<DataLoader>(args.data, B, T, comm.rank, comm.world);
-        if (train->max_token() >= (uint32_t)config.vocab_size)
-            throw std::runtime_error("the training data holds token " + std::to_string(train->max_token()) +
-                                     " but vocab_size is " + std::to_string(config.vocab_size) +
-                                     " (wrong --config for this data?)");
+        if (!args.data.empty()) {
+            train = std::make_unique<DataLoader>(args.data, B, T, comm.rank, comm.world);
+            if (train->max_token() >= (uint32_t)config.vocab_size)
+                throw std::runtime_error("the training data holds token " + std::to_string(train->max_token()) +
+                                         " but vocab_size is " + std::to_string(config.vocab_size) +
+                                         " (wrong --config for this data? --vocab N overrides it)");
+        }
         if (!args.val.empty()) {
             val = std::make_unique<DataLoader>(args.val, B, T, comm.rank, comm.world);
             if (val->max_token() >= (uint32_t)config.vocab_size)
@@ -240,14 +245,26 @@ int main(int argc, char** argv) {
         }
         if (!resume_from.empty()) {
             checkpoint_load(resume_from, model, opt, state);
-            train->restore({state.data_shard, state.data_position});
+            if (train) train->restore({state.data_shard, state.data_position});
             rng.state = state.rng_state;
         }
+        if (!train && state.step < args.steps && !args.eval_only)
+            throw std::runtime_error("--data PATTERN is required to train from step " + std::to_string(state.step) +
+                                     " to " + std::to_string(args.steps));
+        if (args.sample > 0 && args.tokenizer.empty() && args.data.empty())
+            throw std::runtime_error("--sample needs --tokenizer FILE when there is no --data");
         error.clear();
     } catch (const std::exception& e) {
         error = e.what();
     }
     agree_on_setup(comm, error);
+
+    if (args.eval_only) {
+        const double val_loss = evaluate(model, *val, eval_batches, B, T);
+        if (lead) printf("val_loss %.6f\n", val_loss);
+        delete g_comm;
+        return 0;
+    }
 
     FILE* log = nullptr;
     if (lead) {
@@ -335,6 +352,22 @@ int main(int argc, char** argv) {
         }
     }
     if (log) fclose(log);
+    if (lead) {
+        try {
+            if (!args.export_hf.empty()) {
+                export_hf(model, args.export_hf, args.export_dtype == "f32" ? ExportDType::F32 : ExportDType::BF16);
+                printf("exported %s\n", args.export_hf.c_str());
+            }
+            if (!args.plot.empty()) {
+                PlotOptions po;
+                po.log_scale = args.plot_log_scale;
+                plot_training_log(args.log, args.plot, po);
+                printf("plotted %s\n", args.plot.c_str());
+            }
+        } catch (const std::exception& e) {
+            fail(e.what());
+        }
+    }
     if (args.sample > 0) {
         try {
             std::string tok_path = args.tokenizer;

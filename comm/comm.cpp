@@ -34,11 +34,11 @@ private:
     const char* program_;
 };
 
+}  // namespace
+
 bool launched_by_mpi() {
     return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK") || getenv("SLURM_PROCID");
 }
-
-}  // namespace
 
 Comm& local_comm() {
     static SingleComm single("moe.cu");

@@ -39,6 +39,9 @@ public:
     [[noreturn]] virtual void abort(const std::string& message) = 0;
 };
 
+// Whether mpirun (or srun) started this process.
+bool launched_by_mpi();
+
 // A one-rank Comm (no other process involved), for models that are not distributed.
 Comm& local_comm();
 

@@ -15,10 +15,6 @@
 
 namespace {
 
-bool launched_by_mpi() {
-    return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK") || getenv("SLURM_PROCID");
-}
-
 class NcclComm : public Comm {
 public:
     NcclComm(int ep, const char* program) : program_(program), use_mpi_(launched_by_mpi()) {

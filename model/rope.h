@@ -8,12 +8,8 @@
 #include <cmath>
 
 #include "config.h"
+#include "host_device.h"
 
-#ifdef __CUDACC__
-#define MOE_HD __host__ __device__
-#else
-#define MOE_HD
-#endif
 
 MOE_HD inline double yarn_mscale(double factor, double mscale) {
     return factor <= 1.0 ? 1.0 : 0.1 * mscale * log(factor) + 1.0;

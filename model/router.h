@@ -6,12 +6,8 @@
 // Ties break toward the lower group / expert index, so selection is deterministic everywhere.
 #pragma once
 #include "config.h"
+#include "host_device.h"
 
-#ifdef __CUDACC__
-#define MOE_HD __host__ __device__
-#else
-#define MOE_HD
-#endif
 
 // scores (E) = sigmoid(logits), bias (E); scratch (E) floats. Writes idx (k) in order of decreasing c, weights (k).
 MOE_HD inline void router_select(const Config& c, const float* scores, const float* bias, float* scratch, int* idx,

@@ -8,7 +8,7 @@
 
 using nlohmann::json;
 
-static const char* dtype_name(DType t) {
+const char* dtype_name(DType t) {
     switch (t) {
         case DType::F32: return "F32";
         case DType::F64: return "F64";

@@ -26,6 +26,7 @@ struct TensorInfo {  // a tensor found in a file
 };
 
 size_t dtype_size(DType t);
+const char* dtype_name(DType t);  // as in the header: "F32", "BF16", ...
 
 // Throws std::runtime_error on any I/O failure; the previous file at path survives until the rename.
 void safetensors_write(const std::string& path, const std::vector<TensorView>& tensors,

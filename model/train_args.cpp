@@ -13,7 +13,7 @@ static const char* USAGE =
     "  --data PATTERN         training shards, e.g. 'data/default/train_*.bin'\n"
     "  --val PATTERN          validation shards\n"
     "  --tokenizer FILE       for sampling (default: tokenizer.bin beside the first training shard)\n"
-    "  --steps N              total optimizer steps of the run (100)\n"
+    "  --steps N              total optimizer steps of the run, 0 for none (100)\n"
     "  --batch B              sequences per rank per micro-step (8)\n"
     "  --grad-accum N         micro-steps per optimizer step (1)\n"
     "  --seq T                tokens per sequence (128)\n"
@@ -33,6 +33,11 @@ static const char* USAGE =
     "  --temperature X        sampling temperature (1.0)\n"
     "  --top-k K              sample among the K most likely tokens, 0 for all (0)\n"
     "  --ep N                 split the routed experts over N ranks (launch with mpirun; world = EP x DP) (1)\n"
+    "  --vocab N              override the config's vocab_size (e.g. 50257 for llm.c's GPT-2 shards)\n"
+    "  --init-from-hf DIR     start from a Hugging Face directory (config.json + safetensors)\n"
+    "  --export-hf DIR        write a Hugging Face directory at the end (with --export-dtype bf16|f32, bf16)\n"
+    "  --eval-only            print the validation loss of the model (--resume or --init-from-hf) and exit\n"
+    "  --plot FILE.png        plot the --log at the end (--plot-log-scale for a logarithmic loss axis)\n"
     "  --describe             print the config and parameter counts, then exit\n"
     "  --plan                 plan a run on paper: memory, FLOPs, all-to-all bytes, predicted step time; with\n"
     "                         --gpus N (8) --gpus-per-node N (8) --ep M --batch B --seq T --grad-accum N\n"
@@ -77,6 +82,8 @@ TrainArgs parse_train_args(int argc, char** argv, const char* program) {
         if (!strcmp(flag, "--resume")) { a.resume = true; continue; }
         if (!strcmp(flag, "--describe")) { a.describe = true; continue; }
         if (!strcmp(flag, "--plan")) { a.plan = true; continue; }
+        if (!strcmp(flag, "--eval-only")) { a.eval_only = true; continue; }
+        if (!strcmp(flag, "--plot-log-scale")) { a.plot_log_scale = true; continue; }
         if (strncmp(flag, "--", 2) != 0) bad(program, std::string("unexpected argument '") + flag + "'");
         if (i + 1 >= argc) bad(program, std::string(flag) + " needs a value");
         const char* v = argv[++i];
@@ -84,7 +91,7 @@ TrainArgs parse_train_args(int argc, char** argv, const char* program) {
         else if (!strcmp(flag, "--data")) a.data = v;
         else if (!strcmp(flag, "--val")) a.val = v;
         else if (!strcmp(flag, "--tokenizer")) a.tokenizer = v;
-        else if (!strcmp(flag, "--steps")) a.steps = (int)parse_int(program, flag, v, 1, BIG);
+        else if (!strcmp(flag, "--steps")) a.steps = (int)parse_int(program, flag, v, 0, BIG);
         else if (!strcmp(flag, "--batch")) a.batch = (int)parse_int(program, flag, v, 1, 1 << 20);
         else if (!strcmp(flag, "--grad-accum")) a.grad_accum = (int)parse_int(program, flag, v, 1, 1 << 20);
         else if (!strcmp(flag, "--seq")) a.seq = (int)parse_int(program, flag, v, 2, 1 << 24);
@@ -103,17 +110,33 @@ TrainArgs parse_train_args(int argc, char** argv, const char* program) {
         else if (!strcmp(flag, "--temperature")) a.temperature = parse_float(program, flag, v, 1e-3, 100.0);
         else if (!strcmp(flag, "--top-k")) a.top_k = (int)parse_int(program, flag, v, 0, BIG);
         else if (!strcmp(flag, "--ep")) a.ep = (int)parse_int(program, flag, v, 1, 1 << 16);
-        else if (!strcmp(flag, "--gpus")) a.gpus = (int)parse_int(program, flag, v, 1, 1 << 20);
-        else if (!strcmp(flag, "--gpus-per-node")) a.gpus_per_node = (int)parse_int(program, flag, v, 1, 1024);
-        else if (!strcmp(flag, "--matmul-tflops")) a.matmul_tflops = parse_float(program, flag, v, 1e-3, 1e6);
-        else if (!strcmp(flag, "--nvlink-gbps")) a.nvlink_gbps = parse_float(program, flag, v, 1e-3, 1e6);
-        else if (!strcmp(flag, "--network-gbps")) a.network_gbps = parse_float(program, flag, v, 1e-3, 1e6);
-        else if (!strcmp(flag, "--gpu-memory-gib")) a.gpu_memory_gib = parse_float(program, flag, v, 1e-3, 1e6);
+        else if (!strcmp(flag, "--vocab")) a.vocab = (int)parse_int(program, flag, v, 2, 1 << 30);
+        else if (!strcmp(flag, "--init-from-hf")) a.init_from_hf = v;
+        else if (!strcmp(flag, "--export-hf")) a.export_hf = v;
+        else if (!strcmp(flag, "--export-dtype")) a.export_dtype = v;
+        else if (!strcmp(flag, "--plot")) a.plot = v;
+        else if (!strcmp(flag, "--gpus")) a.plan_inputs.gpus = (int)parse_int(program, flag, v, 1, 1 << 20);
+        else if (!strcmp(flag, "--gpus-per-node")) a.plan_inputs.gpus_per_node = (int)parse_int(program, flag, v, 1, 1024);
+        else if (!strcmp(flag, "--matmul-tflops")) a.plan_inputs.matmul_tflops = parse_float(program, flag, v, 1e-3, 1e6);
+        else if (!strcmp(flag, "--nvlink-gbps")) a.plan_inputs.nvlink_gbps = parse_float(program, flag, v, 1e-3, 1e6);
+        else if (!strcmp(flag, "--network-gbps")) a.plan_inputs.network_gbps = parse_float(program, flag, v, 1e-3, 1e6);
+        else if (!strcmp(flag, "--gpu-memory-gib")) a.plan_inputs.gpu_memory_gib = parse_float(program, flag, v, 1e-3, 1e6);
         else bad(program, std::string("unknown flag ") + flag);
     }
     if (a.warmup < 0) a.warmup = a.steps / 10;
-    if (a.plan && (a.gpus % a.ep != 0)) bad(program, "--ep must divide --gpus");
-    if (!a.describe && !a.plan && a.data.empty()) bad(program, "--data PATTERN is required (training shards)");
+    a.plan_inputs.ep = a.ep;
+    a.plan_inputs.batch = a.batch;
+    a.plan_inputs.seq = a.seq;
+    a.plan_inputs.grad_accum = a.grad_accum;
+    if (a.plan && (a.plan_inputs.gpus % a.ep != 0)) bad(program, "--ep must divide --gpus");
+    if (a.export_dtype != "bf16" && a.export_dtype != "f32") bad(program, "--export-dtype must be bf16 or f32");
+    if (!a.plot.empty() && a.log.empty()) bad(program, "--plot needs --log FILE (the plot is drawn from the log)");
+    if (a.eval_only && a.val.empty()) bad(program, "--eval-only needs --val PATTERN");
+    if (a.eval_only && !a.resume && a.init_from_hf.empty())
+        bad(program, "--eval-only needs a model: --resume --checkpoint-dir DIR or --init-from-hf DIR");
+    if (a.resume && !a.init_from_hf.empty()) bad(program, "--resume and --init-from-hf exclude each other");
+    if (a.steps > 0 && !a.eval_only && !a.describe && !a.plan && a.data.empty())
+        bad(program, "--data PATTERN is required to train (training shards)");
     if (a.resume && a.checkpoint_dir.empty()) bad(program, "--resume needs --checkpoint-dir");
     return a;
 }

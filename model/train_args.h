@@ -3,12 +3,14 @@
 #pragma once
 #include <string>
 
+#include "plan.h"
+
 struct TrainArgs {
     std::string config = "small";   // --config PRESET|FILE.json
     std::string data;               // --data PATTERN   training shards
     std::string val;                // --val PATTERN    validation shards
     std::string tokenizer;          // --tokenizer FILE (default: tokenizer.bin beside the first training shard)
-    int steps = 100;                // --steps N        total optimizer steps of the run
+    int steps = 100;                // --steps N        total optimizer steps of the run (0: no training)
     int batch = 8;                  // --batch B        sequences per rank per micro-step
     int grad_accum = 1;             // --grad-accum N
     int seq = 128;                  // --seq T
@@ -28,12 +30,17 @@ struct TrainArgs {
     float temperature = 1.0f;       // --temperature X
     int top_k = 0;                  // --top-k K        (0: all tokens)
     int ep = 1;                     // --ep N           expert-parallel ranks (world = EP x DP, under mpirun)
+    int vocab = 0;                  // --vocab N        override the config's vocab_size (e.g. 50257 for GPT-2 shards)
+    std::string init_from_hf;       // --init-from-hf DIR  start from a Hugging Face directory
+    std::string export_hf;          // --export-hf DIR  write a Hugging Face directory at the end
+    std::string export_dtype = "bf16"; // --export-dtype bf16|f32
+    bool eval_only = false;         // --eval-only      print the validation loss and exit
+    std::string plot;               // --plot FILE.png  plot the --log at the end
+    bool plot_log_scale = false;    // --plot-log-scale
     bool describe = false;          // --describe
     bool plan = false;              // --plan: memory, FLOPs, all-to-all and step time on paper, then exit
-    int gpus = 8, gpus_per_node = 8;            // --gpus N, --gpus-per-node N
-    double matmul_tflops = 400;                 // --matmul-tflops X
-    double nvlink_gbps = 160, network_gbps = 40; // --nvlink-gbps X, --network-gbps X
-    double gpu_memory_gib = 80;                 // --gpu-memory-gib X
+    PlanInputs plan_inputs;         // --gpus, --gpus-per-node, --matmul-tflops, --nvlink-gbps, --network-gbps,
+                                    // --gpu-memory-gib; its ep, batch, seq, grad_accum come from the flags above
 };
 
 TrainArgs parse_train_args(int argc, char** argv, const char* program);

@@ -1,6 +1,11 @@
-// Shared helpers for the CPU tests: a tiny model with random weights and a random batch.
+// Shared helpers for the CPU tests: a tiny model with random weights, a random batch, a relative CHECK.
 #pragma once
+#include <doctest/doctest.h>
+
+#include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <string>
 #include <vector>
 
 #include "model/model.h"
@@ -24,4 +29,15 @@ inline std::vector<int32_t> random_tokens(int64_t n, int vocab, uint64_t seed) {
     std::vector<int32_t> tokens(n);
     for (int32_t& t : tokens) t = (int32_t)(rng.next_u64() % vocab);
     return tokens;
+}
+
+// CHECK that got is within rel * |want| of want. (doctest::Approx is not used: it also allows rel * max(1, |got|),
+// an absolute slack that would make checks of small values vacuous.)
+#define CHECK_REL(got, want, rel)                                                                              \
+    CHECK_MESSAGE(std::fabs((double)(got) - (double)(want)) <= (rel) * std::fabs((double)(want)),           \
+                  "got " << fmt9(got) << ", want " << fmt9(want))
+inline std::string fmt9(double v) {
+    char buf[32];
+    snprintf(buf, sizeof buf, "%.9g", v);
+    return buf;
 }

@@ -1,0 +1,259 @@
+// Hugging Face checkpoint export and import (see hf_checkpoint.h).
+// The list of tensors as Hugging Face names them (hf_tensors) is the one thing both directions share: each entry
+// is a name, a shape and a contiguous range of the parameter buffer (a routed expert is slice E of our stacked
+// [E, out, in] tensor, so it is contiguous too). Export writes that list through a streaming safetensors writer
+// of its own (header first, then each tensor straight from the buffer, or through one BF16 scratch buffer);
+// import reads the same list through SafetensorsReader after checking every entry against the file headers.
+#include "hf_checkpoint.h"
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "comm/comm.h"
+#include "safetensors.h"
+
+using nlohmann::json;
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors data is little-endian");
+
+namespace {
+
+struct HFTensor {
+    std::string name;
+    std::vector<int64_t> shape;
+    int64_t offset, numel;  // floats into the parameter buffer; offset -1: an expert another EP rank holds
+    bool keep_f32;          // e_score_correction_bias: always written in F32
+};
+
+// Every parameter under its Hugging Face name, in table order; stacked experts become one tensor per expert (all
+// n_routed_experts of them: those of other expert-parallel ranks too, with offset -1).
+std::vector<HFTensor> hf_tensors(const Model& m) {
+    const std::string stacked = ".mlp.experts.";
+    const int64_t ep_rank = m.comm ? m.comm->ep_rank : 0;
+    std::vector<HFTensor> out;
+    for (const ParamTensor& t : m.table.tensors) {
+        size_t at = t.name.find(stacked);
+        if (at == std::string::npos) {
+            bool bias = t.name.size() > 23 && t.name.compare(t.name.size() - 23, 23, "e_score_correction_bias") == 0;
+            out.push_back({t.name, t.shape, t.offset, t.numel, bias});
+            continue;
+        }
+        // model.layers.N.mlp.experts.gate_proj.weight [E, o, i] -> model.layers.N.mlp.experts.E.gate_proj.weight [o, i]
+        const std::string head = t.name.substr(0, at + stacked.size()), tail = t.name.substr(at + stacked.size());
+        const int64_t n = t.shape[1] * t.shape[2], local = t.shape[0], first = ep_rank * local;
+        for (int64_t e = 0; e < m.config.n_routed_experts; e++) {
+            const bool here = e >= first && e < first + local;
+            out.push_back({head + std::to_string(e) + "." + tail, {t.shape[1], t.shape[2]},
+                           here ? t.offset + (e - first) * n : -1, n, false});
+        }
+    }
+    return out;
+}
+
+// The published checkpoints repeat the shared embedding and output head inside the MTP layer.
+std::vector<HFTensor> mtp_copies(const Model& m) {
+    if (m.config.num_nextn_predict_layers == 0) return {};
+    const std::string p = "model.layers." + std::to_string(m.config.num_hidden_layers) + ".";
+    const ParamTensor &e = m.table.at("model.embed_tokens.weight"), &h = m.table.at("lm_head.weight");
+    return {{p + "embed_tokens.weight", e.shape, e.offset, e.numel, false},
+            {p + "shared_head.head.weight", h.shape, h.offset, h.numel, false}};
+}
+
+uint16_t to_bf16(float x) {  // round to nearest, ties to even; NaN stays NaN
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+float from_bf16(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+std::string shape_str(const std::vector<int64_t>& s) { return json(s).dump(); }
+
+bool is_file(const std::string& path) {
+    struct stat st;
+    return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+std::string read_text(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) throw std::runtime_error(path + ": cannot open");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    if (f.bad()) throw std::runtime_error(path + ": read error");
+    return ss.str();
+}
+
+void make_dirs(const std::string& dir) {
+    for (size_t i = 1; i <= dir.size(); i++) {
+        if (i < dir.size() && dir[i] != '/') continue;
+        const std::string p = dir.substr(0, i);
+        if (mkdir(p.c_str(), 0755) != 0 && errno != EEXIST)
+            throw std::runtime_error("cannot create directory " + p + ": " + strerror(errno));
+    }
+    struct stat st;
+    if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) throw std::runtime_error(dir + ": not a directory");
+}
+
+// Writes PATH through PATH.tmp and a rename; fill writes the contents and returns false on a failed write.
+void write_atomically(const std::string& path, const std::function<bool(FILE*)>& fill) {
+    const std::string tmp = path + ".tmp";
+    FILE* f = fopen(tmp.c_str(), "wb");
+    if (!f) throw std::runtime_error("cannot write " + tmp + ": " + strerror(errno));
+    bool ok = fill(f) && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    int err = ok ? 0 : errno;
+    if (fclose(f) != 0 && ok) ok = false, err = errno;
+    if (ok && rename(tmp.c_str(), path.c_str()) != 0) ok = false, err = errno;
+    if (ok) return;
+    remove(tmp.c_str());
+    throw std::runtime_error("writing " + path + " failed: " + (err ? strerror(err) : "short write"));
+}
+
+}  // namespace
+
+void export_hf(const Model& m, const std::string& dir, ExportDType dtype) {
+    if (m.comm && m.comm->ep_size > 1)
+        throw std::runtime_error("export_hf: this rank holds 1/" + std::to_string(m.comm->ep_size) +
+                                 " of the routed experts; export a model that holds them all");
+    make_dirs(dir);
+    std::vector<HFTensor> ts = hf_tensors(m), copies = mtp_copies(m);
+    ts.insert(ts.end(), copies.begin(), copies.end());
+    auto is_f32 = [&](const HFTensor& t) { return dtype == ExportDType::F32 || t.keep_f32; };
+    json header = json::object();
+    header["__metadata__"] = {{"format", "pt"}};  // what transformers expects of a PyTorch checkpoint
+    uint64_t offset = 0;
+    for (const HFTensor& t : ts) {
+        const uint64_t bytes = (uint64_t)t.numel * (is_f32(t) ? 4 : 2);
+        header[t.name] = {{"dtype", is_f32(t) ? "F32" : "BF16"}, {"shape", t.shape},
+                          {"data_offsets", {offset, offset + bytes}}};
+        offset += bytes;
+    }
+    std::string text = header.dump();
+    text.append((8 - text.size() % 8) % 8, ' ');  // the data section starts 8-byte aligned
+    write_atomically(dir + "/model.safetensors", [&](FILE* f) {
+        const uint64_t len = text.size();
+        if (fwrite(&len, 8, 1, f) != 1 || fwrite(text.data(), 1, len, f) != len) return false;
+        std::vector<uint16_t> half;  // the one scratch buffer: the current tensor in BF16
+        for (const HFTensor& t : ts) {
+            const float* src = m.params.data() + t.offset;
+            const size_t n = (size_t)t.numel;
+            if (is_f32(t)) {
+                if (n > 0 && fwrite(src, 4, n, f) != n) return false;
+                continue;
+            }
+            half.resize(n);
+            for (int64_t i = 0; i < (int64_t)n; i++) half[i] = to_bf16(src[i]);
+            if (n > 0 && fwrite(half.data(), 2, n, f) != n) return false;
+        }
+        return true;
+    });
+    json config_json = json::parse(config_to_json(m.config));
+    config_json["torch_dtype"] = dtype == ExportDType::F32 ? "float32" : "bfloat16";
+    const std::string config = config_json.dump(2) + "\n";
+    write_atomically(dir + "/config.json",
+                     [&](FILE* f) { return fwrite(config.data(), 1, config.size(), f) == config.size(); });
+}
+
+Config hf_config(const std::string& dir) {
+    const std::string path = dir + "/config.json";
+    if (!is_file(path)) throw std::runtime_error(path + ": not found (not a Hugging Face model directory?)");
+    const std::string text = read_text(path);
+    json j = json::parse(text, nullptr, false);
+    if (j.is_object() && j.contains("model_type")) {
+        const json& t = j["model_type"];
+        if (t != "deepseek_v3" && t != "deepseek_v2")
+            throw std::runtime_error(path + ": model_type " + t.dump() + " is not deepseek_v3 (or deepseek_v2)");
+    }
+    return parse_config_json(text, path);  // reports malformed JSON and bad values
+}
+
+void import_hf(Model& m, const std::string& dir) {
+    // Where each tensor lives: file path by tensor name, and one open reader per file.
+    std::map<std::string, std::unique_ptr<SafetensorsReader>> readers;
+    std::map<std::string, std::string> where;
+    const std::string single = dir + "/model.safetensors", index = dir + "/model.safetensors.index.json";
+    std::string source = single;  // named when a tensor is missing
+    if (is_file(single)) {
+        readers[single].reset(new SafetensorsReader(single));
+        for (const auto& kv : readers[single]->tensors()) where[kv.first] = single;
+    } else if (is_file(index)) {
+        source = index;
+        json j = json::parse(read_text(index), nullptr, false);
+        if (j.is_discarded()) throw std::runtime_error(index + ": malformed JSON");
+        if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+            throw std::runtime_error(index + ": no \"weight_map\" object");
+        for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+            if (!it.value().is_string())
+                throw std::runtime_error(index + ": weight_map entry of '" + it.key() + "' is not a file name");
+            const std::string path = dir + "/" + it.value().get<std::string>();
+            if (!readers.count(path)) {
+                if (!is_file(path))
+                    throw std::runtime_error(index + ": weight_map points '" + it.key() + "' at " + path +
+                                             ", which does not exist");
+                readers[path].reset(new SafetensorsReader(path));
+            }
+            if (!readers[path]->has(it.key()))
+                throw std::runtime_error(index + ": weight_map points '" + it.key() + "' at " + path +
+                                         ", which does not hold it");
+            where[it.key()] = path;
+        }
+    } else {
+        throw std::runtime_error(dir + ": neither model.safetensors nor model.safetensors.index.json found");
+    }
+
+    // Check everything before reading any data.
+    const std::vector<HFTensor> need = hf_tensors(m);
+    std::set<std::string> known;
+    for (const HFTensor& t : need) known.insert(t.name);
+    for (const HFTensor& t : mtp_copies(m)) known.insert(t.name);  // accepted and ignored
+    std::string stray;  // the first tensor of the checkpoint that this model does not have
+    for (const auto& kv : where)
+        if (!known.count(kv.first)) { stray = kv.first; break; }
+    const std::string hint = " (another architecture, or a config.json that does not match the weights?)";
+    std::vector<std::pair<const HFTensor*, const SafetensorsReader*>> jobs;
+    for (const HFTensor& t : need) {
+        if (t.offset < 0) continue;  // another EP rank's expert: it may be there, this rank does not read it
+        auto it = where.find(t.name);
+        if (it == where.end())
+            throw std::runtime_error(source + ": tensor '" + t.name + "' is missing" +
+                                     (stray.empty() ? "" : "; the checkpoint has '" + stray + "' instead" + hint));
+        const SafetensorsReader* r = readers.at(it->second).get();
+        const TensorInfo& info = r->info(t.name);
+        if (info.dtype != DType::F32 && info.dtype != DType::BF16)
+            throw std::runtime_error(it->second + ": tensor '" + t.name + "' has dtype " + dtype_name(info.dtype) +
+                                     "; only F32 and BF16 can be loaded");
+        if (info.shape != t.shape)
+            throw std::runtime_error(it->second + ": tensor '" + t.name + "' has shape " + shape_str(info.shape) +
+                                     ", the model needs " + shape_str(t.shape) + hint);
+        jobs.push_back({&t, r});
+    }
+    if (!stray.empty()) throw std::runtime_error(where[stray] + ": unexpected tensor '" + stray + "'" + hint);
+
+    // Read, converting BF16 through one scratch buffer.
+    std::vector<uint16_t> half;
+    for (const auto& job : jobs) {
+        const HFTensor& t = *job.first;
+        float* dst = m.params.data() + t.offset;
+        if (job.second->info(t.name).dtype == DType::F32) {
+            job.second->read(t.name, DType::F32, t.shape, dst);
+            continue;
+        }
+        half.resize((size_t)t.numel);
+        job.second->read(t.name, DType::BF16, t.shape, half.data());
+        for (int64_t i = 0; i < t.numel; i++) dst[i] = from_bf16(half[i]);
+    }
+}

@@ -1,0 +1,110 @@
+// The user's view of interoperability, through the real train_cpu: Hugging Face export and import, evaluation of a
+// checkpoint or an export, sampling without training, plots at the end of a run, and llm.c's GPT-2 shards.
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <sys/stat.h>
+
+#include "data/shards.h"
+#include "model/rng.h"
+
+namespace {
+
+std::string run_output(const std::string& cmd, int* status) {
+    const std::string out = "/tmp/moe_interop_out.txt";
+    *status = system((cmd + " > " + out + " 2>&1").c_str());
+    std::ifstream f(out);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
+
+double value_after(const std::string& text, const std::string& key) {
+    size_t at = text.rfind(key);
+    return at == std::string::npos ? NAN : atof(text.c_str() + at + key.size());
+}
+
+bool exists(const std::string& path) {
+    struct stat st;
+    return stat(path.c_str(), &st) == 0 && st.st_size > 0;
+}
+
+const std::string DATA = " --data 'data/default/train_*.bin' --val 'data/default/val_*.bin' --seq 32 --batch 4";
+const std::string CONFIG = " --config test/data/ep-tiny.json";
+
+}  // namespace
+
+TEST_CASE("interop: a checkpoint, its F32 export and the re-import evaluate to the same validation loss") {
+    system("rm -rf /tmp/moe_interop && mkdir -p /tmp/moe_interop");
+    int status = 0;
+    std::string out = run_output("./train_cpu" + CONFIG + DATA + " --steps 5 --lr 1e-2 --checkpoint-dir /tmp/moe_interop/ckpt "
+                                 "--export-hf /tmp/moe_interop/hf --export-dtype f32 --log /tmp/moe_interop/log.jsonl "
+                                 "--plot /tmp/moe_interop/plot.png", &status);
+    REQUIRE_MESSAGE(status == 0, out);
+    CHECK(exists("/tmp/moe_interop/hf/config.json"));
+    CHECK(exists("/tmp/moe_interop/hf/model.safetensors"));
+    CHECK(exists("/tmp/moe_interop/plot.png"));
+    const double trained = value_after(out, "| val ");
+
+    out = run_output("./train_cpu --resume --checkpoint-dir /tmp/moe_interop/ckpt --eval-only" + DATA, &status);
+    REQUIRE_MESSAGE(status == 0, out);
+    const double from_checkpoint = value_after(out, "val_loss ");
+    out = run_output("./train_cpu --init-from-hf /tmp/moe_interop/hf --eval-only" + DATA, &status);
+    REQUIRE_MESSAGE(status == 0, out);
+    const double from_export = value_after(out, "val_loss ");
+    MESSAGE("validation loss: end of training " << trained << ", checkpoint " << from_checkpoint << ", export " << from_export);
+    CHECK(from_checkpoint == doctest::Approx(trained).epsilon(1e-5));  // printed with 4 decimals at the end of training
+    CHECK(from_export == from_checkpoint);                             // F32 export: the same weights, bit for bit
+
+    // a BF16 export evaluates within BF16 rounding of the weights (relative 2^-9 per weight; the loss moves far less)
+    out = run_output("./train_cpu --resume --checkpoint-dir /tmp/moe_interop/ckpt --steps 5 --export-hf "
+                     "/tmp/moe_interop/hf16" + DATA, &status);
+    REQUIRE_MESSAGE(status == 0, out);
+    out = run_output("./train_cpu --init-from-hf /tmp/moe_interop/hf16 --eval-only" + DATA, &status);
+    REQUIRE_MESSAGE(status == 0, out);
+    CHECK(value_after(out, "val_loss ") == doctest::Approx(from_checkpoint).epsilon(1e-2));
+
+    // sampling from the export without training, with temperature and top-k
+    out = run_output("./train_cpu --init-from-hf /tmp/moe_interop/hf --steps 0 --sample 20 --top-k 5 --temperature 0.8 "
+                     "--prompt 'The Licensor' --tokenizer data/default/tokenizer.bin --seq 32", &status);
+    REQUIRE_MESSAGE(status == 0, out);
+    CHECK(out.find("sample (temperature 0.80, top-k 5):\nThe Licensor") != std::string::npos);
+    system("rm -rf /tmp/moe_interop");
+}
+
+TEST_CASE("interop: llm.c GPT-2 shards (uint16, vocab 50257) train as they are with --vocab 50257") {
+    system("rm -rf /tmp/moe_gpt2 && mkdir -p /tmp/moe_gpt2");
+    Rng rng(3);
+    std::vector<uint32_t> tokens(20000);
+    for (uint32_t& t : tokens) t = (uint32_t)(rng.next_u64() % 50257);
+    tokens[17] = 50256;  // <|endoftext|>, the largest GPT-2 token
+    write_shard("/tmp/moe_gpt2/fineweb_train_000001.bin", tokens, 1);
+    int status = 0;
+    std::string out = run_output("./train_cpu --config tiny --data '/tmp/moe_gpt2/fineweb_train_*.bin' --steps 2 --batch 2 "
+                                 "--seq 64", &status);
+    CHECK(status != 0);
+    CHECK(out.find("--vocab N overrides it") != std::string::npos);
+    out = run_output("./train_cpu --config tiny --vocab 50257 --data '/tmp/moe_gpt2/fineweb_train_*.bin' --steps 2 "
+                     "--batch 2 --seq 64", &status);
+    CHECK_MESSAGE(status == 0, out);
+    CHECK(out.find("step     2/2") != std::string::npos);
+    // a fresh model predicts about uniformly: ln 50257 = 10.82
+    CHECK(value_after(out, "(main ") == doctest::Approx(10.82).epsilon(0.02));
+    system("rm -rf /tmp/moe_gpt2");
+}
+
+TEST_CASE("interop: flags that cannot work together are one-line errors") {
+    int status = 0;
+    std::string out = run_output("./train_cpu --eval-only --resume --checkpoint-dir /tmp/x", &status);
+    CHECK(status != 0);
+    CHECK(out.find("--eval-only needs --val") != std::string::npos);
+    out = run_output("./train_cpu --plot a.png --data x", &status);
+    CHECK(out.find("--plot needs --log") != std::string::npos);
+    out = run_output("./train_cpu --init-from-hf /nonexistent --eval-only --val 'data/default/val_*.bin'", &status);
+    CHECK(status != 0);
+    CHECK(out.find("/nonexistent") != std::string::npos);
+}
