@@ -60,7 +60,7 @@ run: deps
 	  --steps 400 --batch 8 --seq 128 --lr 3e-3 --eval-every 50 --log run.jsonl --sample 200
 
 test: deps
-	$(MAKE) all data
+	$(MAKE) -j$(THREADS) all data
 	@if [ -x $(NVCC) ]; then $(MAKE) train; else echo "note: $(NVCC) not found: the GPU trainer is not built (install the CUDA toolkit)"; fi
 	OMP_NUM_THREADS=$(THREADS) ./test_cpu
 

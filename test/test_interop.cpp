@@ -108,3 +108,33 @@ TEST_CASE("interop: flags that cannot work together are one-line errors") {
     CHECK(status != 0);
     CHECK(out.find("/nonexistent") != std::string::npos);
 }
+
+TEST_CASE("interop: prepare_data reads a directory (skipping symbolic links) and JSON lines") {
+    system("rm -rf /tmp/moe_prep && mkdir -p /tmp/moe_prep/texts/sub");
+    std::string doc_a, doc_b;
+    for (int i = 0; i < 200; i++) doc_a += "the quick brown fox jumps over the lazy dog " + std::to_string(i) + "\n";
+    for (int i = 0; i < 200; i++) doc_b += "lorem ipsum dolor sit amet, consectetur adipiscing elit " + std::to_string(i) + "\n";
+    std::ofstream("/tmp/moe_prep/texts/a.txt") << doc_a;
+    std::ofstream("/tmp/moe_prep/texts/sub/b.txt") << doc_b;
+    REQUIRE(system("ln -s a.txt /tmp/moe_prep/texts/alias.txt") == 0);
+    int status = 0;
+    std::string out = run_output("./prepare_data --input /tmp/moe_prep/texts --out-dir /tmp/moe_prep/dir --vocab 300", &status);
+    REQUIRE_MESSAGE(status == 0, out);
+    CHECK(out.find("2 documents") != std::string::npos);  // a.txt and sub/b.txt; the link is not read twice
+    CHECK(exists("/tmp/moe_prep/dir/train_000000.bin"));
+    CHECK(exists("/tmp/moe_prep/dir/val_000000.bin"));
+
+    std::string xs, ys;
+    for (int i = 0; i < 1000; i++) { xs += "xx "; ys += "yyy "; }
+    std::ofstream jsonl("/tmp/moe_prep/docs.jsonl");
+    jsonl << "{\"text\": \"" << xs << "\", \"id\": 1}\n";
+    jsonl << "{\"content\": \"another field\", \"text\": \"" << ys << "\"}\n";
+    jsonl.close();
+    out = run_output("./prepare_data --input /tmp/moe_prep/docs.jsonl --out-dir /tmp/moe_prep/json --vocab 260", &status);
+    REQUIRE_MESSAGE(status == 0, out);
+    CHECK(out.find("2 documents, 7000 bytes") != std::string::npos);  // the text fields alone: 3000 + 4000 bytes
+    out = run_output("./prepare_data --input /tmp/moe_prep/docs.jsonl --text-field body --out-dir /tmp/moe_prep/j2", &status);
+    CHECK(status != 0);
+    CHECK(out.find("body") != std::string::npos);
+    system("rm -rf /tmp/moe_prep");
+}
