@@ -20,7 +20,7 @@ TEST_SRC := $(filter-out test/bench_cpu.cpp test/ep_check.cpp test/bench_io.cpp,
 TEST_OBJ := $(patsubst %.cpp,build/%.o,$(TEST_SRC))
 HEADERS  := $(wildcard model/*.h data/*.h comm/*.h tools/*.h kernels/*.cuh)
 
-.PHONY: all deps data run test bench-cpu bench-io clean
+.PHONY: all deps data run test test-gpu bench-cpu bench-io clean
 
 all: train_cpu prepare_data test_cpu ep_check $(if $(wildcard tools/plot_main.cpp),plot)
 
@@ -61,7 +61,7 @@ run: deps
 
 test: deps
 	$(MAKE) -j$(THREADS) all data
-	@if [ -x $(NVCC) ]; then $(MAKE) train; else echo "note: $(NVCC) not found: the GPU trainer is not built (install the CUDA toolkit)"; fi
+	@if [ -x $(NVCC) ]; then $(MAKE) train $(if $(wildcard test/test_gpu.cu),test_gpu); else echo "note: $(NVCC) not found: the GPU code is not built (install the CUDA toolkit)"; fi
 	OMP_NUM_THREADS=$(THREADS) ./test_cpu
 
 bench_io: build/test/bench_io.o $(CORE_OBJ)
@@ -83,12 +83,19 @@ bench-cpu: deps
 	./bench_cpu --config small --batch 8 --seq 128 --steps 10 --threads $(THREADS)
 
 clean:
-	rm -rf build train_cpu prepare_data test_cpu bench_cpu bench_io ep_check plot train
+	rm -rf build train_cpu prepare_data test_cpu test_gpu bench_cpu bench_io ep_check plot train
 
 # GPU trainer: CUDA code compiled with nvcc for Hopper, linked with the shared host code.
 HOST_OBJ := build/model/config.o build/model/params.o build/model/train_args.o build/comm/comm.o build/comm/mpi_comm.o
 build/comm/nccl_comm.o: comm/nccl_comm.cu comm/comm.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) $(MPI_CFLAGS) -c $< -o $@
+# GPU tests: every kernel against the CPU reference (needs a GPU to run; builds anywhere with the toolkit)
+test_gpu: test/test_gpu.cu $(CORE_OBJ) $(HEADERS)
+	$(NVCC) $(NVFLAGS) -Xcompiler -fopenmp test/test_gpu.cu $(CORE_OBJ) -o $@ -lcublasLt -lcublas $(MPI_LIBS)
+
+test-gpu: test_gpu
+	./test_gpu
+
 train: train.cu build/comm/nccl_comm.o $(HOST_OBJ) $(HEADERS)
 	$(NVCC) $(NVFLAGS) train.cu build/comm/nccl_comm.o $(HOST_OBJ) -o $@ -lnccl $(MPI_LIBS)
