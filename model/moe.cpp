@@ -164,21 +164,28 @@ void moe_backward(const Config& c, const BlockWeights& w, BlockWeights& g, MoEAc
 
     // router: gate weights and balance loss -> scores -> logits
     std::vector<float> dlogits(N * E);
+    router_backward(c, a.scores, a.chosen.data(), dgate_weights.data(), dlogits.data(), B, T, balance_scale);
+    matmul_backward(dx, g.router, dlogits.data(), x, w.router, N, d, E, true);
+}
+
+void router_backward(const Config& c, const float* scores, const int32_t* chosen, const float* dgate_weights,
+                     float* dlogits, int B, int T, float balance_scale) {
+    const int64_t N = (int64_t)B * T, E = c.n_routed_experts, k = c.num_experts_per_tok;
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < N; t++) {
-        const float* s = a.scores + t * E;
-        float* dz = dlogits.data() + t * E;
+        const float* s = scores + t * E;
+        float* dz = dlogits + t * E;
         for (int64_t e = 0; e < E; e++) dz[e] = 0.0f;  // holds dL/ds until the sigmoid step below
-        const int32_t* chosen = a.chosen.data() + t * k;
-        const float* dgw = dgate_weights.data() + t * k;
+        const int32_t* ch = chosen + t * k;
+        const float* dgw = dgate_weights + t * k;
         if (c.norm_topk_prob) {
             float sum = 0.0f, weighted = 0.0f;
-            for (int64_t j = 0; j < k; j++) sum += s[chosen[j]];
-            for (int64_t j = 0; j < k; j++) weighted += dgw[j] * s[chosen[j]];
+            for (int64_t j = 0; j < k; j++) sum += s[ch[j]];
+            for (int64_t j = 0; j < k; j++) weighted += dgw[j] * s[ch[j]];
             for (int64_t j = 0; j < k; j++)
-                dz[chosen[j]] += c.routed_scaling_factor * (dgw[j] / sum - weighted / (sum * sum));
+                dz[ch[j]] += c.routed_scaling_factor * (dgw[j] / sum - weighted / (sum * sum));
         } else {
-            for (int64_t j = 0; j < k; j++) dz[chosen[j]] += c.routed_scaling_factor * dgw[j];
+            for (int64_t j = 0; j < k; j++) dz[ch[j]] += c.routed_scaling_factor * dgw[j];
         }
     }
     if (c.aux_loss_alpha > 0) {
@@ -186,10 +193,10 @@ void moe_backward(const Config& c, const BlockWeights& w, BlockWeights& g, MoEAc
         for (int b = 0; b < B; b++) {
             std::vector<double> f(E, 0.0);
             for (int64_t t = b * (int64_t)T; t < (b + 1) * (int64_t)T; t++)
-                for (int64_t j = 0; j < k; j++) f[a.chosen[t * k + j]] += (double)E / (k * T);
+                for (int64_t j = 0; j < k; j++) f[chosen[t * k + j]] += (double)E / (k * T);
             const double coef = balance_scale * c.aux_loss_alpha / ((double)B * T);
             for (int64_t t = b * (int64_t)T; t < (b + 1) * (int64_t)T; t++) {
-                const float* s = a.scores + t * E;
+                const float* s = scores + t * E;
                 double total = 0.0, fs = 0.0;
                 for (int64_t e = 0; e < E; e++) total += s[e];
                 for (int64_t e = 0; e < E; e++) fs += f[e] * s[e];
@@ -199,6 +206,5 @@ void moe_backward(const Config& c, const BlockWeights& w, BlockWeights& g, MoEAc
         }
     }
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < N * E; i++) dlogits[i] *= a.scores[i] * (1.0f - a.scores[i]);
-    matmul_backward(dx, g.router, dlogits.data(), x, w.router, N, d, E, true);
+    for (int64_t i = 0; i < N * E; i++) dlogits[i] *= scores[i] * (1.0f - scores[i]);
 }

@@ -40,3 +40,7 @@ void moe_forward(const Config& c, const BlockWeights& w, MoEActs& a, const float
 // in what is being differentiated, e.g. 1/grad_accum).
 void moe_backward(const Config& c, const BlockWeights& w, BlockWeights& g, MoEActs& a, const float* x,
                   const float* dout, float* dx, int B, int T, float balance_scale, Comm& comm);
+// The router's backward on its own: d gate weights (N, k) and the balance loss -> d router logits (N, E)
+// (overwritten), from the sigmoid scores (N, E) and the chosen experts (N, k).
+void router_backward(const Config& c, const float* scores, const int32_t* chosen, const float* dgate_weights,
+                     float* dlogits, int B, int T, float balance_scale);

@@ -1,0 +1,58 @@
+// Helpers shared by the kernels: launch sizes, the sigmoid, deterministic warp/block reductions.
+// The reductions add in a fixed tree order that depends only on blockDim, so a kernel that uses them gives the
+// same bits on every run (not the CPU reference's bits: its order is sequential, hence the tolerances in
+// test/test_gpu.cu). Block sizes are multiples of 32, at most 1024.
+#pragma once
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cuda_check.cuh"
+
+namespace gpu {
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Blocks for a grid-stride loop over n elements: enough to fill the GPU, capped well below the grid limit.
+inline unsigned grid_stride_blocks(int64_t n, int threads) {
+    const int64_t blocks = ceil_div(n, threads);
+    return (unsigned)(blocks < 1 ? 1 : blocks > (1 << 20) ? (1 << 20) : blocks);
+}
+
+// the same expression as model/ops.h's sigmoidf_ (expf: accurate to 2 ulp on the device, not __expf)
+__device__ inline float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// Butterfly (xor) reductions: every lane ends with the same bits, since a + b == b + a exactly.
+template <typename T>
+__device__ inline T warp_sum(T v) {
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+}
+__device__ inline float warp_max(float v) {
+    for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    return v;
+}
+
+// Sum / max over the whole block; every thread gets the result. Every thread of the block must call it.
+// The first __syncthreads keeps a warp from overwriting `partial` while another still reads it from the
+// previous call.
+template <typename T>
+__device__ inline T block_sum(T v) {
+    __shared__ T partial[32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    return warp_sum(lane < warps ? partial[lane] : T(0));
+}
+__device__ inline float block_max(float v) {
+    __shared__ float partial[32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    return warp_max(lane < warps ? partial[lane] : -INFINITY);
+}
+
+}  // namespace gpu

@@ -1,0 +1,95 @@
+// RMSNorm over the rows of (M, C), FP32 (DESIGN §1):
+//   forward:  r_m = 1 / sqrt(mean_c x_mc^2 + eps) (saved as rstd (M)),  y_mc = x_mc r_m w_c
+//   backward: dx_mc = r_m dy_mc w_c - x_mc r_m^3 / C * sum_c' dy_mc' w_c' x_mc'   (= or +=, a flag)
+//             dw_c += sum_m dy_mc x_mc r_m
+// dw is deterministic without atomics: the rows are cut into chunks of RMSNORM_DW_ROWS; one thread per
+// (chunk, column) sums its chunk's rows in order into a scratch buffer (chunks, C), then one thread per column
+// sums the chunks in order. The chunking depends only on M, so the result does not depend on the GPU.
+#pragma once
+#include <cstdint>
+
+#include "kernels/common.cuh"
+
+namespace gpu {
+
+constexpr int RMSNORM_THREADS = 256;
+constexpr int64_t RMSNORM_DW_ROWS = 128;
+
+// floats of scratch rmsnorm_backward needs for M rows of C
+inline int64_t rmsnorm_backward_scratch_floats(int64_t M, int64_t C) { return ceil_div(M, RMSNORM_DW_ROWS) * C; }
+
+// one block per row
+__global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* inp, const float* w, int64_t C,
+                                       float eps) {
+    const int64_t m = blockIdx.x;
+    const float* x = inp + m * C;
+    float ss = 0.0f;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) ss += x[c] * x[c];
+    ss = block_sum(ss);
+    const float r = 1.0f / sqrtf(ss / C + eps);
+    if (threadIdx.x == 0) rstd[m] = r;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) out[m * C + c] = x[c] * r * w[c];
+}
+
+// one block per row: dx
+__global__ void rmsnorm_backward_dx_kernel(float* dinp, const float* dout, const float* inp, const float* w,
+                                           const float* rstd, int64_t C, bool accumulate) {
+    const int64_t m = blockIdx.x;
+    const float *x = inp + m * C, *dy = dout + m * C;
+    const float r = rstd[m];
+    float dot = 0.0f;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) dot += dy[c] * w[c] * x[c];
+    dot = block_sum(dot);
+    const float coef = r * r * r * dot / C;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+        const float g = r * dy[c] * w[c] - x[c] * coef;
+        dinp[m * C + c] = accumulate ? dinp[m * C + c] + g : g;
+    }
+}
+
+// grid (row chunks, column blocks): partial (chunks, C) = sum over the chunk's rows of dy x r
+__global__ void rmsnorm_backward_dw_partial_kernel(float* partial, const float* dout, const float* inp,
+                                                   const float* rstd, int64_t M, int64_t C) {
+    const int64_t chunk = blockIdx.x, c = (int64_t)blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    const int64_t first = chunk * RMSNORM_DW_ROWS, last = min(M, first + RMSNORM_DW_ROWS);
+    float acc = 0.0f;
+    for (int64_t m = first; m < last; m++) acc += dout[m * C + c] * inp[m * C + c] * rstd[m];
+    partial[chunk * C + c] = acc;
+}
+
+// one thread per column: dw += the chunks' partial sums, in chunk order
+__global__ void rmsnorm_backward_dw_sum_kernel(float* dw, const float* partial, int64_t chunks, int64_t C) {
+    const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float acc = 0.0f;
+    for (int64_t k = 0; k < chunks; k++) acc += partial[k * C + c];
+    dw[c] += acc;
+}
+
+// inp, out (M, C), w (C) -> out, rstd (M)
+inline void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int64_t M, int64_t C,
+                            float eps, cudaStream_t stream) {
+    if (M == 0) return;
+    rmsnorm_forward_kernel<<<(unsigned)M, RMSNORM_THREADS, 0, stream>>>(out, rstd, inp, w, C, eps);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// dinp (M, C) (=|+=), dw (C) +=. scratch: rmsnorm_backward_scratch_floats(M, C) floats.
+inline void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
+                             const float* rstd, int64_t M, int64_t C, bool accumulate_dinp, float* scratch,
+                             cudaStream_t stream) {
+    if (M == 0) return;
+    rmsnorm_backward_dx_kernel<<<(unsigned)M, RMSNORM_THREADS, 0, stream>>>(dinp, dout, inp, w, rstd, C,
+                                                                            accumulate_dinp);
+    CUDA_CHECK(cudaGetLastError());
+    const int64_t chunks = ceil_div(M, RMSNORM_DW_ROWS);
+    const dim3 grid((unsigned)chunks, (unsigned)ceil_div(C, RMSNORM_THREADS));
+    rmsnorm_backward_dw_partial_kernel<<<grid, RMSNORM_THREADS, 0, stream>>>(scratch, dout, inp, rstd, M, C);
+    CUDA_CHECK(cudaGetLastError());
+    rmsnorm_backward_dw_sum_kernel<<<(unsigned)ceil_div(C, RMSNORM_THREADS), RMSNORM_THREADS, 0, stream>>>(
+        dw, scratch, chunks, C);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace gpu

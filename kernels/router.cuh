@@ -1,0 +1,109 @@
+// DeepSeek-V3 router, FP32 (DESIGN §1.2; the CPU reference is model/moe.cpp).
+//   forward, per token t:  s_t = sigmoid(z_t) (E scores), then router_select (model/router.h, the same MOE_HD
+//     function the CPU runs) picks k experts by s + bias with group-limited routing -> chosen (N, k), gate
+//     weights w (N, k) = s[chosen] / sum_j s[chosen_j] (norm_topk_prob) * routed_scaling_factor.
+//   backward, dL/dw (N, k) and the balance loss -> dL/dz (N, E), overwritten. With S = sum_j s[chosen_j], r the
+//     scaling factor:  dL/ds_m += r (dw_m / S - sum_j dw_j s_j / S^2)  (norm_topk_prob)  or  r dw_m;
+//     balance loss of sequence b (alpha = aux_loss_alpha, T tokens, f_e = E/(kT) #{t in b : e chosen at t}):
+//       dL/ds_te += coef (f_e / S_t - sum_e' f_e' s_te' / S_t^2),  S_t = sum_e s_te,
+//       coef = balance_scale alpha / (B T);
+//     then dL/dz = dL/ds s (1 - s).  (The bias is selection only: no gradient.)
+// Forward: one thread per token, with E floats of scratch per token in global memory (router_select's `scratch`);
+// it is latency-bound but tiny next to the GEMMs. Backward: per-sequence expert counts (integer atomics in shared
+// memory: exact), then one block per token.
+#pragma once
+#include <cstdint>
+
+#include "kernels/common.cuh"
+#include "model/config.h"
+#include "model/router.h"
+
+namespace gpu {
+
+constexpr int ROUTER_FORWARD_THREADS = 64, ROUTER_BACKWARD_THREADS = 128;
+
+__global__ void router_forward_kernel(float* scores, int32_t* chosen, float* gate_weights, float* scratch,
+                                      const float* logits, const float* bias, Config c, int64_t N) {
+    const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= N) return;
+    const int64_t E = c.n_routed_experts, k = c.num_experts_per_tok;
+    for (int64_t e = 0; e < E; e++) scores[t * E + e] = sigmoid(logits[t * E + e]);
+    router_select(c, scores + t * E, bias, scratch + t * E, chosen + t * k, gate_weights + t * k);
+}
+
+// one block per sequence b: counts (B, E) = how many of the sequence's T tokens chose each expert
+__global__ void router_sequence_counts_kernel(int* counts, const int32_t* chosen, int64_t T, int E, int k) {
+    extern __shared__ int hist[];  // (E)
+    const int64_t b = blockIdx.x;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) hist[e] = 0;
+    __syncthreads();
+    for (int64_t i = threadIdx.x; i < T * k; i += blockDim.x) atomicAdd(&hist[chosen[b * T * k + i]], 1);
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) counts[b * E + e] = hist[e];
+}
+
+// one block per token t, threads over experts
+__global__ void router_backward_kernel(float* dlogits, const float* dgate_weights, const float* scores,
+                                       const int32_t* chosen, const int* seq_counts, Config c, int64_t T,
+                                       double balance_coef) {
+    const int64_t t = blockIdx.x, E = c.n_routed_experts, k = c.num_experts_per_tok;
+    const float r = c.routed_scaling_factor;
+    const float* s = scores + t * E;
+    const int32_t* idx = chosen + t * k;
+    const float* dw = dgate_weights + t * k;
+    float sum = 0.0f, weighted = 0.0f;  // S and sum_j dw_j s_j, in the CPU's order
+    if (c.norm_topk_prob) {
+        for (int64_t j = 0; j < k; j++) sum += s[idx[j]];
+        for (int64_t j = 0; j < k; j++) weighted += dw[j] * s[idx[j]];
+    }
+    // balance loss: S_t and sum_e f_e s_te in double, as the CPU
+    const bool balance = c.aux_loss_alpha > 0;  // the same for the whole block
+    const int* count = balance ? seq_counts + (t / T) * E : nullptr;
+    const double f_unit = (double)E / (k * T);
+    double total = 0.0, fs = 0.0;
+    if (balance) {
+        for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
+            total += s[e];
+            fs += f_unit * count[e] * s[e];
+        }
+        total = block_sum(total);
+        fs = block_sum(fs);
+    }
+    for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
+        float ds = 0.0f;  // dL/ds_te
+        for (int64_t j = 0; j < k; j++)
+            if (idx[j] == e) ds += c.norm_topk_prob ? r * (dw[j] / sum - weighted / (sum * sum)) : r * dw[j];
+        if (balance) ds += (float)(balance_coef * (f_unit * count[e] / total - fs / (total * total)));
+        dlogits[t * E + e] = ds * (s[e] * (1.0f - s[e]));
+    }
+}
+
+// logits (N, E) -> scores (N, E) (may be the same buffer as logits), chosen (N, k), gate_weights (N, k).
+// bias (E): e_score_correction_bias. scratch: N * E floats.
+inline void router_forward(float* scores, int32_t* chosen, float* gate_weights, float* scratch, const float* logits,
+                           const float* bias, const Config& c, int64_t N, cudaStream_t stream) {
+    if (N == 0) return;
+    router_forward_kernel<<<(unsigned)ceil_div(N, ROUTER_FORWARD_THREADS), ROUTER_FORWARD_THREADS, 0, stream>>>(
+        scores, chosen, gate_weights, scratch, logits, bias, c, N);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// dgate_weights (N, k), scores (N, E), chosen (N, k) of B sequences of T tokens -> dlogits (N, E) overwritten.
+// balance_scale: the balance loss's weight in what is differentiated (as moe_backward). scratch: B * E ints.
+inline void router_backward(float* dlogits, const float* dgate_weights, const float* scores, const int32_t* chosen,
+                            const Config& c, int64_t B, int64_t T, float balance_scale, int* scratch,
+                            cudaStream_t stream) {
+    if (B * T == 0) return;
+    const int E = c.n_routed_experts, k = c.num_experts_per_tok;
+    if (c.aux_loss_alpha > 0) {
+        router_sequence_counts_kernel<<<(unsigned)B, ROUTER_BACKWARD_THREADS, E * sizeof(int), stream>>>(
+            scratch, chosen, T, E, k);
+        CUDA_CHECK(cudaGetLastError());
+    }
+    const double balance_coef = balance_scale * c.aux_loss_alpha / ((double)B * T);  // the CPU's expression
+    router_backward_kernel<<<(unsigned)(B * T), ROUTER_BACKWARD_THREADS, 0, stream>>>(
+        dlogits, dgate_weights, scores, chosen, scratch, c, T, balance_coef);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace gpu

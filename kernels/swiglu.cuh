@@ -1,0 +1,43 @@
+// SwiGLU gate, elementwise over n values, FP32 (DESIGN §1.2):
+//   forward:  out = silu(g) * u,  silu(g) = g / (1 + exp(-g)) = g s,  s = sigmoid(g)
+//   backward: dg = dout u s (1 + g (1 - s))   (silu'(g)),   du = dout g s   (both overwritten)
+#pragma once
+#include <cstdint>
+
+#include "kernels/common.cuh"
+
+namespace gpu {
+
+constexpr int SWIGLU_THREADS = 256;
+
+__device__ inline float silu(float x) { return x / (1.0f + expf(-x)); }  // as model/ops.h
+
+__global__ void swiglu_forward_kernel(float* out, const float* g, const float* u, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = silu(g[i]) * u[i];
+}
+
+__global__ void swiglu_backward_kernel(float* dg, float* du, const float* dout, const float* g, const float* u,
+                                       int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const float s = sigmoid(g[i]);
+        dg[i] = dout[i] * u[i] * s * (1.0f + g[i] * (1.0f - s));
+        du[i] = dout[i] * g[i] * s;
+    }
+}
+
+// g, u, out (n)
+inline void swiglu_forward(float* out, const float* g, const float* u, int64_t n, cudaStream_t stream) {
+    swiglu_forward_kernel<<<grid_stride_blocks(n, SWIGLU_THREADS), SWIGLU_THREADS, 0, stream>>>(out, g, u, n);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// dout, g, u (n) -> dg, du (n)
+inline void swiglu_backward(float* dg, float* du, const float* dout, const float* g, const float* u, int64_t n,
+                            cudaStream_t stream) {
+    swiglu_backward_kernel<<<grid_stride_blocks(n, SWIGLU_THREADS), SWIGLU_THREADS, 0, stream>>>(dg, du, dout, g,
+                                                                                                 u, n);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace gpu
