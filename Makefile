@@ -1,8 +1,8 @@
 # moe.cu build. The only build entry: binaries land in the repository root, objects in build/.
 #   make run        install what is missing, prepare the default data, train `small` on CPU, sample
 #   make test       install what is missing, build everything (CUDA too), run the CPU tests
-#   make train      the GPU trainer ./train          make test-gpu / make bench   on a GPU machine
-#   make bench-cpu  train_cpu against the PyTorch reference on this CPU
+#   make train      the GPU trainer ./train          make test-gpu   the CUDA kernels against the CPU reference
+#   make bench-cpu  train_cpu against the PyTorch reference on this CPU    make bench-io  HF export/import speed
 
 CXX      ?= g++
 CXXFLAGS ?= -O3 -march=native -std=c++17 -fopenmp -Wall -Wextra -Wno-unused-parameter -I.

@@ -5,6 +5,7 @@
 // mistakes it for a finished run.
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <cuda_runtime.h>
@@ -27,9 +28,13 @@
 int main(int argc, char** argv) {
     TrainArgs args = parse_train_args(argc, argv, "train");
     Config config = load_config(args.config);
+    if (config.n_routed_experts % args.ep != 0) {  // every rank sees it; rank 0 says it
+        const char* rank = getenv("OMPI_COMM_WORLD_RANK");
+        if (!rank || !strcmp(rank, "0"))
+            fprintf(stderr, "train: --ep %d does not divide n_routed_experts %d\n", args.ep, config.n_routed_experts);
+        return 2;
+    }
     std::unique_ptr<Comm> comm = make_nccl_comm(args.ep, "train");
-    if (config.n_routed_experts % comm->ep_size != 0)
-        comm->abort("--ep " + std::to_string(comm->ep_size) + " does not divide n_routed_experts");
     int device = 0;
     CUDA_CHECK(cudaGetDevice(&device));
     cudaDeviceProp prop;

@@ -1,7 +1,8 @@
 // train_cpu: the CPU reference trainer (fp32, OpenMP, optionally over MPI ranks). Reads top to bottom:
 // args -> ranks -> config -> model -> data -> (resume) -> loop of {micro-steps, gradient reduction, bias update,
-// clip, AdamW, log, eval, checkpoint} -> sample. The GPU trainer train.cu keeps the same command line, data, logs
-// and checkpoints. Under mpirun every rank runs this file; rank 0 alone prints, logs and writes checkpoints.
+// clip, AdamW, log, eval, checkpoint} -> sample. The GPU trainer train.cu parses the same command line and is to
+// keep the same data, logs and checkpoints. Under mpirun every rank runs this file; rank 0 alone prints, logs and
+// writes checkpoints.
 #include <algorithm>
 #include <chrono>
 #include <csignal>
@@ -24,6 +25,7 @@
 #include "model/optimizer.h"
 #include "model/plan.h"
 #include "model/rng.h"
+#include "model/safetensors.h"
 #include "model/train_args.h"
 #include "tools/plot.h"
 
@@ -47,6 +49,13 @@ static void agree_on_setup(Comm& comm, const std::string& error) {
         delete g_comm;
         exit(1);
     }
+}
+
+// A failure every rank sees at once (the reduced loss): rank 0 reports it, the others wait to be ended with it.
+[[noreturn]] static void halt_all(Comm& comm, const std::string& msg) {
+    if (comm.rank == 0) fail(msg);
+    comm.barrier();
+    fail(msg);  // not reached: rank 0's abort ends the job
 }
 
 // Fault injection for the failure tests: MOE_FAULT=RANK:STEP:error|crash makes that rank fail at that step.
@@ -192,6 +201,9 @@ int main(int argc, char** argv) {
         delete g_comm;
         exit(1);
     }
+    agree_on_setup(comm, args.eval_only && args.resume && resume_from.empty()
+                             ? "--eval-only --resume: there is no checkpoint in " + args.checkpoint_dir
+                             : "");
     if (args.resume && resume_from.empty() && lead)
         fprintf(stderr, "train_cpu: no checkpoint in %s yet; starting from step 0\n", args.checkpoint_dir.c_str());
     if (args.describe) {
@@ -216,48 +228,68 @@ int main(int argc, char** argv) {
     TrainState state;
     Rng rng(args.seed);
     std::unique_ptr<DataLoader> train, val;
+    Tokenizer tokenizer;
     int eval_batches = 0;
+    // what makes two runs the same run: a resume that changes it is told so
+    const std::string run = "lr=" + std::to_string(args.lr) + " warmup=" + std::to_string(args.warmup) +
+                            " steps=" + std::to_string(args.steps) + " seq=" + std::to_string(T) +
+                            " global_batch=" + std::to_string((int64_t)B * comm.world * args.grad_accum) +
+                            " weight_decay=" + std::to_string(args.weight_decay) +
+                            " grad_clip=" + std::to_string(args.grad_clip);
     try {
         if (T > config.max_position_embeddings)
             throw std::runtime_error("--seq " + std::to_string(T) + " exceeds max_position_embeddings " +
                                      std::to_string(config.max_position_embeddings));
         model_init(model, config, &comm);
         model_init_weights(model, args.seed);
+        model_reserve(model, B, T);
         opt.m.assign(model.table.total, 0.0f);
         opt.v.assign(model.table.total, 0.0f);
         if (!args.init_from_hf.empty()) import_hf(model, args.init_from_hf);
-        // each rank reads its own slice of every global batch
-        if (!args.data.empty()) {
-            train = std::make_unique<DataLoader>(args.data, B, T, comm.rank, comm.world);
-            if (train->max_token() >= (uint32_t)config.vocab_size)
-                throw std::runtime_error("the training data holds token " + std::to_string(train->max_token()) +
-                                         " but vocab_size is " + std::to_string(config.vocab_size) +
-                                         " (wrong --config for this data? --vocab N overrides it)");
-        }
+        // each rank reads its own slice of every global batch; a token outside the vocabulary is an error
+        if (!args.data.empty())
+            train = std::make_unique<DataLoader>(args.data, B, T, comm.rank, comm.world, config.vocab_size);
         if (!args.val.empty()) {
-            val = std::make_unique<DataLoader>(args.val, B, T, comm.rank, comm.world);
-            if (val->max_token() >= (uint32_t)config.vocab_size)
-                throw std::runtime_error("the validation data holds a token outside the vocabulary of " +
-                                         std::to_string(config.vocab_size));
-            // never more batches than the validation data holds, so no token is counted twice
-            const int64_t per_batch = (int64_t)B * T * comm.world + 1;
-            eval_batches = (int)std::max<int64_t>(1, std::min<int64_t>(args.eval_batches, val->total_tokens() / per_batch));
+            val = std::make_unique<DataLoader>(args.val, B, T, comm.rank, comm.world, config.vocab_size);
+            // never more batches than one pass over the validation data, so no token is counted twice
+            eval_batches = (int)std::min<int64_t>(args.eval_batches, val->batches_per_pass());
         }
         if (!resume_from.empty()) {
             checkpoint_load(resume_from, model, opt, state);
-            if (train) train->restore({state.data_shard, state.data_position});
+            if (train) train->restore({state.data_shard, state.data_position, state.data_file, state.data_tokens});
             rng.state = state.rng_state;
         }
         if (!train && state.step < args.steps && !args.eval_only)
             throw std::runtime_error("--data PATTERN is required to train from step " + std::to_string(state.step) +
                                      " to " + std::to_string(args.steps));
-        if (args.sample > 0 && args.tokenizer.empty() && args.data.empty())
-            throw std::runtime_error("--sample needs --tokenizer FILE when there is no --data");
+        if (args.sample > 0) {
+            std::string path = args.tokenizer;
+            if (path.empty() && args.data.empty())
+                throw std::runtime_error("--sample needs --tokenizer FILE when there is no --data");
+            if (path.empty()) {  // tokenizer.bin beside the first training shard, as prepare_data writes it
+                std::string first = glob_files(args.data)[0];
+                size_t slash = first.find_last_of('/');
+                path = (slash == std::string::npos ? std::string(".") : first.substr(0, slash)) + "/tokenizer.bin";
+            }
+            tokenizer = Tokenizer::load(path);
+            if (tokenizer.vocab_size() > config.vocab_size)
+                throw std::runtime_error("the tokenizer " + path + " has " + std::to_string(tokenizer.vocab_size()) +
+                                         " tokens, more than the model's vocab_size " +
+                                         std::to_string(config.vocab_size));
+        }
+        if (!args.checkpoint_dir.empty() && lead) make_dirs(args.checkpoint_dir);
         error.clear();
+    } catch (const std::bad_alloc&) {
+        error = "out of memory for the model and a batch of " + std::to_string(B) + " x " + std::to_string(T) +
+                " tokens (lower --batch or --seq, or use a smaller config)";
     } catch (const std::exception& e) {
         error = e.what();
     }
     agree_on_setup(comm, error);
+    if (lead && !resume_from.empty() && state.run != run && !state.run.empty())
+        fprintf(stderr, "train_cpu: note: the checkpoint's run had %s; this one has %s (the schedule changes)\n",
+                state.run.c_str(), run.c_str());
+    state.run = run;
 
     if (args.eval_only) {
         const double val_loss = evaluate(model, *val, eval_batches, B, T);
@@ -285,70 +317,78 @@ int main(int argc, char** argv) {
     double train_seconds = 0.0;
     int timed_steps = 0;
     for (int64_t step = state.step; step < args.steps; step++) {
-        maybe_inject_fault(comm, step);
-        auto t0 = std::chrono::steady_clock::now();
-        model_zero_grads(model);
-        double loss[4] = {0, 0, 0, 0};  // total, main, MTP, balance
-        for (int micro = 0; micro < args.grad_accum; micro++) {
-            train->next_batch(inputs.data(), targets.data());
-            LossParts l = model_forward(model, inputs.data(), targets.data(), B, T, true);
-            model_backward(model, loss_scale);
-            loss[0] += l.total * loss_scale;
-            loss[1] += l.main * loss_scale;
-            loss[2] += l.mtp * loss_scale;
-            loss[3] += l.balance * loss_scale;
-        }
-        model_reduce_grads(model);
-        comm.all_reduce_sum(loss, 4, Group::World);
-        if (!std::isfinite(loss[0]))
-            fail("the loss became " + std::to_string(loss[0]) + " at step " + std::to_string(step) + " (try a lower --lr)");
-        for (std::vector<int64_t>& counts : model.expert_counts)
-            comm.all_reduce_sum(counts.data(), (int64_t)counts.size(), Group::World);
-        const std::string imbalance = load_imbalance_json(model);
-        const double norm = model_grad_norm(model);
-        const float lr = learning_rate(oc, step);
-        adamw_update(model.table, model.params.data(), model.grads.data(), opt, oc, lr, clip_factor(oc, norm));
-        model_update_router_bias(model, model.expert_counts);
-        const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        if (step > state.step || args.steps - state.step == 1) { train_seconds += seconds; timed_steps++; }
-        const double tokens_per_s = tokens_per_step / seconds;
-        const double eta = (timed_steps ? train_seconds / timed_steps : seconds) * (args.steps - step - 1);
-
-        const bool last = step + 1 == args.steps;
-        double val_loss = NAN;
-        if (val && (last || (args.eval_every > 0 && (step + 1) % args.eval_every == 0)))
-            val_loss = evaluate(model, *val, eval_batches, B, T);
-        if (lead) {
-            printf("step %5lld/%d | loss %.4f (main %.4f mtp %.4f bal %.5f) | lr %.2e | norm %.3f | %.0f tok/s | eta %s",
-                   (long long)step + 1, args.steps, loss[0], loss[1], loss[2], loss[3], lr, norm, tokens_per_s,
-                   format_eta(eta).c_str());
-            if (!std::isnan(val_loss)) printf(" | val %.4f", val_loss);
-            printf("\n");
-            fflush(stdout);
-        }
-        if (log) {
-            fprintf(log,
-                    "{\"step\": %lld, \"loss\": %.9g, \"loss_main\": %.9g, \"loss_mtp\": %.9g, \"loss_balance\": %.9g, "
-                    "\"lr\": %.6e, \"grad_norm\": %.6f, \"tokens_per_s\": %.1f, \"tokens\": %.0f, \"load_imbalance\": %s",
-                    (long long)step + 1, loss[0], loss[1], loss[2], loss[3], lr, norm, tokens_per_s,
-                    tokens_per_step * (step + 1), imbalance.c_str());
-            if (!std::isnan(val_loss)) fprintf(log, ", \"val_loss\": %.6f", val_loss);
-            fprintf(log, "}\n");
-            fflush(log);
-        }
-        state.step = step + 1;
-        if (!args.checkpoint_dir.empty() &&
-            (last || (args.checkpoint_every > 0 && state.step % args.checkpoint_every == 0))) {
-            // every rank's loader is at the same global position; rank 0's is the one saved
-            DataLoaderState ds = train->state();
-            state.data_shard = ds.shard;
-            state.data_position = ds.position;
-            state.rng_state = rng.state;
-            try {
-                checkpoint_save(args.checkpoint_dir, model, opt, state);
-            } catch (const std::exception& e) {
-                fail(e.what());
+        try {
+            maybe_inject_fault(comm, step);
+            auto t0 = std::chrono::steady_clock::now();
+            model_zero_grads(model);
+            double loss[4] = {0, 0, 0, 0};  // total, main, MTP, balance
+            for (int micro = 0; micro < args.grad_accum; micro++) {
+                train->next_batch(inputs.data(), targets.data());
+                LossParts l = model_forward(model, inputs.data(), targets.data(), B, T, true);
+                model_backward(model, loss_scale);
+                loss[0] += l.total * loss_scale;
+                loss[1] += l.main * loss_scale;
+                loss[2] += l.mtp * loss_scale;
+                loss[3] += l.balance * loss_scale;
             }
+            model_reduce_grads(model);
+            comm.all_reduce_sum(loss, 4, Group::World);
+            if (!std::isfinite(loss[0])) halt_all(comm, "the loss became " + std::to_string(loss[0]) + " at step " +
+                                                         std::to_string(step) + " (try a lower --lr)");
+            for (std::vector<int64_t>& counts : model.expert_counts)
+                comm.all_reduce_sum(counts.data(), (int64_t)counts.size(), Group::World);
+            const std::string imbalance = load_imbalance_json(model);
+            const double norm = model_grad_norm(model);
+            if (!std::isfinite(norm)) halt_all(comm, "the gradient norm became " + std::to_string(norm) + " at step " +
+                                                     std::to_string(step) + " (try a lower --lr)");
+            const float lr = learning_rate(oc, step);
+            adamw_update(model.table, model.params.data(), model.grads.data(), opt, oc, lr, clip_factor(oc, norm));
+            model_update_router_bias(model, model.expert_counts);
+            const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            if (step > state.step || args.steps - state.step == 1) { train_seconds += seconds; timed_steps++; }
+            const double tokens_per_s = tokens_per_step / seconds;
+            const double eta = (timed_steps ? train_seconds / timed_steps : seconds) * (args.steps - step - 1);
+
+            const bool last = step + 1 == args.steps;
+            double val_loss = NAN;
+            if (val && (last || (args.eval_every > 0 && (step + 1) % args.eval_every == 0)))
+                val_loss = evaluate(model, *val, eval_batches, B, T);
+            if (lead) {
+                printf("step %5lld/%d | loss %.4f (main %.4f mtp %.4f bal %.5f) | lr %.2e | norm %.3f | %.0f tok/s | eta %s",
+                       (long long)step + 1, args.steps, loss[0], loss[1], loss[2], loss[3], lr, norm, tokens_per_s,
+                       format_eta(eta).c_str());
+                if (!std::isnan(val_loss)) printf(" | val %.4f", val_loss);
+                printf("\n");
+                fflush(stdout);
+            }
+            if (log) {
+                fprintf(log,
+                        "{\"step\": %lld, \"loss\": %.9g, \"loss_main\": %.9g, \"loss_mtp\": %.9g, \"loss_balance\": %.9g, "
+                        "\"lr\": %.6e, \"grad_norm\": %.6f, \"tokens_per_s\": %.1f, \"tokens\": %.0f, \"load_imbalance\": %s",
+                        (long long)step + 1, loss[0], loss[1], loss[2], loss[3], lr, norm, tokens_per_s,
+                        tokens_per_step * (step + 1), imbalance.c_str());
+                if (!std::isnan(val_loss)) fprintf(log, ", \"val_loss\": %.6f", val_loss);
+                fprintf(log, "}\n");
+                fflush(log);
+            }
+            state.step = step + 1;
+            if (!args.checkpoint_dir.empty() &&
+                (last || (args.checkpoint_every > 0 && state.step % args.checkpoint_every == 0))) {
+                // every rank's loader is at the same global position; rank 0's is the one saved
+                DataLoaderState ds = train->state();
+                state.data_shard = ds.shard;
+                state.data_position = ds.position;
+                state.data_file = ds.file;
+                state.data_tokens = ds.tokens;
+                state.rng_state = rng.state;
+                try {
+                    checkpoint_save(args.checkpoint_dir, model, opt, state);
+                } catch (const std::exception& e) {
+                    fail(e.what());
+                }
+            }
+        } catch (const std::exception& e) {  // data read errors, allocation failures, checkpoint writes
+            fail(e.what());
         }
     }
     if (log) fclose(log);
@@ -368,23 +408,7 @@ int main(int argc, char** argv) {
             fail(e.what());
         }
     }
-    if (args.sample > 0) {
-        try {
-            std::string tok_path = args.tokenizer;
-            if (tok_path.empty()) {
-                std::string first = glob_files(args.data)[0];
-                size_t slash = first.find_last_of('/');
-                tok_path = (slash == std::string::npos ? std::string(".") : first.substr(0, slash)) + "/tokenizer.bin";
-            }
-            Tokenizer tok = Tokenizer::load(tok_path);
-            if (tok.vocab_size() > config.vocab_size)
-                fail("the tokenizer " + tok_path + " has " + std::to_string(tok.vocab_size()) +
-                     " tokens, more than the model's vocab_size " + std::to_string(config.vocab_size));
-            sample_text(model, tok, args, T, rng);
-        } catch (const std::exception& e) {
-            fail(e.what());
-        }
-    }
+    if (args.sample > 0) sample_text(model, tokenizer, args, T, rng);
     delete g_comm;
     return 0;
 }

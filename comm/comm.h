@@ -3,7 +3,8 @@
 // ep_size divides the GPUs per node). Backends: one process (comm/comm.cpp) and MPI (comm/mpi_comm.cpp, for
 // train_cpu); the NCCL backend for train.cu builds on the same interface.
 // Buffers are host memory for the single-process and MPI backends, device memory for NCCL.
-// Counts are 64-bit everywhere; backends split transfers that MPI's int counts cannot express.
+// Counts are 64-bit everywhere. The MPI backend splits reductions and gathers into pieces MPI's int counts can
+// express; its all-to-all-v counts rows (a row datatype), and a transfer of over 2^31 rows ends the job.
 #pragma once
 #include <cstdint>
 #include <memory>

@@ -23,9 +23,6 @@ DispatchPlan build_dispatch_plan(const ExpertPlan& local, const std::vector<int6
                                  int ep_rank) {
     DispatchPlan d;
     const int per_rank = local.num_experts / ep_size;
-    d.ep_size = ep_size;
-    d.ep_rank = ep_rank;
-    d.experts_per_rank = per_rank;
     d.send_rows.assign(ep_size, 0);
     d.recv_rows.assign(ep_size, 0);
     d.expert_counts.assign(per_rank, 0);

@@ -22,7 +22,6 @@ ExpertPlan build_expert_plan(const int32_t* expert_of_slot, int64_t num_slots, i
 // send_rows[0] rows go to rank 0, and so on. Received rows arrive grouped by source rank, each source's rows
 // ordered by expert; the expert GEMMs want them grouped by expert, so expert_row_of_recv maps one order to the other.
 struct DispatchPlan {
-    int ep_size = 1, ep_rank = 0, experts_per_rank = 0;
     std::vector<int64_t> send_rows;           // (P) rows sent to each EP rank
     std::vector<int64_t> recv_rows;           // (P) rows received from each EP rank
     std::vector<int64_t> expert_counts;       // (E/P) rows of each local expert, from all sources

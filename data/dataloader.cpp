@@ -5,7 +5,17 @@
 
 #include <stdexcept>
 
-DataLoader::DataLoader(const std::string& pattern, int B, int T, int rank, int world) {
+namespace {
+
+std::string base_name(const std::string& path) {
+    size_t slash = path.find_last_of('/');
+    return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+}  // namespace
+
+DataLoader::DataLoader(const std::string& pattern, int B, int T, int rank, int world, uint32_t vocab_size)
+    : vocab_size_(vocab_size) {
     if (B <= 0 || T <= 0) throw std::runtime_error("DataLoader: batch " + std::to_string(B) + " and sequence " +
                                                    std::to_string(T) + " must be positive");
     if (world <= 0 || rank < 0 || rank >= world)
@@ -14,67 +24,97 @@ DataLoader::DataLoader(const std::string& pattern, int B, int T, int rank, int w
     global_tokens_ = batch_tokens_ * world;
     rank_offset_ = batch_tokens_ * rank;
     files_ = glob_files(pattern);
-    // One scan of every shard: sizes, max token, and the size check; keep the first shard loaded.
-    for (size_t i = 0; i < files_.size(); i++) {
-        std::vector<uint32_t> tokens = read_shard(files_[i]);
-        int64_t n = (int64_t)tokens.size();
+    // headers only: sizes and the size check, without reading the tokens
+    for (const std::string& file : files_) {
+        int64_t n = read_shard_header(file).tokens;
         if (n < global_tokens_ + 1)
-            throw std::runtime_error(files_[i] + ": holds " + std::to_string(n) + " tokens, fewer than B*T*world+1 = " +
+            throw std::runtime_error(file + ": holds " + std::to_string(n) + " tokens, fewer than B*T*world+1 = " +
                                      std::to_string(global_tokens_ + 1));
-        for (uint32_t t : tokens) max_token_ = t > max_token_ ? t : max_token_;
         shard_sizes_.push_back(n);
         total_tokens_ += n;
-        if (i == 0) tokens_ = std::move(tokens);
     }
-    shard_ = 0;
-    position_ = 0;
+    load_shard(0);
 }
 
 void DataLoader::load_shard(int64_t shard) {
-    if (shard == shard_) return;
-    tokens_ = read_shard(files_[shard]);
-    if ((int64_t)tokens_.size() != shard_sizes_[shard])
-        throw std::runtime_error(files_[shard] + ": changed size while training (" + std::to_string(shard_sizes_[shard]) +
-                                 " tokens, now " + std::to_string(tokens_.size()) + ")");
-    shard_ = shard;
+    if (shard == loaded_) return;
+    std::vector<uint32_t>().swap(tokens_);  // free the old shard first: never two in memory
+    loaded_ = -1;
+    const std::string& file = files_[shard];
+    std::vector<uint32_t> tokens = read_shard(file);
+    if ((int64_t)tokens.size() != shard_sizes_[shard])
+        throw std::runtime_error(file + ": changed size while training (" + std::to_string(shard_sizes_[shard]) +
+                                 " tokens, now " + std::to_string(tokens.size()) + ")");
+    if (vocab_size_ > 0) {
+        uint32_t max = 0;
+        for (uint32_t t : tokens) max = t > max ? t : max;
+        if (max >= vocab_size_)
+            throw std::runtime_error(file + " holds token " + std::to_string(max) + " but the model's vocab_size is " +
+                                     std::to_string(vocab_size_) + " (wrong --config for this data? --vocab N overrides it)");
+    }
+    tokens_ = std::move(tokens);
+    loaded_ = shard;
 }
 
 void DataLoader::next_batch(int32_t* inputs, int32_t* targets) {
+    load_shard(shard_);
     const uint32_t* window = tokens_.data() + position_ + rank_offset_;
     for (int64_t i = 0; i < batch_tokens_; i++) {
         inputs[i] = (int32_t)window[i];
         targets[i] = (int32_t)window[i + 1];
     }
     position_ += global_tokens_;
-    if (position_ + global_tokens_ + 1 > (int64_t)tokens_.size()) {
-        load_shard((shard_ + 1) % (int64_t)files_.size());
+    if (position_ + global_tokens_ + 1 > shard_sizes_[shard_]) {  // the next shard is read by the next call
+        shard_ = (shard_ + 1) % (int64_t)files_.size();
         position_ = 0;
     }
 }
 
 void DataLoader::reset() {
-    load_shard(0);
+    shard_ = 0;
     position_ = 0;
+    load_shard(0);
 }
 
 DataLoaderState DataLoader::state() const {
     DataLoaderState s;
     s.shard = shard_;
     s.position = position_;
+    s.file = base_name(files_[shard_]);
+    s.tokens = shard_sizes_[shard_];
     return s;
 }
 
 void DataLoader::restore(const DataLoaderState& s) {
-    if (s.shard < 0 || s.shard >= (int64_t)files_.size())
+    const int64_t n = (int64_t)files_.size();
+    const std::string saved = "shard " + std::to_string(s.shard) + " was " + s.file + " (" + std::to_string(s.tokens) + " tokens)";
+    if (s.shard < 0 || s.shard >= n) {
+        if (!s.file.empty())
+            throw std::runtime_error("the data changed since the checkpoint: " + saved + ", now there are " +
+                                     std::to_string(n) + " shards");
         throw std::runtime_error("DataLoader: saved shard " + std::to_string(s.shard) + " is out of range (" +
-                                 std::to_string(files_.size()) + " shards)");
-    if (s.position < 0 || s.position + global_tokens_ + 1 > shard_sizes_[s.shard])
+                                 std::to_string(n) + " shards)");
+    }
+    const std::string now = base_name(files_[s.shard]);
+    if (!s.file.empty() && (s.file != now || s.tokens != shard_sizes_[s.shard]))
+        throw std::runtime_error("the data changed since the checkpoint: " + saved + ", now " + now + " (" +
+                                 std::to_string(shard_sizes_[s.shard]) + " tokens)");
+    if (s.position < 0 || s.position >= shard_sizes_[s.shard])
         throw std::runtime_error("DataLoader: saved position " + std::to_string(s.position) + " is out of range for " +
                                  files_[s.shard] + " (" + std::to_string(shard_sizes_[s.shard]) + " tokens)");
-    load_shard(s.shard);
+    shard_ = s.shard;
     position_ = s.position;
+    if (position_ + global_tokens_ + 1 > shard_sizes_[shard_]) {  // no room for this layout's batch: next_batch's rule
+        shard_ = (shard_ + 1) % n;
+        position_ = 0;
+    }
+    load_shard(shard_);
 }
 
-uint32_t DataLoader::max_token() const { return max_token_; }
 int64_t DataLoader::total_tokens() const { return total_tokens_; }
-const std::vector<std::string>& DataLoader::files() const { return files_; }
+
+int64_t DataLoader::batches_per_pass() const {
+    int64_t batches = 0;
+    for (int64_t n : shard_sizes_) batches += (n - 1) / global_tokens_;
+    return batches;
+}

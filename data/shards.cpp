@@ -56,31 +56,64 @@ void write_shard(const std::string& path, const std::vector<uint32_t>& tokens, i
     write_file_atomic(path, bytes);
 }
 
-std::vector<uint32_t> read_shard(const std::string& path) {
-    std::string bytes = read_file_bytes(path);
-    size_t header_bytes = SHARD_HEADER_INTS * 4;
-    if (bytes.size() < header_bytes)
-        throw std::runtime_error(path + ": truncated header (" + std::to_string(bytes.size()) + " bytes, expected 1024)");
-    int32_t magic = (int32_t)load_le32(&bytes[0]);
-    int32_t version = (int32_t)load_le32(&bytes[4]);
-    int32_t ntokens = (int32_t)load_le32(&bytes[8]);
+// The header of an open shard, checked against the file's size; leaves `in` just after the header.
+static ShardHeader read_header(std::ifstream& in, const std::string& path) {
+    if (!in) throw std::runtime_error("cannot open " + path);
+    in.seekg(0, std::ios::end);
+    const int64_t file_bytes = (int64_t)in.tellg();
+    in.seekg(0, std::ios::beg);
+    if (file_bytes < 0 || !in) throw std::runtime_error("error reading " + path);
+    const int64_t header_bytes = SHARD_HEADER_INTS * 4;
+    if (file_bytes < header_bytes)
+        throw std::runtime_error(path + ": truncated header (" + std::to_string(file_bytes) + " bytes, expected 1024)");
+    char header[SHARD_HEADER_INTS * 4];
+    if (!in.read(header, header_bytes)) throw std::runtime_error("error reading " + path);
+    int32_t magic = (int32_t)load_le32(&header[0]);
+    int32_t version = (int32_t)load_le32(&header[4]);
+    int32_t ntokens = (int32_t)load_le32(&header[8]);
     if (magic != SHARD_MAGIC)
         throw std::runtime_error(path + ": not a token shard (magic " + std::to_string(magic) + ", expected 20240520)");
     if (version != 1 && version != 2)
         throw std::runtime_error(path + ": unknown shard version " + std::to_string(version) + " (expected 1 or 2)");
     if (ntokens < 0) throw std::runtime_error(path + ": negative token count " + std::to_string(ntokens));
-    size_t bytes_per_token = version == 1 ? 2 : 4;
-    size_t expected = header_bytes + (size_t)ntokens * bytes_per_token;
-    if (bytes.size() < expected)
+    const int64_t bytes_per_token = version == 1 ? 2 : 4;
+    const int64_t expected = header_bytes + (int64_t)ntokens * bytes_per_token;
+    if (file_bytes < expected)
         throw std::runtime_error(path + ": truncated (header says " + std::to_string(ntokens) + " tokens, file holds " +
-                                 std::to_string((bytes.size() - header_bytes) / bytes_per_token) + ")");
-    if (bytes.size() > expected)
-        throw std::runtime_error(path + ": " + std::to_string(bytes.size() - expected) +
-                                 " extra bytes after the " + std::to_string(ntokens) + " tokens");
-    std::vector<uint32_t> tokens((size_t)ntokens);
-    const unsigned char* p = (const unsigned char*)bytes.data() + header_bytes;
-    for (size_t i = 0; i < tokens.size(); i++)
-        tokens[i] = version == 1 ? (uint32_t)p[2 * i] | ((uint32_t)p[2 * i + 1] << 8) : load_le32((const char*)p + 4 * i);
+                                 std::to_string((file_bytes - header_bytes) / bytes_per_token) + ")");
+    if (file_bytes > expected)
+        throw std::runtime_error(path + ": " + std::to_string(file_bytes - expected) + " extra bytes after the " +
+                                 std::to_string(ntokens) + " tokens");
+    ShardHeader h;
+    h.version = version;
+    h.tokens = ntokens;
+    return h;
+}
+
+ShardHeader read_shard_header(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return read_header(in, path);
+}
+
+std::vector<uint32_t> read_shard(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    const ShardHeader h = read_header(in, path);
+    // the payload goes straight into the result's memory, then is widened/byte-ordered in place
+    std::vector<uint32_t> tokens((size_t)h.tokens);
+    unsigned char* raw = (unsigned char*)tokens.data();
+    const int64_t bytes_per_token = h.version == 1 ? 2 : 4;
+    const std::streamsize payload = (std::streamsize)(h.tokens * bytes_per_token);
+    if (!in.read((char*)raw, payload) || in.gcount() != payload)
+        throw std::runtime_error(path + ": truncated while reading (header says " + std::to_string(h.tokens) + " tokens)");
+    if (h.version == 1) {
+        // back to front: token i's 4 bytes only cover the 2-byte slots of tokens >= i, already widened
+        for (int64_t i = h.tokens - 1; i >= 0; i--) {
+            uint32_t t = (uint32_t)raw[2 * i] | ((uint32_t)raw[2 * i + 1] << 8);
+            tokens[(size_t)i] = t;
+        }
+    } else {
+        for (size_t i = 0; i < tokens.size(); i++) tokens[i] = load_le32((const char*)raw + 4 * i);
+    }
     return tokens;
 }
 

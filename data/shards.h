@@ -10,8 +10,15 @@
 constexpr int32_t SHARD_MAGIC = 20240520;
 constexpr int SHARD_HEADER_INTS = 256;
 
+struct ShardHeader {
+    int version = 0;     // 1: uint16 tokens, 2: uint32 tokens
+    int64_t tokens = 0;  // the header's token count
+};
+
 void write_shard(const std::string& path, const std::vector<uint32_t>& tokens, int version);  // atomic
-std::vector<uint32_t> read_shard(const std::string& path);
+// Reads only the 1 KiB header and checks the file size against it; throws the same errors as read_shard.
+ShardHeader read_shard_header(const std::string& path);
+std::vector<uint32_t> read_shard(const std::string& path);  // straight into the result: one copy in memory
 std::vector<std::string> glob_files(const std::string& pattern);  // sorted; throws "no files match PATTERN"
 double unigram_entropy_nats(const std::vector<uint32_t>& tokens);  // -sum p log p over token frequencies
 

@@ -58,7 +58,7 @@ void checkpoint_save(const std::string& dir, const Model& m, const AdamWState& o
         views.push_back({"optimizer.v." + t.name, DType::F32, full_shape(t), whole(t, opt.v.data() + t.offset)});
     }
     if (comm.rank == 0) {
-        mkdir(dir.c_str(), 0755);
+        make_dirs(dir);
         std::map<std::string, std::string> meta = {
             {"format", FORMAT},
             {"version", "1"},
@@ -67,7 +67,10 @@ void checkpoint_save(const std::string& dir, const Model& m, const AdamWState& o
             {"optimizer_step", std::to_string(opt.step)},
             {"data_shard", std::to_string(st.data_shard)},
             {"data_position", std::to_string(st.data_position)},
+            {"data_file", st.data_file},
+            {"data_tokens", std::to_string(st.data_tokens)},
             {"rng_state", std::to_string(st.rng_state)},
+            {"run", st.run},
         };
         safetensors_write(checkpoint_path(dir, st.step), views, meta);
     }
@@ -124,4 +127,8 @@ void checkpoint_load(const std::string& path, Model& m, AdamWState& opt, TrainSt
     st.data_shard = parse_integer(r, "data_shard", path);
     st.data_position = parse_integer(r, "data_position", path);
     st.rng_state = parse_integer(r, "rng_state", path);
+    st.data_file = r.metadata_value("data_file");
+    st.data_tokens = parse_integer(r, "data_tokens", path);
+    auto run = r.metadata().find("run");
+    st.run = run == r.metadata().end() ? "" : run->second;
 }

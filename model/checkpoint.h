@@ -1,8 +1,8 @@
 // Training checkpoints: one safetensors file per save, DIR/ckpt_STEP.safetensors (STEP zero-padded to 8 digits),
 // holding every parameter under its table name (bias buffers included), the AdamW moments as
 // optimizer.m.NAME / optimizer.v.NAME, and in the metadata the config, the step, the data position and the RNG.
-// Written to a temporary file and renamed, so a crash never destroys the last good checkpoint. The file is the
-// same for the CPU and GPU trainers and for any number of ranks (tensors are always whole).
+// Written to a temporary file and renamed, so a crash never destroys the last good checkpoint. Tensors are always
+// whole, so the file does not depend on the number of ranks (and is meant for the GPU trainer too).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -14,7 +14,11 @@ struct TrainState {
     int64_t step = 0;           // optimizer steps completed
     int64_t data_shard = 0;     // the training loader's position
     int64_t data_position = 0;
+    std::string data_file;      // that shard's file name and token count: a resume on changed data is refused
+    int64_t data_tokens = 0;
     uint64_t rng_state = 0;
+    std::string run;            // the run's schedule and batch, e.g. "lr=0.003 warmup=40 steps=400 ...", to
+                                // warn when a resume changes them
 };
 
 std::string checkpoint_path(const std::string& dir, int64_t step);

@@ -38,13 +38,12 @@ struct HFTensor {
 // n_routed_experts of them: those of other expert-parallel ranks too, with offset -1).
 std::vector<HFTensor> hf_tensors(const Model& m) {
     const std::string stacked = ".mlp.experts.";
-    const int64_t ep_rank = m.comm ? m.comm->ep_rank : 0;
+    const int64_t ep_rank = m.comm->ep_rank;
     std::vector<HFTensor> out;
     for (const ParamTensor& t : m.table.tensors) {
         size_t at = t.name.find(stacked);
         if (at == std::string::npos) {
-            bool bias = t.name.size() > 23 && t.name.compare(t.name.size() - 23, 23, "e_score_correction_bias") == 0;
-            out.push_back({t.name, t.shape, t.offset, t.numel, bias});
+            out.push_back({t.name, t.shape, t.offset, t.numel, !t.trainable});
             continue;
         }
         // model.layers.N.mlp.experts.gate_proj.weight [E, o, i] -> model.layers.N.mlp.experts.E.gate_proj.weight [o, i]
@@ -98,16 +97,6 @@ std::string read_text(const std::string& path) {
     return ss.str();
 }
 
-void make_dirs(const std::string& dir) {
-    for (size_t i = 1; i <= dir.size(); i++) {
-        if (i < dir.size() && dir[i] != '/') continue;
-        const std::string p = dir.substr(0, i);
-        if (mkdir(p.c_str(), 0755) != 0 && errno != EEXIST)
-            throw std::runtime_error("cannot create directory " + p + ": " + strerror(errno));
-    }
-    struct stat st;
-    if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) throw std::runtime_error(dir + ": not a directory");
-}
 
 // Writes PATH through PATH.tmp and a rename; fill writes the contents and returns false on a failed write.
 void write_atomically(const std::string& path, const std::function<bool(FILE*)>& fill) {

@@ -89,6 +89,8 @@ static void ensure_activations(Model& m, int B, int T) {
     m.T = T;
 }
 
+void model_reserve(Model& m, int B, int T) { ensure_activations(m, B, T); }
+
 // h_out = h_in + Attn(RMSNorm(h_in));  h_out += FFN(RMSNorm(.)). Returns the block's balance loss.
 static double block_forward(Model& m, int layer, const float* h_in, float* h_out, bool training) {
     const Config& c = m.config;

@@ -77,6 +77,8 @@ LossParts model_forward(Model& m, const int32_t* inputs, const int32_t* targets,
 // Backward of the last forward (which had targets): grads += loss_scale * d loss / d params.
 void model_backward(Model& m, float loss_scale);
 void model_zero_grads(Model& m);
+// Allocates the activations of a B x T batch now (the first forward would otherwise): throws std::bad_alloc early.
+void model_reserve(Model& m, int B, int T);
 // Sums the gradients over the ranks that share each tensor: replicated tensors over the world, expert shards
 // over their data-parallel replicas. (Backward with loss_scale 1/world then gives the global mean's gradient.)
 void model_reduce_grads(Model& m);

@@ -36,8 +36,8 @@ void moe_carve(Arena<float>& arena, const Config& c, int B, int T, MoEActs& a);
 // comm: the EP group that holds the experts (a one-rank Comm when there is no expert parallelism).
 void moe_forward(const Config& c, const BlockWeights& w, MoEActs& a, const float* x, float* out, int B, int T,
                  Comm& comm);
-// dout (N, d) -> dx (N, d) overwritten. balance_scale multiplies the balance loss's gradient (the loss's weight
-// in what is being differentiated, e.g. 1/grad_accum).
+// dout (N, d) -> dx (N, d) overwritten. balance_scale multiplies the balance loss's gradient: the weight of this
+// rank's loss in what is differentiated (the trainer's 1/(grad_accum x world)).
 void moe_backward(const Config& c, const BlockWeights& w, BlockWeights& g, MoEActs& a, const float* x,
                   const float* dout, float* dx, int B, int T, float balance_scale, Comm& comm);
 // The router's backward on its own: d gate weights (N, k) and the balance loss -> d router logits (N, E)

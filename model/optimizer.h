@@ -24,7 +24,8 @@ struct AdamWState {
 
 // Learning rate of optimizer step `step` (0-based).
 float learning_rate(const OptimizerConfig& oc, int64_t step);
-// sqrt(sum g^2) in fp64, summed in fixed chunks in a fixed order (bit-identical for any thread count).
+// sqrt(sum g^2) over one buffer in fp64, summed in fixed chunks in a fixed order (bit-identical for any thread
+// count). model_grad_norm combines these over tensors and ranks.
 double global_grad_norm(const float* grads, int64_t n);
 // The factor that brings the norm down to grad_clip (1 when below it).
 float clip_factor(const OptimizerConfig& oc, double norm);

@@ -10,6 +10,7 @@
 
 
 // scores (E) = sigmoid(logits), bias (E); scratch (E) floats. Writes idx (k) in order of decreasing c, weights (k).
+// Non-finite scores (NaN weights) leave too few experts to choose: then every idx is -1.
 MOE_HD inline void router_select(const Config& c, const float* scores, const float* bias, float* scratch, int* idx,
                                  float* weights) {
     const int E = c.n_routed_experts, G = c.n_group, per_group = E / G, k = c.num_experts_per_tok;
@@ -45,6 +46,10 @@ MOE_HD inline void router_select(const Config& c, const float* scores, const flo
             bool taken = false;
             for (int m = 0; m < j; m++) taken = taken || idx[m] == e;
             if (!taken && choice[e] > masked && (best < 0 || choice[e] > choice[best])) best = e;
+        }
+        if (best < 0) {  // only non-finite scores are never chosen: report it through idx, read nothing
+            for (int m = 0; m < k; m++) { idx[m] = -1; weights[m] = 0.0f; }
+            return;
         }
         idx[j] = best;
         sum += scores[best];

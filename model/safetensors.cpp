@@ -4,6 +4,9 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
+#include <cerrno>
+#include <cstring>
+#include <sys/stat.h>
 #include <unistd.h>
 
 using nlohmann::json;
@@ -184,4 +187,15 @@ std::string SafetensorsReader::metadata_value(const std::string& key) const {
     auto it = metadata_.find(key);
     if (it == metadata_.end()) throw std::runtime_error(path_ + ": metadata '" + key + "' is missing");
     return it->second;
+}
+
+void make_dirs(const std::string& dir) {
+    for (size_t i = 1; i <= dir.size(); i++) {
+        if (i < dir.size() && dir[i] != '/') continue;
+        const std::string p = dir.substr(0, i);
+        if (mkdir(p.c_str(), 0755) != 0 && errno != EEXIST)
+            throw std::runtime_error("cannot create directory " + p + ": " + strerror(errno));
+    }
+    struct stat st;
+    if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) throw std::runtime_error(dir + ": not a directory");
 }

@@ -26,6 +26,8 @@ struct TensorInfo {  // a tensor found in a file
 };
 
 size_t dtype_size(DType t);
+// mkdir -p: creates dir and its parents; throws naming the part that cannot be created.
+void make_dirs(const std::string& dir);
 const char* dtype_name(DType t);  // as in the header: "F32", "BF16", ...
 
 // Throws std::runtime_error on any I/O failure; the previous file at path survives until the rename.

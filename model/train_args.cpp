@@ -135,6 +135,10 @@ TrainArgs parse_train_args(int argc, char** argv, const char* program) {
     if (a.eval_only && !a.resume && a.init_from_hf.empty())
         bad(program, "--eval-only needs a model: --resume --checkpoint-dir DIR or --init-from-hf DIR");
     if (a.resume && !a.init_from_hf.empty()) bad(program, "--resume and --init-from-hf exclude each other");
+    if (a.checkpoint_every > 0 && a.checkpoint_dir.empty()) bad(program, "--checkpoint-every needs --checkpoint-dir");
+    if (a.eval_every > 0 && a.val.empty()) bad(program, "--eval-every needs --val PATTERN");
+    if (a.eval_only && (!a.export_hf.empty() || !a.plot.empty()))
+        bad(program, "--eval-only only evaluates: drop --export-hf and --plot");
     if (a.steps > 0 && !a.eval_only && !a.describe && !a.plan && a.data.empty())
         bad(program, "--data PATTERN is required to train (training shards)");
     if (a.resume && a.checkpoint_dir.empty()) bad(program, "--resume needs --checkpoint-dir");

@@ -34,7 +34,7 @@ int main(int argc, char** argv) {
         Model m;
         model_init(m, c);
         model_init_weights(m, 1337);
-        DataLoader loader("data/default/train_*.bin", B, T, 0, 1);
+        DataLoader loader("data/default/train_*.bin", B, T, 0, 1, c.vocab_size);
         std::vector<int32_t> inputs((int64_t)B * T), targets((int64_t)B * T), tokens;
         loader.next_batch(inputs.data(), targets.data());
         for (int b = 0; b < B; b++) {

@@ -83,7 +83,14 @@ TEST_CASE("checkpoint: save and load restore weights, AdamW moments, step, data 
     Rng rng(9);
     for (int64_t i = 0; i < m.table.total; i++) { opt.m[i] = rng.normal(); opt.v[i] = rng.uniform(); }
     opt.step = 17;
-    TrainState st{17, 2, 12345, 0xFEDCBA9876543210ull};
+    TrainState st;
+    st.step = 17;
+    st.data_shard = 2;
+    st.data_position = 12345;
+    st.data_file = "train_000002.bin";
+    st.data_tokens = 99999;
+    st.rng_state = 0xFEDCBA9876543210ull;
+    st.run = "lr=0.001 steps=20";
     checkpoint_save(dir, m, opt, st);
     CHECK(checkpoint_find_latest(dir) == checkpoint_path(dir, 17));
 
@@ -105,6 +112,9 @@ TEST_CASE("checkpoint: save and load restore weights, AdamW moments, step, data 
     CHECK(st2.data_shard == 2);
     CHECK(st2.data_position == 12345);
     CHECK(st2.rng_state == 0xFEDCBA9876543210ull);
+    CHECK(st2.data_file == "train_000002.bin");
+    CHECK(st2.data_tokens == 99999);
+    CHECK(st2.run == "lr=0.001 steps=20");
 
     // a checkpoint of another architecture does not load into this model
     Config other = c;
@@ -116,7 +126,7 @@ TEST_CASE("checkpoint: save and load restore weights, AdamW moments, step, data 
     system(("rm -rf " + dir).c_str());
 }
 
-TEST_CASE("checkpoint: 8 steps equal 4 steps, a resume, and 4 more, to the bit") {
+TEST_CASE("checkpoint: a run of 8 steps interrupted after 4 and resumed equals the straight run, to the bit") {
     std::string dir = make_temp_dir();
     // a tiny model with the default data's vocabulary; MTP, groups and the balance loss are all on
     std::ofstream(dir + "/config.json") << R"({"vocab_size": 1024, "hidden_size": 32, "intermediate_size": 64,
@@ -139,5 +149,9 @@ TEST_CASE("checkpoint: 8 steps equal 4 steps, a resume, and 4 more, to the bit")
     std::string a = slurp(checkpoint_path(dir + "/straight", 8)), b = slurp(checkpoint_path(dir + "/split", 8));
     CHECK(a.size() > 100000);
     CHECK(a == b);  // weights, AdamW moments, router biases, data position and RNG, byte for byte
+
+    // and the same bytes with one thread as with two: every reduction runs in a fixed order inside one thread
+    REQUIRE(run("OMP_NUM_THREADS=1 " + common + " --checkpoint-dir " + dir + "/one_thread") == 0);
+    CHECK(slurp(checkpoint_path(dir + "/one_thread", 8)) == a);
     system(("rm -rf " + dir).c_str());
 }

@@ -67,7 +67,7 @@ TEST_CASE("data: tokenizer round trip on English text") {
 
 TEST_CASE("data: tokenizer round trip on random bytes") {
     std::string bytes = random_bytes(20000, 1);
-    bytes += std::string("\0\0\xff\xfe \x80\x80\x80 \0", 12);
+    bytes += std::string("\0\0\xff\xfe \x80\x80\x80 \0", 10);
     Tokenizer on_english = Tokenizer::train(repeat(ENGLISH, 3), 400);
     Tokenizer on_bytes = Tokenizer::train(bytes + bytes, 600);
     CHECK(on_bytes.vocab_size() > 256);
@@ -179,7 +179,7 @@ TEST_CASE("data: loader targets are the inputs shifted by one") {
     const int B = 2, T = 16;
     DataLoader loader(dir.file("train_*.bin"), B, T, 0, 1);
     CHECK(loader.total_tokens() == 1000);
-    CHECK(loader.max_token() == 999);
+    CHECK(loader.batches_per_pass() == 31);
     std::vector<int32_t> inputs(B * T), targets(B * T);
     for (int step = 0; step < 40; step++) {  // 31 steps fit the shard (31*32+1 <= 1000), then it wraps
         loader.next_batch(inputs.data(), targets.data());
@@ -199,7 +199,6 @@ TEST_CASE("data: loader rank split equals one rank with the whole batch, across 
     DataLoader single(dir.file("s_*.bin"), B, T, 0, 1);
     DataLoader rank0(dir.file("s_*.bin"), rows_per_rank, T, 0, world);
     DataLoader rank1(dir.file("s_*.bin"), rows_per_rank, T, 1, world);
-    CHECK(single.max_token() == 5699);
     CHECK(single.total_tokens() == 1700);
     std::vector<int32_t> x(B * T), y(B * T), x0(rows_per_rank * T), y0(rows_per_rank * T), x1(rows_per_rank * T), y1(rows_per_rank * T);
     int shards_seen = 0;
@@ -245,10 +244,156 @@ TEST_CASE("data: loader state/restore resumes identically") {
     resumed.reset();
     CHECK(resumed.state().shard == 0);
     CHECK(resumed.state().position == 0);
-    DataLoaderState bad_shard{2, 0}, bad_position{1, 500 - 60}, negative{0, -1};
+    DataLoaderState bad_shard{2, 0, "", 0}, bad_position{1, 500, "", 0}, negative{0, -1, "", 0};
     CHECK_THROWS_WITH_AS(resumed.restore(bad_shard), doctest::Contains("shard 2"), std::runtime_error);
-    CHECK_THROWS_WITH_AS(resumed.restore(bad_position), doctest::Contains("position 440"), std::runtime_error);
+    CHECK_THROWS_WITH_AS(resumed.restore(bad_position), doctest::Contains("position 500"), std::runtime_error);
     CHECK_THROWS_AS(resumed.restore(negative), std::runtime_error);
+    // states without a file name (saved before the name was recorded) are not checked against the files
+    resumed.restore({1, 60, "", 0});
+    CHECK(resumed.state().position == 60);
+}
+
+TEST_CASE("data: loader state names the shard's file and size") {
+    TempDir dir;
+    write_shard(dir.file("s_000000.bin"), counting_tokens(600, 0), 1);
+    write_shard(dir.file("s_000001.bin"), counting_tokens(500, 1000), 2);
+    DataLoader loader(dir.file("s_*.bin"), 2, 10, 0, 1);
+    CHECK(loader.state().file == "s_000000.bin");
+    CHECK(loader.state().tokens == 600);
+    std::vector<int32_t> x(20), y(20);
+    for (int step = 0; step < 29; step++) loader.next_batch(x.data(), y.data());  // (600-1)/20 = 29 fit shard 0
+    DataLoaderState s = loader.state();
+    CHECK(s.shard == 1);
+    CHECK(s.position == 0);
+    CHECK(s.file == "s_000001.bin");
+    CHECK(s.tokens == 500);
+}
+
+TEST_CASE("data: loader constructor reads only headers; a shard's tokens are checked against the vocabulary when loaded") {
+    TempDir dir;
+    write_shard(dir.file("s_000000.bin"), counting_tokens(200, 0), 1);
+    std::vector<uint32_t> bad = counting_tokens(200, 300);
+    bad[150] = 5000;
+    write_shard(dir.file("s_000001.bin"), bad, 1);
+    const int B = 2, T = 10;
+    // the whole of s_000001.bin would fail the check: construction must not have read it
+    DataLoader loader(dir.file("s_*.bin"), B, T, 0, 1, 1000);
+    std::vector<int32_t> x(B * T), y(B * T);
+    for (int step = 0; step < 9; step++) loader.next_batch(x.data(), y.data());  // (200-1)/20 = 9 batches of shard 0
+    CHECK(loader.state().shard == 1);
+    CHECK_THROWS_WITH_AS(loader.next_batch(x.data(), y.data()),
+                         doctest::Contains("s_000001.bin holds token 5000 but the model's vocab_size is 1000"),
+                         std::runtime_error);
+    CHECK_THROWS_AS(loader.next_batch(x.data(), y.data()), std::runtime_error);  // still refused, nothing read past it
+    CHECK(loader.state().shard == 1);
+    CHECK(loader.state().position == 0);
+    CHECK_THROWS_WITH_AS(loader.restore({1, 0, "", 0}), doctest::Contains("token 5000"), std::runtime_error);
+    loader.reset();  // shard 0 is fine again
+    loader.next_batch(x.data(), y.data());
+    CHECK(x[0] == 0);
+    // the first shard is loaded at construction; vocab_size 0 checks nothing; vocab_size 5001 admits 5000
+    CHECK_THROWS_WITH_AS(DataLoader(dir.file("s_000001.bin"), B, T, 0, 1, 1000), doctest::Contains("token 5000"),
+                         std::runtime_error);
+    CHECK_NOTHROW(DataLoader(dir.file("s_000001.bin"), B, T, 0, 1, 0));
+    CHECK_NOTHROW(DataLoader(dir.file("s_000001.bin"), B, T, 0, 1, 5001));
+    CHECK(read_shard_header(dir.file("s_000001.bin")).tokens == 200);
+    CHECK(read_shard_header(dir.file("s_000001.bin")).version == 1);
+}
+
+TEST_CASE("data: batches_per_pass reads every shard once with no token twice, for several ranks") {
+    TempDir dir;
+    write_shard(dir.file("a_000000.bin"), counting_tokens(1000, 0), 1);
+    write_shard(dir.file("b_000000.bin"), counting_tokens(1000, 0), 1);
+    write_shard(dir.file("b_000001.bin"), counting_tokens(700, 10000), 2);
+    write_shard(dir.file("b_000002.bin"), counting_tokens(97, 20000), 1);  // exactly 2 steps of 48, plus 1
+    const int B = 2, T = 8, world = 3;  // 48 tokens a step
+    for (const char* pattern : {"a_*.bin", "b_*.bin"}) {
+        std::vector<DataLoader> ranks;
+        for (int r = 0; r < world; r++) ranks.emplace_back(dir.file(pattern), B, T, r, world);
+        const int64_t batches = ranks[0].batches_per_pass();
+        CHECK(batches == (pattern[0] == 'a' ? 999 / 48 : 999 / 48 + 699 / 48 + 96 / 48));
+        std::vector<int32_t> x(B * T), y(B * T);
+        std::vector<int> seen(21000, 0);  // each token as an input, over all ranks
+        for (int64_t i = 0; i < batches; i++) {
+            for (DataLoader& loader : ranks) {
+                loader.next_batch(x.data(), y.data());
+                for (int32_t t : x) seen[t]++;
+            }
+        }
+        int64_t inputs = 0;
+        for (int n : seen) {
+            CHECK(n <= 1);
+            inputs += n;
+        }
+        CHECK(inputs == batches * B * T * world);
+        CHECK(ranks[0].state().shard == 0);  // the pass ends exactly at the wrap
+        CHECK(ranks[0].state().position == 0);
+    }
+}
+
+TEST_CASE("data: restore with a larger global batch near a shard's end moves to the next shard") {
+    TempDir dir;
+    write_shard(dir.file("s_000000.bin"), counting_tokens(1000, 0), 1);
+    write_shard(dir.file("s_000001.bin"), counting_tokens(500, 5000), 1);
+    DataLoader small(dir.file("s_*.bin"), 2, 10, 0, 1);  // 20 tokens a step: positions 0, 20, ..., 960 in shard 0
+    std::vector<int32_t> x(40), y(40);
+    for (int step = 0; step < 47; step++) small.next_batch(x.data(), y.data());
+    DataLoaderState near_end = small.state();
+    CHECK(near_end.position == 940);
+    small.next_batch(x.data(), y.data());
+    DataLoaderState at_end = small.state();
+    CHECK(at_end.position == 960);
+
+    // resumed with B = 2 per rank on 2 ranks: 40 tokens a step, so 960 + 41 > 1000 has no room
+    DataLoader rank1(dir.file("s_*.bin"), 2, 10, 1, 2);
+    rank1.restore(near_end);  // 940 + 41 <= 1000: stays
+    CHECK(rank1.state().shard == 0);
+    CHECK(rank1.state().position == 940);
+    rank1.next_batch(x.data(), y.data());
+    CHECK(x[0] == 960);
+    CHECK(rank1.state().shard == 1);
+    rank1.restore(at_end);
+    CHECK(rank1.state().shard == 1);
+    CHECK(rank1.state().position == 0);
+    CHECK(rank1.state().file == "s_000001.bin");
+    rank1.next_batch(x.data(), y.data());
+    CHECK(x[0] == 5020);
+
+    // near the end of the last shard it wraps to the first
+    DataLoaderState last{1, 470, "s_000001.bin", 500};
+    DataLoader big(dir.file("s_*.bin"), 4, 10, 0, 1);
+    big.restore(last);
+    CHECK(big.state().shard == 0);
+    CHECK(big.state().position == 0);
+    DataLoaderState past{1, 500, "s_000001.bin", 500};
+    CHECK_THROWS_WITH_AS(big.restore(past), doctest::Contains("position 500"), std::runtime_error);
+}
+
+TEST_CASE("data: restore rejects a state whose shard is now a different file or size") {
+    TempDir dir;
+    write_shard(dir.file("train_000000.bin"), counting_tokens(600, 0), 1);
+    write_shard(dir.file("train_000001.bin"), counting_tokens(500, 1000), 1);
+    write_shard(dir.file("train_000002.bin"), counting_tokens(400, 2000), 1);
+    DataLoader loader(dir.file("train_*.bin"), 2, 10, 0, 1);
+    std::vector<int32_t> x(20), y(20);
+    for (int step = 0; step < 31; step++) loader.next_batch(x.data(), y.data());  // 29 in shard 0, 2 in shard 1
+    DataLoaderState saved = loader.state();
+    CHECK(saved.shard == 1);
+    CHECK(saved.position == 40);
+    CHECK_NOTHROW(DataLoader(dir.file("train_*.bin"), 2, 10, 0, 1).restore(saved));
+
+    std::filesystem::remove(dir.file("train_000000.bin"));
+    CHECK_THROWS_WITH_AS(DataLoader(dir.file("train_*.bin"), 2, 10, 0, 1).restore(saved),
+                         doctest::Contains("the data changed since the checkpoint: shard 1 was train_000001.bin (500 "
+                                           "tokens), now train_000002.bin (400 tokens)"),
+                         std::runtime_error);
+    CHECK_THROWS_WITH_AS(DataLoader(dir.file("train_*.bin"), 2, 10, 0, 1).restore({2, 0, "train_000002.bin", 400}),
+                         doctest::Contains("now there are 2 shards"), std::runtime_error);
+    write_shard(dir.file("train_000000.bin"), counting_tokens(600, 0), 1);
+    write_shard(dir.file("train_000001.bin"), counting_tokens(520, 1000), 1);
+    CHECK_THROWS_WITH_AS(DataLoader(dir.file("train_*.bin"), 2, 10, 0, 1).restore(saved),
+                         doctest::Contains("shard 1 was train_000001.bin (500 tokens), now train_000001.bin (520 tokens)"),
+                         std::runtime_error);
 }
 
 TEST_CASE("data: loader constructor rejects missing and too-small shards") {
@@ -259,6 +404,16 @@ TEST_CASE("data: loader constructor rejects missing and too-small shards") {
     CHECK_THROWS_WITH_AS(DataLoader(dir.file("s_*.bin"), 2, 8, 0, 2), doctest::Contains("s_000001.bin"), std::runtime_error);
     CHECK_NOTHROW(DataLoader(dir.file("s_*.bin"), 2, 8, 0, 1));  // 2*8+1 = 17 fits both
     CHECK_THROWS_AS(DataLoader(dir.file("s_*.bin"), 2, 8, 2, 2), std::runtime_error);  // rank outside the world
+    // a truncated or foreign shard is still rejected at construction, from its header and file size
+    std::string good = read_file_bytes(dir.file("s_000000.bin"));
+    write_file_atomic(dir.file("t_000000.bin"), good.substr(0, good.size() - 2));
+    CHECK_THROWS_WITH_AS(DataLoader(dir.file("t_*.bin"), 2, 8, 0, 1), doctest::Contains("t_000000.bin: truncated"), std::runtime_error);
+    write_file_atomic(dir.file("u_000000.bin"), good + "xy");
+    CHECK_THROWS_WITH_AS(DataLoader(dir.file("u_*.bin"), 2, 8, 0, 1), doctest::Contains("2 extra bytes"), std::runtime_error);
+    write_file_atomic(dir.file("v_000000.bin"), std::string(2000, 'x'));
+    CHECK_THROWS_WITH_AS(DataLoader(dir.file("v_*.bin"), 2, 8, 0, 1), doctest::Contains("not a token shard"), std::runtime_error);
+    write_file_atomic(dir.file("w_000000.bin"), good.substr(0, 100));
+    CHECK_THROWS_WITH_AS(DataLoader(dir.file("w_*.bin"), 2, 8, 0, 1), doctest::Contains("truncated header (100 bytes"), std::runtime_error);
 }
 
 TEST_CASE("data: unigram entropy of a uniform distribution over 4 symbols is ln 4") {

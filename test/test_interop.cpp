@@ -103,7 +103,15 @@ TEST_CASE("interop: flags that cannot work together are one-line errors") {
     CHECK(status != 0);
     CHECK(out.find("--eval-only needs --val") != std::string::npos);
     out = run_output("./train_cpu --plot a.png --data x", &status);
+    CHECK(status != 0);
     CHECK(out.find("--plot needs --log") != std::string::npos);
+    out = run_output("./train_cpu --eval-only --resume --checkpoint-dir /tmp/moe_no_such_dir --val 'data/default/val_*.bin'",
+                     &status);
+    CHECK(status != 0);
+    CHECK(out.find("no checkpoint in /tmp/moe_no_such_dir") != std::string::npos);
+    out = run_output("./train_cpu --checkpoint-every 5 --data x", &status);
+    CHECK(status != 0);
+    CHECK(out.find("--checkpoint-every needs --checkpoint-dir") != std::string::npos);
     out = run_output("./train_cpu --init-from-hf /nonexistent --eval-only --val 'data/default/val_*.bin'", &status);
     CHECK(status != 0);
     CHECK(out.find("/nonexistent") != std::string::npos);

@@ -224,8 +224,8 @@ TEST_CASE("router: bias update moves each expert by gamma toward the mean load")
     // perfectly balanced: nothing moves
     check_bias_update(c, {5, 5, 5, 5, 5, 5, 5, 5}, {0, 0, 0, 0, 0, 0, 0, 0});
     // An expert count that is not a power of two: the mean of a perfectly balanced load is still exactly the load,
-    // so nothing may move. (The mean is summed as count/6 in double, e.g. 7/6 six times = 7.000000000000001, so
-    // experts exactly at the mean get a spurious +-gamma: these three calls fail until that is fixed.)
+    // so nothing may move. (A mean summed as count/6 in double, e.g. 7/6 six times = 7.000000000000001, would move
+    // experts exactly at the mean by +-gamma; the rule compares E * count with the total in integers instead.)
     Config six = c;
     six.n_routed_experts = 6;
     six.n_group = 3;
