@@ -1,7 +1,7 @@
 // Training really learns: `small` trained on the default data (the Debian license texts) for 250 steps must reach a
 // validation loss well below the unigram entropy of the validation tokens, the loss of the best model that
 // ignores context. "Well below" is 1 nat: the model's perplexity at most e^-1 = 37% of the unigram one.
-// (400 steps of `make run` reach about 1.5 nats below; see the README.)
+// (250 steps reach 4.28 against 5.76; 400 steps of `make run` reach 4.22; see the README.)
 #include <doctest/doctest.h>
 
 #include <cmath>
