@@ -144,8 +144,226 @@ static std::string format_eta(double seconds) {
     return buf;
 }
 
+// Everything one run holds, set up once and carried through the loop.
+struct Run {
+    TrainArgs args;
+    Comm* comm = nullptr;
+    Config config;
+    std::string resume_from;  // the checkpoint resumed from, if any
+    Model model;
+    OptimizerConfig oc;
+    AdamWState opt;
+    TrainState state;
+    Rng rng;
+    std::unique_ptr<DataLoader> train, val;
+    int eval_batches = 0;
+    Tokenizer tokenizer;
+    FILE* log = nullptr;
+};
+
+// The config from the checkpoint when resuming, from the Hugging Face directory, else from --config, and the
+// same on every rank (same config and same build, compared through a fingerprint).
+static void resolve_config(Run& r) {
+    const TrainArgs& args = r.args;
+    Comm& comm = *r.comm;
+    std::string error;
+    try {
+        r.resume_from = args.resume ? checkpoint_find_latest(args.checkpoint_dir) : "";
+        r.config = !r.resume_from.empty()        ? checkpoint_config(r.resume_from)
+                   : !args.init_from_hf.empty() ? hf_config(args.init_from_hf)
+                                                : parse_config_file(args.config);
+        if (args.vocab > 0 && args.vocab != r.config.vocab_size) {
+            if (!r.resume_from.empty() || !args.init_from_hf.empty())
+                throw std::runtime_error("--vocab " + std::to_string(args.vocab) + " differs from the loaded model's " +
+                                         std::to_string(r.config.vocab_size));
+            r.config.vocab_size = args.vocab;
+        }
+        if (r.config.n_routed_experts % args.ep != 0)
+            error = "--ep " + std::to_string(args.ep) + " does not divide n_routed_experts " +
+                    std::to_string(r.config.n_routed_experts);
+        if (!args.export_hf.empty() && args.ep != 1)
+            error = "--export-hf needs --ep 1 (resume the checkpoint on one rank to export it)";
+        if (args.eval_only && args.resume && r.resume_from.empty())
+            error = "--eval-only --resume: there is no checkpoint in " + args.checkpoint_dir;
+    } catch (const std::exception& e) {
+        error = e.what();
+    }
+    agree_on_setup(comm, error);
+
+    uint64_t fingerprint = fnv1a(config_to_json(r.config) + " built " __DATE__ " " __TIME__, 1469598103934665603ull);
+    uint64_t lead_fingerprint = fingerprint;
+    comm.broadcast(&lead_fingerprint, sizeof(lead_fingerprint), 0);
+    std::vector<int64_t> differs(comm.world, 0);
+    differs[comm.rank] = lead_fingerprint != fingerprint;
+    comm.all_reduce_sum(differs.data(), comm.world, Group::World);
+    for (int rank = 0; rank < comm.world; rank++) {
+        if (!differs[rank]) continue;
+        if (comm.rank == 0) fprintf(stderr, "train_cpu: rank %d's config or build differs from rank 0's\n", rank);
+        delete g_comm;
+        exit(1);
+    }
+    if (args.resume && r.resume_from.empty() && comm.rank == 0)
+        fprintf(stderr, "train_cpu: no checkpoint in %s yet; starting from step 0\n", args.checkpoint_dir.c_str());
+}
+
+// The model (fresh, imported or resumed), the data, the tokenizer and the output directory: every check that can
+// fail before training fails here, on every rank together.
+static void setup_run(Run& r) {
+    const TrainArgs& args = r.args;
+    Comm& comm = *r.comm;
+    const int B = args.batch, T = args.seq;
+    r.oc.lr = args.lr;
+    r.oc.weight_decay = args.weight_decay;
+    r.oc.grad_clip = args.grad_clip;
+    r.oc.warmup_steps = args.warmup;
+    r.oc.total_steps = args.steps;
+    r.rng = Rng(args.seed);
+    // what makes two runs the same run: a resume that changes it is told so
+    const std::string run = "lr=" + std::to_string(args.lr) + " warmup=" + std::to_string(args.warmup) +
+                            " steps=" + std::to_string(args.steps) + " seq=" + std::to_string(T) +
+                            " global_batch=" + std::to_string((int64_t)B * comm.world * args.grad_accum) +
+                            " weight_decay=" + std::to_string(args.weight_decay) +
+                            " grad_clip=" + std::to_string(args.grad_clip);
+    std::string error;
+    try {
+        if (T > r.config.max_position_embeddings)
+            throw std::runtime_error("--seq " + std::to_string(T) + " exceeds max_position_embeddings " +
+                                     std::to_string(r.config.max_position_embeddings));
+        model_init(r.model, r.config, &comm);
+        model_init_weights(r.model, args.seed);
+        model_reserve(r.model, B, T);
+        r.opt.m.assign(r.model.table.total, 0.0f);
+        r.opt.v.assign(r.model.table.total, 0.0f);
+        if (!args.init_from_hf.empty()) import_hf(r.model, args.init_from_hf);
+        // each rank reads its own slice of every global batch; a token outside the vocabulary is an error
+        if (!args.data.empty())
+            r.train = std::make_unique<DataLoader>(args.data, B, T, comm.rank, comm.world, r.config.vocab_size);
+        if (!args.val.empty()) {
+            r.val = std::make_unique<DataLoader>(args.val, B, T, comm.rank, comm.world, r.config.vocab_size);
+            // never more batches than one pass over the validation data, so no token is counted twice
+            r.eval_batches = (int)std::min<int64_t>(args.eval_batches, r.val->batches_per_pass());
+        }
+        if (!r.resume_from.empty()) {
+            checkpoint_load(r.resume_from, r.model, r.opt, r.state);
+            if (r.train) r.train->restore({r.state.data_shard, r.state.data_position, r.state.data_file, r.state.data_tokens});
+            r.rng.state = r.state.rng_state;
+        }
+        if (!r.train && r.state.step < args.steps && !args.eval_only)
+            throw std::runtime_error("--data PATTERN is required to train from step " + std::to_string(r.state.step) +
+                                     " to " + std::to_string(args.steps));
+        if (args.sample > 0) {
+            std::string path = args.tokenizer;
+            if (path.empty() && args.data.empty())
+                throw std::runtime_error("--sample needs --tokenizer FILE when there is no --data");
+            if (path.empty()) {  // tokenizer.bin beside the first training shard, as prepare_data writes it
+                std::string first = glob_files(args.data)[0];
+                size_t slash = first.find_last_of('/');
+                path = (slash == std::string::npos ? std::string(".") : first.substr(0, slash)) + "/tokenizer.bin";
+            }
+            r.tokenizer = Tokenizer::load(path);
+            if (r.tokenizer.vocab_size() > r.config.vocab_size)
+                throw std::runtime_error("the tokenizer " + path + " has " + std::to_string(r.tokenizer.vocab_size()) +
+                                         " tokens, more than the model's vocab_size " +
+                                         std::to_string(r.config.vocab_size));
+        }
+        if (!args.checkpoint_dir.empty() && comm.rank == 0) make_dirs(args.checkpoint_dir);
+        if (!args.eval_only && comm.rank == 0 && !args.log.empty() &&
+            !(r.log = fopen(args.log.c_str(), r.resume_from.empty() ? "w" : "a")))
+            throw std::runtime_error("cannot write the log file " + args.log);
+    } catch (const std::bad_alloc&) {
+        error = "out of memory for the model and a batch of " + std::to_string(B) + " x " + std::to_string(T) +
+                " tokens (lower --batch or --seq, or use a smaller config)";
+    } catch (const std::exception& e) {
+        error = e.what();
+    }
+    agree_on_setup(comm, error);
+    if (comm.rank == 0 && !r.resume_from.empty() && r.state.run != run && !r.state.run.empty())
+        fprintf(stderr, "train_cpu: note: the checkpoint's run had %s; this one has %s (the schedule changes)\n",
+                r.state.run.c_str(), run.c_str());
+    r.state.run = run;
+}
+
+struct StepResult {
+    double loss[4] = {0, 0, 0, 0};  // total, main, MTP, balance: the global means
+    double grad_norm = 0;
+    float lr = 0;
+    std::string load_imbalance;
+};
+
+// One optimizer step: micro-steps, gradient and load reductions, clipping, AdamW, the router-bias update.
+static StepResult train_step(Run& r, int64_t step) {
+    const TrainArgs& args = r.args;
+    Comm& comm = *r.comm;
+    const int B = args.batch, T = args.seq;
+    std::vector<int32_t> inputs((int64_t)B * T), targets((int64_t)B * T);
+    // backward of the global mean loss: each rank's mean over its tokens, averaged over micro-steps and ranks
+    const float loss_scale = 1.0f / (args.grad_accum * comm.world);
+    StepResult s;
+    model_zero_grads(r.model);
+    for (int micro = 0; micro < args.grad_accum; micro++) {
+        r.train->next_batch(inputs.data(), targets.data());
+        LossParts l = model_forward(r.model, inputs.data(), targets.data(), B, T, true);
+        model_backward(r.model, loss_scale);
+        s.loss[0] += l.total * loss_scale;
+        s.loss[1] += l.main * loss_scale;
+        s.loss[2] += l.mtp * loss_scale;
+        s.loss[3] += l.balance * loss_scale;
+    }
+    model_reduce_grads(r.model);
+    comm.all_reduce_sum(s.loss, 4, Group::World);
+    if (!std::isfinite(s.loss[0]))
+        halt_all(comm, "the loss became " + std::to_string(s.loss[0]) + " at step " + std::to_string(step) +
+                           " (try a lower --lr)");
+    for (std::vector<int64_t>& counts : r.model.expert_counts)
+        comm.all_reduce_sum(counts.data(), (int64_t)counts.size(), Group::World);
+    s.load_imbalance = load_imbalance_json(r.model);
+    s.grad_norm = model_grad_norm(r.model);
+    if (!std::isfinite(s.grad_norm))
+        halt_all(comm, "the gradient norm became " + std::to_string(s.grad_norm) + " at step " + std::to_string(step) +
+                           " (try a lower --lr)");
+    s.lr = learning_rate(r.oc, step);
+    adamw_update(r.model.table, r.model.params.data(), r.model.grads.data(), r.opt, r.oc, s.lr,
+                 clip_factor(r.oc, s.grad_norm));
+    model_update_router_bias(r.model, r.model.expert_counts);
+    return s;
+}
+
+// The progress line and the JSON log line of one step (rank 0).
+static void log_step(const Run& r, int64_t step, const StepResult& s, double tokens, double tokens_per_s, double eta,
+                     double val_loss) {
+    const double* loss = s.loss;
+    printf("step %5lld/%d | loss %.4f (main %.4f mtp %.4f bal %.5f) | lr %.2e | norm %.3f | %.0f tok/s | eta %s",
+           (long long)step + 1, r.args.steps, loss[0], loss[1], loss[2], loss[3], s.lr, s.grad_norm, tokens_per_s,
+           format_eta(eta).c_str());
+    if (!std::isnan(val_loss)) printf(" | val %.4f", val_loss);
+    printf("\n");
+    fflush(stdout);
+    if (!r.log) return;
+    fprintf(r.log,
+            "{\"step\": %lld, \"loss\": %.9g, \"loss_main\": %.9g, \"loss_mtp\": %.9g, \"loss_balance\": %.9g, "
+            "\"lr\": %.6e, \"grad_norm\": %.6f, \"tokens_per_s\": %.1f, \"tokens\": %.0f, \"load_imbalance\": %s",
+            (long long)step + 1, loss[0], loss[1], loss[2], loss[3], s.lr, s.grad_norm, tokens_per_s, tokens,
+            s.load_imbalance.c_str());
+    if (!std::isnan(val_loss)) fprintf(r.log, ", \"val_loss\": %.6f", val_loss);
+    fprintf(r.log, "}\n");
+    fflush(r.log);
+}
+
+static void save_checkpoint(Run& r) {
+    // every rank's loader is at the same global position; rank 0's is the one saved
+    DataLoaderState ds = r.train->state();
+    r.state.data_shard = ds.shard;
+    r.state.data_position = ds.position;
+    r.state.data_file = ds.file;
+    r.state.data_tokens = ds.tokens;
+    r.state.rng_state = r.rng.state;
+    checkpoint_save(r.args.checkpoint_dir, r.model, r.opt, r.state);
+}
+
 int main(int argc, char** argv) {
-    TrainArgs args = parse_train_args(argc, argv, "train_cpu");
+    Run r;
+    r.args = parse_train_args(argc, argv, "train_cpu");
+    const TrainArgs& args = r.args;
     if (args.plan) {
         try {
             Config config = parse_config_file(args.config);
@@ -158,244 +376,70 @@ int main(int argc, char** argv) {
             return 1;
         }
     }
-    std::unique_ptr<Comm> comm_owner = make_comm(args.ep, "train_cpu");
-    Comm& comm = *comm_owner;
-    g_comm = comm_owner.release();  // lives until exit; fail() and agree_on_setup() end the job through it
+    g_comm = make_comm(args.ep, "train_cpu").release();  // lives until exit; fail() ends the job through it
+    r.comm = g_comm;
+    Comm& comm = *r.comm;
     const bool lead = comm.rank == 0;
-
-    // config: from the checkpoint when resuming, from the Hugging Face directory, else from --config; every rank
-    // must hold the same one
-    std::string error, resume_from;
-    Config config;
-    try {
-        resume_from = args.resume ? checkpoint_find_latest(args.checkpoint_dir) : "";
-        config = !resume_from.empty()          ? checkpoint_config(resume_from)
-                 : !args.init_from_hf.empty() ? hf_config(args.init_from_hf)
-                                              : parse_config_file(args.config);
-        if (args.vocab > 0 && args.vocab != config.vocab_size) {
-            if (!resume_from.empty() || !args.init_from_hf.empty())
-                throw std::runtime_error("--vocab " + std::to_string(args.vocab) + " differs from the loaded model's " +
-                                         std::to_string(config.vocab_size));
-            config.vocab_size = args.vocab;
-        }
-        if (config.n_routed_experts % args.ep != 0)
-            error = "--ep " + std::to_string(args.ep) + " does not divide n_routed_experts " +
-                    std::to_string(config.n_routed_experts);
-        if (!args.export_hf.empty() && args.ep != 1)
-            error = "--export-hf needs --ep 1 (resume the checkpoint on one rank to export it)";
-    } catch (const std::exception& e) {
-        error = e.what();
-    }
-    agree_on_setup(comm, error);
-    std::string text = config_to_json(config) + " built " __DATE__ " " __TIME__;
-    uint64_t fingerprint = 1469598103934665603ull;
-    for (char ch : text) fingerprint = (fingerprint ^ (uint8_t)ch) * 0x100000001B3ull;
-    uint64_t lead_fingerprint = fingerprint;
-    comm.broadcast(&lead_fingerprint, sizeof(lead_fingerprint), 0);
-    std::vector<int64_t> differs(comm.world, 0);
-    differs[comm.rank] = lead_fingerprint != fingerprint;
-    comm.all_reduce_sum(differs.data(), comm.world, Group::World);
-    for (int r = 0; r < comm.world; r++) {
-        if (!differs[r]) continue;
-        if (lead) fprintf(stderr, "train_cpu: rank %d's config or build differs from rank 0's\n", r);
-        delete g_comm;
-        exit(1);
-    }
-    agree_on_setup(comm, args.eval_only && args.resume && resume_from.empty()
-                             ? "--eval-only --resume: there is no checkpoint in " + args.checkpoint_dir
-                             : "");
-    if (args.resume && resume_from.empty() && lead)
-        fprintf(stderr, "train_cpu: no checkpoint in %s yet; starting from step 0\n", args.checkpoint_dir.c_str());
+    resolve_config(r);
     if (args.describe) {
         if (lead) {
-            print_config(config);
-            printf("total_params %lld\nactive_params %lld\nmtp_params %lld\n", (long long)count_total_params(config),
-                   (long long)count_active_params(config), (long long)count_mtp_params(config));
+            print_config(r.config);
+            printf("total_params %lld\nactive_params %lld\nmtp_params %lld\n", (long long)count_total_params(r.config),
+                   (long long)count_active_params(r.config), (long long)count_mtp_params(r.config));
         }
         delete g_comm;
         return 0;
     }
+    setup_run(r);
     const int B = args.batch, T = args.seq;
-
-    Model model;
-    OptimizerConfig oc;
-    oc.lr = args.lr;
-    oc.weight_decay = args.weight_decay;
-    oc.grad_clip = args.grad_clip;
-    oc.warmup_steps = args.warmup;
-    oc.total_steps = args.steps;
-    AdamWState opt;
-    TrainState state;
-    Rng rng(args.seed);
-    std::unique_ptr<DataLoader> train, val;
-    Tokenizer tokenizer;
-    int eval_batches = 0;
-    // what makes two runs the same run: a resume that changes it is told so
-    const std::string run = "lr=" + std::to_string(args.lr) + " warmup=" + std::to_string(args.warmup) +
-                            " steps=" + std::to_string(args.steps) + " seq=" + std::to_string(T) +
-                            " global_batch=" + std::to_string((int64_t)B * comm.world * args.grad_accum) +
-                            " weight_decay=" + std::to_string(args.weight_decay) +
-                            " grad_clip=" + std::to_string(args.grad_clip);
-    try {
-        if (T > config.max_position_embeddings)
-            throw std::runtime_error("--seq " + std::to_string(T) + " exceeds max_position_embeddings " +
-                                     std::to_string(config.max_position_embeddings));
-        model_init(model, config, &comm);
-        model_init_weights(model, args.seed);
-        model_reserve(model, B, T);
-        opt.m.assign(model.table.total, 0.0f);
-        opt.v.assign(model.table.total, 0.0f);
-        if (!args.init_from_hf.empty()) import_hf(model, args.init_from_hf);
-        // each rank reads its own slice of every global batch; a token outside the vocabulary is an error
-        if (!args.data.empty())
-            train = std::make_unique<DataLoader>(args.data, B, T, comm.rank, comm.world, config.vocab_size);
-        if (!args.val.empty()) {
-            val = std::make_unique<DataLoader>(args.val, B, T, comm.rank, comm.world, config.vocab_size);
-            // never more batches than one pass over the validation data, so no token is counted twice
-            eval_batches = (int)std::min<int64_t>(args.eval_batches, val->batches_per_pass());
-        }
-        if (!resume_from.empty()) {
-            checkpoint_load(resume_from, model, opt, state);
-            if (train) train->restore({state.data_shard, state.data_position, state.data_file, state.data_tokens});
-            rng.state = state.rng_state;
-        }
-        if (!train && state.step < args.steps && !args.eval_only)
-            throw std::runtime_error("--data PATTERN is required to train from step " + std::to_string(state.step) +
-                                     " to " + std::to_string(args.steps));
-        if (args.sample > 0) {
-            std::string path = args.tokenizer;
-            if (path.empty() && args.data.empty())
-                throw std::runtime_error("--sample needs --tokenizer FILE when there is no --data");
-            if (path.empty()) {  // tokenizer.bin beside the first training shard, as prepare_data writes it
-                std::string first = glob_files(args.data)[0];
-                size_t slash = first.find_last_of('/');
-                path = (slash == std::string::npos ? std::string(".") : first.substr(0, slash)) + "/tokenizer.bin";
-            }
-            tokenizer = Tokenizer::load(path);
-            if (tokenizer.vocab_size() > config.vocab_size)
-                throw std::runtime_error("the tokenizer " + path + " has " + std::to_string(tokenizer.vocab_size()) +
-                                         " tokens, more than the model's vocab_size " +
-                                         std::to_string(config.vocab_size));
-        }
-        if (!args.checkpoint_dir.empty() && lead) make_dirs(args.checkpoint_dir);
-        error.clear();
-    } catch (const std::bad_alloc&) {
-        error = "out of memory for the model and a batch of " + std::to_string(B) + " x " + std::to_string(T) +
-                " tokens (lower --batch or --seq, or use a smaller config)";
-    } catch (const std::exception& e) {
-        error = e.what();
-    }
-    agree_on_setup(comm, error);
-    if (lead && !resume_from.empty() && state.run != run && !state.run.empty())
-        fprintf(stderr, "train_cpu: note: the checkpoint's run had %s; this one has %s (the schedule changes)\n",
-                state.run.c_str(), run.c_str());
-    state.run = run;
-
     if (args.eval_only) {
-        const double val_loss = evaluate(model, *val, eval_batches, B, T);
+        const double val_loss = evaluate(r.model, *r.val, r.eval_batches, B, T);
         if (lead) printf("val_loss %.6f\n", val_loss);
         delete g_comm;
         return 0;
     }
-
-    FILE* log = nullptr;
     if (lead) {
-        if (!resume_from.empty()) printf("resumed from %s at step %lld\n", resume_from.c_str(), (long long)state.step);
+        if (!r.resume_from.empty())
+            printf("resumed from %s at step %lld\n", r.resume_from.c_str(), (long long)r.state.step);
         printf("model: %lld parameters (%lld active per token, %lld in MTP); %d rank(s) (EP %d x DP %d); "
                "batch %d x %d x %d micro-steps per rank; %d steps\n",
-               (long long)count_total_params(config), (long long)count_active_params(config),
-               (long long)count_mtp_params(config), comm.world, comm.ep_size, comm.dp_size, B, T, args.grad_accum,
+               (long long)count_total_params(r.config), (long long)count_active_params(r.config),
+               (long long)count_mtp_params(r.config), comm.world, comm.ep_size, comm.dp_size, B, T, args.grad_accum,
                args.steps);
-        if (!args.log.empty() && !(log = fopen(args.log.c_str(), resume_from.empty() ? "w" : "a")))
-            fail("cannot write the log file " + args.log);
     }
 
-    std::vector<int32_t> inputs((int64_t)B * T), targets((int64_t)B * T);
     const double tokens_per_step = (double)B * T * args.grad_accum * comm.world;
-    // backward of the global mean loss: each rank's mean over its tokens, averaged over micro-steps and ranks
-    const float loss_scale = 1.0f / (args.grad_accum * comm.world);
-    double train_seconds = 0.0;
+    double train_seconds = 0.0;  // steps after the first of this process (the first pays for warm-up)
     int timed_steps = 0;
-    for (int64_t step = state.step; step < args.steps; step++) {
-        try {
+    for (int64_t step = r.state.step; step < args.steps; step++) {
+        try {  // data read errors, allocation failures, checkpoint writes: one line, the job ends
             maybe_inject_fault(comm, step);
             auto t0 = std::chrono::steady_clock::now();
-            model_zero_grads(model);
-            double loss[4] = {0, 0, 0, 0};  // total, main, MTP, balance
-            for (int micro = 0; micro < args.grad_accum; micro++) {
-                train->next_batch(inputs.data(), targets.data());
-                LossParts l = model_forward(model, inputs.data(), targets.data(), B, T, true);
-                model_backward(model, loss_scale);
-                loss[0] += l.total * loss_scale;
-                loss[1] += l.main * loss_scale;
-                loss[2] += l.mtp * loss_scale;
-                loss[3] += l.balance * loss_scale;
-            }
-            model_reduce_grads(model);
-            comm.all_reduce_sum(loss, 4, Group::World);
-            if (!std::isfinite(loss[0])) halt_all(comm, "the loss became " + std::to_string(loss[0]) + " at step " +
-                                                         std::to_string(step) + " (try a lower --lr)");
-            for (std::vector<int64_t>& counts : model.expert_counts)
-                comm.all_reduce_sum(counts.data(), (int64_t)counts.size(), Group::World);
-            const std::string imbalance = load_imbalance_json(model);
-            const double norm = model_grad_norm(model);
-            if (!std::isfinite(norm)) halt_all(comm, "the gradient norm became " + std::to_string(norm) + " at step " +
-                                                     std::to_string(step) + " (try a lower --lr)");
-            const float lr = learning_rate(oc, step);
-            adamw_update(model.table, model.params.data(), model.grads.data(), opt, oc, lr, clip_factor(oc, norm));
-            model_update_router_bias(model, model.expert_counts);
+            StepResult s = train_step(r, step);
             const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-            if (step > state.step || args.steps - state.step == 1) { train_seconds += seconds; timed_steps++; }
-            const double tokens_per_s = tokens_per_step / seconds;
+            if (step > r.state.step || args.steps - r.state.step == 1) {
+                train_seconds += seconds;
+                timed_steps++;
+            }
             const double eta = (timed_steps ? train_seconds / timed_steps : seconds) * (args.steps - step - 1);
-
             const bool last = step + 1 == args.steps;
             double val_loss = NAN;
-            if (val && (last || (args.eval_every > 0 && (step + 1) % args.eval_every == 0)))
-                val_loss = evaluate(model, *val, eval_batches, B, T);
-            if (lead) {
-                printf("step %5lld/%d | loss %.4f (main %.4f mtp %.4f bal %.5f) | lr %.2e | norm %.3f | %.0f tok/s | eta %s",
-                       (long long)step + 1, args.steps, loss[0], loss[1], loss[2], loss[3], lr, norm, tokens_per_s,
-                       format_eta(eta).c_str());
-                if (!std::isnan(val_loss)) printf(" | val %.4f", val_loss);
-                printf("\n");
-                fflush(stdout);
-            }
-            if (log) {
-                fprintf(log,
-                        "{\"step\": %lld, \"loss\": %.9g, \"loss_main\": %.9g, \"loss_mtp\": %.9g, \"loss_balance\": %.9g, "
-                        "\"lr\": %.6e, \"grad_norm\": %.6f, \"tokens_per_s\": %.1f, \"tokens\": %.0f, \"load_imbalance\": %s",
-                        (long long)step + 1, loss[0], loss[1], loss[2], loss[3], lr, norm, tokens_per_s,
-                        tokens_per_step * (step + 1), imbalance.c_str());
-                if (!std::isnan(val_loss)) fprintf(log, ", \"val_loss\": %.6f", val_loss);
-                fprintf(log, "}\n");
-                fflush(log);
-            }
-            state.step = step + 1;
+            if (r.val && (last || (args.eval_every > 0 && (step + 1) % args.eval_every == 0)))
+                val_loss = evaluate(r.model, *r.val, r.eval_batches, B, T);
+            if (lead) log_step(r, step, s, tokens_per_step * (step + 1), tokens_per_step / seconds, eta, val_loss);
+            r.state.step = step + 1;
             if (!args.checkpoint_dir.empty() &&
-                (last || (args.checkpoint_every > 0 && state.step % args.checkpoint_every == 0))) {
-                // every rank's loader is at the same global position; rank 0's is the one saved
-                DataLoaderState ds = train->state();
-                state.data_shard = ds.shard;
-                state.data_position = ds.position;
-                state.data_file = ds.file;
-                state.data_tokens = ds.tokens;
-                state.rng_state = rng.state;
-                try {
-                    checkpoint_save(args.checkpoint_dir, model, opt, state);
-                } catch (const std::exception& e) {
-                    fail(e.what());
-                }
-            }
-        } catch (const std::exception& e) {  // data read errors, allocation failures, checkpoint writes
+                (last || (args.checkpoint_every > 0 && r.state.step % args.checkpoint_every == 0)))
+                save_checkpoint(r);
+        } catch (const std::exception& e) {
             fail(e.what());
         }
     }
-    if (log) fclose(log);
+    if (r.log) fclose(r.log);
     if (lead) {
         try {
             if (!args.export_hf.empty()) {
-                export_hf(model, args.export_hf, args.export_dtype == "f32" ? ExportDType::F32 : ExportDType::BF16);
+                export_hf(r.model, args.export_hf, args.export_dtype == "f32" ? ExportDType::F32 : ExportDType::BF16);
                 printf("exported %s\n", args.export_hf.c_str());
             }
             if (!args.plot.empty()) {
@@ -408,7 +452,7 @@ int main(int argc, char** argv) {
             fail(e.what());
         }
     }
-    if (args.sample > 0) sample_text(model, tokenizer, args, T, rng);
+    if (args.sample > 0) sample_text(r.model, r.tokenizer, args, T, r.rng);
     delete g_comm;
     return 0;
 }

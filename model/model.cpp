@@ -30,9 +30,7 @@ void model_init_weights(Model& m, uint64_t seed) {
         const int64_t first_expert = t.expert_shard ? (int64_t)m.comm->ep_rank * t.shape[0] : 0;
         const bool is_norm = t.shape.size() == 1 && t.trainable;
         for (int64_t s = 0; s < slices; s++) {
-            uint64_t h = seed * 0x9E3779B97F4A7C15ull + (uint64_t)(first_expert + s);
-            for (char ch : t.name) h = (h ^ (uint8_t)ch) * 0x100000001B3ull;  // FNV-1a over the name
-            Rng rng(h);
+            Rng rng(fnv1a(t.name, seed * 0x9E3779B97F4A7C15ull + (uint64_t)(first_expert + s)));
             float* p = m.params.data() + t.offset + s * per_slice;
             for (int64_t i = 0; i < per_slice; i++)
                 p[i] = !t.trainable ? 0.0f : is_norm ? 1.0f : m.config.initializer_range * rng.normal();

@@ -3,6 +3,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <string>
 
 struct Rng {
     uint64_t state;
@@ -21,3 +22,9 @@ struct Rng {
         return (float)(sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
     }
 };
+
+// FNV-1a: folds the bytes of text into h (start from 1469598103934665603 for the standard hash).
+inline uint64_t fnv1a(const std::string& text, uint64_t h) {
+    for (char ch : text) h = (h ^ (uint8_t)ch) * 0x100000001B3ull;
+    return h;
+}
