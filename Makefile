@@ -20,7 +20,7 @@ TEST_SRC := $(filter-out test/bench_cpu.cpp test/ep_check.cpp test/bench_io.cpp,
 TEST_OBJ := $(patsubst %.cpp,build/%.o,$(TEST_SRC))
 HEADERS  := $(wildcard model/*.h data/*.h comm/*.h tools/*.h kernels/*.cuh)
 
-.PHONY: all deps data run test test-gpu bench-cpu bench-io clean
+.PHONY: all deps deps-run data run test test-gpu bench-cpu bench-io clean
 
 all: train_cpu prepare_data test_cpu ep_check $(if $(wildcard tools/plot_main.cpp),plot)
 
@@ -46,7 +46,10 @@ test_cpu: $(TEST_OBJ) $(CORE_OBJ)
 
 # The system packages the build, tests and run need (Debian names); installed only when missing.
 deps:
-	@./tools/install_deps.sh
+	@./tools/install_deps.sh test
+
+deps-run:
+	@./tools/install_deps.sh run
 
 # Default data: the license texts every Debian system ships in /usr/share/common-licenses (base-files).
 data/default/train_000000.bin: prepare_data
@@ -54,8 +57,8 @@ data/default/train_000000.bin: prepare_data
 
 data: data/default/train_000000.bin
 
-run: deps
-	$(MAKE) train_cpu data
+run: deps-run
+	$(MAKE) -j$(THREADS) train_cpu data
 	OMP_NUM_THREADS=$(THREADS) ./train_cpu --config small --data 'data/default/train_*.bin' --val 'data/default/val_*.bin' \
 	  --steps 400 --batch 8 --seq 128 --lr 3e-3 --eval-every 50 --log run.jsonl --sample 200
 

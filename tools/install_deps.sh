@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Installs the Debian packages moe.cu needs, only those that are missing. Run as root (or with sudo).
+#   tools/install_deps.sh run    what building and running train_cpu needs
+#   tools/install_deps.sh test   that, plus the test tools: doctest and PyTorch with OpenBLAS (the twin, bench-cpu)
 set -euo pipefail
-pkgs=(g++ make doctest-dev libstb-dev nlohmann-json3-dev libopenmpi-dev openmpi-bin python3-torch libopenblas0-openmp)
+pkgs=(g++ make nlohmann-json3-dev libstb-dev libopenmpi-dev openmpi-bin)
+[ "${1:-test}" = "test" ] && pkgs+=(doctest-dev python3-torch libopenblas0-openmp)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
