@@ -20,6 +20,7 @@
 #include "comm/comm.h"
 #include "data/tokenizer.h"
 #include "model/checkpoint.h"
+#include "model/files.h"
 #include "model/hf_checkpoint.h"
 #include "model/model.h"
 #include "model/optimizer.h"

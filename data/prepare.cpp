@@ -4,6 +4,7 @@
 // loads one), and writes DIR/tokenizer.bin, DIR/train_000000.bin and DIR/val_000000.bin as llm.c shards.
 #include "data/shards.h"
 #include "data/tokenizer.h"
+#include "model/files.h"
 
 #include <algorithm>
 #include <cctype>
@@ -72,7 +73,7 @@ static Options parse_args(int argc, char** argv) {
 
 // Appends the documents of one file: the whole file, or for .jsonl the string field of each non-blank line.
 static void read_file_documents(const std::string& path, const std::string& text_field, std::vector<std::string>& docs) {
-    std::string bytes = read_file_bytes(path);
+    std::string bytes = read_file(path);
     if (path.size() < 6 || path.compare(path.size() - 6, 6, ".jsonl") != 0) {
         docs.push_back(bytes);
         return;

@@ -1,35 +1,12 @@
-// Token shard read/write (llm.c format, versions 1 and 2), file helpers, glob, unigram entropy.
+// Token shard read/write (llm.c format, versions 1 and 2), glob, unigram entropy.
 #include "shards.h"
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <fstream>
 #include <glob.h>
-#include <sstream>
 #include <stdexcept>
 #include <unordered_map>
-
-std::string read_file_bytes(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw std::runtime_error("cannot open " + path);
-    std::ostringstream buffer;
-    buffer << in.rdbuf();
-    if (in.bad()) throw std::runtime_error("error reading " + path);
-    return buffer.str();
-}
-
-void write_file_atomic(const std::string& path, const std::string& bytes) {
-    std::string tmp = path + ".tmp";
-    FILE* f = fopen(tmp.c_str(), "wb");
-    if (!f) throw std::runtime_error("cannot write " + tmp);
-    bool ok = fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
-    ok = (fclose(f) == 0) && ok;
-    if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-        std::remove(tmp.c_str());
-        throw std::runtime_error("cannot write " + path);
-    }
-}
 
 void write_shard(const std::string& path, const std::vector<uint32_t>& tokens, int version) {
     if (version != 1 && version != 2) throw std::runtime_error(path + ": unknown shard version " + std::to_string(version));

@@ -1,11 +1,13 @@
 // Token shards in llm.c's format: a header of 256 little-endian int32 ([0] magic 20240520, [1] version,
 // [2] token count) followed by the tokens, uint16 in version 1 (llm.c) or uint32 in version 2 (our extension
-// for vocabularies over 65536). Also the small file helpers the data pipeline shares (whole-file read,
-// atomic write, glob) and the unigram entropy of a token stream.
+// for vocabularies over 65536). Also glob, the unigram entropy of a token stream and little-endian helpers; the
+// whole-file read and atomic write are model/files.h's.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
+
+#include "model/files.h"
 
 constexpr int32_t SHARD_MAGIC = 20240520;
 constexpr int SHARD_HEADER_INTS = 256;
@@ -21,9 +23,6 @@ ShardHeader read_shard_header(const std::string& path);
 std::vector<uint32_t> read_shard(const std::string& path);  // straight into the result: one copy in memory
 std::vector<std::string> glob_files(const std::string& pattern);  // sorted; throws "no files match PATTERN"
 double unigram_entropy_nats(const std::vector<uint32_t>& tokens);  // -sum p log p over token frequencies
-
-std::string read_file_bytes(const std::string& path);                          // throws "cannot open PATH"
-void write_file_atomic(const std::string& path, const std::string& bytes);    // PATH.tmp, then rename
 
 inline void append_le32(std::string& out, uint32_t v) {
     for (int i = 0; i < 4; i++) out.push_back((char)((v >> (8 * i)) & 0xFF));

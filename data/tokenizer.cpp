@@ -205,7 +205,7 @@ void Tokenizer::save(const std::string& path) const {
 }
 
 Tokenizer Tokenizer::load(const std::string& path) {
-    std::string bytes = read_file_bytes(path);
+    std::string bytes = read_file(path);
     if (bytes.size() < 12 || load_le32(&bytes[0]) != TOKENIZER_MAGIC)
         throw std::runtime_error(path + ": not a tokenizer file (bad magic)");
     uint32_t version = load_le32(&bytes[4]), vocab = load_le32(&bytes[8]);

@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <sys/stat.h>
 
+#include "files.h"
 #include "safetensors.h"
 
 static const char* FORMAT = "moe.cu checkpoint";

@@ -3,10 +3,10 @@
 
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <stdexcept>
+
+#include "files.h"
 
 using nlohmann::json;
 
@@ -219,13 +219,14 @@ void validate_config(const Config& c) {
 
 Config parse_config_file(const std::string& name) {
     if (const char* text = preset_json(name)) return parse_config_json(text, "preset " + name);
-    std::ifstream f(name);
-    if (!f)
+    std::string text;
+    try {
+        text = read_file(name);
+    } catch (const std::runtime_error&) {
         throw std::runtime_error("config " + name +
                                  ": no such preset (tiny, small, deepseek-v2-lite, deepseek-v3) or readable file");
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return parse_config_json(ss.str(), "config " + name);
+    }
+    return parse_config_json(text, "config " + name);
 }
 
 Config load_config(const std::string& name) {

@@ -1,22 +1,16 @@
 // Hugging Face checkpoint export and import (see hf_checkpoint.h).
 // The list of tensors as Hugging Face names them (hf_tensors) is the one thing both directions share: each entry
 // is a name, a shape and a contiguous range of the parameter buffer (a routed expert is slice E of our stacked
-// [E, out, in] tensor, so it is contiguous too). Export writes that list through a streaming safetensors writer
-// of its own (header first, then each tensor straight from the buffer, or through one BF16 scratch buffer);
-// import reads the same list through SafetensorsReader after checking every entry against the file headers.
+// [E, out, in] tensor, so it is contiguous too). Export writes that list with safetensors_write (each tensor
+// straight from the buffer, or converted to BF16 by it chunk by chunk); import reads the same list through
+// SafetensorsReader after checking every entry against the file headers.
 #include "hf_checkpoint.h"
 
-#include <cerrno>
-#include <cstring>
-#include <fstream>
-#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 #include <stdexcept>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include "comm/comm.h"
 #include "safetensors.h"
@@ -67,49 +61,11 @@ std::vector<HFTensor> mtp_copies(const Model& m) {
             {p + "shared_head.head.weight", h.shape, h.offset, h.numel, false}};
 }
 
-uint16_t to_bf16(float x) {  // round to nearest, ties to even; NaN stays NaN
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
-}
-
-float from_bf16(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float x;
-    memcpy(&x, &u, 4);
-    return x;
-}
-
 std::string shape_str(const std::vector<int64_t>& s) { return json(s).dump(); }
 
 bool is_file(const std::string& path) {
     struct stat st;
     return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-
-std::string read_text(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) throw std::runtime_error(path + ": cannot open");
-    std::stringstream ss;
-    ss << f.rdbuf();
-    if (f.bad()) throw std::runtime_error(path + ": read error");
-    return ss.str();
-}
-
-
-// Writes PATH through PATH.tmp and a rename; fill writes the contents and returns false on a failed write.
-void write_atomically(const std::string& path, const std::function<bool(FILE*)>& fill) {
-    const std::string tmp = path + ".tmp";
-    FILE* f = fopen(tmp.c_str(), "wb");
-    if (!f) throw std::runtime_error("cannot write " + tmp + ": " + strerror(errno));
-    bool ok = fill(f) && fflush(f) == 0 && fsync(fileno(f)) == 0;
-    int err = ok ? 0 : errno;
-    if (fclose(f) != 0 && ok) ok = false, err = errno;
-    if (ok && rename(tmp.c_str(), path.c_str()) != 0) ok = false, err = errno;
-    if (ok) return;
-    remove(tmp.c_str());
-    throw std::runtime_error("writing " + path + " failed: " + (err ? strerror(err) : "short write"));
 }
 
 }  // namespace
@@ -121,46 +77,20 @@ void export_hf(const Model& m, const std::string& dir, ExportDType dtype) {
     make_dirs(dir);
     std::vector<HFTensor> ts = hf_tensors(m), copies = mtp_copies(m);
     ts.insert(ts.end(), copies.begin(), copies.end());
-    auto is_f32 = [&](const HFTensor& t) { return dtype == ExportDType::F32 || t.keep_f32; };
-    json header = json::object();
-    header["__metadata__"] = {{"format", "pt"}};  // what transformers expects of a PyTorch checkpoint
-    uint64_t offset = 0;
-    for (const HFTensor& t : ts) {
-        const uint64_t bytes = (uint64_t)t.numel * (is_f32(t) ? 4 : 2);
-        header[t.name] = {{"dtype", is_f32(t) ? "F32" : "BF16"}, {"shape", t.shape},
-                          {"data_offsets", {offset, offset + bytes}}};
-        offset += bytes;
-    }
-    std::string text = header.dump();
-    text.append((8 - text.size() % 8) % 8, ' ');  // the data section starts 8-byte aligned
-    write_atomically(dir + "/model.safetensors", [&](FILE* f) {
-        const uint64_t len = text.size();
-        if (fwrite(&len, 8, 1, f) != 1 || fwrite(text.data(), 1, len, f) != len) return false;
-        std::vector<uint16_t> half;  // the one scratch buffer: the current tensor in BF16
-        for (const HFTensor& t : ts) {
-            const float* src = m.params.data() + t.offset;
-            const size_t n = (size_t)t.numel;
-            if (is_f32(t)) {
-                if (n > 0 && fwrite(src, 4, n, f) != n) return false;
-                continue;
-            }
-            half.resize(n);
-            for (int64_t i = 0; i < (int64_t)n; i++) half[i] = to_bf16(src[i]);
-            if (n > 0 && fwrite(half.data(), 2, n, f) != n) return false;
-        }
-        return true;
-    });
+    std::vector<TensorView> views;
+    for (const HFTensor& t : ts)
+        views.push_back({t.name, dtype == ExportDType::F32 || t.keep_f32 ? DType::F32 : DType::BF16, t.shape,
+                         m.params.data() + t.offset, DType::F32});
+    safetensors_write(dir + "/model.safetensors", views, {{"format", "pt"}});  // what transformers expects
     json config_json = json::parse(config_to_json(m.config));
     config_json["torch_dtype"] = dtype == ExportDType::F32 ? "float32" : "bfloat16";
-    const std::string config = config_json.dump(2) + "\n";
-    write_atomically(dir + "/config.json",
-                     [&](FILE* f) { return fwrite(config.data(), 1, config.size(), f) == config.size(); });
+    write_file_atomic(dir + "/config.json", config_json.dump(2) + "\n");
 }
 
 Config hf_config(const std::string& dir) {
     const std::string path = dir + "/config.json";
     if (!is_file(path)) throw std::runtime_error(path + ": not found (not a Hugging Face model directory?)");
-    const std::string text = read_text(path);
+    const std::string text = read_file(path);
     json j = json::parse(text, nullptr, false);
     if (j.is_object() && j.contains("model_type")) {
         const json& t = j["model_type"];
@@ -181,7 +111,7 @@ void import_hf(Model& m, const std::string& dir) {
         for (const auto& kv : readers[single]->tensors()) where[kv.first] = single;
     } else if (is_file(index)) {
         source = index;
-        json j = json::parse(read_text(index), nullptr, false);
+        json j = json::parse(read_file(index), nullptr, false);
         if (j.is_discarded()) throw std::runtime_error(index + ": malformed JSON");
         if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
             throw std::runtime_error(index + ": no \"weight_map\" object");
@@ -243,6 +173,6 @@ void import_hf(Model& m, const std::string& dir) {
         }
         half.resize((size_t)t.numel);
         job.second->read(t.name, DType::BF16, t.shape, half.data());
-        for (int64_t i = 0; i < t.numel; i++) dst[i] = from_bf16(half[i]);
+        for (int64_t i = 0; i < t.numel; i++) dst[i] = f32_from_bf16(half[i]);
     }
 }

@@ -4,10 +4,6 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
-#include <cerrno>
-#include <cstring>
-#include <sys/stat.h>
-#include <unistd.h>
 
 using nlohmann::json;
 
@@ -53,31 +49,41 @@ void safetensors_write(const std::string& path, const std::vector<TensorView>& t
                        const std::map<std::string, std::string>& metadata) {
     json header = json::object();
     if (!metadata.empty()) header["__metadata__"] = metadata;
+    std::vector<uint64_t> sizes;  // in the file
     uint64_t offset = 0;
     for (const TensorView& t : tensors) {
+        if (t.source != t.dtype && !(t.source == DType::F32 && t.dtype == DType::BF16))
+            throw std::runtime_error(path + ": tensor '" + t.name + "': cannot write " + dtype_name(t.source) +
+                                     " data as " + dtype_name(t.dtype));
         uint64_t bytes = dtype_size(t.dtype);
         for (int64_t s : t.shape) bytes *= (uint64_t)s;
         header[t.name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
         offset += bytes;
+        sizes.push_back(bytes);
     }
     std::string text = header.dump();
     text.append((8 - text.size() % 8) % 8, ' ');  // the data section starts 8-byte aligned
-    const std::string tmp = path + ".tmp";
-    FILE* f = fopen(tmp.c_str(), "wb");
-    if (!f) throw std::runtime_error("cannot write " + tmp + " (does the directory exist and is it writable?)");
-    uint64_t len = text.size();
-    bool ok = fwrite(&len, 8, 1, f) == 1 && fwrite(text.data(), 1, text.size(), f) == text.size();
-    for (const TensorView& t : tensors) {
-        size_t bytes = dtype_size(t.dtype);
-        for (int64_t s : t.shape) bytes *= (size_t)s;
-        ok = ok && (bytes == 0 || fwrite(t.data, 1, bytes, f) == bytes);
-    }
-    ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok || rename(tmp.c_str(), path.c_str()) != 0) {
-        remove(tmp.c_str());
-        throw std::runtime_error("writing " + path + " failed (disk full?)");
-    }
+    write_file_atomic(path, [&](FILE* f) {
+        const uint64_t len = text.size();
+        if (fwrite(&len, 8, 1, f) != 1 || fwrite(text.data(), 1, len, f) != len) return false;
+        std::vector<uint16_t> chunk;  // the scratch of F32 -> BF16
+        for (size_t i = 0; i < tensors.size(); i++) {
+            const TensorView& t = tensors[i];
+            if (t.source == t.dtype) {
+                if (sizes[i] > 0 && fwrite(t.data, 1, sizes[i], f) != sizes[i]) return false;
+                continue;
+            }
+            const float* src = (const float*)t.data;
+            const uint64_t numel = sizes[i] / 2;
+            chunk.resize(std::min<uint64_t>(numel, 1 << 19));
+            for (uint64_t done = 0; done < numel; done += chunk.size()) {
+                const uint64_t n = std::min<uint64_t>(numel - done, chunk.size());
+                for (uint64_t k = 0; k < n; k++) chunk[k] = bf16_from_f32(src[done + k]);
+                if (fwrite(chunk.data(), 2, n, f) != n) return false;
+            }
+        }
+        return true;
+    });
 }
 
 SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
@@ -187,15 +193,4 @@ std::string SafetensorsReader::metadata_value(const std::string& key) const {
     auto it = metadata_.find(key);
     if (it == metadata_.end()) throw std::runtime_error(path_ + ": metadata '" + key + "' is missing");
     return it->second;
-}
-
-void make_dirs(const std::string& dir) {
-    for (size_t i = 1; i <= dir.size(); i++) {
-        if (i < dir.size() && dir[i] != '/') continue;
-        const std::string p = dir.substr(0, i);
-        if (mkdir(p.c_str(), 0755) != 0 && errno != EEXIST)
-            throw std::runtime_error("cannot create directory " + p + ": " + strerror(errno));
-    }
-    struct stat st;
-    if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) throw std::runtime_error(dir + ": not a directory");
 }

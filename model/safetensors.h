@@ -1,22 +1,40 @@
 // safetensors files, read and written here: an 8-byte little-endian header length, a JSON header
 // {"name": {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {string: string}}, then the data.
 // Used for checkpoints (weights, AdamW moments, metadata), for Hugging Face export/import, and for the tensors
-// exchanged with the PyTorch twin. Writing streams tensor by tensor into PATH.tmp, then renames.
+// exchanged with the PyTorch twin. Writing streams tensor by tensor through write_file_atomic (files.h).
 #pragma once
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
+
+#include "files.h"
 
 enum class DType { F32, F64, I32, I64, BF16 };
 
 struct TensorView {  // a tensor to write: its bytes live elsewhere
     std::string name;
-    DType dtype;
+    DType dtype;  // in the file
     std::vector<int64_t> shape;
     const void* data;
+    DType source = dtype;  // of the bytes at data: the same, or F32 for a BF16 tensor (converted by bf16_from_f32)
 };
+
+// BF16 is the top half of an F32. To BF16: round to nearest, ties to even; NaN stays NaN.
+inline uint16_t bf16_from_f32(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+inline float f32_from_bf16(uint16_t h) {
+    const uint32_t u = (uint32_t)h << 16;
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
 
 struct TensorInfo {  // a tensor found in a file
     DType dtype;
@@ -26,11 +44,10 @@ struct TensorInfo {  // a tensor found in a file
 };
 
 size_t dtype_size(DType t);
-// mkdir -p: creates dir and its parents; throws naming the part that cannot be created.
-void make_dirs(const std::string& dir);
 const char* dtype_name(DType t);  // as in the header: "F32", "BF16", ...
 
-// Throws std::runtime_error on any I/O failure; the previous file at path survives until the rename.
+// Throws std::runtime_error on any I/O failure; the previous file at path survives until the rename. F32 data
+// written as BF16 is converted through one scratch chunk (1 MiB), never a whole tensor.
 void safetensors_write(const std::string& path, const std::vector<TensorView>& tensors,
                        const std::map<std::string, std::string>& metadata);
 

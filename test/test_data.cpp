@@ -5,6 +5,7 @@
 #include "data/dataloader.h"
 #include "data/shards.h"
 #include "data/tokenizer.h"
+#include "model/files.h"
 
 #include <cmath>
 #include <cstdlib>
@@ -112,7 +113,7 @@ TEST_CASE("data: tokenizer save/load round trip gives identical encodings") {
 TEST_CASE("data: tokenizer load rejects missing, truncated and foreign files") {
     TempDir dir;
     Tokenizer::train(repeat(ENGLISH, 3), 300).save(dir.file("tok.bin"));
-    std::string bytes = read_file_bytes(dir.file("tok.bin"));
+    std::string bytes = read_file(dir.file("tok.bin"));
     write_file_atomic(dir.file("short.bin"), bytes.substr(0, bytes.size() - 3));
     CHECK_THROWS_WITH_AS(Tokenizer::load(dir.file("short.bin")), doctest::Contains("truncated"), std::runtime_error);
     std::string corrupt = bytes;
@@ -143,7 +144,7 @@ TEST_CASE("data: shard write/read round trip for versions 1 and 2") {
 TEST_CASE("data: read_shard rejects bad magic, bad version, truncated, trailing bytes and missing files") {
     TempDir dir;
     write_shard(dir.file("good.bin"), {1, 2, 3, 4}, 1);
-    std::string good = read_file_bytes(dir.file("good.bin"));
+    std::string good = read_file(dir.file("good.bin"));
 
     std::string bad_magic = good;
     bad_magic[0] = 7;
@@ -405,7 +406,7 @@ TEST_CASE("data: loader constructor rejects missing and too-small shards") {
     CHECK_NOTHROW(DataLoader(dir.file("s_*.bin"), 2, 8, 0, 1));  // 2*8+1 = 17 fits both
     CHECK_THROWS_AS(DataLoader(dir.file("s_*.bin"), 2, 8, 2, 2), std::runtime_error);  // rank outside the world
     // a truncated or foreign shard is still rejected at construction, from its header and file size
-    std::string good = read_file_bytes(dir.file("s_000000.bin"));
+    std::string good = read_file(dir.file("s_000000.bin"));
     write_file_atomic(dir.file("t_000000.bin"), good.substr(0, good.size() - 2));
     CHECK_THROWS_WITH_AS(DataLoader(dir.file("t_*.bin"), 2, 8, 0, 1), doctest::Contains("t_000000.bin: truncated"), std::runtime_error);
     write_file_atomic(dir.file("u_000000.bin"), good + "xy");

@@ -3,6 +3,8 @@
 // one-line error for every malformed header.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -110,6 +112,47 @@ TEST_CASE("safetensors: every dtype, scalar and empty tensors and metadata round
     // no metadata at all
     safetensors_write(dir + "/plain.safetensors", {{"x", DType::I32, {1}, i32.data()}}, {});
     CHECK(SafetensorsReader(dir + "/plain.safetensors").metadata().empty());
+    remove_dir(dir);
+}
+
+TEST_CASE("safetensors: F32 data written as BF16 is rounded to nearest even, chunk by chunk") {
+    std::string dir = temp_dir();
+    const std::string path = dir + "/conv.safetensors";
+    // more values than one 2^19-value scratch chunk: scattered bit patterns, then ties and special values
+    std::vector<float> src((1 << 19) + 70000);
+    for (size_t i = 0; i < src.size(); i++) {
+        const uint32_t u = 0x3f800000u + (uint32_t)i * 0x9e37u;
+        memcpy(&src[i], &u, 4);
+    }
+    const float specials[] = {0.0f, -0.0f, 1.0f, 1.00390625f /* a tie: stays 1 */, 1.01171875f /* a tie: rounds up */,
+                              3.4028235e38f, INFINITY, -INFINITY, NAN, 1e-40f};
+    std::copy(std::begin(specials), std::end(specials), src.end() - 10);
+    const float one = 1.5f;
+    safetensors_write(path, {{"w", DType::BF16, {(int64_t)src.size()}, src.data(), DType::F32},
+                             {"kept", DType::F32, {1}, &one, DType::F32}}, {});
+    SafetensorsReader r(path);
+    std::vector<uint16_t> got(src.size());
+    r.read("w", DType::BF16, {(int64_t)src.size()}, got.data());
+    size_t wrong = 0;
+    for (size_t i = 0; i < src.size(); i++) wrong += got[i] != bf16_from_f32(src[i]);
+    CHECK(wrong == 0);
+    const size_t s = src.size() - 10;
+    CHECK(got[s + 2] == 0x3f80);
+    CHECK(got[s + 3] == 0x3f80);
+    CHECK(got[s + 4] == 0x3f82);
+    CHECK(got[s + 5] == 0x7f80);  // the largest float rounds to infinity
+    CHECK(std::isnan(f32_from_bf16(got[s + 8])));
+    CHECK(f32_from_bf16(0x3fc0) == 1.5f);
+    float kept = 0;
+    r.read("kept", DType::F32, {1}, &kept);
+    CHECK(kept == 1.5f);
+    // only F32 -> BF16 converts; nothing is written otherwise
+    const double d = 1.0;
+    CHECK_THROWS_WITH_AS(safetensors_write(dir + "/bad.safetensors", {{"d", DType::BF16, {1}, &d, DType::F64}}, {}),
+                         doctest::Contains("tensor 'd': cannot write F64 data as BF16"), std::runtime_error);
+    struct stat st;
+    CHECK(stat((dir + "/bad.safetensors").c_str(), &st) != 0);
+    CHECK(stat((dir + "/bad.safetensors.tmp").c_str(), &st) != 0);
     remove_dir(dir);
 }
 

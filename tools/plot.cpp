@@ -2,6 +2,7 @@
 // is drawn here on an RGB canvas: 2 px lines, markers, 1-2-5 ticks (decades and 2x/5x on a log axis), legends,
 // and text in our own 5x9 bitmap font drawn 2x. stb_image_write encodes the PNG; nlohmann/json parses the lines.
 #include "tools/plot.h"
+#include "model/files.h"
 
 #include <algorithm>
 #include <cctype>
@@ -394,24 +395,11 @@ std::map<double, StepLine> read_log(const std::string& path) {
 }
 
 void write_png_atomically(const Canvas& c, const std::string& path) {
-    std::vector<uint8_t> png;
-    auto append = [](void* ctx, void* data, int size) {
-        auto* v = static_cast<std::vector<uint8_t>*>(ctx);
-        v->insert(v->end(), (uint8_t*)data, (uint8_t*)data + size);
-    };
+    std::string png;
+    auto append = [](void* ctx, void* data, int size) { static_cast<std::string*>(ctx)->append((char*)data, size); };
     if (!stbi_write_png_to_func(append, &png, c.w, c.h, 3, c.px.data(), c.w * 3))
         throw std::runtime_error("cannot encode the PNG for " + path);
-    const std::string tmp = path + ".tmp";
-    FILE* f = std::fopen(tmp.c_str(), "wb");
-    if (!f) throw std::runtime_error("cannot write " + tmp + ": " + std::strerror(errno));
-    bool ok = std::fwrite(png.data(), 1, png.size(), f) == png.size();
-    int err = errno;
-    if (std::fclose(f) != 0 && ok) ok = false, err = errno;
-    if (ok && std::rename(tmp.c_str(), path.c_str()) != 0) ok = false, err = errno;
-    if (!ok) {
-        std::remove(tmp.c_str());
-        throw std::runtime_error("cannot write " + path + ": " + std::strerror(err));
-    }
+    write_file_atomic(path, png);
 }
 
 }  // namespace
