@@ -71,7 +71,7 @@ bool is_file(const std::string& path) {
 }  // namespace
 
 void export_hf(const Model& m, const std::string& dir, ExportDType dtype) {
-    if (m.comm && m.comm->ep_size > 1)
+    if (m.comm->ep_size > 1)
         throw std::runtime_error("export_hf: this rank holds 1/" + std::to_string(m.comm->ep_size) +
                                  " of the routed experts; export a model that holds them all");
     make_dirs(dir);
