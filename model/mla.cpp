@@ -120,17 +120,11 @@ void mla_forward(const Config& c, const BlockWeights& w, MLAActs& a, const float
     matmul_forward(out, a.o, w.o, N, H * dv, d);
 }
 
-void mla_backward(const Config& c, const BlockWeights& w, BlockWeights& g, const MLAActs& a, const float* x,
-                  const float* dout, float* dx, int B, int T) {
-    const int64_t N = (int64_t)B * T, d = c.hidden_size, H = c.num_attention_heads;
-    const int64_t dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim, dqk = dn + dr;
-    const int64_t qr = c.q_lora_rank, kr = c.kv_lora_rank;
+void attention_backward(const Config& c, const MLAActs& a, const float* d_o, float* dq_heads, float* dk_heads,
+                        float* dkv, int B, int T) {
+    const int64_t H = c.num_attention_heads, dn = c.qk_nope_head_dim, dv = c.v_head_dim, dqk = c.qk_head_dim();
     const float scale = attention_softmax_scale(c);
-
-    std::vector<float> d_o(N * H * dv), d_scores((int64_t)B * H * T * T);
-    std::vector<float> dq_heads(N * H * dqk), dk_heads(N * H * dqk), dkv(N * H * (dn + dv));
-    matmul_backward(d_o.data(), g.o, dout, a.o, w.o, N, H * dv, d, false);
-
+    std::vector<float> d_scores((int64_t)B * H * T * T);
     // pass 1, per query row i: dP_ij = do_i . v_j;  dS_ij = P_ij (dP_ij - sum_j P_ij dP_ij);  dq_i = scale sum_j dS_ij k_j
 #pragma omp parallel for collapse(3) schedule(static)
     for (int b = 0; b < B; b++)
@@ -138,7 +132,7 @@ void mla_backward(const Config& c, const BlockWeights& w, BlockWeights& g, const
             for (int i = 0; i < T; i++) {
                 const float* p = a.probs + (((int64_t)b * H + h) * T + i) * T;
                 float* ds = d_scores.data() + (((int64_t)b * H + h) * T + i) * T;
-                const float* doi = d_o.data() + (((int64_t)b * T + i) * H + h) * dv;
+                const float* doi = d_o + (((int64_t)b * T + i) * H + h) * dv;
                 float weighted = 0.0f;
                 for (int j = 0; j <= i; j++) {
                     const float* v = a.kv + (((int64_t)b * T + j) * H + h) * (dn + dv) + dn;
@@ -148,7 +142,7 @@ void mla_backward(const Config& c, const BlockWeights& w, BlockWeights& g, const
                     ds[j] = dp;
                     weighted += p[j] * dp;
                 }
-                float* dq = dq_heads.data() + (((int64_t)b * T + i) * H + h) * dqk;
+                float* dq = dq_heads + (((int64_t)b * T + i) * H + h) * dqk;
                 for (int64_t e = 0; e < dqk; e++) dq[e] = 0.0f;
                 for (int j = 0; j <= i; j++) {
                     ds[j] = p[j] * (ds[j] - weighted) * scale;
@@ -161,40 +155,55 @@ void mla_backward(const Config& c, const BlockWeights& w, BlockWeights& g, const
     for (int b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++)
             for (int j = 0; j < T; j++) {
-                float* dk = dk_heads.data() + (((int64_t)b * T + j) * H + h) * dqk;
-                float* dvj = dkv.data() + (((int64_t)b * T + j) * H + h) * (dn + dv) + dn;
+                float* dk = dk_heads + (((int64_t)b * T + j) * H + h) * dqk;
+                float* dvj = dkv + (((int64_t)b * T + j) * H + h) * (dn + dv) + dn;
                 for (int64_t e = 0; e < dqk; e++) dk[e] = 0.0f;
                 for (int64_t e = 0; e < dv; e++) dvj[e] = 0.0f;
                 for (int i = j; i < T; i++) {
                     int64_t row = (((int64_t)b * H + h) * T + i) * T + j;
                     const float* q = a.q_heads + (((int64_t)b * T + i) * H + h) * dqk;
-                    const float* doi = d_o.data() + (((int64_t)b * T + i) * H + h) * dv;
+                    const float* doi = d_o + (((int64_t)b * T + i) * H + h) * dv;
                     for (int64_t e = 0; e < dqk; e++) dk[e] += d_scores[row] * q[e];
                     for (int64_t e = 0; e < dv; e++) dvj[e] += a.probs[row] * doi[e];
                 }
             }
+}
 
-    // undo the head assembly: dq (N, H*dqk), dkv k_nope part, dkv_a (N, kr + dr) with the shared rope key
-    std::vector<float> dq(N * H * dqk), dkv_a(N * (kr + dr));
+void heads_backward(const Config& c, const MLAActs& a, const float* dq_heads, const float* dk_heads, float* dq,
+                    float* dkv, float* dkv_a, int B, int T) {
+    const int64_t N = (int64_t)B * T, H = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim;
+    const int64_t dv = c.v_head_dim, dqk = dn + dr, kr = c.kv_lora_rank;
+    // The rope tables hold m cos and m sin; rotating back by the transpose also carries m: d/dx (m R x) = m R^T.
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; n++) {
         const int t = (int)(n % T);
         const float *cos_row = a.rope_cos + t * dr / 2, *sin_row = a.rope_sin + t * dr / 2;
-        float* dk_rope = dkv_a.data() + n * (kr + dr) + kr;
+        float* dk_rope = dkv_a + n * (kr + dr) + kr;
         for (int64_t e = 0; e < dr; e++) dk_rope[e] = 0.0f;
         for (int64_t h = 0; h < H; h++) {
-            const float* dqh = dq_heads.data() + (n * H + h) * dqk;
-            const float* dkh = dk_heads.data() + (n * H + h) * dqk;
-            float* dqdst = dq.data() + (n * H + h) * dqk;
+            const float* dqh = dq_heads + (n * H + h) * dqk;
+            const float* dkh = dk_heads + (n * H + h) * dqk;
+            float* dqdst = dq + (n * H + h) * dqk;
             memcpy(dqdst, dqh, dn * sizeof(float));
             rope_rotate(dqdst + dn, dqh + dn, cos_row, sin_row, (int)dr, true);
-            memcpy(dkv.data() + (n * H + h) * (dn + dv), dkh, dn * sizeof(float));
+            memcpy(dkv + (n * H + h) * (dn + dv), dkh, dn * sizeof(float));
             float rotated[1024];
             rope_rotate(rotated, dkh + dn, cos_row, sin_row, (int)dr, true);
             for (int64_t e = 0; e < dr; e++) dk_rope[e] += rotated[e];
         }
     }
-    // The rope tables hold m cos and m sin; rotating back by the transpose also carries m: d/dx (m R x) = m R^T.
+}
+
+void mla_backward(const Config& c, const BlockWeights& w, BlockWeights& g, const MLAActs& a, const float* x,
+                  const float* dout, float* dx, int B, int T) {
+    const int64_t N = (int64_t)B * T, d = c.hidden_size, H = c.num_attention_heads;
+    const int64_t dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim, dqk = dn + dr;
+    const int64_t qr = c.q_lora_rank, kr = c.kv_lora_rank;
+    std::vector<float> d_o(N * H * dv), dq_heads(N * H * dqk), dk_heads(N * H * dqk), dkv(N * H * (dn + dv));
+    std::vector<float> dq(N * H * dqk), dkv_a(N * (kr + dr));
+    matmul_backward(d_o.data(), g.o, dout, a.o, w.o, N, H * dv, d, false);
+    attention_backward(c, a, d_o.data(), dq_heads.data(), dk_heads.data(), dkv.data(), B, T);
+    heads_backward(c, a, dq_heads.data(), dk_heads.data(), dq.data(), dkv.data(), dkv_a.data(), B, T);
 
     // keys and values back to the input
     std::vector<float> dc_kv_normed(N * kr), dc_kv(N * kr);

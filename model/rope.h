@@ -43,5 +43,5 @@ MOE_HD inline double rope_magnitude(const Config& c) {
 // 1/sqrt(qk head dim), times mscale^2 under YaRN.
 MOE_HD inline float attention_softmax_scale(const Config& c) {
     double m = yarn_mscale(c.yarn_factor, c.yarn_mscale_all_dim);
-    return (float)(m * m / sqrt((double)c.qk_head_dim()));
+    return (float)(m * m / sqrt((double)(c.qk_nope_head_dim + c.qk_rope_head_dim)));
 }

@@ -19,16 +19,20 @@
 
 #include "comm/expert_plan.h"
 #include "kernels/adamw.cuh"
+#include "kernels/attention.cuh"
 #include "kernels/cross_entropy.cuh"
 #include "kernels/embedding.cuh"
 #include "kernels/permute.cuh"
 #include "kernels/rmsnorm.cuh"
+#include "kernels/rope.cuh"
 #include "kernels/router.cuh"
 #include "kernels/swiglu.cuh"
+#include "model/mla.h"
 #include "model/ops.h"
 #include "model/optimizer.h"
 #include "model/rng.h"
 #include "model/moe.h"
+#include "model/rope.h"
 #include "model/router.h"
 
 static int passed = 0, failed = 0;
@@ -349,6 +353,209 @@ static void test_permute(Rng& rng) {
     }
 }
 
+// ---- MLA attention (kernels/rope.cuh, kernels/attention.cuh) against model/mla.cpp ----
+
+struct AttnCase { int B, T, H, dn, dr, dv; float weight_scale; bool yarn; };
+
+// One MLA layer run by the CPU reference (mla_forward) on random weights and input; its activations hold the
+// inputs and outputs of the kernels under test: q, kv_a, kv, the RoPE tables, q_heads, k_heads, probs, o.
+struct CpuMLA {
+    Config c;
+    int B, T;
+    std::vector<float> wq, wkv_a, wkv_a_norm, wkv_b, wo, storage;
+    MLAActs a{};
+    CpuMLA(const AttnCase& tc, Rng& rng) : B(tc.B), T(tc.T) {
+        c.hidden_size = 40;
+        c.num_attention_heads = tc.H;
+        c.q_lora_rank = 0;
+        c.kv_lora_rank = 24;
+        c.qk_nope_head_dim = tc.dn;
+        c.qk_rope_head_dim = tc.dr;
+        c.v_head_dim = tc.dv;
+        if (tc.yarn) {  // YaRN with m != 1: the tables carry m, the softmax scale mscale^2
+            c.yarn_factor = 4.0f;
+            c.yarn_original_max_position = 32;
+            c.yarn_mscale = 1.0f;
+            c.yarn_mscale_all_dim = 0.8f;
+        }
+        const int64_t d = c.hidden_size, H = tc.H, dqk = tc.dn + tc.dr, kr = c.kv_lora_rank, N = (int64_t)B * T;
+        // weights of scale weight_scale / sqrt(fan_in): q, k entries of about weight_scale, scores of about
+        // weight_scale^2 (the softmax scale is 1/sqrt(dqk))
+        wq = randn(H * dqk * d, rng, tc.weight_scale / std::sqrt((float)d));
+        wkv_a = randn((kr + tc.dr) * d, rng, tc.weight_scale / std::sqrt((float)d));
+        wkv_a_norm = randn(kr, rng, 0.1f);
+        for (float& x : wkv_a_norm) x += 1.0f;
+        wkv_b = randn(H * (tc.dn + tc.dv) * kr, rng, tc.weight_scale / std::sqrt((float)kr));
+        wo = randn(d * H * tc.dv, rng, 1.0f / std::sqrt((float)(H * tc.dv)));
+        BlockWeights w{};
+        w.q = wq.data();
+        w.kv_a = wkv_a.data();
+        w.kv_a_norm = wkv_a_norm.data();
+        w.kv_b = wkv_b.data();
+        w.o = wo.data();
+        carve_arena(storage, [&](Arena<float>& arena) { mla_carve(arena, c, B, T, a); });
+        std::vector<float> x = randn(N * d, rng), out(N * d);
+        mla_forward(c, w, a, x.data(), out.data(), B, T);
+    }
+};
+
+static std::vector<float> host_copy(const float* p, int64_t n) { return std::vector<float>(p, p + n); }
+
+// columns [c0, c1) of each row of a (rows, width) matrix
+static std::vector<float> columns(const std::vector<float>& m, int64_t width, int64_t c0, int64_t c1) {
+    std::vector<float> out;
+    for (size_t r = 0; r < m.size() / width; r++)
+        out.insert(out.end(), m.begin() + r * width + c0, m.begin() + r * width + c1);
+    return out;
+}
+
+// A random (rows, width) matrix whose columns [c0, c1) are NaN: the part a kernel must write (poisoned), the rest
+// must come back untouched.
+static std::vector<float> poisoned_columns(int64_t rows, int64_t width, int64_t c0, int64_t c1, Rng& rng) {
+    std::vector<float> m = randn(rows * width, rng);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t col = c0; col < c1; col++) m[r * width + col] = NAN;
+    return m;
+}
+
+// The table and the head assembly. Tolerances: the table 1e-6 (the same double computation on both sides, cos, sin,
+// pow and log of two libraries: at most one float ulp, 6e-8, in rare entries); the rotations 1e-6 (x0 co - x1 si:
+// FMA contraction may differ); copies 0; the rope key's gradient, a sum over the H heads in head order, 1e-6.
+static void test_rope(const CpuMLA& m, Rng& rng, const std::string& shape) {
+    const Config& c = m.c;
+    const int64_t T = m.T, N = (int64_t)m.B * m.T, H = c.num_attention_heads, dn = c.qk_nope_head_dim;
+    const int64_t dr = c.qk_rope_head_dim, dv = c.v_head_dim, dqk = dn + dr, kr = c.kv_lora_rank;
+    const MLAActs& a = m.a;
+    const std::vector<float> cos_table = host_copy(a.rope_cos, T * dr / 2);
+    const std::vector<float> sin_table = host_copy(a.rope_sin, T * dr / 2);
+    Dev<float> d_cos(cos_table.size()), d_sin(sin_table.size());
+    d_cos.poison();
+    d_sin.poison();
+    gpu::rope_table(d_cos.ptr, d_sin.ptr, c, T, 0);
+    check("rope_table cos " + shape, d_cos.get(), cos_table, 1e-6);
+    check("rope_table sin " + shape, d_sin.get(), sin_table, 1e-6);
+
+    // forward, on the CPU's tables (so that this check does not depend on the one above)
+    Dev<float> cpu_cos(cos_table), cpu_sin(sin_table), d_q(host_copy(a.q, N * H * dqk));
+    Dev<float> d_kv(host_copy(a.kv, N * H * (dn + dv))), d_kv_a(host_copy(a.kv_a, N * (kr + dr)));
+    Dev<float> d_q_heads(N * H * dqk), d_k_heads(N * H * dqk);
+    d_q_heads.poison();
+    d_k_heads.poison();
+    gpu::rope_heads_forward(d_q_heads.ptr, d_k_heads.ptr, d_q.ptr, d_kv.ptr, d_kv_a.ptr, cpu_cos.ptr, cpu_sin.ptr, N, T,
+                            H, dn, dr, dv, kr, 0);
+    check("rope_heads_forward q_heads " + shape, d_q_heads.get(), host_copy(a.q_heads, N * H * dqk), 1e-6);
+    check("rope_heads_forward k_heads " + shape, d_k_heads.get(), host_copy(a.k_heads, N * H * dqk), 1e-6);
+
+    // backward against model/mla.cpp's heads_backward
+    const std::vector<float> dq_heads = randn(N * H * dqk, rng), dk_heads = randn(N * H * dqk, rng);
+    const std::vector<float> dkv0 = poisoned_columns(N * H, dn + dv, 0, dn, rng);
+    const std::vector<float> dkv_a0 = poisoned_columns(N, kr + dr, kr, kr + dr, rng);
+    std::vector<float> dq(N * H * dqk), dkv = dkv0, dkv_a = dkv_a0;
+    heads_backward(c, a, dq_heads.data(), dk_heads.data(), dq.data(), dkv.data(), dkv_a.data(), m.B, m.T);
+    Dev<float> d_dq_heads(dq_heads), d_dk_heads(dk_heads), d_dq(dq.size()), d_dkv(dkv0), d_dkv_a(dkv_a0);
+    d_dq.poison();
+    gpu::rope_heads_backward(d_dq.ptr, d_dkv.ptr, d_dkv_a.ptr, d_dq_heads.ptr, d_dk_heads.ptr, cpu_cos.ptr, cpu_sin.ptr,
+                             N, T, H, dn, dr, dv, kr, 0);
+    const std::vector<float> got_dkv = d_dkv.get(), got_dkv_a = d_dkv_a.get();
+    check("rope_heads_backward dq " + shape, d_dq.get(), dq, 1e-6);
+    check("rope_heads_backward dkv k_nope part " + shape, columns(got_dkv, dn + dv, 0, dn),
+          columns(dkv, dn + dv, 0, dn), 0);
+    check("rope_heads_backward dkv v part untouched " + shape, columns(got_dkv, dn + dv, dn, dn + dv),
+          columns(dkv, dn + dv, dn, dn + dv), 0);
+    check("rope_heads_backward dkv_a rope part " + shape, columns(got_dkv_a, kr + dr, kr, kr + dr),
+          columns(dkv_a, kr + dr, kr, kr + dr), 1e-6);
+    check("rope_heads_backward dkv_a c_kv part untouched " + shape, columns(got_dkv_a, kr + dr, 0, kr),
+          columns(dkv_a, kr + dr, 0, kr), 0);
+}
+
+// The core on the CPU's q_heads, k_heads and kv (v inside kv at offset dn, as in the trainer). Tolerance 1e-5 for
+// o and the gradients (expected errors ~1e-6, up to ~3e-6 for the sharp case): the scores are dot products over dqk
+// terms with another FMA association; P = exp(s - L) carries their rounding, ~u |s| relative for |s| up to ~30;
+// the sums over up to T keys (or queries) run in the CPU's order, but the forward rescales by a running max and
+// divides at the end, and the backward uses D = dO.o instead of sum_j P dP. The log-sum-exp against a double
+// computation, 1e-5 (the float scores' rounding, relative to max |L|).
+static void test_attention_core(const CpuMLA& m, Rng& rng, const std::string& shape) {
+    const Config& c = m.c;
+    const int64_t B = m.B, T = m.T, N = B * T, H = c.num_attention_heads, dn = c.qk_nope_head_dim;
+    const int64_t dqk = c.qk_head_dim(), dv = c.v_head_dim, ld = dn + dv;
+    const float scale = attention_softmax_scale(c);
+    const MLAActs& a = m.a;
+    Dev<float> d_q(host_copy(a.q_heads, N * H * dqk)), d_k(host_copy(a.k_heads, N * H * dqk));
+    Dev<float> d_kv(host_copy(a.kv, N * H * ld)), d_o(N * H * dv), d_lse(B * H * T);
+    d_o.poison();
+    d_lse.poison();
+    gpu::attention_forward(d_o.ptr, d_lse.ptr, d_q.ptr, d_k.ptr, d_kv.ptr + dn, ld, (int)B, (int)T, (int)H, (int)dqk,
+                           (int)dv, scale, 0);
+    check("attention_forward o " + shape, d_o.get(), host_copy(a.o, N * H * dv), 1e-5);
+    std::vector<float> lse(B * H * T);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < T; i++) {
+                std::vector<double> s(i + 1);
+                double mx = -INFINITY, sum = 0.0;
+                for (int64_t j = 0; j <= i; j++) {
+                    double dot = 0.0;
+                    const float* q = a.q_heads + ((b * T + i) * H + h) * dqk;
+                    const float* k = a.k_heads + ((b * T + j) * H + h) * dqk;
+                    for (int64_t e = 0; e < dqk; e++) dot += (double)q[e] * k[e];
+                    s[j] = dot * scale;
+                    mx = std::max(mx, s[j]);
+                }
+                for (int64_t j = 0; j <= i; j++) sum += std::exp(s[j] - mx);
+                lse[(b * H + h) * T + i] = (float)(mx + std::log(sum));
+            }
+    check("attention_forward lse " + shape, d_lse.get(), lse, 1e-5);
+
+    const std::vector<float> d_out = randn(N * H * dv, rng);
+    std::vector<float> dq(N * H * dqk), dk(N * H * dqk), dkv_cpu(N * H * ld);
+    attention_backward(c, a, d_out.data(), dq.data(), dk.data(), dkv_cpu.data(), (int)B, (int)T);
+    const std::vector<float> dv_heads = columns(dkv_cpu, ld, dn, ld);
+    const std::vector<float> dkv0 = poisoned_columns(N * H, ld, dn, ld, rng);
+    Dev<float> d_dout(d_out), d_dq(N * H * dqk), d_dk(N * H * dqk), d_dkv(dkv0);
+    Dev<float> scratch(gpu::attention_backward_scratch_floats((int)B, (int)T, (int)H));
+    d_dq.poison();
+    d_dk.poison();
+    scratch.poison();
+    gpu::attention_backward(d_dq.ptr, d_dk.ptr, d_dkv.ptr + dn, scratch.ptr, d_dout.ptr, d_q.ptr, d_k.ptr,
+                            d_kv.ptr + dn, ld, d_o.ptr, d_lse.ptr, (int)B, (int)T, (int)H, (int)dqk, (int)dv, scale, 0);
+    const std::vector<float> got_dkv = d_dkv.get();
+    check("attention_backward dq_heads " + shape, d_dq.get(), dq, 1e-5);
+    check("attention_backward dk_heads " + shape, d_dk.get(), dk, 1e-5);
+    check("attention_backward dv (in dkv) " + shape, columns(got_dkv, ld, dn, ld), dv_heads, 1e-5);
+    check("attention_backward dkv k_nope part untouched " + shape, columns(got_dkv, ld, 0, dn),
+          columns(dkv0, ld, 0, dn), 0);
+
+    // deterministic: a second run gives the same bits (no atomics; every sum in a fixed order)
+    std::vector<float> first = d_dq.get(), second;
+    const std::vector<float> first_dk = d_dk.get();
+    first.insert(first.end(), first_dk.begin(), first_dk.end());
+    first.insert(first.end(), got_dkv.begin(), got_dkv.end());
+    d_dq.poison();
+    d_dk.poison();
+    scratch.poison();
+    CUDA_CHECK(cudaMemcpy(d_dkv.ptr, dkv0.data(), dkv0.size() * sizeof(float), cudaMemcpyHostToDevice));
+    gpu::attention_backward(d_dq.ptr, d_dk.ptr, d_dkv.ptr + dn, scratch.ptr, d_dout.ptr, d_q.ptr, d_k.ptr,
+                            d_kv.ptr + dn, ld, d_o.ptr, d_lse.ptr, (int)B, (int)T, (int)H, (int)dqk, (int)dv, scale, 0);
+    for (const std::vector<float>& part : {d_dq.get(), d_dk.get(), d_dkv.get()})
+        second.insert(second.end(), part.begin(), part.end());
+    check("attention_backward rerun bit-identical " + shape, second, first, 0);
+}
+
+// Tiny dims; T around the 64-row tile (63, 64, 65, 130); YaRN; a sharp softmax (scores of std ~6: few keys per row);
+// head dims over 256 (two column slabs per block); DeepSeek-V3's head dims (dqk 192 = 128 + 64, dv 128).
+static void test_attention(Rng& rng) {
+    for (AttnCase tc : {AttnCase{2, 17, 3, 8, 4, 8, 1.5f, false}, AttnCase{1, 63, 2, 16, 8, 16, 1.5f, false},
+                        AttnCase{2, 64, 1, 8, 4, 8, 1.5f, true}, AttnCase{1, 65, 2, 12, 6, 20, 1.5f, false},
+                        AttnCase{2, 130, 2, 16, 8, 16, 2.5f, true}, AttnCase{1, 70, 1, 256, 64, 300, 1.5f, false},
+                        AttnCase{1, 256, 2, 128, 64, 128, 1.5f, false}}) {
+        const std::string shape = fmt("(B=%d T=%d H=%d dqk=%d dv=%d%s%s)", tc.B, tc.T, tc.H, tc.dn + tc.dr, tc.dv,
+                                      tc.yarn ? " yarn" : "", tc.weight_scale > 2 ? " sharp" : "");
+        const CpuMLA m(tc, rng);
+        test_rope(m, rng, shape);
+        test_attention_core(m, rng, shape);
+    }
+}
+
 int main() {
     int devices = 0;
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
@@ -366,6 +573,7 @@ int main() {
     test_adamw(rng);
     test_router(rng);
     test_permute(rng);
+    test_attention(rng);
     printf("tests: %d passed, %d failed\n", passed, failed);
     return failed == 0 ? 0 : 1;
 }

@@ -1,0 +1,397 @@
+// Causal multi-head attention core, FP32 (DESIGN §1.1; the CPU reference is the attention of model/mla.cpp).
+// Per sequence and head, with q_i, k_j (dqk values) and v_j (dv values) of tokens i, j:
+//   forward:  s_ij = scale q_i.k_j (j <= i);  L_i = log sum_j exp(s_ij) (saved);  P_ij = exp(s_ij - L_i);
+//             o_i = sum_j P_ij v_j
+//   backward: D_i = dO_i . o_i;  P recomputed from q, k, L;  dP_ij = dO_i . v_j;  dS_ij = P_ij (dP_ij - D_i) scale;
+//             dq_i = sum_{j<=i} dS_ij k_j;  dk_j = sum_{i>=j} dS_ij q_i;  dv_j = sum_{i>=j} P_ij dO_i
+// Layouts (N = B*T tokens): q, k, dq, dk (N, H, dqk); o, dO (N, H, dv); L and the scratch D (B, H, T). v and dv
+// are strided: value e of (token n, head h) is at [(n*H + h)*v_ld + e], so they can live inside MLA's
+// kv (N, H*(dn+dv)) at offset dn (v_ld = dn + dv), and dv lands directly in dkv.
+//
+// Design (flash-style: tiles of keys, running max and sum, no T x T matrix in memory). Tiles are 64 queries x
+// 64 keys; 256 threads; thread (ty, tx) = (tid / 16, tid % 16) owns the tile entries (ty + 16a, tx + 16b),
+// a, b < 4, so a tile row lives in the 16 lanes of one half-warp (row max / sum by 4 shuffles). Shared memory is
+// two 64 x 65 buffers (33 KB; the pad column avoids bank conflicts), whatever dqk and dv:
+//   tile_dot: S[r][c] += sum_e A_r[e] B_c[e] over a head dimension of any length, streaming 64-column chunks of
+//             the 64 A rows and the 64 B rows through the two buffers (dims up to 256 and beyond in chunks);
+//   tile_pv:  Out[r][col] += sum_k P[r][k] V_k[col], with P (64 x 64) in buffer 0 and 64-column chunks of V in
+//             buffer 1.
+// A block keeps its output tile in registers, up to 4 chunks (256 columns); wider outputs (dqk or dv > 256) are
+// split into column slabs over gridDim.z, each slab recomputing its scores. Grid: x = b*H + h, y = tile, z = slab.
+//   forward:  block (b, h, query tile, dv slab): online softmax over the key tiles 0..diagonal, with per-row
+//             running max m and sum l; the output is rescaled by exp(m_old - m_new) when m grows; at the end
+//             o = acc / l and L = m + log l (slab 0 writes L).
+//   backward: no float atomics, every sum in a fixed order, so it is deterministic (and the sums over j for dq and
+//             over i for dk, dv run in the CPU reference's order):
+//     D:      one warp per (token, head).
+//     dq:     block (b, h, query tile, dqk slab): over key tiles 0..diagonal, S and dP by tile_dot, P and dS in
+//             registers, dq += dS K by tile_pv. The CPU reference's pass 1.
+//     dk, dv: block (b, h, key tile, slab): over query tiles diagonal..last, S^T = K Q^T and P^T; a dv slab adds
+//             P^T dO; a dk slab also computes dP^T = V dO^T and dS^T, and adds dS^T Q. The CPU's pass 2. The dk and
+//             dv slabs are separate blocks (more parallelism, fewer registers; P is computed by both).
+// Masks: entry (i, j) counts iff j <= i < T: the causal mask, inside the diagonal tile too, and the padding rows and
+// columns of a last partial tile, which are loaded as zeros and never read from memory. A row with no counted
+// entry in a tile (a padding row) keeps m = -inf; its exponentials are then taken relative to 0, not to m, so they
+// are exp(-inf) = 0, never exp(-inf - -inf) = NaN. Every counted row has its key j = 0 in the first key tile, so
+// its m is finite from the first tile on. In the forward the query tiles run in reverse order (y = 0 is the last,
+// longest tile) so the longest blocks start first; the dk/dv kernel's longest tile (key tile 0) is y = 0 already.
+//
+// Performance work left (this is the correct, readable FP32 version; expect a small fraction of the H200's peak):
+//  - tensor cores: the four tile products on TF32/BF16 mma.sync or Hopper wgmma, with BF16 q/k/v/o storage;
+//  - FA2-style: keep the Q (and dO) tile resident in shared memory or registers instead of re-streaming it for
+//    every key tile; fuse the dk and dv slabs; vector (float4) loads and cp.async double buffering of K/V chunks;
+//    exp2f with log2(e) folded into the scale; split-KV for long T with few (b, h);
+//  - occupancy: ptxas (CUDA 13, sm_90a) gives the forward 128 registers (2 blocks of 8 warps per SM), dq 171 and
+//    dk/dv 194 (1 block per SM); __launch_bounds__(256, 2) fits them in 128 with ~100-200 bytes of spills: measure;
+//  - FA3-style warp specialisation: producer warps issuing TMA loads into a smem pipeline, consumer warpgroups
+//    doing wgmma, the softmax of one tile overlapped with the matmuls of the next.
+#pragma once
+#include <cstdint>
+
+#include "kernels/common.cuh"
+
+namespace gpu {
+
+constexpr int ATTN_TILE = 64;                  // queries and keys per tile, and columns per chunk
+constexpr int ATTN_LD = ATTN_TILE + 1;         // shared buffer row stride (padded)
+constexpr int ATTN_THREADS = 256;              // 16 x 16 threads, 4 x 4 entries each
+constexpr int ATTN_SLAB = 4 * ATTN_TILE;       // output columns per block (4 register chunks)
+
+// Loads rows 0..63 (the first `rows` of them valid, row r at src + r * stride) and columns col0..col0+63 (those
+// below `width` valid) into buf (64 x ATTN_LD); zeros elsewhere. Coalesced: 32 lanes read 32 consecutive columns.
+__device__ inline void attn_load_chunk(float* buf, const float* src, int64_t stride, int rows, int col0, int width) {
+    for (int idx = threadIdx.x; idx < ATTN_TILE * ATTN_TILE; idx += ATTN_THREADS) {
+        const int r = idx / ATTN_TILE, e = idx % ATTN_TILE;
+        buf[r * ATTN_LD + e] = r < rows && col0 + e < width ? src[r * stride + col0 + e] : 0.0f;
+    }
+}
+
+// acc[a][b] += sum_{e < len} A[ty + 16a][e] * Bm[tx + 16b][e]: rows of A at A + r * a_stride (a_rows valid),
+// rows of Bm at Bm + c * b_stride (b_rows valid). Invalid rows give 0. Sums over e in order.
+__device__ inline void attn_tile_dot(float (&acc)[4][4], const float* A, int64_t a_stride, int a_rows, const float* Bm,
+                                     int64_t b_stride, int b_rows, int len, float* buf0, float* buf1) {
+    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    for (int e0 = 0; e0 < len; e0 += ATTN_TILE) {
+        __syncthreads();  // every thread is done with both buffers (previous chunk, or the caller's P and V)
+        attn_load_chunk(buf0, A, a_stride, a_rows, e0, len);
+        attn_load_chunk(buf1, Bm, b_stride, b_rows, e0, len);
+        __syncthreads();
+        const int n = len - e0 < ATTN_TILE ? len - e0 : ATTN_TILE;
+        for (int e = 0; e < n; e++) {
+            float x[4], y[4];
+#pragma unroll
+            for (int a = 0; a < 4; a++) x[a] = buf0[(ty + 16 * a) * ATTN_LD + e];
+#pragma unroll
+            for (int b = 0; b < 4; b++) y[b] = buf1[(tx + 16 * b) * ATTN_LD + e];
+#pragma unroll
+            for (int a = 0; a < 4; a++)
+#pragma unroll
+                for (int b = 0; b < 4; b++) acc[a][b] += x[a] * y[b];
+        }
+    }
+}
+
+// Writes the thread's 4 x 4 entries into buf0 (64 x ATTN_LD) after every thread is done reading it.
+__device__ inline void attn_store_tile(float* buf0, const float (&val)[4][4]) {
+    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    __syncthreads();
+#pragma unroll
+    for (int a = 0; a < 4; a++)
+#pragma unroll
+        for (int b = 0; b < 4; b++) buf0[(ty + 16 * a) * ATTN_LD + tx + 16 * b] = val[a][b];
+}
+
+// acc[a][b] += sum_{k < rows} P[ty + 16a][k] * V[k][col0 + tx + 16b]: P (64 x 64) in buf0 from attn_store_tile,
+// rows of V at V + k * v_stride (`rows` valid), columns below `width` valid. Sums over k in order.
+__device__ inline void attn_tile_pv(float (&acc)[4][4], const float* buf0, const float* V, int64_t v_stride, int rows,
+                                    int col0, int width, float* buf1) {
+    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    __syncthreads();  // P is complete; every thread is done with buf1
+    attn_load_chunk(buf1, V, v_stride, rows, col0, width);
+    __syncthreads();
+    for (int k = 0; k < rows; k++) {
+        float p[4], x[4];
+#pragma unroll
+        for (int a = 0; a < 4; a++) p[a] = buf0[(ty + 16 * a) * ATTN_LD + k];
+#pragma unroll
+        for (int b = 0; b < 4; b++) x[b] = buf1[k * ATTN_LD + tx + 16 * b];
+#pragma unroll
+        for (int a = 0; a < 4; a++)
+#pragma unroll
+            for (int b = 0; b < 4; b++) acc[a][b] += p[a] * x[b];
+    }
+}
+
+// max and sum over the 16 lanes of a half-warp (one tile row); every lane gets the result
+__device__ inline float attn_row_max(float v) {
+    for (int offset = 8; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+    return v;
+}
+__device__ inline float attn_row_sum(float v) {
+    for (int offset = 8; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+}
+
+// grid (B*H, query tiles, dv slabs)
+__global__ void __launch_bounds__(ATTN_THREADS)
+    attention_forward_kernel(float* o, float* lse, const float* q, const float* k, const float* v, int64_t v_ld,
+                             int T, int H, int dqk, int dv, float scale) {
+    __shared__ float buf0[ATTN_TILE * ATTN_LD], buf1[ATTN_TILE * ATTN_LD];
+    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    const int64_t bh = blockIdx.x, seq = bh / H, h = bh % H;
+    const int qt = gridDim.y - 1 - blockIdx.y, i0 = qt * ATTN_TILE;
+    const int q_rows = T - i0 < ATTN_TILE ? T - i0 : ATTN_TILE;
+    const int col_base = blockIdx.z * ATTN_SLAB;
+    const int64_t qk_stride = (int64_t)H * dqk, v_stride = (int64_t)H * v_ld;  // from token to token
+    const float* q_tile = q + ((seq * T + i0) * H + h) * dqk;
+    const float* k_seq = k + (seq * T * H + h) * dqk;
+    const float* v_seq = v + (seq * T * H + h) * v_ld;
+
+    float m[4], l[4], acc[4][4][4];
+#pragma unroll
+    for (int a = 0; a < 4; a++) {
+        m[a] = -INFINITY;
+        l[a] = 0.0f;
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+#pragma unroll
+            for (int b = 0; b < 4; b++) acc[c][a][b] = 0.0f;
+    }
+    for (int kt = 0; kt <= qt; kt++) {
+        const int j0 = kt * ATTN_TILE, k_rows = T - j0 < ATTN_TILE ? T - j0 : ATTN_TILE;
+        float s[4][4] = {};
+        attn_tile_dot(s, q_tile, qk_stride, q_rows, k_seq + j0 * qk_stride, qk_stride, k_rows, dqk, buf0, buf1);
+#pragma unroll
+        for (int a = 0; a < 4; a++) {
+            const int i = i0 + ty + 16 * a;
+            float tile_max = -INFINITY;
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                const int j = j0 + tx + 16 * b;
+                s[a][b] = j <= i && i < T ? s[a][b] * scale : -INFINITY;
+                tile_max = fmaxf(tile_max, s[a][b]);
+            }
+            const float m_new = fmaxf(m[a], attn_row_max(tile_max));
+            const float ref = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing counted yet: exp(-inf) = 0
+            const float correction = expf(m[a] - ref);
+            float sum = 0.0f;
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                s[a][b] = expf(s[a][b] - ref);
+                sum += s[a][b];
+            }
+            l[a] = l[a] * correction + attn_row_sum(sum);
+            m[a] = m_new;
+#pragma unroll
+            for (int c = 0; c < 4; c++)
+#pragma unroll
+                for (int b = 0; b < 4; b++) acc[c][a][b] *= correction;
+        }
+        attn_store_tile(buf0, s);
+#pragma unroll
+        for (int c = 0; c < 4; c++)  // block-uniform condition: every thread takes the same branches (syncs inside)
+            if (col_base + c * ATTN_TILE < dv)
+                attn_tile_pv(acc[c], buf0, v_seq + j0 * v_stride, v_stride, k_rows, col_base + c * ATTN_TILE, dv,
+                             buf1);
+    }
+#pragma unroll
+    for (int a = 0; a < 4; a++) {
+        const int i = i0 + ty + 16 * a;
+        if (i >= T) continue;
+        float* o_row = o + ((seq * T + i) * H + h) * dv;
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                const int col = col_base + c * ATTN_TILE + tx + 16 * b;
+                if (col < dv) o_row[col] = acc[c][a][b] / l[a];
+            }
+        if (blockIdx.z == 0 && tx == 0) lse[bh * T + i] = m[a] + logf(l[a]);
+    }
+}
+
+// one warp per (token n, head h): D[b][h][t] = sum_e dO[n,h,e] o[n,h,e]  (n = b*T + t)
+__global__ void attention_backward_d_kernel(float* D, const float* dout, const float* o, int64_t rows, int T, int H,
+                                            int dv) {
+    const int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;  // n*H + h; the same for a warp
+    const int lane = threadIdx.x % 32;
+    if (row >= rows) return;  // whole warps only
+    float sum = 0.0f;
+    for (int e = lane; e < dv; e += 32) sum += dout[row * dv + e] * o[row * dv + e];
+    sum = warp_sum(sum);
+    const int64_t n = row / H, h = row % H, seq = n / T, t = n % T;
+    if (lane == 0) D[(seq * H + h) * T + t] = sum;
+}
+
+// grid (B*H, query tiles, dqk slabs)
+__global__ void __launch_bounds__(ATTN_THREADS)
+    attention_backward_dq_kernel(float* dq, const float* dout, const float* q, const float* k, const float* v,
+                                 int64_t v_ld, const float* lse, const float* D, int T, int H, int dqk, int dv,
+                                 float scale) {
+    __shared__ float buf0[ATTN_TILE * ATTN_LD], buf1[ATTN_TILE * ATTN_LD];
+    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    const int64_t bh = blockIdx.x, seq = bh / H, h = bh % H;
+    const int qt = gridDim.y - 1 - blockIdx.y, i0 = qt * ATTN_TILE;
+    const int q_rows = T - i0 < ATTN_TILE ? T - i0 : ATTN_TILE;
+    const int col_base = blockIdx.z * ATTN_SLAB;
+    const int64_t qk_stride = (int64_t)H * dqk, v_stride = (int64_t)H * v_ld, o_stride = (int64_t)H * dv;
+    const float* q_tile = q + ((seq * T + i0) * H + h) * dqk;
+    const float* do_tile = dout + ((seq * T + i0) * H + h) * dv;
+    const float* k_seq = k + (seq * T * H + h) * dqk;
+    const float* v_seq = v + (seq * T * H + h) * v_ld;
+
+    float row_lse[4], row_d[4], acc[4][4][4];
+#pragma unroll
+    for (int a = 0; a < 4; a++) {
+        const int i = i0 + ty + 16 * a;
+        row_lse[a] = i < T ? lse[bh * T + i] : 0.0f;
+        row_d[a] = i < T ? D[bh * T + i] : 0.0f;
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+#pragma unroll
+            for (int b = 0; b < 4; b++) acc[c][a][b] = 0.0f;
+    }
+    for (int kt = 0; kt <= qt; kt++) {
+        const int j0 = kt * ATTN_TILE, k_rows = T - j0 < ATTN_TILE ? T - j0 : ATTN_TILE;
+        float s[4][4] = {}, dp[4][4] = {};
+        attn_tile_dot(s, q_tile, qk_stride, q_rows, k_seq + j0 * qk_stride, qk_stride, k_rows, dqk, buf0, buf1);
+        attn_tile_dot(dp, do_tile, o_stride, q_rows, v_seq + j0 * v_stride, v_stride, k_rows, dv, buf0, buf1);
+#pragma unroll
+        for (int a = 0; a < 4; a++) {
+            const int i = i0 + ty + 16 * a;
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                const int j = j0 + tx + 16 * b;
+                const float p = j <= i && i < T ? expf(s[a][b] * scale - row_lse[a]) : 0.0f;
+                s[a][b] = p * (dp[a][b] - row_d[a]) * scale;  // dS
+            }
+        }
+        attn_store_tile(buf0, s);
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+            if (col_base + c * ATTN_TILE < dqk)
+                attn_tile_pv(acc[c], buf0, k_seq + j0 * qk_stride, qk_stride, k_rows, col_base + c * ATTN_TILE, dqk,
+                             buf1);
+    }
+#pragma unroll
+    for (int a = 0; a < 4; a++) {
+        const int i = i0 + ty + 16 * a;
+        if (i >= T) continue;
+        float* dq_row = dq + ((seq * T + i) * H + h) * dqk;
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                const int col = col_base + c * ATTN_TILE + tx + 16 * b;
+                if (col < dqk) dq_row[col] = acc[c][a][b];
+            }
+    }
+}
+
+// grid (B*H, key tiles, dk slabs + dv slabs): slab z < dk_slabs writes dk columns, the others dv columns
+__global__ void __launch_bounds__(ATTN_THREADS)
+    attention_backward_dkdv_kernel(float* dk, float* dv_out, const float* dout, const float* q, const float* k,
+                                   const float* v, int64_t v_ld, const float* lse, const float* D, int T, int H,
+                                   int dqk, int dv, float scale, int dk_slabs) {
+    __shared__ float buf0[ATTN_TILE * ATTN_LD], buf1[ATTN_TILE * ATTN_LD];
+    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+    const int64_t bh = blockIdx.x, seq = bh / H, h = bh % H;
+    const int kt = blockIdx.y, j0 = kt * ATTN_TILE, q_tiles = gridDim.y;
+    const int k_rows = T - j0 < ATTN_TILE ? T - j0 : ATTN_TILE;
+    const bool is_dk = (int)blockIdx.z < dk_slabs;  // the same for the whole block
+    const int col_base = (int)(is_dk ? blockIdx.z : blockIdx.z - dk_slabs) * ATTN_SLAB, width = is_dk ? dqk : dv;
+    const int64_t qk_stride = (int64_t)H * dqk, v_stride = (int64_t)H * v_ld, o_stride = (int64_t)H * dv;
+    const float* k_tile = k + ((seq * T + j0) * H + h) * dqk;
+    const float* v_tile = v + ((seq * T + j0) * H + h) * v_ld;
+    const float* q_seq = q + (seq * T * H + h) * dqk;
+    const float* do_seq = dout + (seq * T * H + h) * dv;
+
+    float acc[4][4][4];
+#pragma unroll
+    for (int c = 0; c < 4; c++)
+#pragma unroll
+        for (int a = 0; a < 4; a++)
+#pragma unroll
+            for (int b = 0; b < 4; b++) acc[c][a][b] = 0.0f;
+    for (int qt = kt; qt < q_tiles; qt++) {
+        const int i0 = qt * ATTN_TILE, q_rows = T - i0 < ATTN_TILE ? T - i0 : ATTN_TILE;
+        float col_lse[4], col_d[4];  // of the queries i0 + tx + 16b
+#pragma unroll
+        for (int b = 0; b < 4; b++) {
+            const int i = i0 + tx + 16 * b;
+            col_lse[b] = i < T ? lse[bh * T + i] : 0.0f;
+            col_d[b] = i < T ? D[bh * T + i] : 0.0f;
+        }
+        // transposed tiles: entry (a, b) is key j = j0 + ty + 16a, query i = i0 + tx + 16b
+        float s[4][4] = {}, dp[4][4] = {};
+        attn_tile_dot(s, k_tile, qk_stride, k_rows, q_seq + i0 * qk_stride, qk_stride, q_rows, dqk, buf0, buf1);
+        if (is_dk)
+            attn_tile_dot(dp, v_tile, v_stride, k_rows, do_seq + i0 * o_stride, o_stride, q_rows, dv, buf0, buf1);
+#pragma unroll
+        for (int a = 0; a < 4; a++) {
+            const int j = j0 + ty + 16 * a;
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                const int i = i0 + tx + 16 * b;
+                const float p = j <= i && i < T ? expf(s[a][b] * scale - col_lse[b]) : 0.0f;
+                s[a][b] = is_dk ? p * (dp[a][b] - col_d[b]) * scale : p;  // dS^T or P^T
+            }
+        }
+        attn_store_tile(buf0, s);
+        const float* rhs = is_dk ? q_seq + i0 * qk_stride : do_seq + i0 * o_stride;  // Q or dO rows of the tile
+        const int64_t rhs_stride = is_dk ? qk_stride : o_stride;
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+            if (col_base + c * ATTN_TILE < width)
+                attn_tile_pv(acc[c], buf0, rhs, rhs_stride, q_rows, col_base + c * ATTN_TILE, width, buf1);
+    }
+#pragma unroll
+    for (int a = 0; a < 4; a++) {
+        const int j = j0 + ty + 16 * a;
+        if (j >= T) continue;
+        float* out_row = is_dk ? dk + ((seq * T + j) * H + h) * dqk : dv_out + ((seq * T + j) * H + h) * v_ld;
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                const int col = col_base + c * ATTN_TILE + tx + 16 * b;
+                if (col < width) out_row[col] = acc[c][a][b];
+            }
+    }
+}
+
+// q, k (B*T, H, dqk); v strided by v_ld (see the top) -> o (B*T, H, dv), lse (B, H, T). scale: the softmax scale
+// (attention_softmax_scale of model/rope.h).
+inline void attention_forward(float* o, float* lse, const float* q, const float* k, const float* v, int64_t v_ld,
+                              int B, int T, int H, int dqk, int dv, float scale, cudaStream_t stream) {
+    if ((int64_t)B * T * H == 0) return;
+    const dim3 grid((unsigned)((int64_t)B * H), (unsigned)ceil_div(T, ATTN_TILE), (unsigned)ceil_div(dv, ATTN_SLAB));
+    attention_forward_kernel<<<grid, ATTN_THREADS, 0, stream>>>(o, lse, q, k, v, v_ld, T, H, dqk, dv, scale);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// floats of scratch attention_backward needs (D, one per (b, h, t))
+inline int64_t attention_backward_scratch_floats(int B, int T, int H) { return (int64_t)B * H * T; }
+
+// dout (B*T, H, dv) and the forward's inputs, o and lse -> dq, dk (B*T, H, dqk) and dv_out (strided by v_ld like v),
+// all overwritten (dv_out's other columns, e.g. k_nope's inside dkv, untouched).
+inline void attention_backward(float* dq, float* dk, float* dv_out, float* scratch, const float* dout, const float* q,
+                               const float* k, const float* v, int64_t v_ld, const float* o, const float* lse, int B,
+                               int T, int H, int dqk, int dv, float scale, cudaStream_t stream) {
+    const int64_t rows = (int64_t)B * T * H;
+    if (rows == 0) return;
+    constexpr int d_threads = 256;
+    attention_backward_d_kernel<<<(unsigned)ceil_div(rows * 32, d_threads), d_threads, 0, stream>>>(scratch, dout, o,
+                                                                                                    rows, T, H, dv);
+    CUDA_CHECK(cudaGetLastError());
+    const unsigned bh = (unsigned)((int64_t)B * H), tiles = (unsigned)ceil_div(T, ATTN_TILE);
+    const int dk_slabs = (int)ceil_div(dqk, ATTN_SLAB), dv_slabs = (int)ceil_div(dv, ATTN_SLAB);
+    attention_backward_dq_kernel<<<dim3(bh, tiles, dk_slabs), ATTN_THREADS, 0, stream>>>(
+        dq, dout, q, k, v, v_ld, lse, scratch, T, H, dqk, dv, scale);
+    CUDA_CHECK(cudaGetLastError());
+    attention_backward_dkdv_kernel<<<dim3(bh, tiles, dk_slabs + dv_slabs), ATTN_THREADS, 0, stream>>>(
+        dk, dv_out, dout, q, k, v, v_ld, lse, scratch, T, H, dqk, dv, scale, dk_slabs);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace gpu
