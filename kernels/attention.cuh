@@ -132,6 +132,36 @@ __device__ inline float attn_row_sum(float v) {
     return v;
 }
 
+// A thread's slab accumulator acc[c][a][b]: column chunk c, its rows ty + 16a, its columns tx + 16b.
+__device__ inline void attn_zero(float (&acc)[4][4][4]) {
+#pragma unroll
+    for (int c = 0; c < 4; c++)
+#pragma unroll
+        for (int a = 0; a < 4; a++)
+#pragma unroll
+            for (int b = 0; b < 4; b++) acc[c][a][b] = 0.0f;
+}
+
+// Writes acc / divisor[a] to the rows row0 + ty + 16a below T of out (row r at out + r * row_stride), columns
+// col_base + 64c + tx + 16b below width.
+__device__ inline void attn_write_rows(float* out, int64_t row_stride, const float (&acc)[4][4][4],
+                                       const float (&divisor)[4], int row0, int T, int col_base, int width) {
+    const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
+#pragma unroll
+    for (int a = 0; a < 4; a++) {
+        const int r = row0 + ty + 16 * a;
+        if (r >= T) continue;
+        float* row = out + r * row_stride;
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                const int col = col_base + c * ATTN_TILE + tx + 16 * b;
+                if (col < width) row[col] = acc[c][a][b] / divisor[a];
+            }
+    }
+}
+
 // grid (B*H, query tiles, dv slabs)
 __global__ void __launch_bounds__(ATTN_THREADS)
     attention_forward_kernel(float* o, float* lse, const float* q, const float* k, const float* v, int64_t v_ld,
@@ -148,14 +178,11 @@ __global__ void __launch_bounds__(ATTN_THREADS)
     const float* v_seq = v + (seq * T * H + h) * v_ld;
 
     float m[4], l[4], acc[4][4][4];
+    attn_zero(acc);
 #pragma unroll
     for (int a = 0; a < 4; a++) {
         m[a] = -INFINITY;
         l[a] = 0.0f;
-#pragma unroll
-        for (int c = 0; c < 4; c++)
-#pragma unroll
-            for (int b = 0; b < 4; b++) acc[c][a][b] = 0.0f;
     }
     for (int kt = 0; kt <= qt; kt++) {
         const int j0 = kt * ATTN_TILE, k_rows = T - j0 < ATTN_TILE ? T - j0 : ATTN_TILE;
@@ -194,19 +221,11 @@ __global__ void __launch_bounds__(ATTN_THREADS)
                 attn_tile_pv(acc[c], buf0, v_seq + j0 * v_stride, v_stride, k_rows, col_base + c * ATTN_TILE, dv,
                              buf1);
     }
+    attn_write_rows(o + (seq * T * H + h) * dv, (int64_t)H * dv, acc, l, i0, T, col_base, dv);
 #pragma unroll
     for (int a = 0; a < 4; a++) {
         const int i = i0 + ty + 16 * a;
-        if (i >= T) continue;
-        float* o_row = o + ((seq * T + i) * H + h) * dv;
-#pragma unroll
-        for (int c = 0; c < 4; c++)
-#pragma unroll
-            for (int b = 0; b < 4; b++) {
-                const int col = col_base + c * ATTN_TILE + tx + 16 * b;
-                if (col < dv) o_row[col] = acc[c][a][b] / l[a];
-            }
-        if (blockIdx.z == 0 && tx == 0) lse[bh * T + i] = m[a] + logf(l[a]);
+        if (i < T && blockIdx.z == 0 && tx == 0) lse[bh * T + i] = m[a] + logf(l[a]);
     }
 }
 
@@ -241,15 +260,12 @@ __global__ void __launch_bounds__(ATTN_THREADS)
     const float* v_seq = v + (seq * T * H + h) * v_ld;
 
     float row_lse[4], row_d[4], acc[4][4][4];
+    attn_zero(acc);
 #pragma unroll
     for (int a = 0; a < 4; a++) {
         const int i = i0 + ty + 16 * a;
         row_lse[a] = i < T ? lse[bh * T + i] : 0.0f;
         row_d[a] = i < T ? D[bh * T + i] : 0.0f;
-#pragma unroll
-        for (int c = 0; c < 4; c++)
-#pragma unroll
-            for (int b = 0; b < 4; b++) acc[c][a][b] = 0.0f;
     }
     for (int kt = 0; kt <= qt; kt++) {
         const int j0 = kt * ATTN_TILE, k_rows = T - j0 < ATTN_TILE ? T - j0 : ATTN_TILE;
@@ -273,19 +289,8 @@ __global__ void __launch_bounds__(ATTN_THREADS)
                 attn_tile_pv(acc[c], buf0, k_seq + j0 * qk_stride, qk_stride, k_rows, col_base + c * ATTN_TILE, dqk,
                              buf1);
     }
-#pragma unroll
-    for (int a = 0; a < 4; a++) {
-        const int i = i0 + ty + 16 * a;
-        if (i >= T) continue;
-        float* dq_row = dq + ((seq * T + i) * H + h) * dqk;
-#pragma unroll
-        for (int c = 0; c < 4; c++)
-#pragma unroll
-            for (int b = 0; b < 4; b++) {
-                const int col = col_base + c * ATTN_TILE + tx + 16 * b;
-                if (col < dqk) dq_row[col] = acc[c][a][b];
-            }
-    }
+    const float one[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+    attn_write_rows(dq + (seq * T * H + h) * dqk, qk_stride, acc, one, i0, T, col_base, dqk);
 }
 
 // grid (B*H, key tiles, dk slabs + dv slabs): slab z < dk_slabs writes dk columns, the others dv columns
@@ -307,12 +312,7 @@ __global__ void __launch_bounds__(ATTN_THREADS)
     const float* do_seq = dout + (seq * T * H + h) * dv;
 
     float acc[4][4][4];
-#pragma unroll
-    for (int c = 0; c < 4; c++)
-#pragma unroll
-        for (int a = 0; a < 4; a++)
-#pragma unroll
-            for (int b = 0; b < 4; b++) acc[c][a][b] = 0.0f;
+    attn_zero(acc);
     for (int qt = kt; qt < q_tiles; qt++) {
         const int i0 = qt * ATTN_TILE, q_rows = T - i0 < ATTN_TILE ? T - i0 : ATTN_TILE;
         float col_lse[4], col_d[4];  // of the queries i0 + tx + 16b
@@ -345,19 +345,11 @@ __global__ void __launch_bounds__(ATTN_THREADS)
             if (col_base + c * ATTN_TILE < width)
                 attn_tile_pv(acc[c], buf0, rhs, rhs_stride, q_rows, col_base + c * ATTN_TILE, width, buf1);
     }
-#pragma unroll
-    for (int a = 0; a < 4; a++) {
-        const int j = j0 + ty + 16 * a;
-        if (j >= T) continue;
-        float* out_row = is_dk ? dk + ((seq * T + j) * H + h) * dqk : dv_out + ((seq * T + j) * H + h) * v_ld;
-#pragma unroll
-        for (int c = 0; c < 4; c++)
-#pragma unroll
-            for (int b = 0; b < 4; b++) {
-                const int col = col_base + c * ATTN_TILE + tx + 16 * b;
-                if (col < width) out_row[col] = acc[c][a][b];
-            }
-    }
+    const float one[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+    if (is_dk)
+        attn_write_rows(dk + (seq * T * H + h) * dqk, qk_stride, acc, one, j0, T, col_base, width);
+    else
+        attn_write_rows(dv_out + (seq * T * H + h) * v_ld, v_stride, acc, one, j0, T, col_base, width);
 }
 
 // q, k (B*T, H, dqk); v strided by v_ld (see the top) -> o (B*T, H, dv), lse (B, H, T). scale: the softmax scale
