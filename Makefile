@@ -1,7 +1,8 @@
 # moe.cu build. The only build entry: binaries land in the repository root, objects in build/.
 #   make run        install what is missing, prepare the default data, train `small` on CPU, sample
 #   make test       install what is missing, build everything (CUDA too), run the CPU tests
-#   make train      the GPU trainer ./train          make test-gpu   the CUDA kernels against the CPU reference
+#   make train      the GPU trainer ./train          make test-gpu   kernels, step and trainers against the CPU (GPU)
+#   make bench      the GPU benchmark (GPU)          make bench-comm dispatch/combine vs NCCL all-to-all (GPU)
 #   make bench-cpu  train_cpu against the PyTorch reference on this CPU    make bench-io  HF export/import speed
 
 CXX      ?= g++
@@ -14,15 +15,15 @@ MPI_LIBS   = $(filter-out -lmpi_cxx,$(shell mpicxx --showme:link 2>/dev/null))
 THREADS  ?= $(shell nproc)
 
 CORE_SRC := $(wildcard model/*.cpp) $(filter-out data/prepare.cpp,$(wildcard data/*.cpp)) $(wildcard comm/*.cpp) \
-            $(filter-out tools/%_main.cpp,$(wildcard tools/*.cpp))
+            $(filter-out tools/%_main.cpp,$(wildcard tools/*.cpp)) $(wildcard trainer/*.cpp)
 CORE_OBJ := $(patsubst %.cpp,build/%.o,$(CORE_SRC))
-TEST_SRC := $(filter-out test/bench_cpu.cpp test/ep_check.cpp test/bench_io.cpp,$(wildcard test/*.cpp))
+TEST_SRC := $(filter-out test/bench_cpu.cpp test/ep_check.cpp test/bench_io.cpp test/gpu_model_cpu_check.cpp,$(wildcard test/*.cpp))
 TEST_OBJ := $(patsubst %.cpp,build/%.o,$(TEST_SRC))
-HEADERS  := $(wildcard model/*.h data/*.h comm/*.h tools/*.h kernels/*.cuh)
+HEADERS  := $(wildcard model/*.h data/*.h comm/*.h tools/*.h trainer/*.h kernels/*.cuh)
 
-.PHONY: all deps deps-run data run test test-gpu bench-cpu bench-io clean
+.PHONY: all deps deps-run data run test test-gpu bench-cpu bench-io bench-comm bench clean
 
-all: train_cpu prepare_data test_cpu ep_check $(if $(wildcard tools/plot_main.cpp),plot)
+all: train_cpu prepare_data test_cpu ep_check gpu_model_cpu_check $(if $(wildcard tools/plot_main.cpp),plot)
 
 build/%.o: %.cpp $(HEADERS)
 	@mkdir -p $(dir $@)
@@ -64,7 +65,7 @@ run: deps-run
 
 test: deps
 	$(MAKE) -j$(THREADS) all data
-	@if [ -x $(NVCC) ]; then $(MAKE) train $(if $(wildcard test/test_gpu.cu),test_gpu); else echo "note: $(NVCC) not found: the GPU code is not built (install the CUDA toolkit)"; fi
+	@if [ -x $(NVCC) ]; then $(MAKE) -j$(THREADS) train test_gpu bench_gpu bench_comm; else echo "note: $(NVCC) not found: the GPU code is not built (install the CUDA toolkit)"; fi
 	OMP_NUM_THREADS=$(THREADS) ./test_cpu
 
 bench_io: build/test/bench_io.o $(CORE_OBJ)
@@ -78,6 +79,14 @@ bench-io: deps
 ep_check: build/test/ep_check.o $(CORE_OBJ)
 	$(CXX) $(CXXFLAGS) $^ -o $@ $(MPI_LIBS)
 
+# The GPU model's orchestration on the CPU: gpu/gpu_model.cu compiled as C++ against the host stand-ins of the CUDA
+# runtime and the kernels' launchers in test/cpu_stand_in/ (searched before the real kernels/; -I. filtered out of
+# CXXFLAGS to keep that order), checked against the CPU model by test_cpu (test/test_gpu_model_cpu.cpp).
+STAND_IN := $(wildcard test/cpu_stand_in/*.h test/cpu_stand_in/kernels/*.cuh)
+gpu_model_cpu_check: test/gpu_model_cpu_check.cpp gpu/gpu_model.cu gpu/gpu_model.h $(STAND_IN) $(CORE_OBJ) $(HEADERS)
+	$(CXX) $(filter-out -I.,$(CXXFLAGS)) -Itest/cpu_stand_in -I. -x c++ gpu/gpu_model.cu -x none \
+	  test/gpu_model_cpu_check.cpp $(CORE_OBJ) -o $@ $(MPI_LIBS)
+
 bench_cpu: build/test/bench_cpu.o $(CORE_OBJ)
 	$(CXX) $(CXXFLAGS) $^ -o $@ $(MPI_LIBS)
 
@@ -86,19 +95,46 @@ bench-cpu: deps
 	./bench_cpu --config small --batch 8 --seq 128 --steps 10 --threads $(THREADS)
 
 clean:
-	rm -rf build train_cpu prepare_data test_cpu test_gpu bench_cpu bench_io ep_check plot train
+	rm -rf build train_cpu prepare_data test_cpu test_gpu bench_cpu bench_io bench_comm bench_gpu ep_check plot train \
+	  gpu_model_cpu_check
 
-# GPU trainer: CUDA code compiled with nvcc for Hopper, linked with the shared host code.
-HOST_OBJ := build/model/config.o build/model/params.o build/model/train_args.o build/comm/comm.o build/comm/mpi_comm.o
+# GPU trainer: CUDA code compiled with nvcc for Hopper (sm_90a, plus PTX for newer GPUs), linked with the shared
+# host code. It builds anywhere the toolkit is; running it needs a GPU.
+GPU_HEADERS := $(HEADERS) $(wildcard gpu/*.h)
+GPU_LIBS := -Xcompiler -fopenmp -lcublasLt -lnccl $(MPI_LIBS)
 build/comm/nccl_comm.o: comm/nccl_comm.cu comm/comm.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) $(MPI_CFLAGS) -c $< -o $@
-# GPU tests: every kernel against the CPU reference (needs a GPU to run; builds anywhere with the toolkit)
-test_gpu: test/test_gpu.cu $(CORE_OBJ) $(HEADERS)
-	$(NVCC) $(NVFLAGS) -Xcompiler -fopenmp test/test_gpu.cu $(CORE_OBJ) -o $@ -lcublasLt -lcublas $(MPI_LIBS)
+build/gpu/%.o: gpu/%.cu $(GPU_HEADERS)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
 
-test-gpu: test_gpu
+train: train.cu build/gpu/gpu_model.o build/comm/nccl_comm.o $(CORE_OBJ) $(GPU_HEADERS)
+	$(NVCC) $(NVFLAGS) train.cu build/gpu/gpu_model.o build/comm/nccl_comm.o $(CORE_OBJ) -o $@ $(GPU_LIBS)
+
+# GPU tests: every kernel, the GEMMs, the whole step and the trainers against the CPU reference
+TEST_GPU_SRC := test/test_gpu.cu test/test_gpu_matmul.cu test/test_gpu_train.cu
+test_gpu: $(TEST_GPU_SRC) build/gpu/gpu_model.o $(CORE_OBJ) $(GPU_HEADERS) test/gpu_check.cuh
+	$(NVCC) $(NVFLAGS) $(TEST_GPU_SRC) build/gpu/gpu_model.o $(CORE_OBJ) -o $@ $(GPU_LIBS)
+
+test-gpu: deps
+	$(MAKE) -j$(THREADS) train_cpu train test_gpu data
 	./test_gpu
 
-train: train.cu build/comm/nccl_comm.o $(HOST_OBJ) $(HEADERS)
-	$(NVCC) $(NVFLAGS) train.cu build/comm/nccl_comm.o $(HOST_OBJ) -o $@ -lnccl $(MPI_LIBS)
+# Expert-parallel dispatch and combine bandwidth (GB/s) against NCCL's all-to-all on the same bytes (needs a GPU;
+# builds anywhere with the toolkit). One rank alone, or BENCH_RANKS=N for mpirun -np N (one rank per GPU).
+BENCH_COMM_OBJ := build/comm/nccl_comm.o build/comm/expert_plan.o build/comm/comm.o build/comm/mpi_comm.o
+bench_comm: test/bench_comm.cu $(BENCH_COMM_OBJ) $(HEADERS)
+	$(NVCC) $(NVFLAGS) test/bench_comm.cu $(BENCH_COMM_OBJ) -o $@ -lnccl $(MPI_LIBS)
+
+bench-comm: bench_comm
+	$(if $(BENCH_RANKS),mpirun -np $(BENCH_RANKS) ./bench_comm,./bench_comm)
+
+# The GPU benchmark (needs a GPU; builds anywhere with the toolkit): DeepSeek-V2-Lite shapes with as many layers as
+# fit, B 2 x T 4096: tokens/s, model TFLOP/s, MFU, the per-region step time, the memory-bound kernels' GB/s, and the
+# measured copy and BF16 GEMM ceilings they are read against. ./bench_gpu --help for the overrides.
+bench_gpu: test/bench_gpu.cu build/gpu/gpu_model.o $(CORE_OBJ) $(GPU_HEADERS)
+	$(NVCC) $(NVFLAGS) test/bench_gpu.cu build/gpu/gpu_model.o $(CORE_OBJ) -o $@ $(GPU_LIBS)
+
+bench: bench_gpu
+	./bench_gpu

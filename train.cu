@@ -1,52 +1,78 @@
-// train: the GPU trainer. It keeps train_cpu's command line, config, data and checkpoint formats (DESIGN §3).
-// This first version sets up the ranks over NCCL (one GPU each; MPI bootstraps under mpirun), checks the config
-// and prints the memory plan of the FP32 master weights, gradients and AdamW state; the training loop with the
-// hand-written CUDA kernels is the GPU trainer issue. Until then it exits non-zero after the plan, so no script
-// mistakes it for a finished run.
+// train: the GPU trainer. The same program as train_cpu (trainer/trainer.cpp: command line, data, logs,
+// checkpoints, sampling) with the arithmetic on the GPU (gpu/gpu_model.cu) and the ranks joined by NCCL, one GPU
+// per rank (comm/nccl_comm.cu; under mpirun, or alone on GPU 0). --dtype bf16 (the default) runs the GEMMs on
+// BF16 inputs with FP32 accumulation; --dtype fp32 runs everything in FP32 and follows train_cpu closely.
+// At start rank 0 prints its GPU and the memory plan; each step line adds MFU against the GPU's BF16 peak.
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <memory>
+#include <stdexcept>
 #include <string>
-#include <cuda_runtime.h>
 
-#include "comm/comm.h"
-#include "model/config.h"
-#include "model/params.h"
+#include "gpu/gpu_model.h"
 #include "model/train_args.h"
+#include "trainer/backend.h"
+#include "trainer/trainer.h"
 
-#define CUDA_CHECK(call)                                                                                  \
-    do {                                                                                                  \
-        cudaError_t err_ = (call);                                                                        \
-        if (err_ != cudaSuccess) {                                                                        \
-            fprintf(stderr, "train: CUDA error %s at %s:%d (%s)\n", cudaGetErrorString(err_), __FILE__, \
-                    __LINE__, #call);                                                                     \
-            exit(1);                                                                                      \
-        }                                                                                                 \
-    } while (0)
+namespace {
 
-int main(int argc, char** argv) {
-    TrainArgs args = parse_train_args(argc, argv, "train");
-    Config config = load_config(args.config);
-    if (config.n_routed_experts % args.ep != 0) {  // every rank sees it; rank 0 says it
-        const char* rank = getenv("OMPI_COMM_WORLD_RANK");
-        if (!rank || !strcmp(rank, "0"))
-            fprintf(stderr, "train: --ep %d does not divide n_routed_experts %d\n", args.ep, config.n_routed_experts);
-        return 2;
+class GpuBackend : public Backend {
+public:
+    GpuBackend(Model& host, const TrainArgs& args) {
+        const gpu::Precision precision = args.dtype == "fp32" ? gpu::Precision::FP32 : gpu::Precision::BF16;
+        int device = 0;
+        CUDA_CHECK(cudaGetDevice(&device));
+        cudaDeviceProp prop;
+        CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+        size_t free_before = 0, total = 0;
+        CUDA_CHECK(cudaMemGetInfo(&free_before, &total));
+        gpu_model_init(model_, host.config, *host.comm, precision, args.batch, args.seq);
+        size_t free_after = 0;
+        CUDA_CHECK(cudaMemGetInfo(&free_after, &total));
+        peak_ = gpu_peak_flops(prop);
+        if (host.comm->rank != 0) return;
+        const GpuMemoryPlan plan = gpu_memory_plan(host.config, host.comm->ep_size, precision, args.batch, args.seq);
+        const double gib = 1024.0 * 1024.0 * 1024.0;
+        printf("GPU %d: %s, %.1f GiB; GEMM inputs %s\n", device, prop.name, total / gib,
+               precision == gpu::Precision::BF16 ? "bf16 (FP32 accumulation)" : "fp32");
+        printf("memory plan per GPU: parameters %.2f GiB, gradients %.2f GiB, optimizer state %.2f GiB, activations "
+               "%.2f GiB, expert rows %.2f GiB, workspace %.2f GiB; free %.2f GiB before, %.2f GiB after\n",
+               plan.params / gib, plan.grads / gib, plan.optimizer / gib, plan.activations / gib,
+               plan.expert_rows / gib, plan.scratch / gib, free_before / gib, free_after / gib);
+        if (peak_ == 0.0) printf("MFU: %s is not in the peak table (H100, H200, B200): not printed\n", prop.name);
     }
-    std::unique_ptr<Comm> comm = make_nccl_comm(args.ep, "train");
-    int device = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    cudaDeviceProp prop;
-    CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-    size_t free_bytes = 0, total_bytes = 0;
-    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
-    ParamTable table = build_param_table(config, comm->ep_size);
-    const double gib = 1024.0 * 1024.0 * 1024.0, param_bytes = 4.0 * table.total;
-    printf("rank %d of %d (EP %d x DP %d), GPU %d: %s, %.1f GiB (%.1f GiB free)\n", comm->rank, comm->world,
-           comm->ep_size, comm->dp_size, device, prop.name, total_bytes / gib, free_bytes / gib);
-    printf("memory plan: parameters %.2f GiB, gradients %.2f GiB, AdamW state %.2f GiB\n", param_bytes / gib,
-           param_bytes / gib, 2 * param_bytes / gib);
-    fprintf(stderr, "train: the GPU training loop is not built yet; train with ./train_cpu\n");
-    return 1;
+    ~GpuBackend() override { gpu_model_free(model_); }
+
+    void load(const Model& host, const AdamWState& opt) override { gpu_model_upload(model_, host, opt); }
+    void store(Model& host, AdamWState& opt) override { gpu_model_download(model_, host, opt); }
+    LossParts forward(const int32_t* inputs, const int32_t* targets, int B, int T, bool training) override {
+        if (T != model_.T)
+            throw std::runtime_error("internal error: a forward over " + std::to_string(T) +
+                                     " tokens per sequence; the GPU model holds " + std::to_string(model_.T));
+        return gpu_model_forward(model_, inputs, targets, B, training);
+    }
+    void backward(float loss_scale) override { gpu_model_backward(model_, loss_scale); }
+    void logits_row(int64_t row, float* out) override { gpu_model_logits_row(model_, row, out); }
+    void zero_grads() override { gpu_model_zero_grads(model_); }
+    void reduce_grads() override { gpu_model_reduce_grads(model_); }
+    double grad_norm() override { return gpu_model_grad_norm(model_); }
+    void adamw(AdamWState& opt, const OptimizerConfig& oc, float lr, float grad_multiplier) override {
+        gpu_model_adamw(model_, opt, oc, lr, grad_multiplier);
+    }
+    std::vector<std::vector<int64_t>>& expert_counts() override { return model_.expert_counts; }
+    void update_router_bias(const std::vector<std::vector<int64_t>>& counts) override {
+        gpu_model_update_router_bias(model_, counts);
+    }
+    double peak_flops() const override { return peak_; }
+
+private:
+    GpuModel model_;
+    double peak_ = 0.0;
+};
+
+std::unique_ptr<Backend> make_gpu_backend(Model& host, const TrainArgs& args) {
+    return std::make_unique<GpuBackend>(host, args);
 }
+
+}  // namespace
+
+int main(int argc, char** argv) { return train_main(argc, argv, "train", make_nccl_comm, make_gpu_backend); }

@@ -2,7 +2,8 @@
 // rank = dp_rank * ep_size + ep_rank: the ranks of one expert-parallel group are consecutive (on one node when
 // ep_size divides the GPUs per node). Backends: one process (comm/comm.cpp) and MPI (comm/mpi_comm.cpp, for
 // train_cpu); the NCCL backend for train.cu builds on the same interface.
-// Buffers are host memory for the single-process and MPI backends, device memory for NCCL.
+// Buffers are host memory for the single-process and MPI backends; NCCL takes both: device buffers directly,
+// host buffers staged through device memory (copied in, the collective, copied out).
 // Counts are 64-bit everywhere. The MPI backend splits reductions and gathers into pieces MPI's int counts can
 // express; its all-to-all-v counts rows (a row datatype), and a transfer of over 2^31 rows ends the job.
 #pragma once

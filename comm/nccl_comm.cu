@@ -1,7 +1,10 @@
-// The NCCL Comm for the GPU trainer: every buffer is device memory, every collective runs on the Comm's CUDA
-// stream and is complete when the call returns. MPI only bootstraps: rank and world, the ranks on this host (so
-// each rank takes the GPU of its local rank), the NCCL unique id, and ending the job on failure. NCCL 2.28 has no
-// all-to-all-v: it is built from ncclSend/ncclRecv pairs inside one ncclGroupStart/ncclGroupEnd.
+// The NCCL Comm for the GPU trainer: every collective runs on the Comm's CUDA stream and is complete when the call
+// returns. Buffers may be device memory (the GPU model's: used as they are) or host memory (the trainer driver's
+// flags, losses, load counts, grad norm, checkpoint gathers: staged through a device buffer that grows when needed,
+// and is freed after a transfer that needed over STAGE_KEEP_BYTES, so a checkpoint does not hold device memory for
+// the rest of the run). MPI only bootstraps: rank and world, the ranks on this host (so each rank takes the GPU of
+// its local rank), the NCCL unique id, and ending the job on failure. NCCL 2.28 has no all-to-all-v: it is built
+// from ncclSend/ncclRecv pairs inside one ncclGroupStart/ncclGroupEnd.
 // Run without mpirun it is a one-rank job on GPU 0 that still goes through NCCL.
 #include <cuda_runtime.h>
 #include <mpi.h>
@@ -54,6 +57,7 @@ public:
         check_nccl(ncclCommSplit(world_comm_, ep_rank, dp_rank, &dp_comm_, nullptr), "ncclCommSplit(DP)");
     }
     ~NcclComm() override {
+        cudaFree(stage_);
         ncclCommDestroy(ep_comm_);
         ncclCommDestroy(dp_comm_);
         ncclCommDestroy(world_comm_);
@@ -61,51 +65,69 @@ public:
         if (use_mpi_) MPI_Finalize();
     }
 
-    void all_reduce_sum(float* data, int64_t n, Group g) override { reduce(data, n, ncclFloat32, g); }
-    void all_reduce_sum(double* data, int64_t n, Group g) override { reduce(data, n, ncclFloat64, g); }
-    void all_reduce_sum(int64_t* data, int64_t n, Group g) override { reduce(data, n, ncclInt64, g); }
+    void all_reduce_sum(float* data, int64_t n, Group g) override { reduce(data, n, ncclFloat32, sizeof(float), g); }
+    void all_reduce_sum(double* data, int64_t n, Group g) override { reduce(data, n, ncclFloat64, sizeof(double), g); }
+    void all_reduce_sum(int64_t* data, int64_t n, Group g) override { reduce(data, n, ncclInt64, sizeof(int64_t), g); }
 
     void all_to_all(const int64_t* send, int64_t* recv, int64_t per_rank) override {
-        check_nccl(ncclGroupStart(), "ncclGroupStart");
-        for (int p = 0; p < ep_size; p++) {
-            check_nccl(ncclSend(send + p * per_rank, per_rank, ncclInt64, p, ep_comm_, stream_), "ncclSend");
-            check_nccl(ncclRecv(recv + p * per_rank, per_rank, ncclInt64, p, ep_comm_, stream_), "ncclRecv");
-        }
-        check_nccl(ncclGroupEnd(), "ncclGroupEnd");
-        sync();
+        const size_t bytes = (size_t)(per_rank * ep_size) * sizeof(int64_t);
+        on_device(send, bytes, recv, bytes, [&](const void* in, void* out) {
+            const int64_t* s = static_cast<const int64_t*>(in);
+            int64_t* r = static_cast<int64_t*>(out);
+            check_nccl(ncclGroupStart(), "ncclGroupStart");
+            for (int p = 0; p < ep_size; p++) {
+                check_nccl(ncclSend(s + p * per_rank, per_rank, ncclInt64, p, ep_comm_, stream_), "ncclSend");
+                check_nccl(ncclRecv(r + p * per_rank, per_rank, ncclInt64, p, ep_comm_, stream_), "ncclRecv");
+            }
+            check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+        });
     }
 
     void all_to_all_v(const float* send, const int64_t* send_rows, float* recv, const int64_t* recv_rows,
                       int64_t width) override {
-        int64_t send_at = 0, recv_at = 0;
-        check_nccl(ncclGroupStart(), "ncclGroupStart");
+        int64_t send_total = 0, recv_total = 0;
         for (int p = 0; p < ep_size; p++) {
-            if (send_rows[p] > 0)
-                check_nccl(ncclSend(send + send_at * width, send_rows[p] * width, ncclFloat32, p, ep_comm_, stream_),
-                           "ncclSend");
-            if (recv_rows[p] > 0)
-                check_nccl(ncclRecv(recv + recv_at * width, recv_rows[p] * width, ncclFloat32, p, ep_comm_, stream_),
-                           "ncclRecv");
-            send_at += send_rows[p];
-            recv_at += recv_rows[p];
+            send_total += send_rows[p];
+            recv_total += recv_rows[p];
         }
-        check_nccl(ncclGroupEnd(), "ncclGroupEnd");
-        sync();
+        on_device(send, (size_t)(send_total * width) * sizeof(float), recv,
+                  (size_t)(recv_total * width) * sizeof(float), [&](const void* in, void* out) {
+            const float* s = static_cast<const float*>(in);
+            float* r = static_cast<float*>(out);
+            int64_t send_at = 0, recv_at = 0;
+            check_nccl(ncclGroupStart(), "ncclGroupStart");
+            for (int p = 0; p < ep_size; p++) {
+                if (send_rows[p] > 0)
+                    check_nccl(ncclSend(s + send_at * width, send_rows[p] * width, ncclFloat32, p, ep_comm_, stream_),
+                               "ncclSend");
+                if (recv_rows[p] > 0)
+                    check_nccl(ncclRecv(r + recv_at * width, recv_rows[p] * width, ncclFloat32, p, ep_comm_, stream_),
+                               "ncclRecv");
+                send_at += send_rows[p];
+                recv_at += recv_rows[p];
+            }
+            check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+        });
     }
 
+    // out is written on ep_rank 0 only (elsewhere it may be null).
     void gather_to_ep_root(const float* data, int64_t n, float* out) override {
-        check_nccl(ncclGroupStart(), "ncclGroupStart");
-        if (ep_rank == 0)
-            for (int p = 0; p < ep_size; p++)
-                check_nccl(ncclRecv(out + p * n, n, ncclFloat32, p, ep_comm_, stream_), "ncclRecv");
-        check_nccl(ncclSend(data, n, ncclFloat32, 0, ep_comm_, stream_), "ncclSend");
-        check_nccl(ncclGroupEnd(), "ncclGroupEnd");
-        sync();
+        const size_t out_bytes = ep_rank == 0 ? (size_t)(n * ep_size) * sizeof(float) : 0;
+        on_device(data, (size_t)n * sizeof(float), out, out_bytes, [&](const void* in, void* o) {
+            check_nccl(ncclGroupStart(), "ncclGroupStart");
+            if (ep_rank == 0)
+                for (int p = 0; p < ep_size; p++)
+                    check_nccl(ncclRecv(static_cast<float*>(o) + p * n, n, ncclFloat32, p, ep_comm_, stream_),
+                               "ncclRecv");
+            check_nccl(ncclSend(in, n, ncclFloat32, 0, ep_comm_, stream_), "ncclSend");
+            check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+        });
     }
 
     void broadcast(void* data, int64_t bytes, int root) override {
-        check_nccl(ncclBroadcast(data, data, bytes, ncclUint8, root, world_comm_, stream_), "ncclBroadcast");
-        sync();
+        on_device(data, bytes, data, bytes, [&](const void* in, void* out) {
+            check_nccl(ncclBroadcast(in, out, bytes, ncclUint8, root, world_comm_, stream_), "ncclBroadcast");
+        });
     }
 
     void barrier() override {
@@ -122,10 +144,53 @@ public:
     }
 
 private:
-    void reduce(void* data, int64_t n, ncclDataType_t type, Group g) {
+    static constexpr size_t STAGE_KEEP_BYTES = size_t(256) << 20;  // a larger staging buffer is freed after use
+
+    void reduce(void* data, int64_t n, ncclDataType_t type, size_t element_bytes, Group g) {
         ncclComm_t c = g == Group::World ? world_comm_ : g == Group::ExpertParallel ? ep_comm_ : dp_comm_;
-        check_nccl(ncclAllReduce(data, data, n, type, ncclSum, c, stream_), "ncclAllReduce");
+        const size_t bytes = (size_t)n * element_bytes;
+        on_device(data, bytes, data, bytes, [&](const void* in, void* out) {
+            check_nccl(ncclAllReduce(in, out, n, type, ncclSum, c, stream_), "ncclAllReduce");
+        });
+    }
+
+    // Runs collective(dev_in, dev_out) on device addresses for the caller's buffers in (in_bytes) and out
+    // (out_bytes; in == out: in place), then waits for the stream. A device buffer is passed as it is; a host one
+    // (pageable or pinned) is replaced by a slice of the staging buffer: in copied there before, out copied back
+    // after, on the Comm's stream. Empty buffers are never dereferenced (they may be null).
+    template <typename Collective>
+    void on_device(const void* in, size_t in_bytes, void* out, size_t out_bytes, Collective collective) {
+        const bool in_place = in == out;
+        const bool host_in = in_bytes > 0 && is_host(in);
+        const bool host_out = in_place ? host_in : out_bytes > 0 && is_host(out);
+        const size_t out_at = in_place || !host_in ? 0 : (in_bytes + 255) / 256 * 256;  // aligned after the input
+        const size_t stage_bytes = out_at + (host_out ? out_bytes : 0);
+        if (stage_bytes > stage_bytes_) {
+            free_stage();
+            check_cuda(cudaMalloc(&stage_, stage_bytes), "cudaMalloc (staging buffer for host memory)");
+            stage_bytes_ = stage_bytes;
+        }
+        const void* dev_in = host_in ? stage_ : in;
+        void* dev_out = host_out ? stage_ + out_at : out;
+        if (host_in)
+            check_cuda(cudaMemcpyAsync(stage_, in, in_bytes, cudaMemcpyHostToDevice, stream_),
+                       "cudaMemcpyAsync (host to staging)");
+        collective(dev_in, dev_out);
+        if (host_out)
+            check_cuda(cudaMemcpyAsync(out, dev_out, out_bytes, cudaMemcpyDeviceToHost, stream_),
+                       "cudaMemcpyAsync (staging to host)");
         sync();
+        if (stage_bytes_ > STAGE_KEEP_BYTES) free_stage();
+    }
+    void free_stage() {
+        check_cuda(cudaFree(stage_), "cudaFree (staging buffer)");
+        stage_ = nullptr;
+        stage_bytes_ = 0;
+    }
+    bool is_host(const void* p) {
+        cudaPointerAttributes attr;
+        check_cuda(cudaPointerGetAttributes(&attr, p), "cudaPointerGetAttributes");
+        return attr.type == cudaMemoryTypeUnregistered || attr.type == cudaMemoryTypeHost;
     }
     void sync() { check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
 
@@ -153,6 +218,8 @@ private:
     const char* program_;
     bool use_mpi_;
     cudaStream_t stream_ = nullptr;
+    char* stage_ = nullptr;  // device staging buffer for host-memory arguments
+    size_t stage_bytes_ = 0;
     ncclComm_t world_comm_ = nullptr, ep_comm_ = nullptr, dp_comm_ = nullptr;
 };
 

@@ -24,7 +24,7 @@ constexpr int64_t GRAD_NORM_CHUNK = 1 << 16;
 // doubles of scratch grad_norm_squared needs for n gradients
 inline int64_t grad_norm_scratch_doubles(int64_t n) { return n > 0 ? ceil_div(n, GRAD_NORM_CHUNK) : 1; }
 
-__global__ void adamw_kernel(float* params, const float* grads, float* m, float* v, int64_t n, float lr,
+static __global__ void adamw_kernel(float* params, const float* grads, float* m, float* v, int64_t n, float lr,
                              float beta1, float beta2, float eps, float decay, float bias1, float bias2,
                              float grad_multiplier) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
@@ -39,7 +39,7 @@ __global__ void adamw_kernel(float* params, const float* grads, float* m, float*
 }
 
 // one block per chunk: partial[chunk] = sum of its squares
-__global__ void grad_norm_partial_kernel(double* partial, const float* grads, int64_t n) {
+static __global__ void grad_norm_partial_kernel(double* partial, const float* grads, int64_t n) {
     const int64_t first = (int64_t)blockIdx.x * GRAD_NORM_CHUNK;
     const int64_t last = first + GRAD_NORM_CHUNK < n ? first + GRAD_NORM_CHUNK : n;
     double sum = 0.0;
@@ -49,7 +49,7 @@ __global__ void grad_norm_partial_kernel(double* partial, const float* grads, in
 }
 
 // one block: out = sum of the partials
-__global__ void grad_norm_total_kernel(double* out, const double* partial, int64_t count) {
+static __global__ void grad_norm_total_kernel(double* out, const double* partial, int64_t count) {
     double sum = 0.0;
     for (int64_t i = threadIdx.x; i < count; i += blockDim.x) sum += partial[i];
     sum = block_sum(sum);

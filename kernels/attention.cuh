@@ -163,7 +163,7 @@ __device__ inline void attn_write_rows(float* out, int64_t row_stride, const flo
 }
 
 // grid (B*H, query tiles, dv slabs)
-__global__ void __launch_bounds__(ATTN_THREADS)
+static __global__ void __launch_bounds__(ATTN_THREADS)
     attention_forward_kernel(float* o, float* lse, const float* q, const float* k, const float* v, int64_t v_ld,
                              int T, int H, int dqk, int dv, float scale) {
     __shared__ float buf0[ATTN_TILE * ATTN_LD], buf1[ATTN_TILE * ATTN_LD];
@@ -230,7 +230,7 @@ __global__ void __launch_bounds__(ATTN_THREADS)
 }
 
 // one warp per (token n, head h): D[b][h][t] = sum_e dO[n,h,e] o[n,h,e]  (n = b*T + t)
-__global__ void attention_backward_d_kernel(float* D, const float* dout, const float* o, int64_t rows, int T, int H,
+static __global__ void attention_backward_d_kernel(float* D, const float* dout, const float* o, int64_t rows, int T, int H,
                                             int dv) {
     const int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;  // n*H + h; the same for a warp
     const int lane = threadIdx.x % 32;
@@ -243,7 +243,7 @@ __global__ void attention_backward_d_kernel(float* D, const float* dout, const f
 }
 
 // grid (B*H, query tiles, dqk slabs)
-__global__ void __launch_bounds__(ATTN_THREADS)
+static __global__ void __launch_bounds__(ATTN_THREADS)
     attention_backward_dq_kernel(float* dq, const float* dout, const float* q, const float* k, const float* v,
                                  int64_t v_ld, const float* lse, const float* D, int T, int H, int dqk, int dv,
                                  float scale) {
@@ -294,7 +294,7 @@ __global__ void __launch_bounds__(ATTN_THREADS)
 }
 
 // grid (B*H, key tiles, dk slabs + dv slabs): slab z < dk_slabs writes dk columns, the others dv columns
-__global__ void __launch_bounds__(ATTN_THREADS)
+static __global__ void __launch_bounds__(ATTN_THREADS)
     attention_backward_dkdv_kernel(float* dk, float* dv_out, const float* dout, const float* q, const float* k,
                                    const float* v, int64_t v_ld, const float* lse, const float* D, int T, int H,
                                    int dqk, int dv, float scale, int dk_slabs) {

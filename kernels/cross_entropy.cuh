@@ -14,7 +14,7 @@ namespace gpu {
 
 constexpr int CROSS_ENTROPY_THREADS = 512;
 
-__global__ void cross_entropy_kernel(float* losses, float* dlogits, const float* logits, const int32_t* targets,
+static __global__ void cross_entropy_kernel(float* losses, float* dlogits, const float* logits, const int32_t* targets,
                                      int64_t V, float loss_scale) {
     const int64_t m = blockIdx.x;
     const float* z = logits + m * V;

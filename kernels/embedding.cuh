@@ -13,14 +13,14 @@
 namespace gpu {
 
 // one block per token row, threads over columns
-__global__ void embedding_forward_kernel(float* out, const int32_t* tokens, const float* embed, int64_t d) {
+static __global__ void embedding_forward_kernel(float* out, const int32_t* tokens, const float* embed, int64_t d) {
     const int64_t m = blockIdx.x;
     const float* src = embed + (int64_t)tokens[m] * d;
     for (int64_t c = threadIdx.x; c < d; c += blockDim.x) out[m * d + c] = src[c];
 }
 
 // one thread per column c, all tokens in order
-__global__ void embedding_backward_kernel(float* dembed, const float* dout, const int32_t* tokens, int64_t M,
+static __global__ void embedding_backward_kernel(float* dembed, const float* dout, const int32_t* tokens, int64_t M,
                                           int64_t d) {
     const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= d) return;

@@ -12,9 +12,9 @@
 // The plan costs O(n E / threads) steps: fine for E <= 256 and n of a few 100K; a segmented sort would scale further.
 //
 // Group sizes on the host: the grouped expert GEMMs (and, under expert parallelism, the NCCL send/recv sizes of the
-// all-to-all-v) need the counts on the host, so after expert_plan_build the trainer copies the E int64 counts
-// (async copy into pinned memory, then a stream sync) once per MoE layer per forward; the backward reuses the
-// plan. That costs one synchronisation (~10-20 us plus the drain of the queued kernels) per MoE layer and step,
+// all-to-all-v) need the counts on the host, so after expert_plan_build the trainer copies the E int64 counts to a
+// host vector and synchronises the stream (gpu/gpu_model.cu's moe_route) once per MoE layer per forward; the
+// backward reuses the plan. That costs one synchronisation (~10-20 us plus the drain of the queued kernels) per MoE layer and step,
 // small next to the layer's GEMMs. It is inherent in dropless routing with host-launched GEMMs and dynamic
 // all-to-all sizes. Avoiding it needs device-side problem sizes: a grouped GEMM that reads the offsets from
 // device memory (CUTLASS-style grouped GEMM) and a fixed-capacity exchange, i.e. padding or dropping tokens.
@@ -28,7 +28,7 @@ namespace gpu {
 constexpr int PLAN_THREADS = 512, ROW_THREADS = 256;
 
 // one block per expert e: counts[e] = #{a : chosen[a] == e}
-__global__ void expert_count_kernel(int64_t* counts, const int32_t* chosen, int64_t n) {
+static __global__ void expert_count_kernel(int64_t* counts, const int32_t* chosen, int64_t n) {
     const int e = blockIdx.x;
     int64_t count = 0;
     for (int64_t base = 0; base < n; base += blockDim.x) {
@@ -41,7 +41,7 @@ __global__ void expert_count_kernel(int64_t* counts, const int32_t* chosen, int6
 // One block per expert e: its first row is the sum of the earlier experts' counts; then it walks the assignments
 // in chunks of blockDim and gives its hits consecutive rows in assignment order. Within a chunk a hit's rank is the
 // hits of the earlier warps (from shared memory) plus those of the earlier lanes of its own warp (ballot).
-__global__ void expert_place_kernel(int64_t* row_of_slot, int64_t* slot_of_row, int64_t* offsets,
+static __global__ void expert_place_kernel(int64_t* row_of_slot, int64_t* slot_of_row, int64_t* offsets,
                                     const int64_t* counts, const int32_t* chosen, int64_t n, int E) {
     __shared__ int warp_hits[32];  // hits of each warp in the current chunk
     const int e = blockIdx.x, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -72,13 +72,13 @@ __global__ void expert_place_kernel(int64_t* row_of_slot, int64_t* slot_of_row, 
 }
 
 // one block per row r: rows[r] = x[slot_of_row[r] / k]
-__global__ void gather_forward_kernel(float* rows, const float* x, const int64_t* slot_of_row, int k, int64_t d) {
+static __global__ void gather_forward_kernel(float* rows, const float* x, const int64_t* slot_of_row, int k, int64_t d) {
     const int64_t r = blockIdx.x, t = slot_of_row[r] / k;
     for (int64_t i = threadIdx.x; i < d; i += blockDim.x) rows[r * d + i] = x[t * d + i];
 }
 
 // one block per token t: dx[t] (=|+=) sum_j drows[row_of_slot[t*k+j]], in j order
-__global__ void gather_backward_kernel(float* dx, const float* drows, const int64_t* row_of_slot, int k, int64_t d,
+static __global__ void gather_backward_kernel(float* dx, const float* drows, const int64_t* row_of_slot, int k, int64_t d,
                                        bool accumulate) {
     const int64_t t = blockIdx.x;
     for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
@@ -89,7 +89,7 @@ __global__ void gather_backward_kernel(float* dx, const float* drows, const int6
 }
 
 // one block per token t: out[t] (=|+=) sum_j w_tj rows[row_of_slot[t*k+j]], in j order
-__global__ void combine_forward_kernel(float* out, const float* rows, const float* weights,
+static __global__ void combine_forward_kernel(float* out, const float* rows, const float* weights,
                                        const int64_t* row_of_slot, int k, int64_t d, bool accumulate) {
     const int64_t t = blockIdx.x;
     for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
@@ -100,7 +100,7 @@ __global__ void combine_forward_kernel(float* out, const float* rows, const floa
 }
 
 // one block per assignment a = t*k + j: drows[row] = w_a dout[t];  dweights[a] = dout[t] . rows[row]
-__global__ void combine_backward_kernel(float* drows, float* dweights, const float* dout, const float* rows,
+static __global__ void combine_backward_kernel(float* drows, float* dweights, const float* dout, const float* rows,
                                         const float* weights, const int64_t* row_of_slot, int k, int64_t d) {
     const int64_t a = blockIdx.x, t = a / k, row = row_of_slot[a];
     const float w = weights[a];

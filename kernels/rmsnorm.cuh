@@ -19,7 +19,7 @@ constexpr int64_t RMSNORM_DW_ROWS = 128;
 inline int64_t rmsnorm_backward_scratch_floats(int64_t M, int64_t C) { return ceil_div(M, RMSNORM_DW_ROWS) * C; }
 
 // one block per row
-__global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* inp, const float* w, int64_t C,
+static __global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* inp, const float* w, int64_t C,
                                        float eps) {
     const int64_t m = blockIdx.x;
     const float* x = inp + m * C;
@@ -32,7 +32,7 @@ __global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* inp
 }
 
 // one block per row: dx
-__global__ void rmsnorm_backward_dx_kernel(float* dinp, const float* dout, const float* inp, const float* w,
+static __global__ void rmsnorm_backward_dx_kernel(float* dinp, const float* dout, const float* inp, const float* w,
                                            const float* rstd, int64_t C, bool accumulate) {
     const int64_t m = blockIdx.x;
     const float *x = inp + m * C, *dy = dout + m * C;
@@ -48,7 +48,7 @@ __global__ void rmsnorm_backward_dx_kernel(float* dinp, const float* dout, const
 }
 
 // grid (row chunks, column blocks): partial (chunks, C) = sum over the chunk's rows of dy x r
-__global__ void rmsnorm_backward_dw_partial_kernel(float* partial, const float* dout, const float* inp,
+static __global__ void rmsnorm_backward_dw_partial_kernel(float* partial, const float* dout, const float* inp,
                                                    const float* rstd, int64_t M, int64_t C) {
     const int64_t chunk = blockIdx.x, c = (int64_t)blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= C) return;
@@ -59,7 +59,7 @@ __global__ void rmsnorm_backward_dw_partial_kernel(float* partial, const float* 
 }
 
 // one thread per column: dw += the chunks' partial sums, in chunk order
-__global__ void rmsnorm_backward_dw_sum_kernel(float* dw, const float* partial, int64_t chunks, int64_t C) {
+static __global__ void rmsnorm_backward_dw_sum_kernel(float* dw, const float* partial, int64_t chunks, int64_t C) {
     const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     float acc = 0.0f;

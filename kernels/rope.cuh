@@ -37,7 +37,7 @@ __device__ inline float rope_rotate_element(const float* x, int64_t r, float co,
 }
 
 // cos_table, sin_table (T, dr/2)
-__global__ void rope_table_kernel(float* cos_table, float* sin_table, Config c, int64_t T) {
+static __global__ void rope_table_kernel(float* cos_table, float* sin_table, Config c, int64_t T) {
     const int64_t half = c.qk_rope_head_dim / 2, n = T * half;
     const double magnitude = rope_magnitude(c);
     for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < n;
@@ -50,7 +50,7 @@ __global__ void rope_table_kernel(float* cos_table, float* sin_table, Config c, 
 }
 
 // one thread per (n, h, e), e < dqk = dn + dr
-__global__ void rope_heads_forward_kernel(float* q_heads, float* k_heads, const float* q, const float* kv,
+static __global__ void rope_heads_forward_kernel(float* q_heads, float* k_heads, const float* q, const float* kv,
                                           const float* kv_a, const float* cos_table, const float* sin_table,
                                           int64_t N, int64_t T, int64_t H, int64_t dn, int64_t dr, int64_t dv,
                                           int64_t kr) {
@@ -71,7 +71,7 @@ __global__ void rope_heads_forward_kernel(float* q_heads, float* k_heads, const 
 }
 
 // one thread per (n, h, e), e < dqk: dq, and the k_nope part of dkv
-__global__ void rope_heads_backward_q_kernel(float* dq, float* dkv, const float* dq_heads, const float* dk_heads,
+static __global__ void rope_heads_backward_q_kernel(float* dq, float* dkv, const float* dq_heads, const float* dk_heads,
                                              const float* cos_table, const float* sin_table, int64_t N, int64_t T,
                                              int64_t H, int64_t dn, int64_t dr, int64_t dv) {
     const int64_t dqk = dn + dr, total = N * H * dqk;
@@ -89,7 +89,7 @@ __global__ void rope_heads_backward_q_kernel(float* dq, float* dkv, const float*
 }
 
 // one thread per (n, r), r < dr: the shared rope key's gradient, summed over the heads in order (as the CPU)
-__global__ void rope_heads_backward_k_kernel(float* dkv_a, const float* dk_heads, const float* cos_table,
+static __global__ void rope_heads_backward_k_kernel(float* dkv_a, const float* dk_heads, const float* cos_table,
                                              const float* sin_table, int64_t N, int64_t T, int64_t H, int64_t dn,
                                              int64_t dr, int64_t kr) {
     const int64_t dqk = dn + dr, total = N * dr;

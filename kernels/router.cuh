@@ -10,7 +10,7 @@
 //     then dL/dz = dL/ds s (1 - s).  (The bias is selection only: no gradient.)
 // Forward: one thread per token, with E floats of scratch per token in global memory (router_select's `scratch`);
 // it is latency-bound but tiny next to the GEMMs. Backward: per-sequence expert counts (integer atomics in shared
-// memory: exact), then one block per token.
+// memory: exact), then one block per token. The balance loss's value: per-token totals, then one block per sequence.
 #pragma once
 #include <cstdint>
 
@@ -22,7 +22,7 @@ namespace gpu {
 
 constexpr int ROUTER_FORWARD_THREADS = 64, ROUTER_BACKWARD_THREADS = 128;
 
-__global__ void router_forward_kernel(float* scores, int32_t* chosen, float* gate_weights, float* scratch,
+static __global__ void router_forward_kernel(float* scores, int32_t* chosen, float* gate_weights, float* scratch,
                                       const float* logits, const float* bias, Config c, int64_t N) {
     const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= N) return;
@@ -32,7 +32,7 @@ __global__ void router_forward_kernel(float* scores, int32_t* chosen, float* gat
 }
 
 // one block per sequence b: counts (B, E) = how many of the sequence's T tokens chose each expert
-__global__ void router_sequence_counts_kernel(int* counts, const int32_t* chosen, int64_t T, int E, int k) {
+static __global__ void router_sequence_counts_kernel(int* counts, const int32_t* chosen, int64_t T, int E, int k) {
     extern __shared__ int hist[];  // (E)
     const int64_t b = blockIdx.x;
     for (int e = threadIdx.x; e < E; e += blockDim.x) hist[e] = 0;
@@ -43,7 +43,7 @@ __global__ void router_sequence_counts_kernel(int* counts, const int32_t* chosen
 }
 
 // one block per token t, threads over experts
-__global__ void router_backward_kernel(float* dlogits, const float* dgate_weights, const float* scores,
+static __global__ void router_backward_kernel(float* dlogits, const float* dgate_weights, const float* scores,
                                        const int32_t* chosen, const int* seq_counts, Config c, int64_t T,
                                        double balance_coef) {
     const int64_t t = blockIdx.x, E = c.n_routed_experts, k = c.num_experts_per_tok;
@@ -78,6 +78,30 @@ __global__ void router_backward_kernel(float* dlogits, const float* dgate_weight
     }
 }
 
+// one thread per token t: totals[t] = sum_e s_te in expert order, in double (the CPU's S_t)
+static __global__ void token_score_totals_kernel(double* totals, const float* scores, int64_t N, int E) {
+    const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= N) return;
+    double total = 0.0;
+    for (int e = 0; e < E; e++) total += scores[t * E + e];
+    totals[t] = total;
+}
+
+// one block per sequence b, threads over experts: P_e = sum_t s_te / S_t / T in token order (double, as the CPU),
+// f_e = E/(kT) count_e; per_sequence[b] = sum_e f_e P_e (the caller multiplies by alpha / B)
+static __global__ void balance_loss_kernel(double* per_sequence, const float* scores, const double* totals,
+                                           const int* seq_counts, int64_t T, int E, int k) {
+    const int64_t b = blockIdx.x;
+    double sum = 0.0;
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        double P = 0.0;
+        for (int64_t t = b * T; t < (b + 1) * T; t++) P += scores[t * E + e] / totals[t] / T;
+        sum += (double)E / (k * T) * seq_counts[b * E + e] * P;
+    }
+    sum = block_sum(sum);
+    if (threadIdx.x == 0) per_sequence[b] = sum;
+}
+
 // logits (N, E) -> scores (N, E) (may be the same buffer as logits), chosen (N, k), gate_weights (N, k).
 // bias (E): e_score_correction_bias. scratch: N * E floats.
 inline void router_forward(float* scores, int32_t* chosen, float* gate_weights, float* scratch, const float* logits,
@@ -103,6 +127,23 @@ inline void router_backward(float* dlogits, const float* dgate_weights, const fl
     const double balance_coef = balance_scale * c.aux_loss_alpha / ((double)B * T);  // the CPU's expression
     router_backward_kernel<<<(unsigned)(B * T), ROUTER_BACKWARD_THREADS, 0, stream>>>(
         dlogits, dgate_weights, scores, chosen, scratch, c, T, balance_coef);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// The sequence-wise balance loss's sum_e f_e P_e of each of the B sequences -> per_sequence (B) doubles.
+// scratch: B*T doubles (token totals) and B*E ints (counts).
+inline void balance_loss(double* per_sequence, double* totals, int* seq_counts, const float* scores,
+                         const int32_t* chosen, const Config& c, int64_t B, int64_t T, cudaStream_t stream) {
+    if (B * T == 0) return;
+    const int E = c.n_routed_experts, k = c.num_experts_per_tok;
+    router_sequence_counts_kernel<<<(unsigned)B, ROUTER_BACKWARD_THREADS, E * sizeof(int), stream>>>(
+        seq_counts, chosen, T, E, k);
+    CUDA_CHECK(cudaGetLastError());
+    token_score_totals_kernel<<<(unsigned)ceil_div(B * T, ROUTER_FORWARD_THREADS), ROUTER_FORWARD_THREADS, 0,
+                                stream>>>(totals, scores, B * T, E);
+    CUDA_CHECK(cudaGetLastError());
+    balance_loss_kernel<<<(unsigned)B, ROUTER_BACKWARD_THREADS, 0, stream>>>(per_sequence, scores, totals, seq_counts,
+                                                                             T, E, k);
     CUDA_CHECK(cudaGetLastError());
 }
 

@@ -12,12 +12,12 @@ constexpr int SWIGLU_THREADS = 256;
 
 __device__ inline float silu(float x) { return x / (1.0f + expf(-x)); }  // as model/ops.h
 
-__global__ void swiglu_forward_kernel(float* out, const float* g, const float* u, int64_t n) {
+static __global__ void swiglu_forward_kernel(float* out, const float* g, const float* u, int64_t n) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
         out[i] = silu(g[i]) * u[i];
 }
 
-__global__ void swiglu_backward_kernel(float* dg, float* du, const float* dout, const float* g, const float* u,
+static __global__ void swiglu_backward_kernel(float* dg, float* du, const float* dout, const float* g, const float* u,
                                        int64_t n) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         const float s = sigmoid(g[i]);

@@ -23,18 +23,26 @@ void model_init(Model& m, const Config& c, Comm* comm) {
 }
 
 // Each tensor (each expert, for stacked experts) draws from its own stream, seeded by the run's seed and its name,
-// so the initial weights are the same whatever the expert-parallel layout.
+// so the initial weights are the same whatever the expert-parallel layout. The streams are independent, so they
+// are filled in parallel with the same values for any thread count.
 void model_init_weights(Model& m, uint64_t seed) {
-    for (const ParamTensor& t : m.table.tensors) {
-        const int64_t slices = t.expert_shard ? t.shape[0] : 1, per_slice = t.numel / slices;
+    struct Slice {
+        const ParamTensor* t;
+        int64_t index;  // expert index within the stacked tensor, 0 otherwise
+    };
+    std::vector<Slice> slices;
+    for (const ParamTensor& t : m.table.tensors)
+        for (int64_t s = 0; s < (t.expert_shard ? t.shape[0] : 1); s++) slices.push_back({&t, s});
+#pragma omp parallel for schedule(dynamic)
+    for (size_t i = 0; i < slices.size(); i++) {
+        const ParamTensor& t = *slices[i].t;
+        const int64_t s = slices[i].index, per_slice = t.expert_shard ? t.numel / t.shape[0] : t.numel;
         const int64_t first_expert = t.expert_shard ? (int64_t)m.comm->ep_rank * t.shape[0] : 0;
         const bool is_norm = t.shape.size() == 1 && t.trainable;
-        for (int64_t s = 0; s < slices; s++) {
-            Rng rng(fnv1a(t.name, seed * 0x9E3779B97F4A7C15ull + (uint64_t)(first_expert + s)));
-            float* p = m.params.data() + t.offset + s * per_slice;
-            for (int64_t i = 0; i < per_slice; i++)
-                p[i] = !t.trainable ? 0.0f : is_norm ? 1.0f : m.config.initializer_range * rng.normal();
-        }
+        Rng rng(fnv1a(t.name, seed * 0x9E3779B97F4A7C15ull + (uint64_t)(first_expert + s)));
+        float* p = m.params.data() + t.offset + s * per_slice;
+        for (int64_t j = 0; j < per_slice; j++)
+            p[j] = !t.trainable ? 0.0f : is_norm ? 1.0f : m.config.initializer_range * rng.normal();
     }
 }
 

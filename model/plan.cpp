@@ -12,6 +12,22 @@
 
 #include "params.h"
 
+// Parameters one token's forward passes through: the active ones, plus the MTP block less its unused routed experts.
+static double active_params_with_mtp(const Config& c) {
+    const double unused_mtp_experts = (double)(c.n_routed_experts - c.num_experts_per_tok) * 3 *
+                                      c.moe_intermediate_size * c.hidden_size;
+    return count_active_params(c) + (c.num_nextn_predict_layers > 0 ? count_mtp_params(c) - unused_mtp_experts : 0);
+}
+
+// The attention scores and their weighted sum per token, forward and backward (x6), causal (halved), every block.
+static double attention_flops_per_token(const Config& c, int T) {
+    return 6.0 * 2 * c.num_attention_heads * T * (c.qk_head_dim() + c.v_head_dim) / 2 * c.num_blocks();
+}
+
+double model_flops_per_token(const Config& c, int T) {
+    return 6 * active_params_with_mtp(c) + attention_flops_per_token(c, T);
+}
+
 void print_plan(const Config& c, const PlanInputs& p) {
     const double GiB = 1024.0 * 1024 * 1024;
     ParamTable table = build_param_table(c, 1);
@@ -35,12 +51,8 @@ void print_plan(const Config& c, const PlanInputs& p) {
     const double tokens = (double)p.batch * T;
     const double act_bytes = act_per_token * tokens;
 
-    // FLOPs per token: 6 x active (with MTP) + attention 6 x 2 x H x T x (dqk + dv) / 2 per block
-    const double active = count_active_params(c) + (c.num_nextn_predict_layers > 0
-                              ? count_mtp_params(c) - (double)(c.n_routed_experts - c.num_experts_per_tok) * 3 * I * d
-                              : 0);
-    const double attn_flops = 6.0 * 2 * H * T * (dqk + dv) / 2 * c.num_blocks();
-    const double flops_per_token = 6 * active + attn_flops;
+    const double active = active_params_with_mtp(c), attn_flops = attention_flops_per_token(c, p.seq);
+    const double flops_per_token = model_flops_per_token(c, p.seq);
 
     // all-to-all bytes per GPU per micro-step (both directions counted once, as sent)
     const double row_bytes = 2 * d;

@@ -13,3 +13,6 @@ struct PlanInputs {
 };
 
 void print_plan(const Config& c, const PlanInputs& p);
+// Training FLOPs per token for sequences of T tokens (forward and backward): 6 x the active parameters (shared
+// experts and MTP included) + the attention scores, causal halved. The numerator of MFU.
+double model_flops_per_token(const Config& c, int T);

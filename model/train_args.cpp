@@ -36,6 +36,7 @@ static const char* USAGE =
     "  --vocab N              override the config's vocab_size (e.g. 50257 for llm.c's GPT-2 shards)\n"
     "  --init-from-hf DIR     start from a Hugging Face directory (config.json + safetensors)\n"
     "  --export-hf DIR        write a Hugging Face directory at the end (with --export-dtype bf16|f32, bf16)\n"
+    "  --dtype fp32|bf16      GEMM input precision: fp32, or bf16 (GPU only; the GPU default)\n"
     "  --eval-only            print the validation loss of the model (--resume or --init-from-hf) and exit\n"
     "  --plot FILE.png        plot the --log at the end (--plot-log-scale for a logarithmic loss axis)\n"
     "  --describe             print the config and parameter counts, then exit\n"
@@ -114,6 +115,7 @@ TrainArgs parse_train_args(int argc, char** argv, const char* program) {
         else if (!strcmp(flag, "--init-from-hf")) a.init_from_hf = v;
         else if (!strcmp(flag, "--export-hf")) a.export_hf = v;
         else if (!strcmp(flag, "--export-dtype")) a.export_dtype = v;
+        else if (!strcmp(flag, "--dtype")) a.dtype = v;
         else if (!strcmp(flag, "--plot")) a.plot = v;
         else if (!strcmp(flag, "--gpus")) a.plan_inputs.gpus = (int)parse_int(program, flag, v, 1, 1 << 20);
         else if (!strcmp(flag, "--gpus-per-node")) a.plan_inputs.gpus_per_node = (int)parse_int(program, flag, v, 1, 1024);
@@ -130,6 +132,7 @@ TrainArgs parse_train_args(int argc, char** argv, const char* program) {
     a.plan_inputs.grad_accum = a.grad_accum;
     if (a.plan && (a.plan_inputs.gpus % a.ep != 0)) bad(program, "--ep must divide --gpus");
     if (a.export_dtype != "bf16" && a.export_dtype != "f32") bad(program, "--export-dtype must be bf16 or f32");
+    if (!a.dtype.empty() && a.dtype != "fp32" && a.dtype != "bf16") bad(program, "--dtype must be fp32 or bf16");
     if (!a.plot.empty() && a.log.empty()) bad(program, "--plot needs --log FILE (the plot is drawn from the log)");
     if (a.eval_only && a.val.empty()) bad(program, "--eval-only needs --val PATTERN");
     if (a.eval_only && !a.resume && a.init_from_hf.empty())

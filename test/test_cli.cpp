@@ -67,6 +67,11 @@ TEST_CASE("cli: missing or foreign files are one-line errors") {
     expect_clean_failure("./train_cpu --config small" + DATA + " --seq 5000", "max_position_embeddings");
 }
 
+TEST_CASE("cli: --dtype bf16 is refused by the CPU trainer, an unknown --dtype by every trainer") {
+    expect_clean_failure("./train_cpu --config small --dtype bf16" + DATA, "the CPU trainer computes in fp32 only");
+    expect_clean_failure("./train_cpu --config small --dtype fp16" + DATA, "--dtype must be fp32 or bf16");
+}
+
 TEST_CASE("cli: a damaged checkpoint is refused and left alone") {
     system("rm -rf /tmp/moe_cli_ckpt && mkdir -p /tmp/moe_cli_ckpt");
     std::ofstream("/tmp/moe_cli_ckpt/ckpt_00000005.safetensors") << std::string(20, '\x7f');

@@ -1,4 +1,5 @@
-// test_gpu: every kernel of kernels/ against the CPU reference of model/ and comm/ (DESIGN §5).
+// test_gpu (make test-gpu): every kernel of kernels/ against the CPU reference of model/ and comm/ (DESIGN §5),
+// then the GEMMs (test_gpu_matmul.cu), the whole training step and the trainers (test_gpu_train.cu).
 // Fresh random inputs (model/rng.h, never zeros); outputs are poisoned first (0xFF bytes: NaN for floats, -1 for
 // integers), so a value the kernel forgets to write fails; accumulated outputs start from random values instead.
 // Error: max_i |gpu_i - cpu_i| / max_i |cpu_i|, relative to the tensor's scale (a per-element relative error
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "comm/expert_plan.h"
+#include "test/gpu_check.cuh"
 #include "kernels/adamw.cuh"
 #include "kernels/attention.cuh"
 #include "kernels/cross_entropy.cuh"
@@ -34,58 +36,6 @@
 #include "model/moe.h"
 #include "model/rope.h"
 #include "model/router.h"
-
-static int passed = 0, failed = 0;
-
-// A device copy of a host vector (or n uninitialised values), freed on scope exit.
-template <typename T>
-struct Dev {
-    T* ptr = nullptr;
-    size_t n = 0;
-    explicit Dev(size_t count) : n(count) { CUDA_CHECK(cudaMalloc(&ptr, (n > 0 ? n : 1) * sizeof(T))); }
-    explicit Dev(const std::vector<T>& h) : Dev(h.size()) {
-        CUDA_CHECK(cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-    }
-    ~Dev() { CUDA_CHECK(cudaFree(ptr)); }
-    Dev(const Dev&) = delete;
-    Dev& operator=(const Dev&) = delete;
-    void poison() { CUDA_CHECK(cudaMemset(ptr, 0xFF, n * sizeof(T))); }
-    std::vector<T> get() const {
-        std::vector<T> h(n);
-        CUDA_CHECK(cudaDeviceSynchronize());
-        CUDA_CHECK(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
-        return h;
-    }
-};
-
-static std::string fmt(const char* format, ...) {
-    char buf[256];
-    va_list args;
-    va_start(args, format);
-    vsnprintf(buf, sizeof buf, format, args);
-    va_end(args);
-    return buf;
-}
-
-template <typename T>
-static void check(const std::string& name, const std::vector<T>& got, const std::vector<T>& want, double tol) {
-    double err = got.size() == want.size() ? 0.0 : INFINITY, scale = 0.0;
-    for (size_t i = 0; i < got.size() && i < want.size(); i++) {
-        double e = std::isfinite((double)got[i]) ? std::fabs((double)got[i] - (double)want[i]) : INFINITY;
-        if (!(e <= err)) err = e;  // keeps a NaN
-        scale = std::max(scale, std::fabs((double)want[i]));
-    }
-    if (scale > 0) err /= scale;
-    const bool ok = err <= tol;
-    printf("%-62s max err %9.2e  tol %6.0e  %s\n", name.c_str(), err, tol, ok ? "ok" : "FAIL");
-    (ok ? passed : failed)++;
-}
-
-static std::vector<float> randn(size_t n, Rng& rng, float scale = 1.0f) {
-    std::vector<float> v(n);
-    for (float& x : v) x = scale * rng.normal();
-    return v;
-}
 
 static void test_embedding(Rng& rng) {
     struct Case { int64_t V, d, M; };
@@ -556,6 +506,10 @@ static void test_attention(Rng& rng) {
     }
 }
 
+void test_matmul(Rng& rng);   // test/test_gpu_matmul.cu
+void test_training_step();    // test/test_gpu_train.cu
+void test_trainers();
+
 int main() {
     int devices = 0;
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
@@ -574,6 +528,9 @@ int main() {
     test_router(rng);
     test_permute(rng);
     test_attention(rng);
+    test_matmul(rng);
+    test_training_step();
+    test_trainers();
     printf("tests: %d passed, %d failed\n", passed, failed);
     return failed == 0 ? 0 : 1;
 }

@@ -1,4 +1,4 @@
-// Shared helpers for the CPU tests: a tiny model with random weights, a random batch, a relative CHECK.
+// Shared helpers for the CPU tests: a relative CHECK (and, from random_model.h, random weights and batches).
 #pragma once
 #include <doctest/doctest.h>
 
@@ -10,26 +10,7 @@
 
 #include "model/model.h"
 #include "model/rng.h"
-
-// Random weights with some spread in the norm weights and router biases, so nothing sits at a special value.
-inline void randomize_for_test(Model& m, uint64_t seed) {
-    model_init_weights(m, seed);
-    Rng rng(seed * 7 + 3);
-    for (const ParamTensor& t : m.table.tensors) {
-        float* p = m.params.data() + t.offset;
-        if (t.shape.size() == 1)
-            for (int64_t i = 0; i < t.numel; i++) p[i] = t.trainable ? 1.0f + 0.1f * rng.normal() : 0.01f * rng.normal();
-        else
-            for (int64_t i = 0; i < t.numel; i++) p[i] = 0.1f * rng.normal();
-    }
-}
-
-inline std::vector<int32_t> random_tokens(int64_t n, int vocab, uint64_t seed) {
-    Rng rng(seed);
-    std::vector<int32_t> tokens(n);
-    for (int32_t& t : tokens) t = (int32_t)(rng.next_u64() % vocab);
-    return tokens;
-}
+#include "test/random_model.h"
 
 // CHECK that got is within rel * |want| of want. (doctest::Approx is not used: it also allows rel * max(1, |got|),
 // an absolute slack that would make checks of small values vacuous.)

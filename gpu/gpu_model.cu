@@ -1,0 +1,924 @@
+// The GPU model: model/model.cpp, model/mla.cpp, model/moe.cpp and model/ffn.cpp step for step, with kernels/
+// launches and cuBLASLt GEMMs in place of the CPU loops. Read it beside the CPU files: the function names, the
+// order of the operations and the buffers match, so the CPU reference checks it (test/test_gpu_train.cu).
+// Everything runs on one stream, m.stream. The Comm (NCCL) runs on a stream of its own and every call returns
+// when complete, so the stream is synchronised before each call that reads what the stream wrote.
+#include "gpu/gpu_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/adamw.cuh"
+#include "kernels/attention.cuh"
+#include "kernels/cross_entropy.cuh"
+#include "kernels/elementwise.cuh"
+#include "kernels/embedding.cuh"
+#include "kernels/permute.cuh"
+#include "kernels/rmsnorm.cuh"
+#include "kernels/rope.cuh"
+#include "kernels/router.cuh"
+#include "kernels/swiglu.cuh"
+#include "model/rope.h"
+
+namespace {
+
+// Carves typed, 256-byte aligned pieces out of one allocation; with base == nullptr it only counts, so each
+// layout is written once and serves both the memory plan and the allocation.
+struct ByteArena {
+    char* base = nullptr;
+    int64_t used = 0;
+    template <typename T>
+    T* take(int64_t n) {
+        if (n <= 0) return nullptr;
+        used = (used + 255) / 256 * 256;
+        T* p = base ? reinterpret_cast<T*>(base + used) : nullptr;
+        used += n * (int64_t)sizeof(T);
+        return p;
+    }
+};
+
+void* device_alloc(int64_t bytes, const char* what) {
+    void* p = nullptr;
+    if (bytes <= 0) return nullptr;
+    cudaError_t err = cudaMalloc(&p, (size_t)bytes);
+    if (err != cudaSuccess) {
+        cudaGetLastError();  // clear the error
+        throw std::runtime_error("out of GPU memory allocating " + std::to_string(bytes >> 20) + " MiB for " + what +
+                                 " (lower --batch or --seq, or spread the experts with --ep)");
+    }
+    return p;
+}
+
+void sync(const GpuModel& m) { CUDA_CHECK(cudaStreamSynchronize(m.stream)); }
+
+int64_t tokens(const GpuModel& m) { return (int64_t)m.B * m.T; }
+
+// The BF16 working copy of weight w (a pointer into m.params), or nullptr for an FP32 GEMM.
+const __nv_bfloat16* bf16_of(const GpuModel& m, const float* w) {
+    return m.precision == gpu::Precision::BF16 ? m.params_bf16 + (w - m.params) : nullptr;
+}
+
+int64_t ffn_width(const Config& c, int layer) {
+    return c.is_moe_layer(layer) ? (int64_t)c.n_shared_experts * c.moe_intermediate_size : c.intermediate_size;
+}
+
+// ---- layouts --------------------------------------------------------------------------------------------------
+
+void carve_block(ByteArena& ar, const Config& c, int layer, int B, int T, GpuBlockActs& a) {
+    const int64_t N = (int64_t)B * T, d = c.hidden_size, H = c.num_attention_heads, dqk = c.qk_head_dim();
+    const int64_t qr = c.q_lora_rank, kr = c.kv_lora_rank, dr = c.qk_rope_head_dim, dn = c.qk_nope_head_dim;
+    const int64_t dv = c.v_head_dim, width = ffn_width(c, layer);
+    a.attn_normed = ar.take<float>(N * d);
+    a.attn_rstd = ar.take<float>(N);
+    a.q_a = ar.take<float>(N * qr);
+    a.q_a_rstd = ar.take<float>(qr > 0 ? N : 0);
+    a.q_a_normed = ar.take<float>(N * qr);
+    a.q = ar.take<float>(N * H * dqk);
+    a.kv_a = ar.take<float>(N * (kr + dr));
+    a.c_kv = ar.take<float>(N * kr);
+    a.c_kv_rstd = ar.take<float>(N);
+    a.c_kv_normed = ar.take<float>(N * kr);
+    a.kv = ar.take<float>(N * H * (dn + dv));
+    a.q_heads = ar.take<float>(N * H * dqk);
+    a.k_heads = ar.take<float>(N * H * dqk);
+    a.o = ar.take<float>(N * H * dv);
+    a.lse = ar.take<float>(N * H);
+    a.attn_out = ar.take<float>(N * d);
+    a.h_mid = ar.take<float>(N * d);
+    a.ffn_normed = ar.take<float>(N * d);
+    a.ffn_rstd = ar.take<float>(N);
+    a.ffn_g = ar.take<float>(N * width);
+    a.ffn_u = ar.take<float>(N * width);
+    a.ffn_a = ar.take<float>(N * width);
+    a.ffn_out = ar.take<float>(N * d);
+    if (!c.is_moe_layer(layer)) return;
+    const int64_t E = c.n_routed_experts, k = c.num_experts_per_tok;
+    a.scores = ar.take<float>(N * E);
+    a.gate_weights = ar.take<float>(N * k);
+    a.chosen = ar.take<int32_t>(N * k);
+    a.counts = ar.take<int64_t>(E);
+    a.offsets = ar.take<int64_t>(E + 1);
+    a.row_of_slot = ar.take<int64_t>(N * k);
+    a.slot_of_row = ar.take<int64_t>(N * k);
+    a.rows_sent = ar.take<float>(N * k * d);
+    a.rows_back = ar.take<float>(N * k * d);
+}
+
+void carve_activations(ByteArena& ar, GpuModel& m, const Config& c, int B, int T) {
+    const int64_t N = (int64_t)B * T, d = c.hidden_size, V = c.vocab_size, L = c.num_hidden_layers;
+    const int64_t mtp = c.num_nextn_predict_layers > 0 ? 1 : 0;
+    m.residual.assign(L + 1, nullptr);
+    m.blocks.resize(c.num_blocks());
+    for (float*& r : m.residual) r = ar.take<float>(N * d);
+    for (int l = 0; l < c.num_blocks(); l++) carve_block(ar, c, l, B, T, m.blocks[l]);
+    m.final_normed = ar.take<float>(N * d);
+    m.final_rstd = ar.take<float>(N);
+    m.logits = ar.take<float>(N * V);
+    m.losses = ar.take<float>(N);
+    m.next_embed = ar.take<float>(mtp * N * d);
+    m.enorm_out = ar.take<float>(mtp * N * d);
+    m.enorm_rstd = ar.take<float>(mtp * N);
+    m.hnorm_out = ar.take<float>(mtp * N * d);
+    m.hnorm_rstd = ar.take<float>(mtp * N);
+    m.mtp_concat = ar.take<float>(mtp * 2 * N * d);
+    m.mtp_in = ar.take<float>(mtp * N * d);
+    m.mtp_out = ar.take<float>(mtp * N * d);
+    m.mtp_normed = ar.take<float>(mtp * N * d);
+    m.mtp_rstd = ar.take<float>(mtp * N);
+    m.mtp_logits = ar.take<float>(mtp * N * V);
+    m.rope_cos = ar.take<float>((int64_t)T * c.qk_rope_head_dim / 2);
+    m.rope_sin = ar.take<float>((int64_t)T * c.qk_rope_head_dim / 2);
+    m.inputs = ar.take<int32_t>(N);
+    m.targets = ar.take<int32_t>(N);
+    m.mtp_targets = ar.take<int32_t>(N);
+}
+
+// The backward's buffers (and the forward's transient ones), carved from m.scratch on every use.
+struct Scratch {
+    float *dlogits, *dfinal, *dh, *dh_prev;                       // (N, V), (N, d) x3
+    float *dmtp, *dmtp_out, *dconcat, *dhalf, *dnext;             // MTP: (N, d), (N, d), (N, 2d), (N, d), (N, d)
+    float *dnormed, *dh_mid;                                      // (N, d) per block
+    float *d_o, *dq_heads, *dk_heads, *dkv, *dq, *dkv_a;          // MLA
+    float *dc_kv_normed, *dc_kv, *dq_a_normed, *dq_a, *attn_d;
+    float *ffn_da, *ffn_dg, *ffn_du;                              // (N, max width)
+    float *drows_back, *drows_sent, *dgate, *drouter;             // (N*k, d) x2, (N, k), (N, E): also the router's
+    int* seq_counts;                                              // (B, E)                        forward scratch
+    double *token_totals, *seq_balance;                           // (N), (B)
+    float* rms;                                                   // RMSNorm dw partial sums
+};
+
+Scratch carve_scratch(ByteArena& ar, const Config& c, int B, int T) {
+    const int64_t N = (int64_t)B * T, d = c.hidden_size, V = c.vocab_size, H = c.num_attention_heads;
+    const int64_t dqk = c.qk_head_dim(), dn = c.qk_nope_head_dim, dv = c.v_head_dim, dr = c.qk_rope_head_dim;
+    const int64_t qr = c.q_lora_rank, kr = c.kv_lora_rank, E = c.n_routed_experts, k = c.num_experts_per_tok;
+    const int64_t mtp = c.num_nextn_predict_layers > 0 ? 1 : 0;
+    int64_t width = 0;
+    for (int l = 0; l < c.num_blocks(); l++) width = std::max(width, ffn_width(c, l));
+    const bool moe = c.first_k_dense_replace < c.num_blocks();
+    Scratch s;
+    s.dlogits = ar.take<float>(N * V);
+    s.dfinal = ar.take<float>(N * d);
+    s.dh = ar.take<float>(N * d);
+    s.dh_prev = ar.take<float>(N * d);
+    s.dmtp = ar.take<float>(mtp * N * d);
+    s.dmtp_out = ar.take<float>(mtp * N * d);
+    s.dconcat = ar.take<float>(mtp * 2 * N * d);
+    s.dhalf = ar.take<float>(mtp * N * d);
+    s.dnext = ar.take<float>(mtp * N * d);
+    s.dnormed = ar.take<float>(N * d);
+    s.dh_mid = ar.take<float>(N * d);
+    s.d_o = ar.take<float>(N * H * dv);
+    s.dq_heads = ar.take<float>(N * H * dqk);
+    s.dk_heads = ar.take<float>(N * H * dqk);
+    s.dkv = ar.take<float>(N * H * (dn + dv));
+    s.dq = ar.take<float>(N * H * dqk);
+    s.dkv_a = ar.take<float>(N * (kr + dr));
+    s.dc_kv_normed = ar.take<float>(N * kr);
+    s.dc_kv = ar.take<float>(N * kr);
+    s.dq_a_normed = ar.take<float>(N * qr);
+    s.dq_a = ar.take<float>(N * qr);
+    s.attn_d = ar.take<float>(gpu::attention_backward_scratch_floats(B, T, (int)H));
+    s.ffn_da = ar.take<float>(N * width);
+    s.ffn_dg = ar.take<float>(N * width);
+    s.ffn_du = ar.take<float>(N * width);
+    s.drows_back = ar.take<float>(moe ? N * k * d : 0);
+    s.drows_sent = ar.take<float>(moe ? N * k * d : 0);
+    s.dgate = ar.take<float>(moe ? N * k : 0);
+    s.drouter = ar.take<float>(moe ? N * E : 0);
+    s.seq_counts = ar.take<int>(moe ? B * E : 0);
+    s.token_totals = ar.take<double>(moe ? N : 0);
+    s.seq_balance = ar.take<double>(moe ? B : 0);
+    s.rms = ar.take<float>(gpu::rmsnorm_backward_scratch_floats(N, std::max<int64_t>({d, qr, kr})));
+    return s;
+}
+
+Scratch scratch_of(const GpuModel& m) {
+    ByteArena ar{static_cast<char*>(m.scratch), 0};
+    return carve_scratch(ar, m.config, m.max_B, m.T);
+}
+
+// The routed experts of one layer for R rows: forward buffers per layer (kept for the backward), and one set of
+// backward buffers shared by the layers. With one EP rank the rows stay where the plan put them (rows_sent,
+// rows_back); with several they arrive in other buffers and need the permutation to expert order.
+struct ExpertScratch {
+    float *dout, *din;      // (R, d)  EP > 1 only (else drows_back / drows_sent)
+    float *da, *dg, *du;    // (R, I)
+};
+
+void carve_expert_rows(ByteArena& ar, const Config& c, int ep_size, int64_t R, GpuBlockActs& a) {
+    const int64_t d = c.hidden_size, I = c.moe_intermediate_size, ep = ep_size > 1 ? 1 : 0;
+    a.expert_g = ar.take<float>(R * I);
+    a.expert_u = ar.take<float>(R * I);
+    a.expert_a = ar.take<float>(R * I);
+    a.expert_in = ar.take<float>(ep * R * d);
+    a.expert_out = ar.take<float>(ep * R * d);
+    a.recv_to_expert = ar.take<int64_t>(ep * R);
+    a.expert_to_recv = ar.take<int64_t>(ep * R);
+}
+
+ExpertScratch carve_expert_scratch(ByteArena& ar, const Config& c, int ep_size, int64_t R) {
+    const int64_t d = c.hidden_size, I = c.moe_intermediate_size, ep = ep_size > 1 ? 1 : 0;
+    ExpertScratch s;
+    s.da = ar.take<float>(R * I);
+    s.dg = ar.take<float>(R * I);
+    s.du = ar.take<float>(R * I);
+    s.dout = ar.take<float>(ep * R * d);
+    s.din = ar.take<float>(ep * R * d);
+    return s;
+}
+
+ExpertScratch expert_scratch_of(const GpuModel& m) {
+    ByteArena ar{static_cast<char*>(m.expert_scratch), 0};
+    return carve_expert_scratch(ar, m.config, m.comm->ep_size, m.expert_scratch_rows);
+}
+
+// The largest activation operand a BF16 GEMM casts, for the routed experts' R rows: rows x max(K, N) of any GEMM.
+int64_t cast_elements(const Config& c, int64_t N, int64_t R) {
+    const int64_t d = c.hidden_size, H = c.num_attention_heads, width = std::max<int64_t>(
+        c.intermediate_size, (int64_t)c.n_shared_experts * c.moe_intermediate_size);
+    const int64_t cols = std::max<int64_t>({c.vocab_size, 2 * d, H * c.qk_head_dim(),
+                                            H * (c.qk_nope_head_dim + c.v_head_dim), width,
+                                            (int64_t)c.kv_lora_rank + c.qk_rope_head_dim, c.q_lora_rank});
+    return std::max(N * cols, R * std::max<int64_t>(d, c.moe_intermediate_size));
+}
+
+int64_t bytes_of(const std::function<void(ByteArena&)>& carve) {
+    ByteArena counting;
+    carve(counting);
+    return counting.used;
+}
+
+// Grows layer a's expert buffers (and the shared backward ones) to hold R rows. Called before the rows are written.
+void ensure_expert_rows(GpuModel& m, GpuBlockActs& a, int64_t R) {
+    const Config& c = m.config;
+    const int ep = m.comm->ep_size;
+    if (R > a.expert_rows) {
+        CUDA_CHECK(cudaStreamSynchronize(m.stream));
+        CUDA_CHECK(cudaFree(a.expert_alloc));
+        a.expert_alloc = nullptr;
+        a.expert_rows = 0;
+        a.expert_alloc = device_alloc(bytes_of([&](ByteArena& ar) { carve_expert_rows(ar, c, ep, R, a); }),
+                                      "the routed experts' rows");
+        ByteArena ar{static_cast<char*>(a.expert_alloc), 0};
+        carve_expert_rows(ar, c, ep, R, a);
+        a.expert_rows = R;
+    }
+    if (R > m.expert_scratch_rows) {
+        CUDA_CHECK(cudaStreamSynchronize(m.stream));
+        CUDA_CHECK(cudaFree(m.expert_scratch));
+        m.expert_scratch = nullptr;
+        m.expert_scratch_rows = 0;
+        m.expert_scratch = device_alloc(
+            bytes_of([&](ByteArena& ar) { carve_expert_scratch(ar, c, ep, R); }), "the routed experts' gradients");
+        m.expert_scratch_rows = R;
+    }
+    gpu::matmul_reserve(m.matmul, cast_elements(c, (int64_t)m.max_B * m.T, R));
+}
+
+// ---- feed-forward ---------------------------------------------------------------------------------------------
+
+// out (M, d) = W_down (silu(W_gate x) * (W_up x)), as swiglu_ffn_forward (model/ffn.cpp)
+void ffn_forward(GpuModel& m, float* out, float* g, float* u, float* a, const float* x, const float* w_gate,
+                 const float* w_up, const float* w_down, int64_t M, int64_t d, int64_t I) {
+    if (M == 0) return;
+    gpu::matmul_forward(m.matmul, g, x, w_gate, bf16_of(m, w_gate), M, d, I, false);
+    gpu::matmul_forward(m.matmul, u, x, w_up, bf16_of(m, w_up), M, d, I, false);
+    gpu::swiglu_forward(a, g, u, M * I, m.stream);
+    gpu::matmul_forward(m.matmul, out, a, w_down, bf16_of(m, w_down), M, I, d, false);
+}
+
+// as swiglu_ffn_backward; da, dg, du (M, I) scratch
+void ffn_backward(GpuModel& m, float* dx, float* dw_gate, float* dw_up, float* dw_down, const float* dout,
+                  const float* g, const float* u, const float* a, const float* x, const float* w_gate,
+                  const float* w_up, const float* w_down, int64_t M, int64_t d, int64_t I, bool accumulate_dx,
+                  float* da, float* dg, float* du) {
+    if (M == 0) return;
+    gpu::matmul_backward(m.matmul, da, dw_down, dout, a, w_down, bf16_of(m, w_down), M, I, d, false);
+    gpu::swiglu_backward(dg, du, da, g, u, M * I, m.stream);
+    gpu::matmul_backward(m.matmul, dx, dw_gate, dg, x, w_gate, bf16_of(m, w_gate), M, d, I, accumulate_dx);
+    gpu::matmul_backward(m.matmul, dx, dw_up, du, x, w_up, bf16_of(m, w_up), M, d, I, true);
+}
+
+// ---- MLA (model/mla.cpp) --------------------------------------------------------------------------------------
+
+void mla_forward(GpuModel& m, const BlockWeights& w, GpuBlockActs& a, const float* x, float* out) {
+    const Config& c = m.config;
+    const int64_t N = tokens(m), d = c.hidden_size, H = c.num_attention_heads, dn = c.qk_nope_head_dim;
+    const int64_t dr = c.qk_rope_head_dim, dv = c.v_head_dim, dqk = dn + dr, qr = c.q_lora_rank, kr = c.kv_lora_rank;
+    const float eps = c.rms_norm_eps;
+    if (qr > 0) {
+        gpu::matmul_forward(m.matmul, a.q_a, x, w.q_a, bf16_of(m, w.q_a), N, d, qr, false);
+        gpu::rmsnorm_forward(a.q_a_normed, a.q_a_rstd, a.q_a, w.q_a_norm, N, qr, eps, m.stream);
+        gpu::matmul_forward(m.matmul, a.q, a.q_a_normed, w.q_b, bf16_of(m, w.q_b), N, qr, H * dqk, false);
+    } else {
+        gpu::matmul_forward(m.matmul, a.q, x, w.q, bf16_of(m, w.q), N, d, H * dqk, false);
+    }
+    gpu::matmul_forward(m.matmul, a.kv_a, x, w.kv_a, bf16_of(m, w.kv_a), N, d, kr + dr, false);
+    gpu::copy_columns(a.c_kv, kr, a.kv_a, kr + dr, N, kr, m.stream);
+    gpu::rmsnorm_forward(a.c_kv_normed, a.c_kv_rstd, a.c_kv, w.kv_a_norm, N, kr, eps, m.stream);
+    gpu::matmul_forward(m.matmul, a.kv, a.c_kv_normed, w.kv_b, bf16_of(m, w.kv_b), N, kr, H * (dn + dv), false);
+    m.timer.mark("rope");
+    gpu::rope_heads_forward(a.q_heads, a.k_heads, a.q, a.kv, a.kv_a, m.rope_cos, m.rope_sin, N, m.T, H, dn, dr, dv,
+                            kr, m.stream);
+    m.timer.mark("attention forward");
+    gpu::attention_forward(a.o, a.lse, a.q_heads, a.k_heads, a.kv + dn, dn + dv, m.B, m.T, (int)H, (int)dqk, (int)dv,
+                           attention_softmax_scale(c), m.stream);
+    m.timer.mark("attention projections");
+    gpu::matmul_forward(m.matmul, out, a.o, w.o, bf16_of(m, w.o), N, H * dv, d, false);
+}
+
+void mla_backward(GpuModel& m, const BlockWeights& w, BlockWeights& g, const GpuBlockActs& a, const float* x,
+                  const float* dout, float* dx, const Scratch& s) {
+    const Config& c = m.config;
+    const int64_t N = tokens(m), d = c.hidden_size, H = c.num_attention_heads, dn = c.qk_nope_head_dim;
+    const int64_t dr = c.qk_rope_head_dim, dv = c.v_head_dim, dqk = dn + dr, qr = c.q_lora_rank, kr = c.kv_lora_rank;
+    gpu::matmul_backward(m.matmul, s.d_o, g.o, dout, a.o, w.o, bf16_of(m, w.o), N, H * dv, d, false);
+    m.timer.mark("attention backward");
+    gpu::attention_backward(s.dq_heads, s.dk_heads, s.dkv + dn, s.attn_d, s.d_o, a.q_heads, a.k_heads, a.kv + dn,
+                            dn + dv, a.o, a.lse, m.B, m.T, (int)H, (int)dqk, (int)dv, attention_softmax_scale(c),
+                            m.stream);
+    m.timer.mark("rope");
+    gpu::rope_heads_backward(s.dq, s.dkv, s.dkv_a, s.dq_heads, s.dk_heads, m.rope_cos, m.rope_sin, N, m.T, H, dn, dr,
+                             dv, kr, m.stream);
+    m.timer.mark("attention projections");
+    gpu::matmul_backward(m.matmul, s.dc_kv_normed, g.kv_b, s.dkv, a.c_kv_normed, w.kv_b, bf16_of(m, w.kv_b), N, kr,
+                         H * (dn + dv), false);
+    gpu::rmsnorm_backward(s.dc_kv, g.kv_a_norm, s.dc_kv_normed, a.c_kv, w.kv_a_norm, a.c_kv_rstd, N, kr, false,
+                          s.rms, m.stream);
+    gpu::copy_columns(s.dkv_a, kr + dr, s.dc_kv, kr, N, kr, m.stream);
+    gpu::matmul_backward(m.matmul, dx, g.kv_a, s.dkv_a, x, w.kv_a, bf16_of(m, w.kv_a), N, d, kr + dr, false);
+    if (qr > 0) {
+        gpu::matmul_backward(m.matmul, s.dq_a_normed, g.q_b, s.dq, a.q_a_normed, w.q_b, bf16_of(m, w.q_b), N, qr,
+                             H * dqk, false);
+        gpu::rmsnorm_backward(s.dq_a, g.q_a_norm, s.dq_a_normed, a.q_a, w.q_a_norm, a.q_a_rstd, N, qr, false, s.rms,
+                              m.stream);
+        gpu::matmul_backward(m.matmul, dx, g.q_a, s.dq_a, x, w.q_a, bf16_of(m, w.q_a), N, d, qr, true);
+    } else {
+        gpu::matmul_backward(m.matmul, dx, g.q, s.dq, x, w.q, bf16_of(m, w.q), N, d, H * dqk, true);
+    }
+}
+
+// ---- MoE (model/moe.cpp) --------------------------------------------------------------------------------------
+
+// Rows in plan order on this rank <-> rows in expert order on the experts' ranks (DESIGN §2). With one EP rank
+// the plan order is the expert order and nothing moves. `arrived` is a buffer of R rows for the exchange.
+void dispatch_rows(GpuModel& m, const GpuBlockActs& a, const float* rows, float* expert_rows, float* arrived) {
+    const int64_t d = m.config.hidden_size, R = a.dispatch.received();
+    sync(m);
+    m.comm->all_to_all_v(rows, a.dispatch.send_rows.data(), arrived, a.dispatch.recv_rows.data(), d);
+    gpu::gather_forward(expert_rows, arrived, a.expert_to_recv, R, 1, d, m.stream);
+}
+void combine_rows(GpuModel& m, const GpuBlockActs& a, const float* expert_rows, float* rows, float* leaving) {
+    const int64_t d = m.config.hidden_size, R = a.dispatch.received();
+    gpu::gather_forward(leaving, expert_rows, a.recv_to_expert, R, 1, d, m.stream);
+    sync(m);
+    m.comm->all_to_all_v(leaving, a.dispatch.recv_rows.data(), rows, a.dispatch.send_rows.data(), d);
+}
+
+// Routes, plans and exchanges: after it, a.counts_host, a.dispatch and (EP > 1) the permutations are set and the
+// expert buffers hold R rows. The group sizes reach the host here: one copy of E counts and a stream
+// synchronisation per MoE layer per forward (kernels/permute.cuh says why and what it costs).
+void moe_route(GpuModel& m, const BlockWeights& w, GpuBlockActs& a, const float* x, const Scratch& s) {
+    const Config& c = m.config;
+    const int64_t N = tokens(m), d = c.hidden_size, E = c.n_routed_experts, k = c.num_experts_per_tok;
+    Comm& comm = *m.comm;
+    m.timer.mark("router");
+    gpu::matmul_forward(m.matmul, a.scores, x, w.router, nullptr, N, d, E, false);  // the router stays FP32
+    gpu::router_forward(a.scores, a.chosen, a.gate_weights, s.drouter, a.scores, w.router_bias, c, N, m.stream);
+    m.timer.mark("permute");
+    gpu::expert_plan_build(a.counts, a.offsets, a.row_of_slot, a.slot_of_row, a.chosen, N * k, (int)E, m.stream);
+    a.counts_host.resize(E);
+    CUDA_CHECK(cudaMemcpyAsync(a.counts_host.data(), a.counts, E * sizeof(int64_t), cudaMemcpyDeviceToHost, m.stream));
+    sync(m);
+    int64_t assigned = 0;
+    for (int64_t n : a.counts_host) assigned += n;
+    if (assigned != N * k)  // router_select marks non-finite scores with expert -1, which no expert counts
+        throw std::runtime_error("the router scores are not finite (the weights hold NaN or inf)");
+    const int64_t E_local = E / comm.ep_size;
+    std::vector<int64_t> recv_counts(a.counts_host);
+    if (comm.ep_size > 1) comm.all_to_all(a.counts_host.data(), recv_counts.data(), E_local);
+    ExpertPlan local;
+    local.num_experts = (int)E;
+    local.counts = a.counts_host;
+    a.dispatch = build_dispatch_plan(local, recv_counts, comm.ep_size, comm.ep_rank);
+    const int64_t R = a.dispatch.received();
+    ensure_expert_rows(m, a, R);
+    if (comm.ep_size > 1) {
+        std::vector<int64_t> expert_to_recv(R);
+        for (int64_t r = 0; r < R; r++) expert_to_recv[a.dispatch.expert_row_of_recv[r]] = r;
+        CUDA_CHECK(cudaMemcpyAsync(a.recv_to_expert, a.dispatch.expert_row_of_recv.data(), R * sizeof(int64_t),
+                                   cudaMemcpyHostToDevice, m.stream));
+        CUDA_CHECK(cudaMemcpyAsync(a.expert_to_recv, expert_to_recv.data(), R * sizeof(int64_t),
+                                   cudaMemcpyHostToDevice, m.stream));
+        sync(m);  // the host vector goes out of scope
+    }
+}
+
+double moe_forward(GpuModel& m, const BlockWeights& w, GpuBlockActs& a, const float* x, float* out, bool with_loss) {
+    const Config& c = m.config;
+    const int64_t N = tokens(m), d = c.hidden_size, k = c.num_experts_per_tok, I = c.moe_intermediate_size;
+    const int64_t S = (int64_t)c.n_shared_experts * I;
+    const bool ep = m.comm->ep_size > 1;
+    const Scratch s = scratch_of(m);
+    moe_route(m, w, a, x, s);
+    gpu::gather_forward(a.rows_sent, x, a.slot_of_row, N, (int)k, d, m.stream);
+    float* expert_in = ep ? a.expert_in : a.rows_sent;
+    float* expert_out = ep ? a.expert_out : a.rows_back;
+    if (ep) dispatch_rows(m, a, a.rows_sent, expert_in, expert_out);
+    m.timer.mark("expert GEMMs");
+    const int64_t* offsets = a.dispatch.expert_offsets.data();
+    const int64_t E_local = (int64_t)a.dispatch.expert_counts.size(), R = a.dispatch.received();
+    gpu::grouped_matmul_forward(m.matmul, a.expert_g, expert_in, w.expert_gate, bf16_of(m, w.expert_gate), offsets,
+                                E_local, d, I);
+    gpu::grouped_matmul_forward(m.matmul, a.expert_u, expert_in, w.expert_up, bf16_of(m, w.expert_up), offsets,
+                                E_local, d, I);
+    gpu::swiglu_forward(a.expert_a, a.expert_g, a.expert_u, R * I, m.stream);
+    gpu::grouped_matmul_forward(m.matmul, expert_out, a.expert_a, w.expert_down, bf16_of(m, w.expert_down), offsets,
+                                E_local, I, d);
+    m.timer.mark("permute");
+    if (ep) combine_rows(m, a, expert_out, a.rows_back, expert_scratch_of(m).din);
+    m.timer.mark("shared experts");
+    if (S > 0) ffn_forward(m, out, a.ffn_g, a.ffn_u, a.ffn_a, x, w.gate, w.up, w.down, N, d, S);
+    m.timer.mark("permute");
+    gpu::combine_forward(out, a.rows_back, a.gate_weights, a.row_of_slot, N, (int)k, d, S > 0, m.stream);
+    a.balance_loss = 0.0;
+    if (!with_loss || c.aux_loss_alpha <= 0) return 0.0;
+    m.timer.mark("router");
+    gpu::balance_loss(s.seq_balance, s.token_totals, s.seq_counts, a.scores, a.chosen, c, m.B, m.T, m.stream);
+    std::vector<double> per_sequence(m.B);
+    CUDA_CHECK(cudaMemcpyAsync(per_sequence.data(), s.seq_balance, m.B * sizeof(double), cudaMemcpyDeviceToHost,
+                               m.stream));
+    sync(m);
+    for (double v : per_sequence) a.balance_loss += c.aux_loss_alpha * v / m.B;
+    return a.balance_loss;
+}
+
+void moe_backward(GpuModel& m, const BlockWeights& w, BlockWeights& g, GpuBlockActs& a, const float* x,
+                  const float* dout, float* dx, float balance_scale, const Scratch& s) {
+    const Config& c = m.config;
+    const int64_t N = tokens(m), d = c.hidden_size, E = c.n_routed_experts, k = c.num_experts_per_tok;
+    const int64_t I = c.moe_intermediate_size, S = (int64_t)c.n_shared_experts * I;
+    const bool ep = m.comm->ep_size > 1;
+    const ExpertScratch es = expert_scratch_of(m);
+    m.timer.mark("permute");
+    gpu::combine_backward(s.drows_back, s.dgate, dout, a.rows_back, a.gate_weights, a.row_of_slot, N, (int)k, d,
+                          m.stream);
+    float* dexpert_out = ep ? es.dout : s.drows_back;
+    float* dexpert_in = ep ? es.din : s.drows_sent;
+    if (ep) dispatch_rows(m, a, s.drows_back, dexpert_out, es.din);
+    m.timer.mark("expert GEMMs");
+    const int64_t* offsets = a.dispatch.expert_offsets.data();
+    const int64_t E_local = (int64_t)a.dispatch.expert_counts.size(), R = a.dispatch.received();
+    const float* expert_in = ep ? a.expert_in : a.rows_sent;
+    gpu::grouped_matmul_backward(m.matmul, es.da, g.expert_down, dexpert_out, a.expert_a, w.expert_down,
+                                 bf16_of(m, w.expert_down), offsets, E_local, I, d);
+    gpu::swiglu_backward(es.dg, es.du, es.da, a.expert_g, a.expert_u, R * I, m.stream);
+    gpu::grouped_matmul_backward(m.matmul, dexpert_in, g.expert_gate, es.dg, expert_in, w.expert_gate,
+                                 bf16_of(m, w.expert_gate), offsets, E_local, d, I);
+    // dx_in += du W_up: the grouped backward overwrites, so W_up's input gradient goes through dexpert_out's
+    // buffer (free now) and is added
+    gpu::grouped_matmul_backward(m.matmul, dexpert_out, g.expert_up, es.du, expert_in, w.expert_up,
+                                 bf16_of(m, w.expert_up), offsets, E_local, d, I);
+    gpu::add(dexpert_in, dexpert_in, dexpert_out, R * d, m.stream);
+    m.timer.mark("permute");
+    if (ep) combine_rows(m, a, dexpert_in, s.drows_sent, es.dout);
+    m.timer.mark("shared experts");
+    if (S > 0)
+        ffn_backward(m, dx, g.gate, g.up, g.down, dout, a.ffn_g, a.ffn_u, a.ffn_a, x, w.gate, w.up, w.down, N, d, S,
+                     false, s.ffn_da, s.ffn_dg, s.ffn_du);
+    m.timer.mark("permute");
+    gpu::gather_backward(dx, s.drows_sent, a.row_of_slot, N, (int)k, d, S > 0, m.stream);
+    m.timer.mark("router");
+    gpu::router_backward(s.drouter, s.dgate, a.scores, a.chosen, c, m.B, m.T, balance_scale, s.seq_counts, m.stream);
+    gpu::matmul_backward(m.matmul, dx, g.router, s.drouter, x, w.router, nullptr, N, d, E, true);
+}
+
+// ---- blocks and the model (model/model.cpp) -------------------------------------------------------------------
+
+double block_forward(GpuModel& m, int layer, const float* h_in, float* h_out, bool training, bool with_loss) {
+    const Config& c = m.config;
+    const BlockWeights& w = m.w.blocks[layer];
+    GpuBlockActs& a = m.blocks[layer];
+    const int64_t N = tokens(m), d = c.hidden_size;
+    m.timer.mark("rmsnorm + residual");
+    gpu::rmsnorm_forward(a.attn_normed, a.attn_rstd, h_in, w.attn_norm, N, d, c.rms_norm_eps, m.stream);
+    m.timer.mark("attention projections");
+    mla_forward(m, w, a, a.attn_normed, a.attn_out);
+    m.timer.mark("rmsnorm + residual");
+    gpu::add(a.h_mid, h_in, a.attn_out, N * d, m.stream);
+    gpu::rmsnorm_forward(a.ffn_normed, a.ffn_rstd, a.h_mid, w.ffn_norm, N, d, c.rms_norm_eps, m.stream);
+    double balance = 0.0;
+    if (c.is_moe_layer(layer)) {
+        balance = moe_forward(m, w, a, a.ffn_normed, a.ffn_out, with_loss);
+        if (training)
+            for (int e = 0; e < c.n_routed_experts; e++) m.expert_counts[layer][e] += a.counts_host[e];
+    } else {
+        m.timer.mark("dense FFN");
+        ffn_forward(m, a.ffn_out, a.ffn_g, a.ffn_u, a.ffn_a, a.ffn_normed, w.gate, w.up, w.down, N, d,
+                    c.intermediate_size);
+    }
+    m.timer.mark("rmsnorm + residual");
+    gpu::add(h_out, a.h_mid, a.ffn_out, N * d, m.stream);
+    return balance;
+}
+
+void block_backward(GpuModel& m, int layer, const float* h_in, const float* dh_out, float* dh_in, float loss_scale,
+                    const Scratch& s) {
+    const Config& c = m.config;
+    const BlockWeights& w = m.w.blocks[layer];
+    BlockWeights& g = m.g.blocks[layer];
+    GpuBlockActs& a = m.blocks[layer];
+    const int64_t N = tokens(m), d = c.hidden_size;
+    if (c.is_moe_layer(layer)) {
+        moe_backward(m, w, g, a, a.ffn_normed, dh_out, s.dnormed, loss_scale, s);
+    } else {
+        m.timer.mark("dense FFN");
+        ffn_backward(m, s.dnormed, g.gate, g.up, g.down, dh_out, a.ffn_g, a.ffn_u, a.ffn_a, a.ffn_normed, w.gate,
+                     w.up, w.down, N, d, c.intermediate_size, false, s.ffn_da, s.ffn_dg, s.ffn_du);
+    }
+    m.timer.mark("rmsnorm + residual");
+    CUDA_CHECK(cudaMemcpyAsync(s.dh_mid, dh_out, N * d * sizeof(float), cudaMemcpyDeviceToDevice, m.stream));
+    gpu::rmsnorm_backward(s.dh_mid, g.ffn_norm, s.dnormed, a.h_mid, w.ffn_norm, a.ffn_rstd, N, d, true, s.rms,
+                          m.stream);
+    CUDA_CHECK(cudaMemcpyAsync(dh_in, s.dh_mid, N * d * sizeof(float), cudaMemcpyDeviceToDevice, m.stream));
+    m.timer.mark("attention projections");
+    mla_backward(m, w, g, a, a.attn_normed, s.dh_mid, s.dnormed, s);
+    m.timer.mark("rmsnorm + residual");
+    gpu::rmsnorm_backward(dh_in, g.attn_norm, s.dnormed, h_in, w.attn_norm, a.attn_rstd, N, d, true, s.rms, m.stream);
+}
+
+// Sum of the first n per-row losses, in double, in row order (the CPU's order).
+double sum_losses(GpuModel& m, int64_t n) {
+    std::vector<float> losses(n);
+    CUDA_CHECK(cudaMemcpyAsync(losses.data(), m.losses, n * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
+    sync(m);
+    double total = 0.0;
+    for (float l : losses) total += l;
+    return total;
+}
+
+void upload_tokens(GpuModel& m, int32_t* dst, const int32_t* src, int64_t n) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(int32_t), cudaMemcpyHostToDevice, m.stream));
+    sync(m);  // src may be a temporary of the caller
+}
+
+// Everything gpu_model_init allocates, in the order of the memory plan.
+void allocate(GpuModel& m, const Config& c, Comm& comm, gpu::Precision p, int B, int T, const GpuMemoryPlan& plan) {
+    m.config = c;
+    m.comm = &comm;
+    m.precision = p;
+    m.table = build_param_table(c, comm.ep_size);
+    m.max_B = B;
+    m.B = B;
+    m.T = T;
+    CUDA_CHECK(cudaStreamCreate(&m.stream));
+    m.timer.stream = m.stream;
+    const int64_t total = m.table.total, N = (int64_t)B * T;
+    m.params = static_cast<float*>(device_alloc(total * 4, "the parameters"));
+    m.grads = static_cast<float*>(device_alloc(total * 4, "the gradients"));
+    m.adam_m = static_cast<float*>(device_alloc(total * 4, "the AdamW moments"));
+    m.adam_v = static_cast<float*>(device_alloc(total * 4, "the AdamW moments"));
+    if (p == gpu::Precision::BF16)
+        m.params_bf16 = static_cast<__nv_bfloat16*>(device_alloc(total * 2, "the BF16 weights"));
+    m.w = map_weights(c, m.table, m.params);
+    m.g = map_weights(c, m.table, m.grads);
+    m.arena_bytes = plan.activations;
+    m.arena = device_alloc(m.arena_bytes, "the activations");
+    ByteArena ar{static_cast<char*>(m.arena), 0};
+    carve_activations(ar, m, c, B, T);
+    m.scratch_bytes = bytes_of([&](ByteArena& counting) { carve_scratch(counting, c, B, T); });
+    m.scratch = device_alloc(m.scratch_bytes, "the backward's buffers");
+    m.norm_slots = static_cast<double*>(
+        device_alloc((int64_t)(m.table.tensors.size() + gpu::grad_norm_scratch_doubles(total)) * 8, "the norms"));
+    gpu::matmul_create(m.matmul, m.stream, p == gpu::Precision::BF16 ? cast_elements(c, N, 0) : 0);
+    m.expert_counts.assign(c.num_blocks(), {});
+    for (int l = 0; l < c.num_blocks(); l++)
+        if (c.is_moe_layer(l)) {
+            m.expert_counts[l].assign(c.n_routed_experts, 0);
+            ensure_expert_rows(m, m.blocks[l], N * c.num_experts_per_tok);
+        }
+    gpu::rope_table(m.rope_cos, m.rope_sin, c, T, m.stream);
+    CUDA_CHECK(cudaMemsetAsync(m.grads, 0, total * 4, m.stream));
+    sync(m);
+}
+
+}  // namespace
+
+// ---- region timer ---------------------------------------------------------------------------------------------
+
+void RegionTimer::mark(const char* name) {
+    if (!enabled) return;
+    if (!marks.empty() && marks.back().first == name) return;  // the region goes on
+    cudaEvent_t event;
+    if (pool.empty()) {
+        CUDA_CHECK(cudaEventCreate(&event));
+    } else {
+        event = pool.back();
+        pool.pop_back();
+    }
+    CUDA_CHECK(cudaEventRecord(event, stream));
+    marks.emplace_back(name, event);
+}
+
+void RegionTimer::finish(std::map<std::string, double>& totals) {
+    if (!enabled || marks.empty()) return;
+    mark("end");
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    for (size_t i = 0; i + 1 < marks.size(); i++) {
+        float ms = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, marks[i].second, marks[i + 1].second));
+        totals[marks[i].first] += ms;
+    }
+    for (auto& mk : marks) pool.push_back(mk.second);
+    marks.clear();
+}
+
+void RegionTimer::release() {
+    for (auto& mk : marks) pool.push_back(mk.second);
+    for (cudaEvent_t e : pool) CUDA_CHECK(cudaEventDestroy(e));
+    marks.clear();
+    pool.clear();
+}
+
+// ---- public API -----------------------------------------------------------------------------------------------
+
+GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, gpu::Precision p, int B, int T) {
+    const int64_t total = build_param_table(c, ep_size).total, N = (int64_t)B * T;
+    const int64_t R = N * c.num_experts_per_tok;  // the expected rows per rank: the buffers grow beyond it
+    int moe_layers = 0;
+    for (int l = 0; l < c.num_blocks(); l++) moe_layers += c.is_moe_layer(l);
+    GpuMemoryPlan plan;
+    plan.params = total * 4 + (p == gpu::Precision::BF16 ? total * 2 : 0);
+    plan.grads = total * 4;
+    plan.optimizer = total * 8;
+    GpuModel counting;
+    plan.activations = bytes_of([&](ByteArena& ar) { carve_activations(ar, counting, c, B, T); });
+    GpuBlockActs layer;
+    plan.expert_rows = moe_layers > 0 ? moe_layers * bytes_of([&](ByteArena& ar) {
+                                            carve_expert_rows(ar, c, ep_size, R, layer);
+                                        }) + bytes_of([&](ByteArena& ar) { carve_expert_scratch(ar, c, ep_size, R); })
+                                      : 0;
+    plan.scratch = bytes_of([&](ByteArena& ar) { carve_scratch(ar, c, B, T); }) +
+                   (int64_t)(build_param_table(c, ep_size).tensors.size() + gpu::grad_norm_scratch_doubles(total)) * 8 +
+                   gpu::matmul_memory_bytes(p == gpu::Precision::BF16 ? cast_elements(c, N, R) : 0);
+    return plan;
+}
+
+void gpu_model_init(GpuModel& m, const Config& c, Comm& comm, gpu::Precision p, int B, int T) {
+    if (c.qk_rope_head_dim % 2 != 0)
+        throw std::runtime_error("qk_rope_head_dim " + std::to_string(c.qk_rope_head_dim) +
+                                 " is odd: RoPE rotates pairs");
+    const GpuMemoryPlan plan = gpu_memory_plan(c, comm.ep_size, p, B, T);
+    size_t free_bytes = 0, total_bytes = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    const int64_t reserve = 1ll << 30;  // the CUDA context, NCCL's and cuBLASLt's own buffers: not in the plan
+    if (plan.total() + reserve > (int64_t)free_bytes) {
+        char msg[256];
+        snprintf(msg, sizeof msg,
+                 "the model and a batch of %d x %d tokens need %.2f GiB of GPU memory (+1 GiB for CUDA and NCCL), "
+                 "%.2f GiB are free (lower --batch or --seq, or spread the experts with --ep)",
+                 B, T, plan.total() / 1073741824.0, free_bytes / 1073741824.0);
+        throw std::runtime_error(msg);
+    }
+    try {
+        allocate(m, c, comm, p, B, T, plan);
+    } catch (...) {
+        gpu_model_free(m);  // what was allocated before the failure
+        throw;
+    }
+}
+
+
+void gpu_model_free(GpuModel& m) {
+    m.timer.release();
+    for (GpuBlockActs& a : m.blocks) CUDA_CHECK(cudaFree(a.expert_alloc));
+    for (void* p : {(void*)m.params, (void*)m.grads, (void*)m.adam_m, (void*)m.adam_v, (void*)m.params_bf16, m.arena,
+                    m.scratch, m.expert_scratch, (void*)m.norm_slots})
+        CUDA_CHECK(cudaFree(p));
+    gpu::matmul_destroy(m.matmul);
+    if (m.stream) CUDA_CHECK(cudaStreamDestroy(m.stream));
+    m = GpuModel();
+}
+
+void gpu_model_upload(GpuModel& m, const Model& host, const AdamWState& opt) {
+    const size_t bytes = m.table.total * sizeof(float);
+    if (host.table.total != m.table.total) throw std::runtime_error("internal error: host and GPU tables differ");
+    CUDA_CHECK(cudaMemcpy(m.params, host.params.data(), bytes, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(m.adam_m, opt.m.data(), bytes, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(m.adam_v, opt.v.data(), bytes, cudaMemcpyHostToDevice));
+    if (m.params_bf16) gpu::cast_to_bf16(m.params_bf16, m.params, m.table.total, m.stream);
+    sync(m);
+}
+
+void gpu_model_download(const GpuModel& m, Model& host, AdamWState& opt) {
+    const size_t bytes = m.table.total * sizeof(float);
+    sync(m);
+    CUDA_CHECK(cudaMemcpy(host.params.data(), m.params, bytes, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(opt.m.data(), m.adam_m, bytes, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(opt.v.data(), m.adam_v, bytes, cudaMemcpyDeviceToHost));
+}
+
+LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* targets, int B, bool training) {
+    if (B < 1 || B > m.max_B)
+        throw std::runtime_error("internal error: a batch of " + std::to_string(B) + " sequences, allocated for " +
+                                 std::to_string(m.max_B));
+    const Config& c = m.config;
+    m.B = B;
+    const int T = m.T;
+    const int64_t N = (int64_t)B * T, d = c.hidden_size, V = c.vocab_size, L = c.num_hidden_layers;
+    LossParts loss;
+    upload_tokens(m, m.inputs, inputs, N);
+    m.timer.mark("embedding");
+    gpu::embedding_forward(m.residual[0], m.inputs, m.w.embed, N, d, m.stream);
+    for (int l = 0; l < L; l++)
+        loss.balance += block_forward(m, l, m.residual[l], m.residual[l + 1], training, targets != nullptr);
+    m.timer.mark("rmsnorm + residual");
+    gpu::rmsnorm_forward(m.final_normed, m.final_rstd, m.residual[L], m.w.final_norm, N, d, c.rms_norm_eps, m.stream);
+    m.timer.mark("head");
+    gpu::matmul_forward(m.matmul, m.logits, m.final_normed, m.w.head, bf16_of(m, m.w.head), N, d, V, false);
+    if (!targets) {
+        sync(m);
+        return m.loss = loss;
+    }
+    upload_tokens(m, m.targets, targets, N);
+    m.timer.mark("cross-entropy");
+    gpu::cross_entropy_forward_backward(m.losses, nullptr, m.logits, m.targets, N, V, 0.0f, m.stream);
+    loss.main = sum_losses(m, N) / N;
+    if (c.num_nextn_predict_layers > 0) {
+        std::vector<int32_t> mtp_targets(N);
+        for (int64_t t = 0; t < N; t++) mtp_targets[t] = (t % T == T - 1) ? -1 : targets[t + 1];
+        upload_tokens(m, m.mtp_targets, mtp_targets.data(), N);
+        m.timer.mark("embedding");
+        gpu::embedding_forward(m.next_embed, m.targets, m.w.embed, N, d, m.stream);
+        m.timer.mark("rmsnorm + residual");
+        gpu::rmsnorm_forward(m.enorm_out, m.enorm_rstd, m.next_embed, m.w.mtp_enorm, N, d, c.rms_norm_eps, m.stream);
+        gpu::rmsnorm_forward(m.hnorm_out, m.hnorm_rstd, m.final_normed, m.w.mtp_hnorm, N, d, c.rms_norm_eps,
+                             m.stream);
+        gpu::copy_columns(m.mtp_concat, 2 * d, m.enorm_out, d, N, d, m.stream);
+        gpu::copy_columns(m.mtp_concat + d, 2 * d, m.hnorm_out, d, N, d, m.stream);
+        m.timer.mark("head");
+        gpu::matmul_forward(m.matmul, m.mtp_in, m.mtp_concat, m.w.mtp_eh_proj, bf16_of(m, m.w.mtp_eh_proj), N, 2 * d,
+                            d, false);
+        loss.balance += block_forward(m, (int)L, m.mtp_in, m.mtp_out, training, true);
+        m.timer.mark("rmsnorm + residual");
+        gpu::rmsnorm_forward(m.mtp_normed, m.mtp_rstd, m.mtp_out, m.w.mtp_norm, N, d, c.rms_norm_eps, m.stream);
+        m.timer.mark("head");
+        gpu::matmul_forward(m.matmul, m.mtp_logits, m.mtp_normed, m.w.head, bf16_of(m, m.w.head), N, d, V, false);
+        m.timer.mark("cross-entropy");
+        gpu::cross_entropy_forward_backward(m.losses, nullptr, m.mtp_logits, m.mtp_targets, N, V, 0.0f, m.stream);
+        loss.mtp = sum_losses(m, N) / ((double)B * (T - 1));
+    }
+    loss.total = loss.main + c.mtp_loss_weight * loss.mtp + loss.balance;
+    return m.loss = loss;
+}
+
+void gpu_model_backward(GpuModel& m, float loss_scale) {
+    const Config& c = m.config;
+    const int B = m.B, T = m.T;
+    const int64_t N = (int64_t)B * T, d = c.hidden_size, V = c.vocab_size, L = c.num_hidden_layers;
+    const Scratch s = scratch_of(m);
+    m.timer.mark("cross-entropy");
+    gpu::cross_entropy_forward_backward(m.losses, s.dlogits, m.logits, m.targets, N, V, loss_scale / N, m.stream);
+    m.timer.mark("head");
+    gpu::matmul_backward(m.matmul, s.dfinal, m.g.head, s.dlogits, m.final_normed, m.w.head, bf16_of(m, m.w.head), N, d,
+                         V, false);
+    float* dh = s.dh;
+    float* dh_prev = s.dh_prev;
+    if (c.num_nextn_predict_layers > 0) {
+        const float mtp_scale = loss_scale * c.mtp_loss_weight / ((float)B * (T - 1));
+        m.timer.mark("cross-entropy");
+        gpu::cross_entropy_forward_backward(m.losses, s.dlogits, m.mtp_logits, m.mtp_targets, N, V, mtp_scale,
+                                            m.stream);
+        m.timer.mark("head");
+        gpu::matmul_backward(m.matmul, s.dmtp, m.g.head, s.dlogits, m.mtp_normed, m.w.head, bf16_of(m, m.w.head), N,
+                             d, V, false);
+        m.timer.mark("rmsnorm + residual");
+        gpu::rmsnorm_backward(s.dmtp_out, m.g.mtp_norm, s.dmtp, m.mtp_out, m.w.mtp_norm, m.mtp_rstd, N, d, false,
+                              s.rms, m.stream);
+        block_backward(m, (int)L, m.mtp_in, s.dmtp_out, s.dmtp, loss_scale, s);
+        m.timer.mark("head");
+        gpu::matmul_backward(m.matmul, s.dconcat, m.g.mtp_eh_proj, s.dmtp, m.mtp_concat, m.w.mtp_eh_proj,
+                             bf16_of(m, m.w.mtp_eh_proj), N, 2 * d, d, false);
+        m.timer.mark("rmsnorm + residual");
+        gpu::copy_columns(s.dhalf, d, s.dconcat + d, 2 * d, N, d, m.stream);
+        gpu::rmsnorm_backward(s.dfinal, m.g.mtp_hnorm, s.dhalf, m.final_normed, m.w.mtp_hnorm, m.hnorm_rstd, N, d,
+                              true, s.rms, m.stream);
+        gpu::copy_columns(s.dhalf, d, s.dconcat, 2 * d, N, d, m.stream);
+        gpu::rmsnorm_backward(s.dnext, m.g.mtp_enorm, s.dhalf, m.next_embed, m.w.mtp_enorm, m.enorm_rstd, N, d, false,
+                              s.rms, m.stream);
+        m.timer.mark("embedding");
+        gpu::embedding_backward(m.g.embed, s.dnext, m.targets, N, d, m.stream);
+    }
+    m.timer.mark("rmsnorm + residual");
+    gpu::rmsnorm_backward(dh, m.g.final_norm, s.dfinal, m.residual[L], m.w.final_norm, m.final_rstd, N, d, false,
+                          s.rms, m.stream);
+    for (int64_t l = L - 1; l >= 0; l--) {
+        block_backward(m, (int)l, m.residual[l], dh, dh_prev, loss_scale, s);
+        std::swap(dh, dh_prev);
+    }
+    m.timer.mark("embedding");
+    gpu::embedding_backward(m.g.embed, dh, m.inputs, N, d, m.stream);
+    sync(m);
+}
+
+void gpu_model_zero_grads(GpuModel& m) {
+    CUDA_CHECK(cudaMemsetAsync(m.grads, 0, m.table.total * sizeof(float), m.stream));
+}
+
+// One all-reduce per run of adjacent trainable tensors of the same group (the table interleaves replicated
+// tensors, expert shards and the untrained router biases, which must not be summed).
+void gpu_model_reduce_grads(GpuModel& m) {
+    Comm& comm = *m.comm;
+    sync(m);
+    const std::vector<ParamTensor>& tensors = m.table.tensors;
+    for (size_t first = 0; first < tensors.size();) {
+        size_t last = first + 1;
+        if (tensors[first].trainable)
+            while (last < tensors.size() && tensors[last].trainable &&
+                   tensors[last].expert_shard == tensors[first].expert_shard)
+                last++;
+        const ParamTensor &head = tensors[first], &tail = tensors[last - 1];
+        const Group group = head.expert_shard ? Group::DataParallel : Group::World;
+        if (head.trainable && (group == Group::World ? comm.world : comm.dp_size) > 1)
+            comm.all_reduce_sum(m.grads + head.offset, tail.offset + tail.numel - head.offset, group);
+        first = last;
+    }
+}
+
+double gpu_model_grad_norm(GpuModel& m) {
+    const std::vector<ParamTensor>& tensors = m.table.tensors;
+    double* scratch = m.norm_slots + tensors.size();
+    for (size_t i = 0; i < tensors.size(); i++)
+        if (tensors[i].trainable)
+            gpu::grad_norm_squared(m.norm_slots + i, m.grads + tensors[i].offset, tensors[i].numel, scratch, m.stream);
+    m.tensor_norms.resize(tensors.size());
+    CUDA_CHECK(cudaMemcpyAsync(m.tensor_norms.data(), m.norm_slots, tensors.size() * sizeof(double),
+                               cudaMemcpyDeviceToHost, m.stream));
+    sync(m);
+    double replicated = 0.0, experts = 0.0;
+    for (size_t i = 0; i < tensors.size(); i++) {
+        if (!tensors[i].trainable) continue;
+        const double n = sqrt(m.tensor_norms[i]);  // per-tensor norms squared, as model_grad_norm
+        (tensors[i].expert_shard ? experts : replicated) += n * n;
+    }
+    m.comm->all_reduce_sum(&experts, 1, Group::ExpertParallel);
+    return sqrt(replicated + experts);
+}
+
+void gpu_model_adamw(GpuModel& m, AdamWState& opt, const OptimizerConfig& oc, float lr, float grad_multiplier) {
+    opt.step++;
+    m.timer.mark("AdamW");
+    gpu::adamw_update(m.table, m.params, m.grads, m.adam_m, m.adam_v, oc, lr, opt.step, grad_multiplier, m.stream);
+    if (m.params_bf16) gpu::cast_to_bf16(m.params_bf16, m.params, m.table.total, m.stream);
+}
+
+void gpu_model_update_router_bias(GpuModel& m, const std::vector<std::vector<int64_t>>& counts) {
+    const Config& c = m.config;
+    std::vector<float> bias(c.n_routed_experts);
+    for (int l = 0; l < c.num_blocks(); l++) {
+        if (!c.is_moe_layer(l)) continue;
+        float* device_bias = m.w.blocks[l].router_bias;
+        CUDA_CHECK(cudaMemcpyAsync(bias.data(), device_bias, bias.size() * sizeof(float), cudaMemcpyDeviceToHost,
+                                   m.stream));
+        sync(m);
+        int64_t total = 0;  // the rule of model_update_router_bias, on the same floats
+        for (int64_t n : counts[l]) total += n;
+        for (int e = 0; e < c.n_routed_experts; e++) {
+            const int64_t gap = total - (int64_t)c.n_routed_experts * counts[l][e];
+            bias[e] += c.bias_update_speed * (float)((gap > 0) - (gap < 0));
+        }
+        CUDA_CHECK(cudaMemcpyAsync(device_bias, bias.data(), bias.size() * sizeof(float), cudaMemcpyHostToDevice,
+                                   m.stream));
+        sync(m);
+        std::fill(m.expert_counts[l].begin(), m.expert_counts[l].end(), 0);
+    }
+    // the bias is selection only: the BF16 copy never feeds a GEMM with it, so it needs no refresh
+}
+
+void gpu_model_logits_row(const GpuModel& m, int64_t row, float* out) {
+    sync(m);
+    CUDA_CHECK(cudaMemcpy(out, m.logits + row * m.config.vocab_size, m.config.vocab_size * sizeof(float),
+                          cudaMemcpyDeviceToHost));
+}
+
+std::vector<float> gpu_model_grads(const GpuModel& m) {
+    std::vector<float> host(m.table.total);
+    sync(m);
+    CUDA_CHECK(cudaMemcpy(host.data(), m.grads, host.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    return host;
+}
+
+double gpu_peak_flops(const cudaDeviceProp& prop) {
+    // dense BF16 tensor-core peaks from NVIDIA's datasheets (FLOP/s, without sparsity)
+    const std::string name = prop.name;
+    auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
+    if (has("B200")) return 2250e12;
+    if (has("H200")) return 989.4e12;
+    if (has("H100") && has("PCIe")) return 756.5e12;
+    if (has("H100") && has("NVL")) return 835.5e12;
+    if (has("H100")) return 989.4e12;
+    return 0.0;
+}

@@ -1,0 +1,123 @@
+// The whole model on one GPU (DESIGN §1, §3): the same forward and backward as model/model.cpp, made of the
+// hand-written kernels of kernels/ and cuBLASLt GEMMs (kernels/matmul.cuh). One device buffer each for the FP32
+// master weights, the gradients and the two AdamW moments, laid out by the same ParamTable as the CPU model; with
+// Precision::BF16 the GEMMs read a BF16 working copy of the weights (refreshed after every update) and BF16 casts
+// of their activation operands, and accumulate in FP32. Everything else (norms, attention, router, softmax, the
+// optimizer) is FP32.
+// Activations for B x T tokens are carved from one allocation at init; the routed experts' rows (whose number
+// depends on the routing under expert parallelism) have per-layer buffers that grow when a step needs more.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "comm/comm.h"
+#include "comm/expert_plan.h"
+#include "kernels/matmul.cuh"
+#include "model/model.h"
+#include "model/optimizer.h"
+
+// Times named regions of the step on the stream, for the benchmark's per-kernel table: mark(name) starts a region
+// that lasts until the next mark (or finish). Off by default: then mark() does nothing.
+struct RegionTimer {
+    bool enabled = false;
+    cudaStream_t stream = nullptr;
+    std::vector<std::pair<std::string, cudaEvent_t>> marks;
+    std::vector<cudaEvent_t> pool;
+    void mark(const char* name);
+    // Closes the last region, waits for the stream and adds each region's milliseconds to totals[name].
+    void finish(std::map<std::string, double>& totals);
+    void release();  // destroys the events
+};
+
+// Activations of one block (pointers into the arena; unused ones nullptr). Shapes as model/mla.h, model/moe.h.
+struct GpuBlockActs {
+    float *attn_normed, *attn_rstd;                        // (N, d), (N)
+    float *q_a, *q_a_rstd, *q_a_normed, *q;                // (N, q_lora), (N), (N, q_lora), (N, H*dqk)
+    float *kv_a, *c_kv, *c_kv_rstd, *c_kv_normed, *kv;     // (N, kv_lora+dr), (N, kv_lora), (N), .., (N, H*(dn+dv))
+    float *q_heads, *k_heads, *o, *lse;                    // (N, H, dqk) x2, (N, H*dv), (B, H, T)
+    float *attn_out, *h_mid, *ffn_normed, *ffn_rstd;       // (N, d) x3, (N)
+    float *ffn_g, *ffn_u, *ffn_a;                          // (N, width): the dense FFN or the shared experts
+    float* ffn_out;                                        // (N, d)
+    // MoE
+    float *scores, *gate_weights;                          // (N, E), (N, k)
+    int32_t* chosen;                                       // (N, k)
+    int64_t *counts, *offsets, *row_of_slot, *slot_of_row; // (E), (E+1), (N*k), (N*k)
+    float *rows_sent, *rows_back;                          // (N*k, d) in plan order
+    // routed-expert rows in expert-contiguous order, R = dispatch.received() of them (capacity expert_rows)
+    float *expert_in = nullptr, *expert_out = nullptr;     // (R, d)
+    float *expert_g = nullptr, *expert_u = nullptr, *expert_a = nullptr;  // (R, I)
+    int64_t *recv_to_expert = nullptr, *expert_to_recv = nullptr;          // (R) the EP permutation and its inverse
+    int64_t expert_rows = 0;                               // capacity
+    void* expert_alloc = nullptr;                          // the allocation the five pointers above live in
+    std::vector<int64_t> counts_host;                      // (E) this rank's rows per expert, last forward
+    DispatchPlan dispatch;                                 // host plan: what this rank sends, receives, computes
+    double balance_loss = 0.0;
+};
+
+struct GpuModel {
+    Config config;
+    Comm* comm = nullptr;            // NCCL: device buffers (host buffers are staged)
+    ParamTable table;
+    gpu::Precision precision = gpu::Precision::FP32;
+    cudaStream_t stream = nullptr;
+    gpu::Matmul matmul;
+    float *params = nullptr, *grads = nullptr, *adam_m = nullptr, *adam_v = nullptr;  // table layout
+    __nv_bfloat16* params_bf16 = nullptr;  // BF16 mode: the working copy the GEMMs read
+    ModelWeights w, g;                     // device pointers into params and grads
+    int max_B = 0, T = 0, B = 0;           // allocated batch; the last forward's B
+    // activations
+    void* arena = nullptr;
+    int64_t arena_bytes = 0;
+    std::vector<float*> residual;          // L+1 of (N, d)
+    std::vector<GpuBlockActs> blocks;
+    float *final_normed, *final_rstd, *logits, *losses;                  // (N, d), (N), (N, V), (N)
+    float *next_embed, *enorm_out, *enorm_rstd, *hnorm_out, *hnorm_rstd; // MTP
+    float *mtp_concat, *mtp_in, *mtp_out, *mtp_normed, *mtp_rstd, *mtp_logits;
+    float *rope_cos, *rope_sin;            // (T, dr/2)
+    int32_t *inputs, *targets, *mtp_targets;  // (N) each, device
+    // backward scratch, shared by the blocks (one block runs at a time)
+    void* scratch = nullptr;
+    int64_t scratch_bytes = 0;
+    void* expert_scratch = nullptr;  // the routed experts' backward buffers, grown with the largest layer
+    int64_t expert_scratch_rows = 0;
+    std::vector<std::vector<int64_t>> expert_counts;  // host, as Model::expert_counts
+    std::vector<double> tensor_norms;                 // host copy of the per-tensor squared norms
+    double* norm_slots = nullptr;                     // device (tensors) + scratch
+    RegionTimer timer;
+    LossParts loss;
+};
+
+// What init will allocate, in bytes (for the plan printed at start and the out-of-memory check).
+struct GpuMemoryPlan {
+    int64_t params = 0, grads = 0, optimizer = 0, activations = 0, expert_rows = 0, scratch = 0;
+    int64_t total() const { return params + grads + optimizer + activations + expert_rows + scratch; }
+};
+GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, gpu::Precision p, int B, int T);
+
+// Allocates everything for batches of up to B sequences of T tokens on the current device; throws
+// std::runtime_error (with the plan and the free memory) when it does not fit, or when the config is one the
+// kernels do not support.
+void gpu_model_init(GpuModel& m, const Config& c, Comm& comm, gpu::Precision p, int B, int T);
+void gpu_model_free(GpuModel& m);
+// Host model (weights) and optimizer moments -> device, and back. Tables must match (same config and EP size).
+void gpu_model_upload(GpuModel& m, const Model& host, const AdamWState& opt);
+void gpu_model_download(const GpuModel& m, Model& host, AdamWState& opt);
+// As model_forward: inputs, targets host arrays of B*T tokens (B <= the allocated B, T the allocated T). Without
+// targets only the logits are computed (no losses: the balance loss too stays 0).
+LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* targets, int B, bool training);
+void gpu_model_backward(GpuModel& m, float loss_scale);
+void gpu_model_zero_grads(GpuModel& m);
+void gpu_model_reduce_grads(GpuModel& m);
+double gpu_model_grad_norm(GpuModel& m);
+void gpu_model_adamw(GpuModel& m, AdamWState& opt, const OptimizerConfig& oc, float lr, float grad_multiplier);
+void gpu_model_update_router_bias(GpuModel& m, const std::vector<std::vector<int64_t>>& counts);
+void gpu_model_logits_row(const GpuModel& m, int64_t row, float* out);
+// Gradients to a host array laid out by the table (the tests compare them with the CPU model's).
+std::vector<float> gpu_model_grads(const GpuModel& m);
+
+// The dense BF16 peak of the device in FLOP/s from a table of known GPUs (H100 SXM/PCIe, H200, B200), or 0.
+double gpu_peak_flops(const cudaDeviceProp& prop);

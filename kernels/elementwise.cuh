@@ -1,0 +1,45 @@
+// Elementwise glue of the GPU model, FP32: the residual add and column-block copies between row-major matrices.
+//   add:           out = a + b  (n values; out may alias a or b)
+//   copy_columns:  dst[r][dst_col + c] = src[r][src_col + c] for r < rows, c < cols, with row strides dst_ld, src_ld
+//                  (MLA's c_kv = the first kv_lora columns of kv_a and its gradient back; MTP's [enorm | hnorm]).
+// Plain grid-stride loops, one thread per value: bandwidth-bound, deterministic.
+#pragma once
+#include <cstdint>
+
+#include "kernels/common.cuh"
+
+namespace gpu {
+
+constexpr int ELEMENTWISE_THREADS = 256;
+
+static __global__ void add_kernel(float* out, const float* a, const float* b, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = a[i] + b[i];
+}
+
+static __global__ void copy_columns_kernel(float* dst, int64_t dst_ld, const float* src, int64_t src_ld, int64_t rows,
+                                           int64_t cols) {
+    const int64_t n = rows * cols;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / cols, c = i % cols;
+        dst[r * dst_ld + c] = src[r * src_ld + c];
+    }
+}
+
+inline void add(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream) {
+    if (n == 0) return;
+    add_kernel<<<grid_stride_blocks(n, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, 0, stream>>>(out, a, b, n);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// dst and src point at the first copied column of row 0.
+inline void copy_columns(float* dst, int64_t dst_ld, const float* src, int64_t src_ld, int64_t rows, int64_t cols,
+                         cudaStream_t stream) {
+    const int64_t n = rows * cols;
+    if (n == 0) return;
+    copy_columns_kernel<<<grid_stride_blocks(n, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, 0, stream>>>(
+        dst, dst_ld, src, src_ld, rows, cols);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace gpu

@@ -1,0 +1,404 @@
+// The GEMMs of the GPU trainer (DESIGN §1), through cuBLASLt. Every linear layer is y = x W^T with row-major
+// activations x (M, K), y (M, N) and weights W (N, K) = [out, in], as model/ops.h:
+//   forward:   out  (M, N) (=|+=) inp  (M, K) @ W^T
+//   backward:  dinp (M, K) (=|+=) dout (M, N) @ W          (skipped when dinp is nullptr)
+//              dW   (N, K)  +=    dout^T (N, M) @ inp (M, K)
+// and the grouped versions for the routed experts: rows [offsets[g], offsets[g+1]) use weights g of the stacked
+// W (G, N, K).
+//
+// Layout mapping. cuBLASLt is column-major: D (m, n) = alpha op(A) (m, k) op(B) (k, n) + beta C, with C = D here.
+// A row-major (R, C) buffer X (element X[r][c] at r*C + c) read column-major with ld = C is a (C, R) matrix whose
+// element (c, r) sits at r*C + c: it is X^T, for free. So every row-major product P = X Y is computed as its
+// transpose P^T = Y^T X^T, on the buffers as they are (no copies), with op() chosen so each factor reads right:
+//   forward  out^T (N, M)  = W (N, K) @ inp^T (K, M):    m=N n=M k=K  A=W    stored (K, N) ld K  op T
+//                                                                    B=inp  stored (K, M) ld K  op N   D ld N
+//   dinp     dinp^T (K, M) = W^T (K, N) @ dout^T (N, M): m=K n=M k=N  A=W    stored (K, N) ld K  op N
+//                                                                    B=dout stored (N, M) ld N  op N   D ld K
+//   dW       dW^T (K, N)   = inp^T (K, M) @ dout (M, N): m=K n=N k=M  A=inp  stored (K, M) ld K  op N
+//                                                                    B=dout stored (N, M) ld N  op T   D ld K
+// Element by element, with Z(r, c) the column-major element at c*ld + r of a stored matrix:
+//   forward  D(j, i) at i*N + j = out[i][j];  op(A)(j, k) = A(k, j) at j*K + k = W[j][k];
+//            op(B)(k, i) = B(k, i) at i*K + k = inp[i][k]          => out[i][j] = sum_k W[j][k] inp[i][k]
+//   dinp     D(k, i) at i*K + k = dinp[i][k]; op(A)(k, j) = A(k, j) at j*K + k = W[j][k];
+//            op(B)(j, i) = B(j, i) at i*N + j = dout[i][j]         => dinp[i][k] = sum_j dout[i][j] W[j][k]
+//   dW       D(k, j) at j*K + k = dW[j][k];   op(A)(k, i) = A(k, i) at i*K + k = inp[i][k];
+//            op(B)(i, j) = B(j, i) at i*N + j = dout[i][j]         => dW[j][k] += sum_i dout[i][j] inp[i][k]
+// Every ld equals the stored matrix's row count (rows are contiguous), as cuBLASLt requires (ld >= rows).
+//
+// Precision policy. Accumulation, alpha/beta and every output are FP32 (CUBLAS_COMPUTE_32F, CUDA_R_32F scale and
+// C/D), in both modes:
+//   Precision::FP32  A and B FP32: a true FP32 GEMM (CUBLAS_COMPUTE_32F, never _FAST_TF32), within FP32 roundoff
+//                    of the CPU reference (the order of the sums differs).
+//   Precision::BF16  A and B BF16 (CUDA_R_16BF): the weights come as a BF16 copy W16 the caller keeps (refreshed
+//                    after each update); the activation operands are cast here (round to nearest even) into the
+//                    two cast buffers of the Matmul, sized at create for the largest operand. Products of two BF16
+//                    values are exact in FP32, so the only error beyond FP32 is the rounding of the inputs
+//                    (relative 2^-8 each). The FP32 master weights and gradients are untouched: dW is FP32 +=.
+// Odd sizes: no padding. cuBLASLt documents leading-dimension rules only for FP8 and int8 (multiples of 16 bytes),
+// none for BF16 or FP32; the layouts carry the true ld and the alignment preferences below carry the true pointer
+// alignment, so the heuristic returns only kernels valid for them. With an odd K or N the rows are 2-byte (BF16)
+// or 4-byte (FP32) aligned and the kernels found are slower ones: model widths should be multiples of 8.
+//
+// Algorithms: cublasLtMatmulAlgoGetHeuristic with the workspace size and the minimum alignments of A, B, C, D
+// computed from the actual pointers (a tensor inside the one big parameter buffer, or an expert's rows, is not
+// 256-byte aligned, cuBLASLt's default assumption). The first choice is cached with its descriptors, keyed by
+// precision, transposes, m, n, k, the ld's and the alignments, so the heuristic runs once per shape. The routed
+// experts' row counts change every step, so their keys often miss; the cache is cleared when it reaches
+// MATMUL_CACHE_MAX entries.
+//
+// Grouped: each group is one cuBLASLt call, which takes its m/n/k from the host, so the group sizes (offsets)
+// must be on the host: the trainer copies the expert counts to the host once per MoE layer (one sync). A
+// device-side grouped GEMM (CUTLASS grouped / cuBLAS grouped-batched with device pointers) would avoid that sync
+// and the per-group launches. BF16 casts of the activation operands are done once for all groups.
+//
+// Every cuBLASLt call is checked with CUBLAS_CHECK (status name, file, line, call; exit), as CUDA_CHECK.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <stdexcept>
+#include <string>
+
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+
+#include "kernels/common.cuh"
+
+#ifndef CUBLAS_CHECK
+#define CUBLAS_CHECK(call)                                                                                    \
+    do {                                                                                                      \
+        cublasStatus_t status_ = (call);                                                                      \
+        if (status_ != CUBLAS_STATUS_SUCCESS) {                                                               \
+            fprintf(stderr, "cuBLAS error %s (%s) at %s:%d in %s\n", cublasLtGetStatusName(status_),         \
+                    cublasLtGetStatusString(status_), __FILE__, __LINE__, #call);                             \
+            exit(1);                                                                                          \
+        }                                                                                                     \
+    } while (0)
+#endif
+
+namespace gpu {
+
+enum class Precision { FP32, BF16 };  // GEMM inputs; accumulation and outputs are always FP32
+
+constexpr size_t MATMUL_WORKSPACE_BYTES = size_t(32) << 20;  // what cuBLASLt recommends for Hopper
+constexpr size_t MATMUL_CACHE_MAX = 4096;
+constexpr int MATMUL_CAST_THREADS = 256;
+
+// One cached choice: the descriptors of one problem and the algorithm the heuristic picked for it.
+struct MatmulPlan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;  // d also describes C (C == D)
+    cublasLtMatmulAlgo_t algo{};
+};
+// {bf16, transa, transb, m, n, k, lda, ldb, ldd, align A, align B, align C/D}
+using MatmulKey = std::array<int64_t, 12>;
+
+struct Matmul {  // one per stream
+    cublasLtHandle_t handle = nullptr;
+    cudaStream_t stream = nullptr;
+    void* workspace = nullptr;
+    size_t workspace_bytes = 0;
+    __nv_bfloat16 *cast_a = nullptr, *cast_b = nullptr;  // BF16 casts of the activation operands
+    int64_t cast_capacity = 0;                           // elements each
+    std::map<MatmulKey, MatmulPlan> cache;
+};
+
+// ---------------------------------------------------------------------------------------------------------------
+// BF16 cast
+
+static __global__ void cast_to_bf16_kernel(__nv_bfloat16* out, const float* in, int64_t n) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = __float2bfloat16_rn(in[i]);
+}
+
+// out (n) = in (n) rounded to the nearest BF16, ties to even (Inf stays Inf, NaN stays NaN)
+inline void cast_to_bf16(__nv_bfloat16* out, const float* in, int64_t n, cudaStream_t stream) {
+    if (n <= 0) return;
+    cast_to_bf16_kernel<<<grid_stride_blocks(n, MATMUL_CAST_THREADS), MATMUL_CAST_THREADS, 0, stream>>>(out, in, n);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Setup
+
+inline int64_t matmul_memory_bytes(int64_t max_cast_elements) {
+    return (int64_t)MATMUL_WORKSPACE_BYTES + 2 * max_cast_elements * (int64_t)sizeof(__nv_bfloat16);
+}
+
+inline void matmul_clear_cache(Matmul& mm) {
+    for (auto& entry : mm.cache) {
+        MatmulPlan& p = entry.second;
+        CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(p.a));
+        CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(p.b));
+        CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(p.d));
+        CUBLAS_CHECK(cublasLtMatmulDescDestroy(p.desc));
+    }
+    mm.cache.clear();
+}
+
+// Frees what matmul_create allocated (also after a partial create); the Matmul is empty afterwards.
+inline void matmul_destroy(Matmul& mm) {
+    matmul_clear_cache(mm);
+    CUDA_CHECK(cudaFree(mm.workspace));
+    CUDA_CHECK(cudaFree(mm.cast_a));
+    CUDA_CHECK(cudaFree(mm.cast_b));
+    if (mm.handle) CUBLAS_CHECK(cublasLtDestroy(mm.handle));
+    mm.handle = nullptr;
+    mm.stream = nullptr;
+    mm.workspace = nullptr;
+    mm.workspace_bytes = 0;
+    mm.cast_a = mm.cast_b = nullptr;
+    mm.cast_capacity = 0;
+}
+
+// cudaMalloc that throws on failure (clearing the error), after freeing what mm already holds
+inline void matmul_alloc(Matmul& mm, void** ptr, size_t bytes, const char* what) {
+    if (cudaMalloc(ptr, bytes) != cudaSuccess) {
+        (void)cudaGetLastError();
+        *ptr = nullptr;
+        matmul_destroy(mm);
+        throw std::runtime_error(std::string("out of GPU memory for ") + what + " (" +
+                                 std::to_string(bytes >> 20) + " MiB)");
+    }
+}
+
+// max_cast_elements: the largest activation operand (rows x cols) any BF16 call will cast; 0 for FP32-only use.
+inline void matmul_create(Matmul& mm, cudaStream_t stream, int64_t max_cast_elements) {
+    mm = Matmul{};
+    mm.stream = stream;
+    CUBLAS_CHECK(cublasLtCreate(&mm.handle));
+    matmul_alloc(mm, &mm.workspace, MATMUL_WORKSPACE_BYTES, "the cuBLASLt workspace");
+    mm.workspace_bytes = MATMUL_WORKSPACE_BYTES;
+    if (max_cast_elements > 0) {
+        const size_t bytes = (size_t)max_cast_elements * sizeof(__nv_bfloat16);
+        matmul_alloc(mm, (void**)&mm.cast_a, bytes, "the BF16 GEMM operand casts");
+        matmul_alloc(mm, (void**)&mm.cast_b, bytes, "the BF16 GEMM operand casts");
+        mm.cast_capacity = max_cast_elements;
+    }
+}
+
+// Grows the two cast buffers to max_cast_elements each (the routed experts' rows grow with the routing). A Matmul
+// created for FP32 only (capacity 0) never casts and stays without buffers. Waits for mm's stream first: queued
+// casts and GEMMs may still read the old buffers. Throws as matmul_create.
+inline void matmul_reserve(Matmul& mm, int64_t max_cast_elements) {
+    if (mm.cast_capacity == 0 || max_cast_elements <= mm.cast_capacity) return;
+    CUDA_CHECK(cudaStreamSynchronize(mm.stream));
+    CUDA_CHECK(cudaFree(mm.cast_a));
+    CUDA_CHECK(cudaFree(mm.cast_b));
+    mm.cast_a = mm.cast_b = nullptr;
+    mm.cast_capacity = 0;
+    const size_t bytes = (size_t)max_cast_elements * sizeof(__nv_bfloat16);
+    matmul_alloc(mm, (void**)&mm.cast_a, bytes, "the BF16 GEMM operand casts");
+    matmul_alloc(mm, (void**)&mm.cast_b, bytes, "the BF16 GEMM operand casts");
+    mm.cast_capacity = max_cast_elements;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The one cuBLASLt call everything goes through (column-major terms, see the top of the file)
+
+// The largest power of two (at most 256) that divides the address.
+inline uint32_t matmul_pointer_alignment(const void* p) {
+    const uintptr_t a = (uintptr_t)p, low = a & (~a + 1);
+    return low == 0 || low >= 256 ? 256u : (uint32_t)low;
+}
+
+// Names the row-major call in error messages.
+struct MatmulSite {
+    const char* name;
+    int64_t M, K, N;
+};
+
+// D (m, n, ld ldd, FP32) (=|+=) op(A) (m, k) op(B) (k, n). A, B FP32 or (bf16) BF16; stored shapes
+// A: ta ? (k, m) : (m, k), B: tb ? (n, k) : (k, n), column-major with the given ld.
+inline void matmul_lt(Matmul& mm, const MatmulSite& site, bool bf16, bool ta, bool tb, int64_t m, int64_t n,
+                      int64_t k, const void* A, int64_t lda, const void* B, int64_t ldb, float* D, int64_t ldd,
+                      bool accumulate) {
+    if (m == 0 || n == 0) return;
+    if (k == 0) {  // an empty sum: D = 0, or D unchanged
+        if (!accumulate)
+            CUDA_CHECK(cudaMemset2DAsync(D, (size_t)ldd * sizeof(float), 0, (size_t)m * sizeof(float), (size_t)n,
+                                         mm.stream));
+        return;
+    }
+    const uint32_t align_a = matmul_pointer_alignment(A), align_b = matmul_pointer_alignment(B),
+                   align_d = matmul_pointer_alignment(D);
+    const MatmulKey key{bf16, ta, tb, m, n, k, lda, ldb, ldd, align_a, align_b, align_d};
+    auto it = mm.cache.find(key);
+    if (it == mm.cache.end()) {
+        if (mm.cache.size() >= MATMUL_CACHE_MAX) matmul_clear_cache(mm);
+        const cudaDataType_t in_type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
+        const cublasOperation_t op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+        MatmulPlan p;
+        CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, in_type, ta ? k : m, ta ? m : k, lda));
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, in_type, tb ? n : k, tb ? k : n, ldb));
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.d, CUDA_R_32F, m, n, ldd));
+
+        cublasLtMatmulPreference_t pref;
+        CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+        const uint64_t workspace = mm.workspace_bytes;
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+                                                          sizeof(workspace)));
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
+                                                          sizeof(align_a)));
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
+                                                          sizeof(align_b)));
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d,
+                                                          sizeof(align_d)));
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
+                                                          sizeof(align_d)));
+        cublasLtMatmulHeuristicResult_t result{};
+        int found = 0;
+        const cublasStatus_t status =
+            cublasLtMatmulAlgoGetHeuristic(mm.handle, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &found);
+        CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+        if (status == CUBLAS_STATUS_NOT_SUPPORTED ||
+            (status == CUBLAS_STATUS_SUCCESS && (found == 0 || result.state != CUBLAS_STATUS_SUCCESS))) {
+            fprintf(stderr,
+                    "cuBLASLt: no algorithm for %s (M=%ld K=%ld N=%ld, %s inputs): column-major m=%ld n=%ld k=%ld "
+                    "op(A)=%c op(B)=%c ld %ld/%ld/%ld, alignment A %u B %u D %u bytes\n",
+                    site.name, (long)site.M, (long)site.K, (long)site.N, bf16 ? "BF16" : "FP32", (long)m, (long)n,
+                    (long)k, ta ? 'T' : 'N', tb ? 'T' : 'N', (long)lda, (long)ldb, (long)ldd, align_a, align_b,
+                    align_d);
+            exit(1);
+        }
+        CUBLAS_CHECK(status);
+        p.algo = result.algo;
+        it = mm.cache.emplace(key, p).first;
+    }
+    const MatmulPlan& p = it->second;
+    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    CUBLAS_CHECK(cublasLtMatmul(mm.handle, p.desc, &alpha, A, p.a, B, p.b, &beta, D, p.d, D, p.d, &p.algo,
+                                mm.workspace, mm.workspace_bytes, mm.stream));
+}
+
+// Casts n floats into one of mm's BF16 buffers; exceeding the capacity is an internal error (the caller sized it).
+inline const __nv_bfloat16* matmul_cast(Matmul& mm, __nv_bfloat16* buffer, const float* src, int64_t n,
+                                        const MatmulSite& site, const char* operand) {
+    if (n > mm.cast_capacity || buffer == nullptr) {
+        fprintf(stderr,
+                "internal error: %s (M=%ld K=%ld N=%ld): the BF16 cast of %s needs %ld elements, the Matmul holds "
+                "%ld\n",
+                site.name, (long)site.M, (long)site.K, (long)site.N, operand, (long)n, (long)mm.cast_capacity);
+        exit(1);
+    }
+    cast_to_bf16(buffer, src, n, mm.stream);
+    return buffer;
+}
+
+// The three products on row-major operands (see the mapping at the top). A, B point at FP32 or BF16 data as bf16
+// says; D is always FP32.
+inline void matmul_gemm_forward(Matmul& mm, const MatmulSite& s, bool bf16, float* out, const void* inp,
+                                const void* W, int64_t M, int64_t K, int64_t N, bool accumulate) {
+    matmul_lt(mm, s, bf16, /*ta*/ true, /*tb*/ false, N, M, K, W, K, inp, K, out, N, accumulate);
+}
+inline void matmul_gemm_dinp(Matmul& mm, const MatmulSite& s, bool bf16, float* dinp, const void* dout,
+                             const void* W, int64_t M, int64_t K, int64_t N, bool accumulate) {
+    matmul_lt(mm, s, bf16, false, false, K, M, N, W, K, dout, N, dinp, K, accumulate);
+}
+inline void matmul_gemm_dW(Matmul& mm, const MatmulSite& s, bool bf16, float* dW, const void* dout,
+                           const void* inp, int64_t M, int64_t K, int64_t N) {
+    matmul_lt(mm, s, bf16, false, true, K, N, M, inp, K, dout, N, dW, K, /*accumulate*/ true);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The API
+
+// out (M, N) (=|+=) inp (M, K) @ W^T, W (N, K). W16 (BF16 copy of W) given: BF16 inputs; nullptr: FP32.
+inline void matmul_forward(Matmul& mm, float* out, const float* inp, const float* W, const __nv_bfloat16* W16,
+                           int64_t M, int64_t K, int64_t N, bool accumulate) {
+    if (M == 0) return;
+    const MatmulSite s{"matmul_forward", M, K, N};
+    if (W16) {
+        const __nv_bfloat16* inp16 = matmul_cast(mm, mm.cast_a, inp, M * K, s, "inp");
+        matmul_gemm_forward(mm, s, true, out, inp16, W16, M, K, N, accumulate);
+    } else {
+        matmul_gemm_forward(mm, s, false, out, inp, W, M, K, N, accumulate);
+    }
+}
+
+// dinp (M, K) (=|+=) dout (M, N) @ W (skipped when dinp is nullptr); dW (N, K) += dout^T @ inp.
+inline void matmul_backward(Matmul& mm, float* dinp, float* dW, const float* dout, const float* inp, const float* W,
+                            const __nv_bfloat16* W16, int64_t M, int64_t K, int64_t N, bool accumulate_dinp) {
+    if (M == 0) return;
+    const MatmulSite s{"matmul_backward", M, K, N};
+    if (W16) {
+        const __nv_bfloat16* dout16 = matmul_cast(mm, mm.cast_b, dout, M * N, s, "dout");
+        if (dinp) matmul_gemm_dinp(mm, s, true, dinp, dout16, W16, M, K, N, accumulate_dinp);
+        const __nv_bfloat16* inp16 = matmul_cast(mm, mm.cast_a, inp, M * K, s, "inp");
+        matmul_gemm_dW(mm, s, true, dW, dout16, inp16, M, K, N);
+    } else {
+        if (dinp) matmul_gemm_dinp(mm, s, false, dinp, dout, W, M, K, N, accumulate_dinp);
+        matmul_gemm_dW(mm, s, false, dW, dout, inp, M, K, N);
+    }
+}
+
+// Checks the host offsets (G+1 entries, nonnegative, nondecreasing) and returns the first row.
+inline int64_t grouped_first_row(const MatmulSite& s, const int64_t* offsets, int64_t G) {
+    if (offsets[0] < 0) {
+        fprintf(stderr, "internal error: %s: offsets[0] = %ld < 0\n", s.name, (long)offsets[0]);
+        exit(1);
+    }
+    for (int64_t g = 0; g < G; g++)
+        if (offsets[g + 1] < offsets[g]) {
+            fprintf(stderr, "internal error: %s: offsets[%ld] = %ld > offsets[%ld] = %ld\n", s.name, (long)g,
+                    (long)offsets[g], (long)(g + 1), (long)offsets[g + 1]);
+            exit(1);
+        }
+    return offsets[0];
+}
+
+// out rows [offsets[g], offsets[g+1]) (=) inp rows @ W_g^T, W (G, N, K); W16 likewise or nullptr. offsets: host.
+inline void grouped_matmul_forward(Matmul& mm, float* out, const float* inp, const float* W,
+                                   const __nv_bfloat16* W16, const int64_t* offsets, int64_t G, int64_t K,
+                                   int64_t N) {
+    if (G <= 0) return;
+    const MatmulSite s{"grouped_matmul_forward", offsets[G] - offsets[0], K, N};
+    const int64_t first = grouped_first_row(s, offsets, G), rows = offsets[G] - first;
+    if (rows == 0) return;
+    const __nv_bfloat16* inp16 = W16 ? matmul_cast(mm, mm.cast_a, inp + first * K, rows * K, s, "inp") : nullptr;
+    for (int64_t g = 0; g < G; g++) {
+        const int64_t r0 = offsets[g], M = offsets[g + 1] - r0;
+        if (M == 0) continue;
+        const MatmulSite sg{"grouped_matmul_forward (one group)", M, K, N};
+        if (W16)
+            matmul_gemm_forward(mm, sg, true, out + r0 * N, inp16 + (r0 - first) * K, W16 + g * N * K, M, K, N, false);
+        else
+            matmul_gemm_forward(mm, sg, false, out + r0 * N, inp + r0 * K, W + g * N * K, M, K, N, false);
+    }
+}
+
+// Per group g: dinp rows (=) dout rows @ W_g;  dW_g (N, K) += dout rows^T @ inp rows. offsets: host.
+inline void grouped_matmul_backward(Matmul& mm, float* dinp, float* dW, const float* dout, const float* inp,
+                                    const float* W, const __nv_bfloat16* W16, const int64_t* offsets, int64_t G,
+                                    int64_t K, int64_t N) {
+    if (G <= 0) return;
+    const MatmulSite s{"grouped_matmul_backward", offsets[G] - offsets[0], K, N};
+    const int64_t first = grouped_first_row(s, offsets, G), rows = offsets[G] - first;
+    if (rows == 0) return;
+    const __nv_bfloat16 *dout16 = nullptr, *inp16 = nullptr;
+    if (W16) {
+        dout16 = matmul_cast(mm, mm.cast_b, dout + first * N, rows * N, s, "dout");
+        inp16 = matmul_cast(mm, mm.cast_a, inp + first * K, rows * K, s, "inp");
+    }
+    for (int64_t g = 0; g < G; g++) {
+        const int64_t r0 = offsets[g], M = offsets[g + 1] - r0;
+        if (M == 0) continue;
+        const MatmulSite sg{"grouped_matmul_backward (one group)", M, K, N};
+        float* dW_g = dW + g * N * K;
+        if (W16) {
+            const __nv_bfloat16 *dout_g = dout16 + (r0 - first) * N, *inp_g = inp16 + (r0 - first) * K;
+            if (dinp) matmul_gemm_dinp(mm, sg, true, dinp + r0 * K, dout_g, W16 + g * N * K, M, K, N, false);
+            matmul_gemm_dW(mm, sg, true, dW_g, dout_g, inp_g, M, K, N);
+        } else {
+            if (dinp) matmul_gemm_dinp(mm, sg, false, dinp + r0 * K, dout + r0 * N, W + g * N * K, M, K, N, false);
+            matmul_gemm_dW(mm, sg, false, dW_g, dout + r0 * N, inp + r0 * K, M, K, N);
+        }
+    }
+}
+
+}  // namespace gpu

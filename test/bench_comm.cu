@@ -1,0 +1,245 @@
+// bench_comm: the expert-parallel token exchange of one MoE layer on the GPU against NCCL's plain all-to-all on the
+// same bytes (`make bench-comm`; BENCH_RANKS=8 runs it under mpirun -np 8, one rank per GPU).
+//
+// What runs: each rank routes --tokens tokens (4096) to --topk (8) of --experts (256) experts at random (distinct
+// experts per token, a fixed seed per rank), builds the dispatch plan on the host (build_expert_plan, the counts
+// exchanged with comm->all_to_all, build_dispatch_plan: comm/expert_plan.h) over an EP group of every rank (--ep
+// for fewer), and times, through the NCCL Comm (make_nccl_comm) with FP32 rows of --hidden (7168) floats and the
+// kernels of kernels/permute.cuh (the permutations are gathers with k = 1, as gpu/gpu_model.cu does them):
+//   dispatch      gather the token rows in plan order (gpu::gather_forward) + comm->all_to_all_v + permute the
+//                 received rows into expert order: what an MoE layer does before its expert GEMMs
+//   combine       the reverse: permute back to arrival order + comm->all_to_all_v back + the weighted sum per token
+//                 (gpu::combine_forward)
+//   all-to-all-v  comm->all_to_all_v alone, dispatch routing: the exchange without the two kernels
+//   send/recv     comm->all_to_all_v with an equal split: the ncclSend/ncclRecv group on uniform sizes
+//   ncclAlltoAll  NCCL's own all-to-all, equal split, on its own communicator over the same EP ranks: the reference
+// Every operation is complete when it returns (the Comm's contract: a stream synchronisation after each call; the
+// reference gets the same), timed with CUDA events over --iters (20) repetitions after 3 warm-up ones.
+// Alone (no mpirun) it is one rank on GPU 0: every exchange is a self-copy through NCCL.
+//
+// How to read it: bytes = bytes one rank sends per operation, averaged over the ranks (dispatch sends its N*k
+// rows; combine sends back the rows it received, the same on average); time = mean over ranks of each rank's mean.
+// algbw = bytes / time; busbw = algbw * (P-1)/P, as nccl-tests defines it for all-to-all (the self-part moves no
+// link bytes; 0 on one rank). `vs a2a` is algbw / ncclAlltoAll's algbw (the same ratio in busbw): the issue's
+// target is dispatch and combine at 0.8 or more. A dispatch/combine round trip with weights 1/k is checked
+// against the input first (combine of dispatch gives x back), so the timed path is known to move the right rows.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include "comm/comm.h"
+#include "comm/expert_plan.h"
+#include "kernels/permute.cuh"
+#include "model/rng.h"
+#include "test/random_model.h"
+
+#define NCCL_CHECK(call)                                                                                      \
+    do {                                                                                                      \
+        ncclResult_t rc_ = (call);                                                                            \
+        if (rc_ != ncclSuccess) {                                                                             \
+            fprintf(stderr, "bench_comm: NCCL error %s at %s:%d in %s\n", ncclGetErrorString(rc_), __FILE__, \
+                    __LINE__, #call);                                                                         \
+            exit(1);                                                                                          \
+        }                                                                                                     \
+    } while (0)
+
+constexpr int WARMUP = 3;
+
+// The launcher's number (rank or size) from the first of these environment variables that is set, else fallback.
+static int launcher_int(const char* const* names, int fallback) {
+    for (; *names; names++)
+        if (const char* v = getenv(*names)) return atoi(v);
+    return fallback;
+}
+
+[[noreturn]] static void usage(const char* message) {
+    static const char* const rank_vars[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID", nullptr};
+    if (launcher_int(rank_vars, 0) == 0)
+        fprintf(stderr,
+                "bench_comm: %s\nusage: bench_comm [--tokens N (4096)] [--hidden D (7168)] [--topk K (8)] "
+                "[--experts E (256)] [--iters I (20)] [--ep P (every rank)]\n",
+                message);
+    exit(2);
+}
+
+template <typename T>
+static T* device_alloc(int64_t n) {
+    T* p = nullptr;
+    CUDA_CHECK(cudaMalloc(&p, (size_t)(n > 0 ? n : 1) * sizeof(T)));
+    return p;
+}
+
+template <typename T>
+static T* device_copy(const std::vector<T>& v) {
+    T* p = device_alloc<T>((int64_t)v.size());
+    if (!v.empty()) CUDA_CHECK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return p;
+}
+
+int main(int argc, char** argv) {
+    int64_t N = 4096, d = 7168;
+    int k = 8, E = 256, iters = 20;
+    static const char* const size_vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", nullptr};
+    int ep = launcher_int(size_vars, 1);
+    for (int i = 1; i < argc; i++) {
+        if (i + 1 >= argc) usage((std::string(argv[i]) + " needs a value").c_str());
+        const char* flag = argv[i];
+        char* end = nullptr;
+        const long long v = strtoll(argv[++i], &end, 10);
+        if (*end != '\0' || v < 1 || v > (1ll << 30)) usage((std::string(flag) + ": not a positive integer").c_str());
+        if (!strcmp(flag, "--tokens")) N = v;
+        else if (!strcmp(flag, "--hidden")) d = v;
+        else if (!strcmp(flag, "--topk")) k = (int)v;
+        else if (!strcmp(flag, "--experts")) E = (int)v;
+        else if (!strcmp(flag, "--iters")) iters = (int)v;
+        else if (!strcmp(flag, "--ep")) ep = (int)v;
+        else usage((std::string("unknown flag ") + flag).c_str());
+    }
+    if (k > E) usage("--topk is larger than --experts");
+    if (ep < 1 || E % ep != 0) usage(("--ep " + std::to_string(ep) + " does not divide --experts").c_str());
+    if (N * k > (1ll << 31) - 1) usage("--tokens x --topk is over 2^31 rows");
+
+    std::unique_ptr<Comm> comm = make_nccl_comm(ep, "bench_comm");
+    const int P = comm->ep_size;
+    const bool lead = comm->rank == 0;
+    cudaStream_t stream;
+    CUDA_CHECK(cudaStreamCreate(&stream));
+
+    // Routing and plans on the host: the counts go through the Comm from host memory (staged by the NCCL Comm).
+    Rng rng(1234 + (uint64_t)comm->rank);
+    const std::vector<int32_t> chosen = random_routing(N, k, E, rng);
+    const ExpertPlan plan = build_expert_plan(chosen.data(), N * k, E);
+    std::vector<int64_t> recv_counts(E);
+    comm->all_to_all(plan.counts.data(), recv_counts.data(), E / P);
+    const DispatchPlan dispatch = build_dispatch_plan(plan, recv_counts, P, comm->ep_rank);
+    const int64_t rows = N * k, R = dispatch.received(), peer_rows = rows / P;  // peer_rows: the equal split
+    const std::vector<int64_t> equal_rows(P, peer_rows);
+
+    // Device buffers: tokens x (N, d), rows in plan order (N*k, d), arrived rows (R, d) in source order, expert rows
+    // (R, d) in expert order, combined tokens out (N, d). arrived also receives the equal-split references.
+    std::vector<float> x_host(N * d);
+    for (float& v : x_host) v = rng.uniform() - 0.5f;
+    float* x = device_copy(x_host);
+    float* weights = device_copy(std::vector<float>(N * k, 1.0f / k));
+    int64_t* slot_of_row = device_copy(plan.slot_of_row);
+    int64_t* row_of_slot = device_copy(plan.row_of_slot);
+    // the permutations as gathers (gpu::gather_forward with k = 1, as gpu/gpu_model.cu does): expert row e takes
+    // received row expert_to_recv[e]; received row r takes expert row recv_to_expert[r]
+    std::vector<int64_t> expert_to_recv(R);
+    for (int64_t r = 0; r < R; r++) expert_to_recv[dispatch.expert_row_of_recv[r]] = r;
+    int64_t* expert_to_recv_dev = device_copy(expert_to_recv);
+    int64_t* recv_to_expert_dev = device_copy(dispatch.expert_row_of_recv);
+    float* sent = device_alloc<float>(rows * d);
+    float* arrived = device_alloc<float>((R > peer_rows * P ? R : peer_rows * P) * d);
+    float* expert_rows = device_alloc<float>(R * d);
+    float* out = device_alloc<float>(N * d);
+
+    // NCCL's all-to-all gets its own communicator over the same EP ranks (the Comm keeps its own private).
+    ncclUniqueId id;
+    if (lead) NCCL_CHECK(ncclGetUniqueId(&id));
+    comm->broadcast(&id, sizeof(id), 0);
+    ncclComm_t world_nccl, ep_nccl;
+    NCCL_CHECK(ncclCommInitRank(&world_nccl, comm->world, id, comm->rank));
+    NCCL_CHECK(ncclCommSplit(world_nccl, comm->dp_rank, comm->ep_rank, &ep_nccl, nullptr));
+
+    auto run_dispatch = [&] {
+        gpu::gather_forward(sent, x, slot_of_row, N, k, d, stream);
+        CUDA_CHECK(cudaStreamSynchronize(stream));  // the Comm runs on its own stream
+        comm->all_to_all_v(sent, dispatch.send_rows.data(), arrived, dispatch.recv_rows.data(), d);
+        gpu::gather_forward(expert_rows, arrived, expert_to_recv_dev, R, 1, d, stream);
+    };
+    auto run_combine = [&] {
+        gpu::gather_forward(arrived, expert_rows, recv_to_expert_dev, R, 1, d, stream);
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+        comm->all_to_all_v(arrived, dispatch.recv_rows.data(), sent, dispatch.send_rows.data(), d);
+        gpu::combine_forward(out, sent, weights, row_of_slot, N, k, d, false, stream);
+    };
+
+    // Round trip: with weights 1/k, combine(dispatch(x)) is x up to the rounding of k terms.
+    run_dispatch();
+    run_combine();
+    std::vector<float> back(N * d);
+    CUDA_CHECK(cudaMemcpyAsync(back.data(), out, back.size() * sizeof(float), cudaMemcpyDeviceToHost, stream));
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    double max_error = 0.0;
+    for (int64_t i = 0; i < N * d; i++) {
+        const double e = fabs((double)back[i] - x_host[i]);
+        if (!(e <= max_error)) max_error = e;  // a NaN sticks
+    }
+    double bad = max_error <= 1e-5 ? 0.0 : 1.0;
+    comm->all_reduce_sum(&bad, 1, Group::World);
+    if (bad > 0) {  // every rank stops; the ones that saw it say so
+        if (max_error > 1e-5)
+            fprintf(stderr, "bench_comm: [rank %d] dispatch/combine round trip is wrong: max |out - x| = %g\n",
+                    comm->rank, max_error);
+        return 1;
+    }
+
+    cudaEvent_t start, stop;
+    CUDA_CHECK(cudaEventCreate(&start));
+    CUDA_CHECK(cudaEventCreate(&stop));
+    // Times op (iters after WARMUP; the mean over ranks of each rank's mean), prints its row and returns its algbw.
+    // bytes: this rank's, averaged over the ranks too. reference: the algbw of the ratio (0: this row is it).
+    auto measure = [&](const char* name, double bytes, const std::function<void()>& op, double reference) {
+        for (int i = 0; i < WARMUP; i++) op();
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+        comm->barrier();
+        CUDA_CHECK(cudaEventRecord(start, stream));
+        for (int i = 0; i < iters; i++) op();
+        CUDA_CHECK(cudaEventRecord(stop, stream));
+        CUDA_CHECK(cudaEventSynchronize(stop));
+        float elapsed = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&elapsed, start, stop));
+        double mean[2] = {(double)elapsed / iters, bytes};
+        comm->all_reduce_sum(mean, 2, Group::World);
+        const double ms = mean[0] / comm->world, b = mean[1] / comm->world;
+        const double alg = b / (ms * 1e-3) / 1e9, bus = alg * (P - 1) / P;
+        if (lead)
+            printf("%-44s %10.1f %10.3f %11.1f %11.1f %9.2f\n", name, b / 1e6, ms, alg, bus,
+                   alg / (reference > 0 ? reference : alg));
+        return alg;
+    };
+
+    if (lead) {
+        cudaDeviceProp prop;
+        CUDA_CHECK(cudaGetDeviceProperties(&prop, comm->local_rank));
+        printf("bench_comm: %d rank%s (EP %d x DP %d) on %s; %lld tokens x top-%d of %d experts, hidden %lld, FP32\n",
+               comm->world, comm->world == 1 ? "" : "s", P, comm->dp_size, prop.name, (long long)N, k, E,
+               (long long)d);
+        printf("round trip combine(dispatch(x)) == x: ok (max error %.2g); %d iterations after %d warm-up\n",
+               max_error, iters, WARMUP);
+        printf("%-44s %10s %10s %11s %11s %9s\n", "operation", "MB/rank", "time ms", "algbw GB/s", "busbw GB/s",
+               "vs a2a");
+    }
+    const double row_bytes = (double)d * sizeof(float);
+    const double equal_bytes = (double)(peer_rows * P) * row_bytes;
+    const double a2a = measure("ncclAlltoAll (equal split, reference)", equal_bytes, [&] {
+        NCCL_CHECK(ncclAlltoAll(sent, arrived, (size_t)(peer_rows * d), ncclFloat32, ep_nccl, stream));
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+    }, 0.0);
+    measure("send/recv all-to-all (equal split, Comm)", equal_bytes, [&] {
+        comm->all_to_all_v(sent, equal_rows.data(), arrived, equal_rows.data(), d);
+    }, a2a);
+    measure("all-to-all-v alone (dispatch routing)", rows * row_bytes, [&] {
+        comm->all_to_all_v(sent, dispatch.send_rows.data(), arrived, dispatch.recv_rows.data(), d);
+    }, a2a);
+    measure("dispatch (gather + all-to-all-v + permute)", rows * row_bytes, run_dispatch, a2a);
+    measure("combine (permute + all-to-all-v + combine)", R * row_bytes, run_combine, a2a);
+
+    CUDA_CHECK(cudaEventDestroy(start));
+    CUDA_CHECK(cudaEventDestroy(stop));
+    NCCL_CHECK(ncclCommDestroy(ep_nccl));
+    NCCL_CHECK(ncclCommDestroy(world_nccl));
+    for (void* p : {(void*)x, (void*)weights, (void*)slot_of_row, (void*)row_of_slot, (void*)expert_to_recv_dev,
+                    (void*)recv_to_expert_dev, (void*)sent, (void*)arrived, (void*)expert_rows, (void*)out})
+        CUDA_CHECK(cudaFree(p));
+    CUDA_CHECK(cudaStreamDestroy(stream));
+    return 0;
+}

@@ -1,0 +1,683 @@
+// make bench: the GPU trainer's speed on one GPU, with the device's own ceilings measured in the same run as the
+// denominators. A benchmark, not a test: it asserts nothing about the timings.
+//   usage: ./bench_gpu [--layers N] [--batch B] [--seq T] [--steps S] [--dtype bf16|fp32]
+//
+// The bench preset: DeepSeek-V2-Lite's per-layer shapes (load_config("deepseek-v2-lite"): d 2048, 16 MLA heads,
+// 64 routed experts of width 1408 with 6 per token, 2 shared experts, vocabulary 102400) with num_hidden_layers
+// cut to the largest L <= 27 whose gpu_memory_plan fits in 90% of the free GPU memory (the FP32 master weights,
+// gradients and AdamW moments of all 27 layers alone are 250 GB). B = 2 sequences of T = 4096 tokens: V2-Lite
+// was trained at 4K context, and 8K tokens per micro-batch is a realistic per-GPU batch for it (the routed experts
+// then get 8192 x 6 / 64 = 768 rows each, GEMMs large enough to run near the tensor cores' rate). --layers,
+// --batch, --seq, --dtype override the preset for experiments (--layers skips the fit).
+//
+// What it prints, in order:
+//   1. ceilings: device-to-device cudaMemcpyAsync of 1 GiB (GB/s counting bytes read + written, best of 10), and
+//      the cuBLASLt BF16 GEMM rate through gpu::matmul_forward with a BF16 weight copy (TFLOP/s = 2 M N K / time,
+//      best of 3 runs after warm-up) on a square 8192^3 product, the dense FFN's up projection (M = B*T, K 2048,
+//      N 10944) and one routed expert's gate projection (M = B*T*6/64, K 2048, N 1408). matmul_forward casts the
+//      FP32 activation operand to BF16 first, as every GEMM of the model does: "incl. cast" is what the model gets,
+//      "GEMM" subtracts that cast's time (measured alone) and is the tensor-core ceiling.
+//   2. the training step: 2 warm-up steps, then S timed ones of zero_grads, forward, backward, grad norm, AdamW
+//      (the trainer's step without data loading, one GPU, no NCCL): tokens/s, ms/step (wall clock), model TFLOP/s
+//      = tokens/s x model_flops_per_token(c, T) (Megatron-style: 6 x active params + causal attention) and MFU
+//      against the datasheet's dense BF16 peak (gpu_peak_flops) and against the measured GEMM ceiling.
+//   3. one more step with the model's RegionTimer on: milliseconds per named region (CUDA events on the model's
+//      stream, so a region includes the host's gaps inside it, e.g. the expert-count sync in "permute"), sorted,
+//      and the attention kernels' share ("attention forward" + "attention backward"). The timer's events cost a
+//      little, so this step's total is a bit above the timed steps'.
+//   4. the memory-bound kernels alone on the preset's shapes (N = B*T rows): bytes each must move (every input
+//      read once, every output written once: the compulsory traffic, counted beside each call) / time = GB/s, and
+//      that as % of the measured copy rate. "<70%" marks those under the target; a kernel whose implementation
+//      makes several passes over its data (rmsnorm_backward, cross-entropy) shows that here as a lower %.
+// Weights from model_init_weights (N(0, initializer_range) matrices, norms 1), tokens uniformly random:
+// the router then spreads the rows evenly, the balanced case.
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <initializer_list>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <unistd.h>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "comm/comm.h"
+#include "gpu/gpu_model.h"
+#include "kernels/adamw.cuh"
+#include "kernels/cross_entropy.cuh"
+#include "kernels/cuda_check.cuh"
+#include "kernels/elementwise.cuh"
+#include "kernels/embedding.cuh"
+#include "kernels/matmul.cuh"
+#include "kernels/permute.cuh"
+#include "kernels/rmsnorm.cuh"
+#include "kernels/rope.cuh"
+#include "test/random_model.h"
+#include "kernels/swiglu.cuh"
+#include "model/config.h"
+#include "model/model.h"
+#include "model/optimizer.h"
+#include "model/params.h"
+#include "model/plan.h"
+#include "model/rng.h"
+
+namespace {
+
+constexpr double GiB = 1073741824.0;
+constexpr int MAX_LAYERS = 27;               // DeepSeek-V2-Lite's
+constexpr double GPU_MEMORY_SHARE = 0.90;    // of the free memory the model may plan for
+constexpr double HOST_MEMORY_SHARE = 0.80;   // of the host's RAM the host copy may take (12 bytes per parameter)
+constexpr double MEMORY_BOUND_TARGET = 0.70; // of the copy rate
+constexpr int WARMUP_STEPS = 2;
+constexpr uint64_t SEED = 1337;
+
+struct Options {
+    int layers = 0;  // 0: the largest that fits
+    int B = 2, T = 4096, steps = 5;
+    gpu::Precision precision = gpu::Precision::BF16;
+};
+
+[[noreturn]] void usage(const char* problem) {
+    if (problem) fprintf(stderr, "bench_gpu: %s\n", problem);
+    fprintf(problem ? stderr : stdout,
+            "usage: ./bench_gpu [--layers N] [--batch B] [--seq T] [--steps S] [--dtype bf16|fp32]\n"
+            "  defaults: the largest N <= %d that fits, B 2, T 4096, S 5, bf16 (DeepSeek-V2-Lite shapes)\n",
+            MAX_LAYERS);
+    exit(problem ? 2 : 0);
+}
+
+int positive_int(const std::string& flag, const char* text) {
+    char* end = nullptr;
+    const long v = strtol(text, &end, 10);
+    if (end == text || *end != '\0' || v < 1 || v > (1L << 24)) usage((flag + " needs a positive integer").c_str());
+    return (int)v;
+}
+
+Options parse_options(int argc, char** argv) {
+    Options o;
+    for (int i = 1; i < argc; i++) {
+        const std::string flag = argv[i];
+        if (flag == "--help" || flag == "-h") usage(nullptr);
+        if (i + 1 >= argc) usage(("missing value for " + flag).c_str());
+        const char* value = argv[++i];
+        if (flag == "--layers") o.layers = positive_int(flag, value);
+        else if (flag == "--batch") o.B = positive_int(flag, value);
+        else if (flag == "--seq") o.T = positive_int(flag, value);
+        else if (flag == "--steps") o.steps = positive_int(flag, value);
+        else if (flag == "--dtype") {
+            const std::string d = value;
+            if (d == "bf16") o.precision = gpu::Precision::BF16;
+            else if (d == "fp32") o.precision = gpu::Precision::FP32;
+            else usage("--dtype is bf16 or fp32");
+        } else usage(("unknown flag " + flag).c_str());
+    }
+    if (o.T < 2) usage("--seq must be at least 2");
+    return o;
+}
+
+const char* precision_name(gpu::Precision p) { return p == gpu::Precision::BF16 ? "bf16" : "fp32"; }
+
+// ---- device helpers -------------------------------------------------------------------------------------------
+
+// One cudaMalloc'ed array, freed at scope end.
+template <typename T>
+struct DeviceArray {
+    T* ptr = nullptr;
+    int64_t n = 0;
+    explicit DeviceArray(int64_t count) : n(count) {
+        CUDA_CHECK(cudaMalloc(&ptr, (size_t)std::max<int64_t>(count, 1) * sizeof(T)));
+    }
+    ~DeviceArray() { CUDA_CHECK(cudaFree(ptr)); }
+    DeviceArray(const DeviceArray&) = delete;
+    DeviceArray& operator=(const DeviceArray&) = delete;
+    size_t bytes() const { return (size_t)n * sizeof(T); }
+    void upload(const std::vector<T>& host) {
+        CUDA_CHECK(cudaMemcpy(ptr, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+    }
+};
+
+// x[i] uniform in [lo, hi), from a SplitMix64 hash of (seed, i)
+__global__ void fill_uniform_kernel(float* x, int64_t n, uint64_t seed, float lo, float hi) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        uint64_t z = seed * 0xD1B54A32D192ED03ull + (uint64_t)i * 0x9E3779B97F4A7C15ull;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        x[i] = lo + (hi - lo) * (float)(z >> 40) * (1.0f / 16777216.0f);
+    }
+}
+
+void fill_uniform(DeviceArray<float>& x, uint64_t seed, float lo, float hi, cudaStream_t stream) {
+    fill_uniform_kernel<<<gpu::grid_stride_blocks(x.n, 256), 256, 0, stream>>>(x.ptr, x.n, seed, lo, hi);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+struct EventPair {
+    cudaEvent_t start = nullptr, stop = nullptr;
+    EventPair() {
+        CUDA_CHECK(cudaEventCreate(&start));
+        CUDA_CHECK(cudaEventCreate(&stop));
+    }
+    ~EventPair() {
+        CUDA_CHECK(cudaEventDestroy(start));
+        CUDA_CHECK(cudaEventDestroy(stop));
+    }
+    EventPair(const EventPair&) = delete;
+    EventPair& operator=(const EventPair&) = delete;
+};
+
+// Milliseconds of one call of f (which queues work on stream): 2 warm-up calls, then `trials` runs of `iters`
+// back-to-back calls timed with CUDA events; the best run's mean. iters 0: as many as take ~20 ms (3 to 1000).
+template <typename F>
+double time_ms(cudaStream_t stream, F&& f, int iters = 0, int trials = 3) {
+    EventPair ev;
+    f();
+    f();
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    if (iters <= 0) {
+        CUDA_CHECK(cudaEventRecord(ev.start, stream));
+        f();
+        CUDA_CHECK(cudaEventRecord(ev.stop, stream));
+        CUDA_CHECK(cudaEventSynchronize(ev.stop));
+        float once = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&once, ev.start, ev.stop));
+        iters = (int)std::min(1000.0, std::max(3.0, 20.0 / std::max(once, 1e-3f)));
+    }
+    double best = 1e30;
+    for (int t = 0; t < trials; t++) {
+        CUDA_CHECK(cudaEventRecord(ev.start, stream));
+        for (int i = 0; i < iters; i++) f();
+        CUDA_CHECK(cudaEventRecord(ev.stop, stream));
+        CUDA_CHECK(cudaEventSynchronize(ev.stop));
+        float ms = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, ev.start, ev.stop));
+        best = std::min(best, (double)ms / iters);
+    }
+    return best;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// ---- the preset -----------------------------------------------------------------------------------------------
+
+double host_ram_bytes() {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    return pages > 0 && page > 0 ? (double)pages * page : 0.0;
+}
+
+// The host copy at its peak: the parameters and the two AdamW moments (the host gradients are freed first).
+double host_bytes_needed(const Config& c) { return 12.0 * (double)build_param_table(c, 1).total; }
+
+// The largest layer count <= MAX_LAYERS that fits both memories, or 0; why: what limited it.
+int fit_layers(Config c, const Options& o, double free_gpu, std::string& why) {
+    const double ram = host_ram_bytes();
+    const int top = std::min(MAX_LAYERS, c.num_hidden_layers);
+    why = "all fit";
+    for (int L = top; L >= 1; L--) {
+        c.num_hidden_layers = L;
+        const double gpu_need = (double)gpu_memory_plan(c, 1, o.precision, o.B, o.T).total();
+        if (gpu_need > GPU_MEMORY_SHARE * free_gpu) {
+            why = "the most that fit in GPU memory";
+            continue;
+        }
+        if (ram > 0 && host_bytes_needed(c) > HOST_MEMORY_SHARE * ram) {
+            why = "the most that fit in host memory";
+            continue;
+        }
+        return L;
+    }
+    return 0;
+}
+
+template <typename T>
+void release(std::vector<T>& v) {
+    std::vector<T>().swap(v);
+}
+
+// ---- 1. ceilings ----------------------------------------------------------------------------------------------
+
+struct Ceilings {
+    double copy_gbs = 0.0;
+    double gemm_tflops = 0.0;  // the best GEMM-only rate of the shapes measured
+};
+
+double measure_copy(cudaStream_t stream) {
+    const int64_t n = (int64_t)1 << 30;  // bytes
+    DeviceArray<char> src(n), dst(n);
+    CUDA_CHECK(cudaMemsetAsync(src.ptr, 1, n, stream));
+    const double ms = time_ms(
+        stream, [&] { CUDA_CHECK(cudaMemcpyAsync(dst.ptr, src.ptr, n, cudaMemcpyDeviceToDevice, stream)); }, 1, 10);
+    return 2.0 * n / (ms * 1e-3) / 1e9;
+}
+
+struct GemmShape {
+    std::string what;
+    int64_t M, K, N;
+};
+
+double measure_gemms(const Config& c, const Options& o, cudaStream_t stream) {
+    const int64_t tokens = (int64_t)o.B * o.T;
+    const int64_t expert_rows = std::max<int64_t>(1, tokens * c.num_experts_per_tok / c.n_routed_experts);
+    const std::vector<GemmShape> shapes = {
+        {"square", 8192, 8192, 8192},
+        {"dense FFN up", tokens, c.hidden_size, c.intermediate_size},
+        {"one expert's gate", expert_rows, c.hidden_size, c.moe_intermediate_size},
+    };
+    int64_t max_inp = 0, max_w = 0, max_out = 0;
+    for (const GemmShape& s : shapes) {
+        max_inp = std::max(max_inp, s.M * s.K);
+        max_w = std::max(max_w, s.N * s.K);
+        max_out = std::max(max_out, s.M * s.N);
+    }
+    DeviceArray<float> inp(max_inp), W(max_w), out(max_out);
+    DeviceArray<__nv_bfloat16> W16(max_w), inp16(max_inp);
+    fill_uniform(inp, 1, -1.0f, 1.0f, stream);
+    fill_uniform(W, 2, -1.0f, 1.0f, stream);
+    gpu::cast_to_bf16(W16.ptr, W.ptr, max_w, stream);
+    gpu::Matmul mm;
+    gpu::matmul_create(mm, stream, max_inp);
+
+    printf("\n%-19s %6s %6s %6s %9s %9s %9s %10s\n", "GEMM, BF16 inputs", "M", "K", "N", "fwd ms", "fwd TF/s",
+           "cast ms", "GEMM TF/s");
+    double best = 0.0;
+    for (const GemmShape& s : shapes) {
+        const double ms = time_ms(stream, [&] {
+            gpu::matmul_forward(mm, out.ptr, inp.ptr, W.ptr, W16.ptr, s.M, s.K, s.N, false);
+        });
+        const double cast_ms = time_ms(stream, [&] { gpu::cast_to_bf16(inp16.ptr, inp.ptr, s.M * s.K, stream); });
+        const double flops = 2.0 * s.M * s.N * s.K;
+        const double gemm_ms = std::max(ms - cast_ms, 1e-6);
+        printf("%-19s %6ld %6ld %6ld %9.3f %9.1f %9.3f %10.1f\n", s.what.c_str(), (long)s.M, (long)s.K, (long)s.N,
+               ms, flops / (ms * 1e-3) / 1e12, cast_ms, flops / (gemm_ms * 1e-3) / 1e12);
+        best = std::max(best, flops / (gemm_ms * 1e-3) / 1e12);
+    }
+    printf("fwd = gpu::matmul_forward (the FP32 input cast to BF16, then the cuBLASLt GEMM, as in the model); "
+           "GEMM = fwd minus the cast\n");
+    gpu::matmul_destroy(mm);
+    return best;
+}
+
+// ---- 2, 3. the training step ----------------------------------------------------------------------------------
+
+struct StepResult {
+    double ms_mean = 0.0, ms_min = 0.0, ms_max = 0.0, loss_first = 0.0, loss_last = 0.0;
+};
+
+void bench_model(const Config& c, const Options& o, const cudaDeviceProp& prop, const Ceilings& ceil) {
+    const int B = o.B, T = o.T;
+    const int64_t N = (int64_t)B * T;
+
+    // host copy: random weights, zero moments; uploaded, then dropped
+    auto t0 = std::chrono::steady_clock::now();
+    Model host;
+    model_init(host, c);
+    release(host.grads);
+    model_init_weights(host, SEED);
+    AdamWState opt;
+    opt.m.assign(host.table.total, 0.0f);
+    opt.v.assign(host.table.total, 0.0f);
+    GpuModel m;
+    gpu_model_init(m, c, local_comm(), o.precision, B, T);
+    gpu_model_upload(m, host, opt);
+    const int64_t params = host.table.total;
+    release(host.params);
+    release(opt.m);
+    release(opt.v);
+    const GpuMemoryPlan plan = gpu_memory_plan(c, 1, o.precision, B, T);
+    printf("\nmodel: %.3f B parameters (%.3f B active per token), GPU plan %.1f GiB (weights %.1f, grads %.1f, "
+           "AdamW %.1f, activations %.1f, expert rows %.1f, scratch %.1f), init + upload %.1f s\n",
+           params / 1e9, count_active_params(c) / 1e9, plan.total() / GiB, plan.params / GiB, plan.grads / GiB,
+           plan.optimizer / GiB, plan.activations / GiB, plan.expert_rows / GiB, plan.scratch / GiB,
+           seconds_since(t0));
+
+    std::vector<int32_t> inputs(N), targets(N);
+    Rng rng(SEED);
+    for (int64_t i = 0; i < N; i++) {
+        inputs[i] = (int32_t)(rng.next_u64() % (uint64_t)c.vocab_size);
+        targets[i] = (int32_t)(rng.next_u64() % (uint64_t)c.vocab_size);
+    }
+    OptimizerConfig oc;
+    oc.lr = 1e-4f;
+    auto step = [&](bool timed_regions) {
+        if (timed_regions) m.timer.mark("zero grads, tokens in");
+        gpu_model_zero_grads(m);
+        const LossParts loss = gpu_model_forward(m, inputs.data(), targets.data(), B, true);
+        gpu_model_backward(m, 1.0f);
+        if (timed_regions) m.timer.mark("grad norm");
+        const double norm = gpu_model_grad_norm(m);
+        gpu_model_adamw(m, opt, oc, oc.lr, clip_factor(oc, norm));
+        CUDA_CHECK(cudaStreamSynchronize(m.stream));
+        return loss.total;
+    };
+
+    StepResult r;
+    for (int s = 0; s < WARMUP_STEPS; s++) {
+        const double loss = step(false);
+        if (s == 0) r.loss_first = loss;
+    }
+    std::vector<double> ms;
+    for (int s = 0; s < o.steps; s++) {
+        const auto ts = std::chrono::steady_clock::now();
+        r.loss_last = step(false);
+        ms.push_back(1e3 * seconds_since(ts));
+    }
+    for (double v : ms) r.ms_mean += v / ms.size();
+    r.ms_min = *std::min_element(ms.begin(), ms.end());
+    r.ms_max = *std::max_element(ms.begin(), ms.end());
+
+    const double tokens_per_s = N / (r.ms_mean * 1e-3);
+    const double flops_per_token = model_flops_per_token(c, T);
+    const double tflops = tokens_per_s * flops_per_token / 1e12;
+    const double peak = gpu_peak_flops(prop);
+    printf("\n%-34s %s\n", "training step", "(one GPU, no data loading)");
+    printf("  %-32s %.1f (min %.1f, max %.1f) over %d steps after %d warm-up\n", "ms/step", r.ms_mean, r.ms_min,
+           r.ms_max, o.steps, WARMUP_STEPS);
+    printf("  %-32s %.0f\n", "tokens/s", tokens_per_s);
+    printf("  %-32s %.3g\n", "model FLOPs/token", flops_per_token);
+    printf("  %-32s %.1f\n", "model TFLOP/s", tflops);
+    if (peak > 0)
+        printf("  %-32s %.1f%% of %.1f TFLOP/s (datasheet dense BF16)\n", "MFU", 100.0 * tflops * 1e12 / peak,
+               peak / 1e12);
+    else
+        printf("  %-32s unknown GPU: no peak\n", "MFU");
+    if (ceil.gemm_tflops > 0)
+        printf("  %-32s %.1f%% of %.1f TFLOP/s (the best BF16 GEMM measured above)\n", "vs GEMM ceiling",
+               100.0 * tflops / ceil.gemm_tflops, ceil.gemm_tflops);
+    printf("  %-32s %.4f -> %.4f\n", "loss (first warm-up -> last)", r.loss_first, r.loss_last);
+
+    // one step with the region timer
+    m.timer.enabled = true;
+    const auto ts = std::chrono::steady_clock::now();
+    step(true);
+    std::map<std::string, double> totals;
+    m.timer.finish(totals);
+    const double wall_ms = 1e3 * seconds_since(ts);
+    m.timer.enabled = false;
+    std::vector<std::pair<std::string, double>> regions(totals.begin(), totals.end());
+    std::sort(regions.begin(), regions.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+    double sum = 0.0;
+    for (const auto& rg : regions) sum += rg.second;
+    printf("\n%-28s %10s %8s\n", "region (one step)", "ms", "% step");
+    for (const auto& rg : regions)
+        printf("%-28s %10.2f %7.1f%%\n", rg.first.c_str(), rg.second, sum > 0 ? 100.0 * rg.second / sum : 0.0);
+    printf("%-28s %10.2f %7.1f%%   (wall clock of this step: %.2f ms)\n", "total", sum, 100.0, wall_ms);
+    const double attention = (totals.count("attention forward") ? totals["attention forward"] : 0.0) +
+                             (totals.count("attention backward") ? totals["attention backward"] : 0.0);
+    printf("attention share: %.2f ms = %.1f%% of the step (\"attention forward\" + \"attention backward\")\n",
+           attention, sum > 0 ? 100.0 * attention / sum : 0.0);
+
+    gpu_model_free(m);
+}
+
+// ---- 4. memory-bound kernels ----------------------------------------------------------------------------------
+
+struct KernelResult {
+    std::string name, shape;
+    double bytes, ms;
+};
+
+std::string dims(std::initializer_list<int64_t> sizes) {
+    std::string s;
+    for (int64_t v : sizes) s += (s.empty() ? "" : " x ") + std::to_string(v);
+    return s;
+}
+
+std::vector<KernelResult> bench_kernels(const Config& c, const Options& o, cudaStream_t s) {
+    const int64_t N = (int64_t)o.B * o.T, T = o.T, d = c.hidden_size, V = c.vocab_size;
+    const int64_t k = c.num_experts_per_tok, E = c.n_routed_experts, I = c.moe_intermediate_size, R = N * k;
+    const int64_t H = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim;
+    const int64_t dqk = dn + dr, kr = c.kv_lora_rank;
+    const double F = 4.0, I64 = 8.0, I32 = 4.0;  // bytes of a float, an int64, an int32
+    std::vector<KernelResult> out;
+    auto run = [&](const std::string& name, const std::string& shape, double bytes, auto&& f) {
+        out.push_back({name, shape, bytes, time_ms(s, f)});
+    };
+    Rng rng(SEED + 1);
+
+    {  // RMSNorm over the residual stream (N, d)
+        DeviceArray<float> x(N * d), w(d), y(N * d), rstd(N), dy(N * d), dx(N * d), dw(d);
+        DeviceArray<float> scratch(gpu::rmsnorm_backward_scratch_floats(N, d));
+        fill_uniform(x, 3, -1.0f, 1.0f, s);
+        fill_uniform(w, 4, 0.5f, 1.5f, s);
+        fill_uniform(dy, 5, -1.0f, 1.0f, s);
+        CUDA_CHECK(cudaMemsetAsync(dw.ptr, 0, dw.bytes(), s));
+        // reads x (N d), w (d); writes y (N d), rstd (N)
+        run("rmsnorm_forward", dims({N, d}), F * (2 * N * d + d + N),
+            [&] { gpu::rmsnorm_forward(y.ptr, rstd.ptr, x.ptr, w.ptr, N, d, c.rms_norm_eps, s); });
+        // reads dy, x (N d each), w (d), rstd (N); writes dx (N d); dw (d) read and written. The implementation
+        // reads dy and x twice (the dx pass, then the dw pass): at most ~60% of this count at full bandwidth.
+        run("rmsnorm_backward", dims({N, d}), F * (3 * N * d + N + 3 * d), [&] {
+            gpu::rmsnorm_backward(dx.ptr, dw.ptr, dy.ptr, x.ptr, w.ptr, rstd.ptr, N, d, false, scratch.ptr, s);
+        });
+        // reads a, b; writes out (N d each): the residual adds
+        run("add (residual)", dims({N, d}), F * 3 * N * d, [&] { gpu::add(dx.ptr, x.ptr, dy.ptr, N * d, s); });
+    }
+    {  // SwiGLU of the routed experts' rows (N k, I), as the MoE layer runs it
+        const int64_t n = R * I;
+        DeviceArray<float> g(n), u(n), a(n), da(n);
+        fill_uniform(g, 6, -3.0f, 3.0f, s);
+        fill_uniform(u, 7, -1.0f, 1.0f, s);
+        fill_uniform(da, 8, -1.0f, 1.0f, s);
+        // reads g, u; writes a (n each)
+        run("swiglu_forward", dims({R, I}), F * 3 * n, [&] { gpu::swiglu_forward(a.ptr, g.ptr, u.ptr, n, s); });
+        // reads da, g, u; writes dg, du (n each)
+        DeviceArray<float> dg(n), du(n);
+        run("swiglu_backward", dims({R, I}), F * 5 * n,
+            [&] { gpu::swiglu_backward(dg.ptr, du.ptr, da.ptr, g.ptr, u.ptr, n, s); });
+    }
+    {  // the routed-expert permutation: N tokens to k of E experts each (distinct, uniformly random)
+        const std::vector<int32_t> chosen_host = random_routing(N, k, E, rng);
+        DeviceArray<int32_t> chosen(R);
+        chosen.upload(chosen_host);
+        DeviceArray<int64_t> counts(E), offsets(E + 1), row_of_slot(R), slot_of_row(R);
+        gpu::expert_plan_build(counts.ptr, offsets.ptr, row_of_slot.ptr, slot_of_row.ptr, chosen.ptr, R, (int)E, s);
+        DeviceArray<float> x(N * d), rows(R * d), drows(R * d), weights(R), dweights(R), y(N * d);
+        fill_uniform(x, 9, -1.0f, 1.0f, s);
+        fill_uniform(rows, 10, -1.0f, 1.0f, s);
+        fill_uniform(weights, 11, 0.0f, 0.3f, s);
+        CUDA_CHECK(cudaMemsetAsync(y.ptr, 0, y.bytes(), s));
+        const std::string shape = dims({N, k, d});
+        // reads x (N d, each row once at least), slot_of_row (N k int64); writes rows (N k d)
+        run("gather_forward (permute)", shape, F * (N * d + R * d) + I64 * R,
+            [&] { gpu::gather_forward(rows.ptr, x.ptr, slot_of_row.ptr, N, (int)k, d, s); });
+        // reads drows (N k d), row_of_slot (N k int64), dx (N d: accumulates onto the shared experts' dx, as the
+        // model does); writes dx (N d)
+        run("gather_backward", shape, F * (R * d + 2 * N * d) + I64 * R,
+            [&] { gpu::gather_backward(y.ptr, rows.ptr, row_of_slot.ptr, N, (int)k, d, true, s); });
+        // reads rows (N k d), weights (N k), row_of_slot (N k int64), out (N d: accumulates onto the shared
+        // experts' output, as the model does); writes out (N d)
+        run("combine_forward (unpermute)", shape, F * (R * d + R + 2 * N * d) + I64 * R, [&] {
+            gpu::combine_forward(y.ptr, rows.ptr, weights.ptr, row_of_slot.ptr, N, (int)k, d, true, s);
+        });
+        // reads dout (N d), rows (N k d), weights (N k), row_of_slot (N k int64); writes drows (N k d), dweights
+        run("combine_backward", shape, F * (N * d + 2 * R * d + 2 * R) + I64 * R, [&] {
+            gpu::combine_backward(drows.ptr, dweights.ptr, x.ptr, rows.ptr, weights.ptr, row_of_slot.ptr, N, (int)k,
+                                  d, s);
+        });
+        // reads rows, writes rows (N k d each): MoE backward's dexpert_in += dexpert_out
+        run("add (expert rows)", dims({R, d}), F * 3 * R * d,
+            [&] { gpu::add(drows.ptr, drows.ptr, rows.ptr, R * d, s); });
+    }
+    {  // token embedding (V, d)
+        std::vector<int32_t> tokens_host(N);
+        std::vector<char> seen(V, 0);
+        int64_t distinct = 0;
+        for (int64_t i = 0; i < N; i++) {
+            tokens_host[i] = (int32_t)(rng.next_u64() % (uint64_t)V);
+            if (!seen[tokens_host[i]]) {
+                seen[tokens_host[i]] = 1;
+                distinct++;
+            }
+        }
+        DeviceArray<int32_t> tokens(N);
+        tokens.upload(tokens_host);
+        DeviceArray<float> embed(V * d), x(N * d);
+        fill_uniform(embed, 12, -0.02f, 0.02f, s);
+        // reads tokens (N int32), N rows of embed (N d); writes out (N d)
+        run("embedding_forward", dims({N, d}), F * 2 * N * d + I32 * N,
+            [&] { gpu::embedding_forward(x.ptr, tokens.ptr, embed.ptr, N, d, s); });
+        // reads dout (N d), tokens (N int32); reads and writes the distinct rows of dembed (2 x distinct x d)
+        run("embedding_backward", dims({N, d}), F * (N * d + 2 * distinct * d) + I32 * N,
+            [&] { gpu::embedding_backward(embed.ptr, x.ptr, tokens.ptr, N, d, s); });
+    }
+    {  // fused softmax + cross-entropy over the vocabulary (N, V)
+        std::vector<int32_t> targets_host(N);
+        for (int64_t i = 0; i < N; i++) targets_host[i] = (int32_t)(rng.next_u64() % (uint64_t)V);
+        DeviceArray<int32_t> targets(N);
+        targets.upload(targets_host);
+        DeviceArray<float> logits(N * V), dlogits(N * V), losses(N);
+        fill_uniform(logits, 13, -4.0f, 4.0f, s);
+        // reads logits (N V), targets (N int32); writes losses (N). Three passes over each row (max, sum, and
+        // the write); a 400 KB row should stay in L2 between them.
+        run("cross_entropy (loss)", dims({N, V}), F * (N * V + N) + I32 * N, [&] {
+            gpu::cross_entropy_forward_backward(losses.ptr, nullptr, logits.ptr, targets.ptr, N, V, 0.0f, s);
+        });
+        // reads logits (N V), targets (N int32); writes dlogits (N V), losses (N)
+        run("cross_entropy (+ dlogits)", dims({N, V}), F * (2 * N * V + N) + I32 * N, [&] {
+            gpu::cross_entropy_forward_backward(losses.ptr, dlogits.ptr, logits.ptr, targets.ptr, N, V, 1.0f / N, s);
+        });
+    }
+    {  // MLA's RoPE and head assembly, and the c_kv column copy
+        DeviceArray<float> q(N * H * dqk), kv(N * H * (dn + dv)), kv_a(N * (kr + dr));
+        DeviceArray<float> q_heads(N * H * dqk), k_heads(N * H * dqk), cos_t(T * dr / 2), sin_t(T * dr / 2);
+        DeviceArray<float> c_kv(N * kr);
+        fill_uniform(q, 14, -1.0f, 1.0f, s);
+        fill_uniform(kv, 15, -1.0f, 1.0f, s);
+        fill_uniform(kv_a, 16, -1.0f, 1.0f, s);
+        gpu::rope_table(cos_t.ptr, sin_t.ptr, c, T, s);
+        const std::string shape = dims({N, H, dqk});
+        // reads q (N H dqk), the k_nope columns of kv (N H dn), the rope key of kv_a (N dr), the tables (T dr);
+        // writes q_heads, k_heads (N H dqk each)
+        run("rope_heads_forward", shape, F * (3 * N * H * dqk + N * H * dn + N * dr + T * dr), [&] {
+            gpu::rope_heads_forward(q_heads.ptr, k_heads.ptr, q.ptr, kv.ptr, kv_a.ptr, cos_t.ptr, sin_t.ptr, N, T, H,
+                                    dn, dr, dv, kr, s);
+        });
+        // reads dq_heads, dk_heads (N H dqk each), the tables (T dr); writes dq (N H dqk), the k_nope columns of
+        // dkv (N H dn), the rope columns of dkv_a (N dr)
+        run("rope_heads_backward", shape, F * (3 * N * H * dqk + N * H * dn + N * dr + T * dr), [&] {
+            gpu::rope_heads_backward(q.ptr, kv.ptr, kv_a.ptr, q_heads.ptr, k_heads.ptr, cos_t.ptr, sin_t.ptr, N, T, H,
+                                     dn, dr, dv, kr, s);
+        });
+        // reads the first kr columns of kv_a, writes c_kv (N kr each)
+        run("copy_columns (c_kv)", dims({N, kr}), F * 2 * N * kr,
+            [&] { gpu::copy_columns(c_kv.ptr, kr, kv_a.ptr, kr + dr, N, kr, s); });
+    }
+    {  // the optimizer's passes over one large tensor (256M values, 1 GiB per buffer)
+        const int64_t n = (int64_t)1 << 28;
+        DeviceArray<float> p(n), g(n), m(n), v(n);
+        DeviceArray<double> norm(1), norm_scratch(gpu::grad_norm_scratch_doubles(n));
+        DeviceArray<__nv_bfloat16> p16(n);
+        fill_uniform(p, 17, -0.02f, 0.02f, s);
+        fill_uniform(g, 18, -1e-3f, 1e-3f, s);
+        fill_uniform(m, 19, -1e-4f, 1e-4f, s);
+        fill_uniform(v, 20, 0.0f, 1e-6f, s);
+        OptimizerConfig oc;
+        int64_t step = 0;
+        // reads params, grads, m, v; writes params, m, v (n each)
+        run("adamw_update_tensor", dims({n}), F * 7 * n, [&] {
+            gpu::adamw_update_tensor(p.ptr, g.ptr, m.ptr, v.ptr, n, oc, 1e-4f, oc.weight_decay, ++step, 1.0f, s);
+        });
+        // reads grads (n); the partial sums (n / chunk doubles) are negligible
+        run("grad_norm_squared", dims({n}), F * n,
+            [&] { gpu::grad_norm_squared(norm.ptr, g.ptr, n, norm_scratch.ptr, s); });
+        // reads params (n floats); writes the BF16 copy (n x 2 bytes): after every AdamW update, and each GEMM's
+        // activation operand
+        run("cast_to_bf16", dims({n}), 6.0 * n, [&] { gpu::cast_to_bf16(p16.ptr, p.ptr, n, s); });
+    }
+    return out;
+}
+
+void print_kernels(const std::vector<KernelResult>& results, double copy_gbs) {
+    printf("\n%-28s %-18s %9s %10s %9s %7s\n", "memory-bound kernel", "shape", "MB moved", "us", "GB/s", "% copy");
+    int under = 0;
+    for (const KernelResult& r : results) {
+        const double gbs = r.bytes / (r.ms * 1e-3) / 1e9, share = copy_gbs > 0 ? gbs / copy_gbs : 0.0;
+        const bool low = share < MEMORY_BOUND_TARGET;
+        under += low;
+        printf("%-28s %-18s %9.1f %10.1f %9.1f %6.1f%%%s\n", r.name.c_str(), r.shape.c_str(), r.bytes / 1e6,
+               r.ms * 1e3, gbs, 100.0 * share, low ? "  <70%" : "");
+    }
+    printf("%d of %zu kernels under %.0f%% of the copy rate (%.1f GB/s)\n", under, results.size(),
+           100.0 * MEMORY_BOUND_TARGET, copy_gbs);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const Options o = parse_options(argc, argv);
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {  // no device, or no driver: not an error
+        (void)cudaGetLastError();                                        // to report, the answer itself
+        fprintf(stderr, "bench_gpu: no CUDA GPU found\n");
+        return 1;
+    }
+    try {
+        CUDA_CHECK(cudaSetDevice(0));
+        CUDA_CHECK(cudaFree(nullptr));  // creates the context, so the free memory below is what is left to us
+        cudaDeviceProp prop;
+        CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+        size_t free_bytes = 0, total_bytes = 0;
+        CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+        int runtime = 0, driver = 0;
+        CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
+        CUDA_CHECK(cudaDriverGetVersion(&driver));
+
+        Config c = load_config("deepseek-v2-lite");
+        std::string limit = "set by --layers";
+        const int all_layers = c.num_hidden_layers;
+        if (o.layers > 0) {
+            c.num_hidden_layers = o.layers;
+        } else {
+            const int L = fit_layers(c, o, (double)free_bytes, limit);
+            if (L == 0) {
+                c.num_hidden_layers = 1;
+                fprintf(stderr,
+                        "bench_gpu: even 1 layer with a batch of %d x %d needs %.1f GiB of GPU memory (%.1f GiB "
+                        "free) and %.1f GiB of host memory: lower --batch or --seq\n",
+                        o.B, o.T, gpu_memory_plan(c, 1, o.precision, o.B, o.T).total() / GiB, free_bytes / GiB,
+                        host_bytes_needed(c) / GiB);
+                return 1;
+            }
+            c.num_hidden_layers = L;
+        }
+        validate_config(c);
+
+        char date[64];
+        const time_t now = time(0);
+        strftime(date, sizeof date, "%Y-%m-%d %H:%M:%S", localtime(&now));
+        printf("bench_gpu | %s | %s | deepseek-v2-lite shapes, %d of %d layers (%s), batch %d x %d = %ld tokens, "
+               "%s\n",
+               prop.name, date, c.num_hidden_layers, all_layers, limit.c_str(), o.B, o.T, (long)o.B * o.T,
+               precision_name(o.precision));
+        printf("device: sm_%d%d, %d SMs, %.1f GiB (%.1f free), CUDA runtime %d.%d, driver %d.%d\n", prop.major,
+               prop.minor, prop.multiProcessorCount, total_bytes / GiB, free_bytes / GiB, runtime / 1000,
+               (runtime % 1000) / 10, driver / 1000, (driver % 1000) / 10);
+
+        cudaStream_t stream;
+        CUDA_CHECK(cudaStreamCreate(&stream));
+        Ceilings ceil;
+        ceil.copy_gbs = measure_copy(stream);
+        printf("\n%-34s %.1f GB/s (read + write, best of 10)\n", "device copy (cudaMemcpyAsync 1 GiB)", ceil.copy_gbs);
+        ceil.gemm_tflops = measure_gemms(c, o, stream);
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+
+        bench_model(c, o, prop, ceil);
+
+        print_kernels(bench_kernels(c, o, stream), ceil.copy_gbs);
+        CUDA_CHECK(cudaStreamDestroy(stream));
+    } catch (const std::exception& e) {
+        fprintf(stderr, "bench_gpu: %s\n", e.what());
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,146 @@
+// CPU stand-in (see stand_in.h): the part of the CUDA runtime API that gpu/gpu_model.cu, gpu/gpu_model.h and
+// kernels/cuda_check.cuh use, on host memory. Streams queue their work (stand_in.h); events are dummies that
+// time nothing (every region lasts 0 ms).
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "stand_in.h"
+
+enum cudaError_t { cudaSuccess = 0, cudaErrorMemoryAllocation = 2, cudaErrorInvalidValue = 1 };
+enum cudaMemcpyKind {
+    cudaMemcpyHostToHost = 0,
+    cudaMemcpyHostToDevice = 1,
+    cudaMemcpyDeviceToHost = 2,
+    cudaMemcpyDeviceToDevice = 3,
+    cudaMemcpyDefault = 4
+};
+typedef CUstream_st* cudaStream_t;
+struct CUevent_st {};
+typedef CUevent_st* cudaEvent_t;
+struct cudaDeviceProp {
+    char name[256] = "CPU stand-in";
+    size_t totalGlobalMem = size_t(16) << 30;
+    int major = 9, minor = 0, multiProcessorCount = 1;
+};
+
+inline const char* cudaGetErrorName(cudaError_t e) {
+    return e == cudaSuccess ? "cudaSuccess" : e == cudaErrorMemoryAllocation ? "cudaErrorMemoryAllocation"
+                                                                             : "cudaErrorInvalidValue";
+}
+inline const char* cudaGetErrorString(cudaError_t e) { return cudaGetErrorName(e); }
+inline cudaError_t cudaGetLastError() { return cudaSuccess; }
+
+// 16 GiB "free", whatever the host has: the memory plans of the test configs are far below it.
+inline cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+    *free_bytes = *total_bytes = size_t(16) << 30;
+    return cudaSuccess;
+}
+
+// 256-byte aligned host memory filled with 0xFF (NaN as floats), registered with its size.
+inline cudaError_t cudaMalloc(void** p, size_t bytes) {
+    *p = nullptr;
+    if (bytes == 0) return cudaSuccess;
+    void* q = aligned_alloc(256, (bytes + 255) / 256 * 256);
+    if (!q) return cudaErrorMemoryAllocation;
+    memset(q, 0xFF, bytes);
+    stand_in::Memory& m = stand_in::memory();
+    m.live[(uintptr_t)q] = bytes;
+    m.live_bytes += (int64_t)bytes;
+    m.peak_bytes = std::max(m.peak_bytes, m.live_bytes);
+    *p = q;
+    return cudaSuccess;
+}
+template <typename T>
+inline cudaError_t cudaMalloc(T** p, size_t bytes) {
+    return cudaMalloc(reinterpret_cast<void**>(p), bytes);
+}
+// Waits for the device first (as the real cudaFree may), so queued work never touches freed memory.
+inline cudaError_t cudaFree(void* p) {
+    if (!p) return cudaSuccess;
+    stand_in::drain_all();
+    stand_in::Memory& m = stand_in::memory();
+    auto it = m.live.find((uintptr_t)p);
+    if (it == m.live.end()) stand_in::violation("cudaFree of a pointer cudaMalloc did not return");
+    m.live_bytes -= (int64_t)it->second;
+    m.live.erase(it);
+    free(p);
+    return cudaSuccess;
+}
+
+inline void stand_in_check_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, const char* call) {
+    if (kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice)
+        stand_in::check_range(dst, (int64_t)bytes, std::string(call) + " dst");
+    if (kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice)
+        stand_in::check_range(src, (int64_t)bytes, std::string(call) + " src");
+}
+inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                                   cudaStream_t stream = nullptr) {
+    stand_in_check_copy(dst, src, bytes, kind, "cudaMemcpyAsync");
+    stand_in::launch(stream, [=] { memcpy(dst, src, bytes); });
+    return cudaSuccess;
+}
+inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
+    stand_in_check_copy(dst, src, bytes, kind, "cudaMemcpy");
+    stand_in::drain_all();
+    memcpy(dst, src, bytes);
+    return cudaSuccess;
+}
+inline cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream = nullptr) {
+    stand_in::check_range(dst, (int64_t)bytes, "cudaMemsetAsync");
+    stand_in::launch(stream, [=] { memset(dst, value, bytes); });
+    return cudaSuccess;
+}
+
+inline cudaError_t cudaStreamCreate(cudaStream_t* s) {
+    *s = new CUstream_st;
+    stand_in::streams().push_back(*s);
+    return cudaSuccess;
+}
+inline cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    stand_in::drain(s);
+    auto& all = stand_in::streams();
+    for (size_t i = 0; i < all.size(); i++)
+        if (all[i] == s) all.erase(all.begin() + i);
+    delete s;
+    return cudaSuccess;
+}
+inline cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+    stand_in::drain(s);
+    return cudaSuccess;
+}
+inline cudaError_t cudaDeviceSynchronize() {
+    stand_in::drain_all();
+    return cudaSuccess;
+}
+
+inline cudaError_t cudaEventCreate(cudaEvent_t* e) {
+    *e = new CUevent_st;
+    return cudaSuccess;
+}
+inline cudaError_t cudaEventDestroy(cudaEvent_t e) {
+    delete e;
+    return cudaSuccess;
+}
+inline cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t = nullptr) { return cudaSuccess; }
+inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) {
+    *ms = 0.0f;
+    return cudaSuccess;
+}
+
+inline cudaError_t cudaGetDeviceCount(int* n) {
+    *n = 1;
+    return cudaSuccess;
+}
+inline cudaError_t cudaGetDevice(int* d) {
+    *d = 0;
+    return cudaSuccess;
+}
+inline cudaError_t cudaSetDevice(int) { return cudaSuccess; }
+inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int) {
+    *p = cudaDeviceProp{};
+    return cudaSuccess;
+}

@@ -1,0 +1,235 @@
+// CPU stand-in (see test/cpu_stand_in/stand_in.h) for kernels/matmul.cuh: the same public types and calls, the
+// products by model/ops.h's matmul_forward / matmul_backward. Row-major, weights W (N, K) = [out, in]:
+//   forward:  out (M, N) (=|+=) inp (M, K) @ W^T;   backward: dinp (M, K) (=|+=) dout @ W,  dW (N, K) += dout^T inp
+//   grouped:  rows [offsets[g], offsets[g+1]) (host offsets) use W_g of W (G, N, K); the forward and dinp are
+//             overwritten (=), dW_g +=.
+// Precision::BF16 (W16 given): the activation operands are cast into the Matmul's two cast buffers (their
+// capacity checked, as the real matmul_cast does), the weights read from W16, and the product runs in FP32 on the
+// BF16 values. The real one also allocates a cuBLASLt workspace: so does this one, so the allocations add up to
+// matmul_memory_bytes.
+#pragma once
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <cuda_bf16.h>
+
+#include "kernels/common.cuh"
+#include "model/ops.h"
+
+namespace gpu {
+
+enum class Precision { FP32, BF16 };  // GEMM inputs; accumulation and outputs are always FP32
+
+constexpr size_t MATMUL_WORKSPACE_BYTES = size_t(32) << 20;
+
+struct Matmul {  // one per stream
+    cudaStream_t stream = nullptr;
+    void* workspace = nullptr;
+    size_t workspace_bytes = 0;
+    __nv_bfloat16 *cast_a = nullptr, *cast_b = nullptr;  // BF16 casts of the activation operands
+    int64_t cast_capacity = 0;                           // elements each
+};
+
+// out (n) = in (n) rounded to the nearest BF16, ties to even
+inline void cast_to_bf16(__nv_bfloat16* out, const float* in, int64_t n, cudaStream_t stream) {
+    if (n <= 0) return;
+    dev(out, n, "cast_to_bf16 out");
+    dev(in, n, "cast_to_bf16 in");
+    apart("cast_to_bf16", {span(out, n, "out")}, {span(in, n, "in")});
+    launch(stream, [=] {
+        for (int64_t i = 0; i < n; i++) out[i] = __float2bfloat16_rn(in[i]);
+    });
+}
+
+inline int64_t matmul_memory_bytes(int64_t max_cast_elements) {
+    return (int64_t)MATMUL_WORKSPACE_BYTES + 2 * max_cast_elements * (int64_t)sizeof(__nv_bfloat16);
+}
+
+inline void matmul_destroy(Matmul& mm) {
+    CUDA_CHECK(cudaFree(mm.workspace));
+    CUDA_CHECK(cudaFree(mm.cast_a));
+    CUDA_CHECK(cudaFree(mm.cast_b));
+    mm = Matmul{};
+}
+
+inline void matmul_alloc(Matmul& mm, void** ptr, size_t bytes, const char* what) {
+    if (cudaMalloc(ptr, bytes) != cudaSuccess) {
+        *ptr = nullptr;
+        matmul_destroy(mm);
+        throw std::runtime_error(std::string("out of GPU memory for ") + what);
+    }
+}
+
+// max_cast_elements: the largest activation operand any BF16 call will cast; 0 for FP32-only use.
+inline void matmul_create(Matmul& mm, cudaStream_t stream, int64_t max_cast_elements) {
+    mm = Matmul{};
+    mm.stream = stream;
+    matmul_alloc(mm, &mm.workspace, MATMUL_WORKSPACE_BYTES, "the cuBLASLt workspace");
+    mm.workspace_bytes = MATMUL_WORKSPACE_BYTES;
+    if (max_cast_elements > 0) {
+        const size_t bytes = (size_t)max_cast_elements * sizeof(__nv_bfloat16);
+        matmul_alloc(mm, (void**)&mm.cast_a, bytes, "the BF16 GEMM operand casts");
+        matmul_alloc(mm, (void**)&mm.cast_b, bytes, "the BF16 GEMM operand casts");
+        mm.cast_capacity = max_cast_elements;
+    }
+}
+
+// Grows the two cast buffers (a Matmul created for FP32 only never casts and stays without them).
+inline void matmul_reserve(Matmul& mm, int64_t max_cast_elements) {
+    if (mm.cast_capacity == 0 || max_cast_elements <= mm.cast_capacity) return;
+    CUDA_CHECK(cudaStreamSynchronize(mm.stream));
+    CUDA_CHECK(cudaFree(mm.cast_a));
+    CUDA_CHECK(cudaFree(mm.cast_b));
+    mm.cast_a = mm.cast_b = nullptr;
+    mm.cast_capacity = 0;
+    const size_t bytes = (size_t)max_cast_elements * sizeof(__nv_bfloat16);
+    matmul_alloc(mm, (void**)&mm.cast_a, bytes, "the BF16 GEMM operand casts");
+    matmul_alloc(mm, (void**)&mm.cast_b, bytes, "the BF16 GEMM operand casts");
+    mm.cast_capacity = max_cast_elements;
+}
+
+// The real matmul_cast: n elements into one of mm's buffers; beyond the capacity is an internal error.
+inline const __nv_bfloat16* matmul_cast(Matmul& mm, __nv_bfloat16* buffer, const float* src, int64_t n,
+                                        const char* site, const char* operand) {
+    if (n > mm.cast_capacity || buffer == nullptr)
+        stand_in::violation(std::string(site) + ": the BF16 cast of " + operand + " needs " + std::to_string(n) +
+                            " elements, the Matmul holds " + std::to_string(mm.cast_capacity));
+    cast_to_bf16(buffer, src, n, mm.stream);
+    return buffer;
+}
+
+// n BF16 values as floats (read when the queued work runs)
+inline std::vector<float> stand_in_widen(const __nv_bfloat16* p, int64_t n) {
+    std::vector<float> out(n);
+    for (int64_t i = 0; i < n; i++) out[i] = __bfloat162float(p[i]);
+    return out;
+}
+
+// out (M, N) (=|+=) inp (M, K) @ W^T, W (N, K). W16 (BF16 copy of W) given: BF16 inputs; nullptr: FP32.
+inline void matmul_forward(Matmul& mm, float* out, const float* inp, const float* W, const __nv_bfloat16* W16,
+                           int64_t M, int64_t K, int64_t N, bool accumulate) {
+    if (M == 0) return;
+    dev(out, M * N, "matmul_forward out");
+    dev(inp, M * K, "matmul_forward inp");
+    dev(W, N * K, "matmul_forward W");
+    apart("matmul_forward", {span(out, M * N, "out")}, {span(inp, M * K, "inp"), span(W, N * K, "W")});
+    const __nv_bfloat16* inp16 = nullptr;
+    if (W16) {
+        dev(W16, N * K, "matmul_forward W16");
+        inp16 = matmul_cast(mm, mm.cast_a, inp, M * K, "matmul_forward", "inp");
+    }
+    launch(mm.stream, [=] {
+        std::vector<float> product(M * N);
+        if (W16)
+            ::matmul_forward(product.data(), stand_in_widen(inp16, M * K).data(), stand_in_widen(W16, N * K).data(), M,
+                             K, N);
+        else
+            ::matmul_forward(product.data(), inp, W, M, K, N);
+        for (int64_t i = 0; i < M * N; i++) out[i] = accumulate ? out[i] + product[i] : product[i];
+    });
+}
+
+// dinp (M, K) (=|+=) dout (M, N) @ W (skipped when dinp is nullptr); dW (N, K) += dout^T @ inp.
+inline void matmul_backward(Matmul& mm, float* dinp, float* dW, const float* dout, const float* inp, const float* W,
+                            const __nv_bfloat16* W16, int64_t M, int64_t K, int64_t N, bool accumulate_dinp) {
+    if (M == 0) return;
+    if (dinp) dev(dinp, M * K, "matmul_backward dinp");
+    dev(dW, N * K, "matmul_backward dW");
+    dev(dout, M * N, "matmul_backward dout");
+    dev(inp, M * K, "matmul_backward inp");
+    dev(W, N * K, "matmul_backward W");
+    apart("matmul_backward", {span(dinp, M * K, "dinp"), span(dW, N * K, "dW")},
+          {span(dout, M * N, "dout"), span(inp, M * K, "inp"), span(W, N * K, "W")});
+    const __nv_bfloat16 *dout16 = nullptr, *inp16 = nullptr;
+    if (W16) {
+        dev(W16, N * K, "matmul_backward W16");
+        dout16 = matmul_cast(mm, mm.cast_b, dout, M * N, "matmul_backward", "dout");
+        inp16 = matmul_cast(mm, mm.cast_a, inp, M * K, "matmul_backward", "inp");
+    }
+    launch(mm.stream, [=] {
+        if (W16)
+            ::matmul_backward(dinp, dW, stand_in_widen(dout16, M * N).data(), stand_in_widen(inp16, M * K).data(),
+                              stand_in_widen(W16, N * K).data(), M, K, N, accumulate_dinp);
+        else
+            ::matmul_backward(dinp, dW, dout, inp, W, M, K, N, accumulate_dinp);
+    });
+}
+
+// Checks the host offsets (G+1 entries, nonnegative, nondecreasing) and returns them.
+inline std::vector<int64_t> stand_in_offsets(const char* site, const int64_t* offsets, int64_t G) {
+    if (offsets[0] < 0) stand_in::violation(std::string(site) + ": offsets[0] < 0");
+    for (int64_t g = 0; g < G; g++)
+        if (offsets[g + 1] < offsets[g]) stand_in::violation(std::string(site) + ": offsets decrease");
+    return std::vector<int64_t>(offsets, offsets + G + 1);
+}
+
+// out rows [offsets[g], offsets[g+1]) (=) inp rows @ W_g^T, W (G, N, K); W16 likewise or nullptr. offsets: host.
+inline void grouped_matmul_forward(Matmul& mm, float* out, const float* inp, const float* W,
+                                   const __nv_bfloat16* W16, const int64_t* offsets, int64_t G, int64_t K,
+                                   int64_t N) {
+    if (G <= 0) return;
+    const std::vector<int64_t> off = stand_in_offsets("grouped_matmul_forward", offsets, G);
+    const int64_t first = off[0], rows = off[G] - first;
+    if (rows == 0) return;
+    dev(out + first * N, rows * N, "grouped_matmul_forward out");
+    dev(inp + first * K, rows * K, "grouped_matmul_forward inp");
+    dev(W, G * N * K, "grouped_matmul_forward W");
+    apart("grouped_matmul_forward", {span(out + first * N, rows * N, "out")},
+          {span(inp + first * K, rows * K, "inp"), span(W, G * N * K, "W")});
+    const __nv_bfloat16* inp16 = nullptr;
+    if (W16) {
+        dev(W16, G * N * K, "grouped_matmul_forward W16");
+        inp16 = matmul_cast(mm, mm.cast_a, inp + first * K, rows * K, "grouped_matmul_forward", "inp");
+    }
+    launch(mm.stream, [=] {
+        for (int64_t g = 0; g < G; g++) {
+            const int64_t r0 = off[g], M = off[g + 1] - r0;
+            if (M == 0) continue;
+            if (W16)
+                ::matmul_forward(out + r0 * N, stand_in_widen(inp16 + (r0 - first) * K, M * K).data(),
+                                 stand_in_widen(W16 + g * N * K, N * K).data(), M, K, N);
+            else
+                ::matmul_forward(out + r0 * N, inp + r0 * K, W + g * N * K, M, K, N);
+        }
+    });
+}
+
+// Per group g: dinp rows (=) dout rows @ W_g;  dW_g (N, K) += dout rows^T @ inp rows. offsets: host.
+inline void grouped_matmul_backward(Matmul& mm, float* dinp, float* dW, const float* dout, const float* inp,
+                                    const float* W, const __nv_bfloat16* W16, const int64_t* offsets, int64_t G,
+                                    int64_t K, int64_t N) {
+    if (G <= 0) return;
+    const std::vector<int64_t> off = stand_in_offsets("grouped_matmul_backward", offsets, G);
+    const int64_t first = off[0], rows = off[G] - first;
+    if (rows == 0) return;
+    if (dinp) dev(dinp + first * K, rows * K, "grouped_matmul_backward dinp");
+    dev(dW, G * N * K, "grouped_matmul_backward dW");
+    dev(dout + first * N, rows * N, "grouped_matmul_backward dout");
+    dev(inp + first * K, rows * K, "grouped_matmul_backward inp");
+    dev(W, G * N * K, "grouped_matmul_backward W");
+    apart("grouped_matmul_backward", {span(dinp ? dinp + first * K : nullptr, rows * K, "dinp"), span(dW, G * N * K, "dW")},
+          {span(dout + first * N, rows * N, "dout"), span(inp + first * K, rows * K, "inp"), span(W, G * N * K, "W")});
+    const __nv_bfloat16 *dout16 = nullptr, *inp16 = nullptr;
+    if (W16) {
+        dev(W16, G * N * K, "grouped_matmul_backward W16");
+        dout16 = matmul_cast(mm, mm.cast_b, dout + first * N, rows * N, "grouped_matmul_backward", "dout");
+        inp16 = matmul_cast(mm, mm.cast_a, inp + first * K, rows * K, "grouped_matmul_backward", "inp");
+    }
+    launch(mm.stream, [=] {
+        for (int64_t g = 0; g < G; g++) {
+            const int64_t r0 = off[g], M = off[g + 1] - r0;
+            if (M == 0) continue;
+            float* dinp_g = dinp ? dinp + r0 * K : nullptr;
+            if (W16)
+                ::matmul_backward(dinp_g, dW + g * N * K, stand_in_widen(dout16 + (r0 - first) * N, M * N).data(),
+                                  stand_in_widen(inp16 + (r0 - first) * K, M * K).data(),
+                                  stand_in_widen(W16 + g * N * K, N * K).data(), M, K, N, false);
+            else
+                ::matmul_backward(dinp_g, dW + g * N * K, dout + r0 * N, inp + r0 * K, W + g * N * K, M, K, N, false);
+        }
+    });
+}
+
+}  // namespace gpu

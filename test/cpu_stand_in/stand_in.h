@@ -1,0 +1,131 @@
+// CPU STAND-INS for the CUDA runtime and the kernels' launchers: NOT kernels, and not a CPU backend.
+//
+// They exist for one test: compiling gpu/gpu_model.cu as plain C++ (g++ -x c++ ... -Itest/cpu_stand_in -I.) and
+// checking its ORCHESTRATION (which launcher it calls, on which buffers, with which sizes, flags and scales, in
+// which order, around which synchronisations and Comm calls) against the CPU reference model on a machine without
+// a GPU (test/gpu_model_cpu_check.cpp). Each file of kernels/ here has the SAME names and signatures as the real
+// launcher it replaces, and implements on the host exactly the contract documented at the top of the real header,
+// mostly by calling the CPU reference's functions (model/ops.h, model/moe.h, model/router.h, comm/expert_plan.h).
+// Whether the real kernels meet those contracts is test/test_gpu.cu's job (on a GPU).
+//
+// What the stand-ins add to catch orchestration bugs:
+//   - "device memory" is host memory from cudaMalloc, registered with its size; every launcher checks that each
+//     range it reads or writes lies inside one live allocation (a carve or sizing error throws std::logic_error);
+//   - outputs must not overlap each other or the inputs, except where a contract allows it (a race on the GPU);
+//   - new allocations are filled with 0xFF bytes (NaN floats and doubles, -1 integers): a read of memory nothing
+//     wrote shows up as NaN (or a wild index) in the results;
+//   - streams are queues: a launch or an async copy only runs when its stream is synchronised (cudaStreamSynchronize,
+//     cudaDeviceSynchronize, the synchronous cudaMemcpy, cudaFree), as if the GPU were slow. A host read of a
+//     device-to-host copy, or a Comm call on device buffers, that is not preceded by the synchronisation it needs
+//     sees stale data. Async host<->device copies behave as with pinned host memory (the copy happens in stream
+//     order, not at the call), the strict case.
+// The BF16 mode's GEMMs round their operands to BF16 and multiply in FP32, so that path runs too (it is checked
+// only loosely: the real cuBLASLt sums in another order).
+#pragma once
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <initializer_list>
+#include <iterator>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+// A stream: the work queued on it, run in order when it is synchronised.
+struct CUstream_st {
+    std::vector<std::function<void()>> pending;
+};
+
+namespace stand_in {
+
+// ---- device memory ---------------------------------------------------------------------------------------------
+
+struct Memory {
+    std::map<uintptr_t, size_t> live;  // base -> bytes
+    int64_t live_bytes = 0, peak_bytes = 0;
+};
+inline Memory& memory() {
+    static Memory m;
+    return m;
+}
+
+[[noreturn]] inline void violation(const std::string& what) { throw std::logic_error("contract violation: " + what); }
+
+// Throws unless [p, p + bytes) lies inside one live allocation. what names the launcher and the argument.
+inline void check_range(const void* p, int64_t bytes, const std::string& what) {
+    if (bytes <= 0) return;
+    if (!p) violation(what + ": null pointer for " + std::to_string(bytes) + " bytes");
+    const std::map<uintptr_t, size_t>& live = memory().live;
+    auto it = live.upper_bound((uintptr_t)p);
+    if (it == live.begin() || (uintptr_t)p >= std::prev(it)->first + std::prev(it)->second)
+        violation(what + ": not device memory (" + std::to_string(bytes) + " bytes)");
+    --it;
+    const uintptr_t offset = (uintptr_t)p - it->first;
+    if (offset + (uintptr_t)bytes > it->second)
+        violation(what + ": bytes [" + std::to_string(offset) + ", " + std::to_string(offset + bytes) +
+                  ") of an allocation of " + std::to_string(it->second));
+}
+// n elements of T at p
+template <typename T>
+inline void dev(const T* p, int64_t n, const std::string& what) {
+    check_range(p, n * (int64_t)sizeof(T), what);
+}
+// rows of `cols` elements with row stride ld (the last row ends at (rows-1)*ld + cols)
+template <typename T>
+inline void dev_strided(const T* p, int64_t rows, int64_t ld, int64_t cols, const std::string& what) {
+    if (rows > 0 && cols > 0) dev(p, (rows - 1) * ld + cols, what);
+}
+
+// Outputs must not overlap each other or the inputs, unless a contract says they may (add, router_forward's
+// scores and logits): on the GPU an overlap is a race. Extents are whole (a strided range counts from its first to
+// its last element).
+struct Span {
+    const void* p;
+    int64_t bytes;
+    const char* name;
+};
+template <typename T>
+inline Span span(const T* p, int64_t n, const char* name) {
+    return Span{p, p ? n * (int64_t)sizeof(T) : 0, name};
+}
+inline bool overlap(const Span& a, const Span& b) {
+    return a.bytes > 0 && b.bytes > 0 && (uintptr_t)a.p < (uintptr_t)b.p + b.bytes &&
+           (uintptr_t)b.p < (uintptr_t)a.p + a.bytes;
+}
+inline void apart(const std::string& launcher, std::initializer_list<Span> outs, std::initializer_list<Span> ins) {
+    for (auto o = outs.begin(); o != outs.end(); ++o) {
+        for (auto o2 = o + 1; o2 != outs.end(); ++o2)
+            if (overlap(*o, *o2)) violation(launcher + ": outputs " + o->name + " and " + o2->name + " overlap");
+        for (const Span& i : ins)
+            if (overlap(*o, i)) violation(launcher + ": output " + o->name + " overlaps input " + i.name);
+    }
+}
+
+// ---- streams ---------------------------------------------------------------------------------------------------
+
+inline CUstream_st& default_stream() {
+    static CUstream_st s;
+    return s;
+}
+inline std::vector<CUstream_st*>& streams() {  // every created stream, for the device-wide synchronisations
+    static std::vector<CUstream_st*> all{&default_stream()};
+    return all;
+}
+inline void launch(CUstream_st* s, std::function<void()> work) { (s ? s : &default_stream())->pending.push_back(std::move(work)); }
+inline void drain(CUstream_st* s) {
+    CUstream_st& q = s ? *s : default_stream();
+    std::vector<std::function<void()>> work;
+    work.swap(q.pending);
+    for (auto& w : work) w();
+}
+inline void drain_all() {
+    for (CUstream_st* s : streams()) drain(s);
+}
+// After a failed check: forget the queued work (it may point at buffers of the abandoned model).
+inline void discard_all() {
+    for (CUstream_st* s : streams()) s->pending.clear();
+}
+
+}  // namespace stand_in

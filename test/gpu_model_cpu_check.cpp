@@ -1,0 +1,547 @@
+// gpu_model_cpu_check: the GPU model's ORCHESTRATION on the CPU. gpu/gpu_model.cu is compiled as C++ against the
+// stand-ins of test/cpu_stand_in/ (the CUDA runtime on host memory, and each kernel launcher implementing its
+// documented contract with the CPU reference's functions; see test/cpu_stand_in/stand_in.h), and compared with the
+// CPU reference model. The kernels themselves are test/test_gpu.cu's business, on a GPU.
+//   alone:                      the single-process checks, then the distributed check with one rank
+//   mpirun -np N ... --ep E:    the distributed check: EP = E, DP = N / E, against one process (as ep_check)
+// Single process, four configs: tiny (q_lora, groups, shared experts, MTP, balance loss), plain (none of these,
+// B=3, T=70: not a multiple of 64), routed (every block MoE, no shared experts, k=3, no balance loss, YaRN RoPE)
+// and dense (no MoE block). FP32: the memory plan against what init allocates; the loss parts, every gradient
+// and the expert counts, for one and two micro-batches (the gradients accumulate); the gradient norm; the
+// router-bias rule; AdamW; upload/download; sampling (B=1 below the allocated batch, no targets: the logits); a
+// B=1 training step; an evaluation forward; the region timer; free. BF16: the loss, the gradient direction and
+// the BF16 weight copy after upload and AdamW. Then the error paths (odd RoPE dim, out of memory, batch too
+// large, NaN router). Distributed (tiny): loss, gradients, counts, norm, router bias, 5 optimizer steps.
+// One line per check; exit status 1 when any fails. test/test_gpu_model_cpu.cpp runs it from test_cpu.
+//
+// Tolerances. The stand-ins call the CPU reference's own functions for every GEMM, norm, SwiGLU, embedding, the
+// router (router_select, router_backward) and the plan, so the two models differ only where a contract differs
+// from the CPU code: the per-row losses are FP32 (the CPU keeps doubles: 6e-8 relative on a loss), the balance
+// loss's f_e is a product instead of a running sum (1e-16), and the attention backward works from the log-sum-exp
+// (P = exp(s - L), D = dO.o) instead of the stored probabilities (a few FP32 ulp per entry, summed and amplified
+// by the chains of GEMMs below it). Measured: losses agree to ~1e-8 relative, gradients to ~1e-6 of each tensor's
+// largest value. So: 1e-6 for the losses and the gradient norm, 1e-5 for every gradient tensor (max |diff| over
+// max |CPU value|). Where the expressions are the same as the CPU's (the logits of a forward; AdamW from equal
+// gradients) the results are bit-identical with the Makefile's flags, but the compiler may fuse a different
+// product into an FMA at another optimisation level (-O1: 1e-7): 1e-6. Exact where no arithmetic differs: the
+// expert counts, the router-bias rule (+-gamma), copies.
+// Any orchestration error (a wrong buffer, a missing accumulate, a wrong scale or offset, a missed
+// synchronisation) shows up as an O(1) error, far above these bounds. BF16 (operands rounded to 8 mantissa
+// bits): the loss within 2e-2 relative and the gradient vector's cosine >= 0.999, norm within 2% (as test_gpu).
+// Distributed: the sums over tokens are split over ranks and reordered: 1e-5 for the loss, the gradients (ep_check
+// allows 1e-4; measured 7e-7) and the norm, and ep_check's 1e-4 for the losses over 5 optimizer steps.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/comm.h"
+#include "gpu/gpu_model.h"
+#include "model/model.h"
+#include "model/optimizer.h"
+#include "model/rng.h"
+#include "test/random_model.h"
+
+namespace {
+
+int passed = 0, failed = 0;
+bool verbose_rank = true;  // only rank 0 prints
+
+void report(const std::string& name, bool ok, const std::string& detail) {
+    (ok ? passed : failed)++;
+    if (verbose_rank) printf("%-64s %s  %s\n", name.c_str(), detail.c_str(), ok ? "ok" : "FAIL");
+    fflush(stdout);
+}
+
+std::string fmt(const char* f, double a, double b = 0.0) {
+    char buf[128];
+    snprintf(buf, sizeof buf, f, a, b);
+    return buf;
+}
+
+// max |a - b| / max |b| (|a - b| where b is all zero); NaN anywhere gives infinity
+double rel_error(const float* a, const float* b, int64_t n) {
+    double diff = 0.0, scale = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        const double e = fabs((double)a[i] - (double)b[i]);
+        if (!(e == e)) return INFINITY;
+        diff = std::max(diff, e);
+        scale = std::max(scale, (double)fabsf(b[i]));
+    }
+    return scale > 0 ? diff / scale : diff;
+}
+
+void check_value(const std::string& name, double got, double want, double tol) {
+    const double rel = want != 0 ? fabs(got - want) / fabs(want) : fabs(got);
+    report(name, rel <= tol, fmt("got %.9g want %.9g", got, want) + fmt("  rel %.2e tol %.0e", rel, tol));
+}
+
+void check_array(const std::string& name, const float* got, const float* want, int64_t n, double tol) {
+    const double rel = rel_error(got, want, n);
+    report(name, rel <= tol, fmt("rel %.2e tol %.0e", rel, tol));
+}
+
+// Every trainable tensor's gradient; one line for the worst, one per tensor that fails.
+void check_grads(const std::string& name, const std::vector<float>& got, const Model& cpu, double tol) {
+    double worst = 0.0;
+    std::string worst_name;
+    for (const ParamTensor& t : cpu.table.tensors) {
+        if (!t.trainable) {  // e_score_correction_bias: no gradient on either side
+            bool zero = true;
+            for (int64_t i = 0; i < t.numel; i++) zero = zero && got[t.offset + i] == 0.0f;
+            if (!zero) report(name + " d " + t.name + " (not trainable) is zero", false, "");
+            continue;
+        }
+        const double rel = rel_error(got.data() + t.offset, cpu.grads.data() + t.offset, t.numel);
+        if (rel > tol) report(name + " d " + t.name, false, fmt("rel %.2e tol %.0e", rel, tol));
+        if (!(rel <= worst)) {
+            worst = rel;
+            worst_name = t.name;
+        }
+    }
+    report(name + " gradients (every tensor)", worst <= tol,
+           fmt("worst rel %.2e tol %.0e", worst, tol) + " (" + worst_name + ")");
+}
+
+void check_counts(const std::string& name, const std::vector<std::vector<int64_t>>& got,
+                  const std::vector<std::vector<int64_t>>& want) {
+    int64_t total = 0;
+    for (const auto& layer : want)
+        for (int64_t n : layer) total += n;
+    report(name, got == want, "rows counted " + std::to_string(total));
+}
+
+// Runs body; a thrown error (a stand-in's contract violation, or the model's own) is one failed check.
+void guarded(const std::string& name, const std::function<void()>& body) {
+    try {
+        body();
+    } catch (const std::exception& e) {
+        stand_in::discard_all();
+        report(name + ": " + e.what(), false, "threw");
+    }
+}
+
+// Runs body and expects it to throw std::runtime_error whose message contains `expect`.
+void expect_throw(const std::string& name, const std::string& expect, const std::function<void()>& body) {
+    std::string what = "(nothing thrown)";
+    try {
+        body();
+    } catch (const std::runtime_error& e) {
+        what = e.what();
+    } catch (const std::exception& e) {
+        what = std::string("wrong exception: ") + e.what();
+    }
+    stand_in::discard_all();
+    report(name, what.find(expect) != std::string::npos, "\"" + what.substr(0, 60) + "\"");
+}
+
+AdamWState zero_moments(const Model& m) {
+    return AdamWState{std::vector<float>(m.table.total, 0.0f), std::vector<float>(m.table.total, 0.0f), 0};
+}
+
+// The stand-ins' device memory must be exactly what gpu_memory_plan says init allocates.
+void check_memory_plan(const std::string& name, const Config& c, gpu::Precision p, int B, int T, int64_t before,
+                       int ep_size = 1) {
+    const GpuMemoryPlan plan = gpu_memory_plan(c, ep_size, p, B, T);
+    const int64_t allocated = stand_in::memory().live_bytes - before;
+    report(name + " memory plan = what init allocates", allocated == plan.total(),
+           fmt("allocated %.0f bytes, plan %.0f", (double)allocated, (double)plan.total()));
+}
+
+// ---- one process --------------------------------------------------------------------------------------------
+
+void check_fp32(const std::string& tag, const Config& c, int B, int T, uint64_t seed) {
+    const float loss_scale = 0.75f;  // not 1: it must reach every term, the balance loss's included
+    Model cpu;
+    model_init(cpu, c);
+    randomize_for_test(cpu, seed);
+    const int64_t N = (int64_t)B * T;
+    const std::vector<int32_t> in1 = random_tokens(N, c.vocab_size, seed + 1), tg1 = random_tokens(N, c.vocab_size, seed + 2);
+    const std::vector<int32_t> in2 = random_tokens(N, c.vocab_size, seed + 3), tg2 = random_tokens(N, c.vocab_size, seed + 4);
+
+    const int64_t before = stand_in::memory().live_bytes;
+    GpuModel gm;
+    gpu_model_init(gm, c, local_comm(), gpu::Precision::FP32, B, T);
+    check_memory_plan(tag, c, gpu::Precision::FP32, B, T, before);
+    AdamWState opt = zero_moments(cpu);
+    gpu_model_upload(gm, cpu, opt);
+
+    // one micro-batch
+    model_zero_grads(cpu);
+    const LossParts want = model_forward(cpu, in1.data(), tg1.data(), B, T, true);
+    model_backward(cpu, loss_scale);
+    gpu_model_zero_grads(gm);
+    const LossParts got = gpu_model_forward(gm, in1.data(), tg1.data(), B, true);
+    gpu_model_backward(gm, loss_scale);
+    check_value(tag + " loss main", got.main, want.main, 1e-6);
+    if (c.num_nextn_predict_layers > 0) check_value(tag + " loss mtp", got.mtp, want.mtp, 1e-6);
+    if (c.aux_loss_alpha > 0) check_value(tag + " loss balance", got.balance, want.balance, 1e-6);
+    check_value(tag + " loss total", got.total, want.total, 1e-6);
+    check_grads(tag, gpu_model_grads(gm), cpu, 1e-5);
+    check_counts(tag + " expert counts", gm.expert_counts, cpu.expert_counts);
+
+    // a second micro-batch accumulates onto the first's gradients and counts
+    model_forward(cpu, in2.data(), tg2.data(), B, T, true);
+    model_backward(cpu, loss_scale);
+    gpu_model_forward(gm, in2.data(), tg2.data(), B, true);
+    gpu_model_backward(gm, loss_scale);
+    check_grads(tag + " 2 micro-batches", gpu_model_grads(gm), cpu, 1e-5);
+    check_counts(tag + " 2 micro-batches expert counts", gm.expert_counts, cpu.expert_counts);
+    check_value(tag + " grad norm", gpu_model_grad_norm(gm), model_grad_norm(cpu), 1e-6);
+
+    // the router-bias rule on the same counts, and the counts reset
+    const std::vector<std::vector<int64_t>> counts = cpu.expert_counts;
+    model_update_router_bias(cpu, counts);
+    gpu_model_update_router_bias(gm, counts);
+    Model back;
+    model_init(back, c);
+    AdamWState opt_back = zero_moments(back);
+    gpu_model_download(gm, back, opt_back);
+    double bias_diff = 0.0;
+    for (int l = 0; l < c.num_blocks(); l++)
+        if (c.is_moe_layer(l))
+            bias_diff = std::max(bias_diff, rel_error(back.w.blocks[l].router_bias, cpu.w.blocks[l].router_bias,
+                                                      c.n_routed_experts));
+    bool reset = true;
+    for (const auto& layer : gm.expert_counts)
+        for (int64_t n : layer) reset = reset && n == 0;
+    report(tag + " router-bias update, counts reset", bias_diff == 0.0 && reset,
+           fmt("bias rel %.2e", bias_diff) + (reset ? "" : ", counts not reset"));
+    check_array(tag + " router-bias update leaves the other weights", back.params.data(), cpu.params.data(),
+                cpu.table.total, 0.0);
+
+    // AdamW from the same gradients (the CPU's, copied in) and random moments: params, moments, step
+    Rng rng(seed + 5);
+    AdamWState opt_cpu = zero_moments(cpu);
+    for (int64_t i = 0; i < cpu.table.total; i++) {
+        opt_cpu.m[i] = 1e-3f * rng.normal();
+        opt_cpu.v[i] = 1e-6f * fabsf(rng.normal());
+    }
+    opt_cpu.step = 3;
+    AdamWState opt_gpu = opt_cpu;
+    gpu_model_upload(gm, cpu, opt_gpu);
+    CUDA_CHECK(cudaMemcpy(gm.grads, cpu.grads.data(), cpu.table.total * sizeof(float), cudaMemcpyHostToDevice));
+    OptimizerConfig oc;
+    const float lr = 1e-2f, multiplier = 0.5f;
+    adamw_update(cpu.table, cpu.params.data(), cpu.grads.data(), opt_cpu, oc, lr, multiplier);
+    gpu_model_adamw(gm, opt_gpu, oc, lr, multiplier);
+    gpu_model_download(gm, back, opt_back);
+    check_array(tag + " AdamW params", back.params.data(), cpu.params.data(), cpu.table.total, 1e-6);
+    check_array(tag + " AdamW m", opt_back.m.data(), opt_cpu.m.data(), cpu.table.total, 1e-6);
+    check_array(tag + " AdamW v", opt_back.v.data(), opt_cpu.v.data(), cpu.table.total, 1e-6);
+    report(tag + " AdamW step count", opt_gpu.step == opt_cpu.step, std::to_string(opt_gpu.step));
+
+    // upload and download are inverse (random params and moments)
+    Model rnd;
+    model_init(rnd, c);
+    randomize_for_test(rnd, seed + 6);
+    AdamWState opt_rnd = zero_moments(rnd);
+    for (int64_t i = 0; i < rnd.table.total; i++) {
+        opt_rnd.m[i] = rng.normal();
+        opt_rnd.v[i] = rng.normal();
+    }
+    gpu_model_upload(gm, rnd, opt_rnd);
+    gpu_model_download(gm, back, opt_back);
+    report(tag + " upload, download round trip",
+           back.params == rnd.params && opt_back.m == opt_rnd.m && opt_back.v == opt_rnd.v, "exact");
+
+    // sampling: B = 1 below the allocated batch, no targets, not training: the logits of every position
+    gpu_model_upload(gm, cpu, opt_cpu);
+    model_forward(cpu, in1.data(), nullptr, 1, T, false);
+    gpu_model_forward(gm, in1.data(), nullptr, 1, false);
+    std::vector<float> logits((int64_t)T * c.vocab_size);
+    for (int t = 0; t < T; t++) gpu_model_logits_row(gm, t, logits.data() + (int64_t)t * c.vocab_size);
+    check_array(tag + " sampling B=1: logits", logits.data(), cpu.acts.logits, (int64_t)T * c.vocab_size, 1e-6);
+    check_counts(tag + " sampling leaves the expert counts", gm.expert_counts, cpu.expert_counts);
+
+    // a training step on a smaller batch than the allocated one
+    model_zero_grads(cpu);
+    const LossParts want1 = model_forward(cpu, in2.data(), tg2.data(), 1, T, true);
+    model_backward(cpu, 1.0f);
+    gpu_model_zero_grads(gm);
+    const LossParts got1 = gpu_model_forward(gm, in2.data(), tg2.data(), 1, true);
+    gpu_model_backward(gm, 1.0f);
+    check_value(tag + " B=1 step: loss total", got1.total, want1.total, 1e-6);
+    check_grads(tag + " B=1 step", gpu_model_grads(gm), cpu, 1e-5);
+    check_counts(tag + " B=1 step expert counts", gm.expert_counts, cpu.expert_counts);
+
+    // an evaluation forward (targets, not training), under the region timer (every region lasts 0 ms here)
+    std::map<std::string, double> regions;
+    gm.timer.enabled = true;
+    const LossParts got_eval = gpu_model_forward(gm, in1.data(), tg1.data(), B, false);
+    gm.timer.finish(regions);
+    gm.timer.enabled = false;
+    const LossParts want_eval = model_forward(cpu, in1.data(), tg1.data(), B, T, false);
+    check_value(tag + " evaluation forward: loss total", got_eval.total, want_eval.total, 1e-6);
+    if (c.aux_loss_alpha > 0) check_value(tag + " evaluation forward: loss balance", got_eval.balance, want_eval.balance, 1e-6);
+    check_counts(tag + " evaluation forward leaves the expert counts", gm.expert_counts, cpu.expert_counts);
+    report(tag + " region timer", regions.count("attention forward") && regions.count("head") &&
+                                      regions.count("embedding") && !regions.count("end"),
+           std::to_string(regions.size()) + " regions");
+
+    gpu_model_free(gm);
+    report(tag + " free releases everything", stand_in::memory().live_bytes == before,
+           fmt("%.0f bytes left", (double)(stand_in::memory().live_bytes - before)));
+}
+
+void check_bf16(const std::string& tag, const Config& c, int B, int T, uint64_t seed) {
+    Model cpu;
+    model_init(cpu, c);
+    randomize_for_test(cpu, seed);
+    const int64_t N = (int64_t)B * T;
+    const std::vector<int32_t> in = random_tokens(N, c.vocab_size, seed + 1), tg = random_tokens(N, c.vocab_size, seed + 2);
+    const LossParts want = model_forward(cpu, in.data(), tg.data(), B, T, true);
+    model_zero_grads(cpu);
+    model_backward(cpu, 1.0f);
+
+    const int64_t before = stand_in::memory().live_bytes;
+    GpuModel gm;
+    gpu_model_init(gm, c, local_comm(), gpu::Precision::BF16, B, T);
+    check_memory_plan(tag, c, gpu::Precision::BF16, B, T, before);
+    AdamWState opt = zero_moments(cpu);
+    gpu_model_upload(gm, cpu, opt);
+    auto copy_is_fresh = [&]() {  // params_bf16 == the rounded params, everywhere
+        CUDA_CHECK(cudaDeviceSynchronize());
+        for (int64_t i = 0; i < gm.table.total; i++)
+            if (gm.params_bf16[i].bits != __float2bfloat16_rn(gm.params[i]).bits) return false;
+        return true;
+    };
+    report(tag + " BF16 copy after upload", copy_is_fresh(), "");
+    gpu_model_zero_grads(gm);
+    const LossParts got = gpu_model_forward(gm, in.data(), tg.data(), B, true);
+    gpu_model_backward(gm, 1.0f);
+    check_value(tag + " loss total", got.total, want.total, 2e-2);
+    const std::vector<float> grads = gpu_model_grads(gm);
+    double dot = 0.0, got_sq = 0.0, want_sq = 0.0;
+    for (size_t i = 0; i < grads.size(); i++) {
+        dot += (double)grads[i] * cpu.grads[i];
+        got_sq += (double)grads[i] * grads[i];
+        want_sq += (double)cpu.grads[i] * cpu.grads[i];
+    }
+    const double cosine = dot / sqrt(got_sq * want_sq), ratio = sqrt(got_sq / want_sq);
+    report(tag + " gradients: cosine, norm ratio", cosine >= 0.999 && fabs(ratio - 1.0) <= 0.02,
+           fmt("cos %.6f norm ratio %.4f", cosine, ratio));
+    check_counts(tag + " expert counts", gm.expert_counts, cpu.expert_counts);
+    OptimizerConfig oc;
+    gpu_model_adamw(gm, opt, oc, 1e-2f, 1.0f);
+    report(tag + " BF16 copy after AdamW", copy_is_fresh(), "");
+    gpu_model_free(gm);
+}
+
+void check_errors(const Config& tiny) {
+    GpuModel gm;
+    Config odd = tiny;
+    odd.qk_rope_head_dim = 5;
+    expect_throw("init: odd qk_rope_head_dim is refused", "is odd", [&] {
+        gpu_model_init(gm, odd, local_comm(), gpu::Precision::FP32, 1, 8);
+    });
+    const int64_t before = stand_in::memory().live_bytes;
+    expect_throw("init: deepseek-v3 does not fit in 16 GiB", "GiB of GPU memory", [&] {
+        gpu_model_init(gm, load_config("deepseek-v3"), local_comm(), gpu::Precision::BF16, 1, 4096);
+    });
+    report("init: refused before allocating anything", stand_in::memory().live_bytes == before, "");
+
+    Model cpu;
+    model_init(cpu, tiny);
+    randomize_for_test(cpu, 5);
+    const std::vector<int32_t> tokens = random_tokens(2 * 8, tiny.vocab_size, 6);
+    gm = GpuModel();
+    gpu_model_init(gm, tiny, local_comm(), gpu::Precision::FP32, 2, 8);
+    AdamWState opt = zero_moments(cpu);
+    expect_throw("forward: a batch above the allocated one", "allocated for 2", [&] {
+        gpu_model_forward(gm, tokens.data(), tokens.data(), 3, true);
+    });
+    // all of a router NaN: every score is, fewer than k experts are left to choose (one NaN weight would only
+    // rule out its expert, on the CPU as well)
+    for (int64_t i = 0; i < (int64_t)tiny.n_routed_experts * tiny.hidden_size; i++) cpu.w.blocks[1].router[i] = NAN;
+    gpu_model_upload(gm, cpu, opt);
+    expect_throw("forward: NaN router weights are reported", "not finite", [&] {
+        gpu_model_forward(gm, tokens.data(), tokens.data(), 2, true);
+    });
+    gpu_model_free(gm);
+}
+
+// ---- expert and data parallelism ----------------------------------------------------------------------------
+
+// to's tensors from from's (a one-process model): this EP rank's slice of each expert tensor
+void copy_params_by_name(const Model& from, Model& to, int ep_rank) {
+    for (const ParamTensor& t : to.table.tensors) {
+        const ParamTensor& src = from.table.at(t.name);
+        const int64_t first = src.offset + (t.expert_shard ? (int64_t)ep_rank * t.numel : 0);
+        std::copy(from.params.begin() + first, from.params.begin() + first + t.numel, to.params.begin() + t.offset);
+    }
+}
+
+// As ep_check's train_step, on the GPU model: the gradients of this rank's batch, reduced over the world, the
+// loss and the expert counts summed over the world; then (update) one optimizer step and the router-bias rule.
+double gpu_gradients(GpuModel& gm, const int32_t* inputs, const int32_t* targets, int B) {
+    Comm& comm = *gm.comm;
+    gpu_model_zero_grads(gm);
+    double loss = gpu_model_forward(gm, inputs, targets, B, true).total / comm.world;
+    gpu_model_backward(gm, 1.0f / comm.world);
+    gpu_model_reduce_grads(gm);
+    comm.all_reduce_sum(&loss, 1, Group::World);
+    for (std::vector<int64_t>& counts : gm.expert_counts)
+        comm.all_reduce_sum(counts.data(), (int64_t)counts.size(), Group::World);
+    return loss;
+}
+void gpu_update(GpuModel& gm, AdamWState& opt, const OptimizerConfig& oc, int64_t step) {
+    const double norm = gpu_model_grad_norm(gm);
+    gpu_model_adamw(gm, opt, oc, learning_rate(oc, step), clip_factor(oc, norm));
+    gpu_model_update_router_bias(gm, gm.expert_counts);
+}
+double cpu_train_step(Model& m, AdamWState& opt, const OptimizerConfig& oc, int64_t step, const int32_t* inputs,
+                      const int32_t* targets, int B, int T, bool update) {
+    model_zero_grads(m);
+    const double loss = model_forward(m, inputs, targets, B, T, true).total;
+    model_backward(m, 1.0f);
+    if (update) adamw_update(m.table, m.params.data(), m.grads.data(), opt, oc, learning_rate(oc, step),
+                             clip_factor(oc, model_grad_norm(m)));
+    model_update_router_bias(m, m.expert_counts);
+    return loss;
+}
+
+void check_distributed(Comm& comm) {
+    Config c = load_config("tiny");
+    c.aux_loss_alpha = 0.05f;  // make the balance loss's gradient visible
+    const int B_global = 4, T = 16;
+    if (B_global % comm.world) comm.abort("the world size must divide 4");
+    const int B = B_global / comm.world;
+    const std::string tag = "distributed world " + std::to_string(comm.world) + " (EP " + std::to_string(comm.ep_size) +
+                            " x DP " + std::to_string(comm.dp_size) + ")";
+    const std::vector<int32_t> inputs = random_tokens(B_global * T, c.vocab_size, 4242);
+    const std::vector<int32_t> targets = random_tokens(B_global * T, c.vocab_size, 4243);
+    const int32_t* my_inputs = inputs.data() + comm.rank * B * T;
+    const int32_t* my_targets = targets.data() + comm.rank * B * T;
+
+    Model alone, host;  // the one-process reference (trained on rank 0 only), and this rank's slice of it
+    model_init(alone, c);
+    randomize_for_test(alone, 77);
+    model_init(host, c, &comm);
+    copy_params_by_name(alone, host, comm.ep_rank);
+    const int64_t before = stand_in::memory().live_bytes;
+    GpuModel gm;
+    gpu_model_init(gm, c, comm, gpu::Precision::FP32, B, T);
+    check_memory_plan(tag, c, gpu::Precision::FP32, B, T, before, comm.ep_size);  // every rank checks its own
+    AdamWState opt_gpu = zero_moments(host), opt_alone = zero_moments(alone);
+    gpu_model_upload(gm, host, opt_gpu);
+    OptimizerConfig oc;
+    oc.lr = 1e-2f;
+    oc.total_steps = 6;
+
+    double loss = gpu_gradients(gm, my_inputs, my_targets, B);
+    const std::vector<float> grads = gpu_model_grads(gm);
+    double loss_alone = 0.0;
+    if (comm.rank == 0) {
+        model_zero_grads(alone);
+        loss_alone = model_forward(alone, inputs.data(), targets.data(), B_global, T, true).total;
+        model_backward(alone, 1.0f);
+    }
+    // the gradients, the expert tensors gathered from their owners (one DP replica)
+    double worst = 0.0;
+    std::string worst_name;
+    for (const ParamTensor& t : host.table.tensors) {
+        if (!t.trainable) continue;
+        std::vector<float> whole(comm.rank == 0 ? t.numel * (t.expert_shard ? comm.ep_size : 1) : 0);
+        if (t.expert_shard) {
+            if (comm.dp_rank == 0) comm.gather_to_ep_root(grads.data() + t.offset, t.numel, whole.data());
+        } else if (comm.rank == 0) {
+            std::copy(grads.begin() + t.offset, grads.begin() + t.offset + t.numel, whole.begin());
+        }
+        if (comm.rank != 0) continue;
+        const double rel = rel_error(whole.data(), alone.grads.data() + alone.table.at(t.name).offset, (int64_t)whole.size());
+        if (rel > 1e-5) report(tag + " d " + t.name, false, fmt("rel %.2e tol %.0e", rel, 1e-5));
+        if (!(rel <= worst)) {
+            worst = rel;
+            worst_name = t.name;
+        }
+    }
+    const double norm = gpu_model_grad_norm(gm);  // collective: every rank
+    if (comm.rank == 0) {
+        check_value(tag + " loss", loss, loss_alone, 1e-5);
+        report(tag + " gradients (every tensor)", worst <= 1e-5,
+               fmt("worst rel %.2e tol %.0e", worst, 1e-5) + " (" + worst_name + ")");
+        check_counts(tag + " expert counts summed over the world", gm.expert_counts, alone.expert_counts);
+        check_value(tag + " grad norm", norm, model_grad_norm(alone), 1e-5);
+    }
+    // the router bias after one update from the global counts: exact, on every rank's copy (checked on rank 0)
+    gpu_model_update_router_bias(gm, gm.expert_counts);
+    if (comm.rank == 0) model_update_router_bias(alone, alone.expert_counts);
+    Model back;
+    model_init(back, c, &comm);
+    AdamWState opt_back = zero_moments(back);
+    gpu_model_download(gm, back, opt_back);
+    if (comm.rank == 0) {
+        double diff = 0.0;
+        for (int l = 0; l < c.num_blocks(); l++)
+            if (c.is_moe_layer(l))
+                diff = std::max(diff, rel_error(back.w.blocks[l].router_bias, alone.w.blocks[l].router_bias,
+                                                c.n_routed_experts));
+        report(tag + " router bias from the global expert counts", diff == 0.0, fmt("rel %.2e", diff));
+    }
+    // five optimizer steps in both layouts
+    double worst_loss = 0.0;
+    for (int64_t step = 1; step <= 5; step++) {
+        loss = gpu_gradients(gm, my_inputs, my_targets, B);
+        gpu_update(gm, opt_gpu, oc, step);
+        if (comm.rank == 0) {
+            loss_alone = cpu_train_step(alone, opt_alone, oc, step, inputs.data(), targets.data(), B_global, T, true);
+            worst_loss = std::max(worst_loss, fabs(loss - loss_alone) / fabs(loss_alone));
+        }
+    }
+    if (comm.rank == 0) report(tag + " losses over 5 optimizer steps", worst_loss <= 1e-4, fmt("worst rel %.2e tol 1e-04", worst_loss));
+    gpu_model_free(gm);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const int ep = argc == 3 && !strcmp(argv[1], "--ep") ? atoi(argv[2]) : 1;
+    std::unique_ptr<Comm> comm = make_comm(ep, "gpu_model_cpu_check");
+    verbose_rank = comm->rank == 0;
+    if (comm->world == 1) {
+        const Config tiny = load_config("tiny");  // q_lora, groups, shared experts, MTP, balance loss
+        Config plain = tiny;  // no q_lora, no MTP, no groups, no normalisation, T not a multiple of 64
+        plain.q_lora_rank = 0;
+        plain.num_nextn_predict_layers = 0;
+        plain.n_group = plain.topk_group = 1;
+        plain.norm_topk_prob = false;
+        plain.hidden_size = 48;
+        // every block MoE, no shared experts, k = 3, no balance loss, YaRN RoPE (magnitude and softmax scale != 1)
+        Config routed = tiny;
+        routed.first_k_dense_replace = 0;
+        routed.n_shared_experts = 0;
+        routed.num_experts_per_tok = 3;
+        routed.aux_loss_alpha = 0.0f;
+        routed.yarn_factor = 4.0f;
+        routed.yarn_original_max_position = 64;
+        routed.yarn_mscale = 0.707f;
+        routed.yarn_mscale_all_dim = 0.5f;
+        Config dense = tiny;  // no MoE block at all (MTP included)
+        dense.first_k_dense_replace = dense.num_blocks();
+        guarded("tiny B=2 T=12", [&] { check_fp32("tiny B=2 T=12", tiny, 2, 12, 11); });
+        guarded("plain B=3 T=70", [&] { check_fp32("plain B=3 T=70", plain, 3, 70, 12); });
+        guarded("routed B=2 T=20", [&] { check_fp32("routed B=2 T=20", routed, 2, 20, 13); });
+        guarded("dense B=2 T=9", [&] { check_fp32("dense B=2 T=9", dense, 2, 9, 14); });
+        guarded("tiny bf16", [&] { check_bf16("tiny B=2 T=12 bf16", tiny, 2, 12, 11); });
+        guarded("plain bf16", [&] { check_bf16("plain B=3 T=70 bf16", plain, 3, 70, 12); });
+        guarded("routed bf16", [&] { check_bf16("routed B=2 T=20 bf16", routed, 2, 20, 13); });
+        guarded("errors", [&] { check_errors(tiny); });
+    }
+    try {  // an error on one rank would leave the others waiting in a collective: end the whole job
+        check_distributed(*comm);
+    } catch (const std::exception& e) {
+        comm->abort(std::string("distributed check: ") + e.what());
+    }
+    int64_t status = failed;
+    comm->all_reduce_sum(&status, 1, Group::World);
+    if (comm->rank == 0)
+        printf("gpu_model_cpu_check: world %d (EP %d x DP %d): %d checks passed, %d failed, %s\n", comm->world,
+               comm->ep_size, comm->dp_size, passed, failed, status ? "FAILED" : "ok");
+    return status ? 1 : 0;
+}

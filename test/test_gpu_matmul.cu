@@ -1,0 +1,258 @@
+// test_matmul: the cuBLASLt GEMMs of kernels/matmul.cuh against the CPU reference (model/ops.h matmul_forward /
+// matmul_backward; the grouped versions against a loop of those over the groups), on fresh random inputs, with
+// odd shapes, a realistic one, pointers that are only 4-byte aligned (as tensors inside the parameter buffer),
+// groups of 0, 1 and many rows, and cast_to_bf16 bit for bit against a host round-to-nearest-even.
+// Outputs that are overwritten are poisoned first (NaN); accumulated ones start from random values.
+//
+// Tolerances (error = max |gpu - cpu| / max |cpu|, as check() measures it; u32 = 2^-24 ~ 6e-8):
+//   FP32      1e-5: the same sums of at most ~1000 products in another order (cuBLAS tiles and may split K);
+//             the roundoff of such a sum grows like sqrt(K) u32 relative to its size (~1e-6 at most here).
+//   BF16 against the CPU on the BF16-rounded inputs: 1e-4. A product of two BF16 values (8-bit significands)
+//             is exact in FP32, so only the FP32 accumulation differs; the tensor cores' accumulation may
+//             truncate instead of round, which is bounded by ~K u32 = 6e-5 for K = 1024 (test_gpu.cu's 1e-4
+//             class). This check catches a wrong operand or an unrounded / doubly rounded one (errors ~1e-3).
+//   BF16 against the CPU on the FP32 inputs: 1e-2. Rounding to BF16 is relative error |d| <= u = 2^-8 per
+//             input, so a product a b becomes a b (1 + da + db + da db), and an output y = sum_k a_k b_k of K
+//             terms is off by e = sum_k a_k b_k (da_k + db_k) (+ O(u^2), + FP32 roundoff).
+//             Worst case: |e| <= (2u + u^2) sum_k |a_k b_k|, which is 2u |y| = 7.8e-3 |y| for a single product
+//             (a group of one row in dW), but with K random-sign products sum |a b| ~ K E|a||b| while
+//             |y| ~ sqrt(K), so this bound (~0.04 max|y| at K = 1024) is far too pessimistic.
+//             Typical: the d's are independent, mean 0, variance <= u^2/3 (uniform rounding), so e is a random
+//             sum with std sqrt(2/3) u sqrt(K) s (s = rms of a b) while y has std sqrt(K) s: the ratio of the
+//             maxima over an output of thousands of elements (each ~3.5 std, within ~+-0.5) is
+//             sqrt(2/3) u (3.5 + 0.5) / (3.5 - 0.5) ~ 0.82 * 3.9e-3 * 1.35 ~ 4.3e-3.
+//             1e-2 leaves a factor ~2 over that and over the one-product worst case, and is still two orders
+//             below what a layout or transposition mistake gives (an error ~1). BF16 is run only on shapes with
+//             thousands of outputs (with a handful of outputs the maxima are not a few std).
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <cuda_bf16.h>
+
+#include "kernels/matmul.cuh"
+#include "model/ops.h"
+#include "test/gpu_check.cuh"
+
+void test_matmul(Rng& rng);
+
+namespace {
+
+constexpr double MATMUL_FP32_TOL = 1e-5, MATMUL_BF16_ROUNDED_TOL = 1e-4, MATMUL_BF16_TOL = 1e-2;
+
+// Round to nearest even, on the bits: add 0x7FFF plus the lowest kept bit, then truncate. Right for every
+// non-NaN float (a carry out of the significand bumps the exponent; past the largest BF16 it gives Inf).
+uint16_t matmul_bf16_bits(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+std::vector<float> matmul_bf16_round(const std::vector<float>& v) {
+    std::vector<float> r(v.size());
+    for (size_t i = 0; i < v.size(); i++) {
+        const uint32_t u = (uint32_t)matmul_bf16_bits(v[i]) << 16;
+        memcpy(&r[i], &u, sizeof u);
+    }
+    return r;
+}
+
+std::vector<float> matmul_plus(const std::vector<float>& a, const std::vector<float>& b) {
+    std::vector<float> c(a.size());
+    for (size_t i = 0; i < a.size(); i++) c[i] = a[i] + b[i];
+    return c;
+}
+
+// A device copy of a host vector placed `offset` elements into its allocation: offset 1 gives a pointer that is
+// only 4-byte (FP32) or 2-byte (BF16) aligned, like a tensor inside the one big parameter buffer.
+template <typename T>
+struct DevAt {
+    Dev<T> buf;
+    size_t n;
+    T* p;
+    DevAt(size_t count, size_t offset) : buf(count + offset), n(count), p(buf.ptr + offset) {}
+    DevAt(const std::vector<T>& h, size_t offset) : DevAt(h.size(), offset) { set(h); }
+    void set(const std::vector<T>& h) {
+        CUDA_CHECK(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+    }
+    void poison() { CUDA_CHECK(cudaMemset(p, 0xFF, n * sizeof(T))); }
+    std::vector<T> get() const {
+        std::vector<T> h(n);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+        return h;
+    }
+};
+
+// The CPU reference over groups (one group [0, M) for the dense GEMMs): out = inp W_g^T, dinp = dout W_g (both
+// overwritten), dW_g = dW0_g + dout^T inp.
+struct MatmulRef {
+    std::vector<float> out, dinp, dW;
+};
+MatmulRef matmul_cpu(const std::vector<float>& inp, const std::vector<float>& W, const std::vector<float>& dout,
+                     const std::vector<float>& dW0, const std::vector<int64_t>& offsets, int64_t K, int64_t N) {
+    const int64_t rows = offsets.back();
+    MatmulRef r{std::vector<float>(rows * N), std::vector<float>(rows * K), dW0};
+    for (size_t g = 0; g + 1 < offsets.size(); g++) {
+        const int64_t r0 = offsets[g], M = offsets[g + 1] - r0;
+        if (M == 0) continue;
+        matmul_forward(r.out.data() + r0 * N, inp.data() + r0 * K, W.data() + g * N * K, M, K, N);
+        matmul_backward(r.dinp.data() + r0 * K, r.dW.data() + g * N * K, dout.data() + r0 * N,
+                        inp.data() + r0 * K, W.data() + g * N * K, M, K, N, false);
+    }
+    return r;
+}
+
+// FP32: one check. BF16: against the CPU on the FP32 inputs and on the BF16-rounded inputs (see the top).
+void matmul_check(const std::string& name, bool bf16, const std::vector<float>& got, const std::vector<float>& want,
+                  const std::vector<float>& want_rounded) {
+    if (!bf16) {
+        check(name, got, want, MATMUL_FP32_TOL);
+        return;
+    }
+    check(name + " vs fp32", got, want, MATMUL_BF16_TOL);
+    check(name + " vs rounded", got, want_rounded, MATMUL_BF16_ROUNDED_TOL);
+}
+
+// The BF16 copy of W, made on the device by the cast under test (checked exactly in matmul_test_cast).
+struct MatmulW16 {
+    DevAt<__nv_bfloat16> w;
+    MatmulW16(const float* W, size_t n, size_t offset) : w(n, offset) { gpu::cast_to_bf16(w.p, W, (int64_t)n, 0); }
+};
+
+void matmul_test_dense(gpu::Matmul& mm, Rng& rng, int64_t M, int64_t K, int64_t N, size_t offset, bool bf16) {
+    const std::string shape =
+        fmt("(%s M=%ld K=%ld N=%ld%s)", bf16 ? "bf16" : "fp32", M, K, N, offset ? " unaligned" : "");
+    const std::vector<float> inp = randn(M * K, rng), W = randn(N * K, rng), dout = randn(M * N, rng);
+    const std::vector<float> out0 = randn(M * N, rng), dinp0 = randn(M * K, rng), dW0 = randn(N * K, rng);
+    const std::vector<int64_t> offsets{0, M};
+    const MatmulRef ref = matmul_cpu(inp, W, dout, dW0, offsets, K, N);
+    const MatmulRef ref_r = bf16 ? matmul_cpu(matmul_bf16_round(inp), matmul_bf16_round(W), matmul_bf16_round(dout),
+                                              dW0, offsets, K, N)
+                                 : ref;
+    DevAt<float> d_inp(inp, offset), d_W(W, offset), d_dout(dout, offset);
+    DevAt<float> d_out(M * N, offset), d_dinp(M * K, offset), d_dW(dW0, offset);
+    MatmulW16 W16(d_W.p, W.size(), offset);
+    const __nv_bfloat16* w16 = bf16 ? W16.w.p : nullptr;
+
+    d_out.poison();
+    gpu::matmul_forward(mm, d_out.p, d_inp.p, d_W.p, w16, M, K, N, false);
+    matmul_check("matmul_forward out = " + shape, bf16, d_out.get(), ref.out, ref_r.out);
+    d_out.set(out0);
+    gpu::matmul_forward(mm, d_out.p, d_inp.p, d_W.p, w16, M, K, N, true);
+    matmul_check("matmul_forward out += " + shape, bf16, d_out.get(), matmul_plus(out0, ref.out),
+                 matmul_plus(out0, ref_r.out));
+
+    d_dinp.poison();
+    gpu::matmul_backward(mm, d_dinp.p, d_dW.p, d_dout.p, d_inp.p, d_W.p, w16, M, K, N, false);
+    matmul_check("matmul_backward dinp = " + shape, bf16, d_dinp.get(), ref.dinp, ref_r.dinp);
+    matmul_check("matmul_backward dW += " + shape, bf16, d_dW.get(), ref.dW, ref_r.dW);
+
+    d_dinp.set(dinp0);
+    d_dW.set(dW0);
+    gpu::matmul_backward(mm, d_dinp.p, d_dW.p, d_dout.p, d_inp.p, d_W.p, w16, M, K, N, true);
+    matmul_check("matmul_backward dinp += " + shape, bf16, d_dinp.get(), matmul_plus(dinp0, ref.dinp),
+                 matmul_plus(dinp0, ref_r.dinp));
+    matmul_check("matmul_backward dW += (with dinp +=) " + shape, bf16, d_dW.get(), ref.dW, ref_r.dW);
+
+    d_dW.set(dW0);
+    gpu::matmul_backward(mm, nullptr, d_dW.p, d_dout.p, d_inp.p, d_W.p, w16, M, K, N, false);
+    matmul_check("matmul_backward dW += (dinp nullptr) " + shape, bf16, d_dW.get(), ref.dW, ref_r.dW);
+}
+
+void matmul_test_grouped(gpu::Matmul& mm, Rng& rng, const std::vector<int64_t>& counts, int64_t K, int64_t N,
+                         bool bf16) {
+    const int64_t G = (int64_t)counts.size();
+    std::vector<int64_t> offsets{0};
+    std::string rows;
+    for (int64_t c : counts) {
+        offsets.push_back(offsets.back() + c);
+        rows += (rows.empty() ? "" : ",") + std::to_string(c);
+    }
+    const int64_t R = offsets.back();
+    const std::string shape = fmt("(%s rows %s K=%ld N=%ld)", bf16 ? "bf16" : "fp32", rows.c_str(), K, N);
+    const std::vector<float> inp = randn(R * K, rng), W = randn(G * N * K, rng), dout = randn(R * N, rng);
+    const std::vector<float> dW0 = randn(G * N * K, rng);
+    const MatmulRef ref = matmul_cpu(inp, W, dout, dW0, offsets, K, N);
+    const MatmulRef ref_r = bf16 ? matmul_cpu(matmul_bf16_round(inp), matmul_bf16_round(W), matmul_bf16_round(dout),
+                                              dW0, offsets, K, N)
+                                 : ref;
+    DevAt<float> d_inp(inp, 0), d_W(W, 0), d_dout(dout, 0), d_out(R * N, 0), d_dinp(R * K, 0), d_dW(dW0, 0);
+    MatmulW16 W16(d_W.p, W.size(), 0);
+    const __nv_bfloat16* w16 = bf16 ? W16.w.p : nullptr;
+
+    d_out.poison();
+    gpu::grouped_matmul_forward(mm, d_out.p, d_inp.p, d_W.p, w16, offsets.data(), G, K, N);
+    matmul_check("grouped_matmul_forward out = " + shape, bf16, d_out.get(), ref.out, ref_r.out);
+    d_dinp.poison();
+    gpu::grouped_matmul_backward(mm, d_dinp.p, d_dW.p, d_dout.p, d_inp.p, d_W.p, w16, offsets.data(), G, K, N);
+    matmul_check("grouped_matmul_backward dinp = " + shape, bf16, d_dinp.get(), ref.dinp, ref_r.dinp);
+    matmul_check("grouped_matmul_backward dW += " + shape, bf16, d_dW.get(), ref.dW, ref_r.dW);
+}
+
+// Every kind of float: Gaussians over the whole exponent range (subnormals and overflow to Inf included), raw
+// random bit patterns, exact ties (to even both ways), zeros, infinities, NaN.
+void matmul_test_cast(Rng& rng) {
+    std::vector<uint32_t> special_bits{0x00000000u, 0x80000000u, 0x7F800000u, 0xFF800000u, 0x7FC00000u,
+                                       0xFFC12345u, 0x00000001u, 0x80008000u, 0x00018000u, 0x007FFFFFu,
+                                       0x3F808000u, 0x3F818000u, 0xBF808000u, 0xBF818000u, 0x3F807FFFu,
+                                       0x3F808001u, 0x7F7FFFFFu, 0x7F7F7FFFu, 0x7F7F8000u, 0xFF7F8000u};
+    const int64_t n = 1000003;
+    std::vector<float> in(n);
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        if (i < (int64_t)special_bits.size()) {
+            u = special_bits[i];
+        } else if (i % 2 == 0) {
+            const float x = std::ldexp(rng.normal(), (int)(rng.next_u64() % 280) - 150);
+            memcpy(&u, &x, sizeof u);
+        } else {
+            do u = (uint32_t)rng.next_u64();
+            while ((u & 0x7F800000u) == 0x7F800000u && (u & 0x007FFFFFu) != 0);  // no NaN beyond the specials
+        }
+        memcpy(&in[i], &u, sizeof u);
+    }
+    DevAt<float> d_in(in, 0);
+    DevAt<__nv_bfloat16> d_out(n, 0);
+    d_out.poison();
+    gpu::cast_to_bf16(d_out.p, d_in.p, n, 0);
+    const std::vector<__nv_bfloat16> got16 = d_out.get();
+    std::vector<uint16_t> got(n), want(n);
+    for (int64_t i = 0; i < n; i++) {
+        memcpy(&got[i], &got16[i], sizeof got[i]);
+        const bool got_nan = (got[i] & 0x7F80u) == 0x7F80u && (got[i] & 0x007Fu) != 0;
+        want[i] = std::isnan(in[i]) ? (got_nan ? got[i] : (uint16_t)0x7FC0u) : matmul_bf16_bits(in[i]);
+    }
+    check(fmt("cast_to_bf16 bits (n=%ld)", n), got, want, 0);
+}
+
+}  // namespace
+
+void test_matmul(Rng& rng) {
+    matmul_test_cast(rng);
+    struct Case { int64_t M, K, N; size_t offset; };
+    const Case odd{37, 129, 67, 0}, odd_unaligned{37, 129, 67, 1}, realistic{512, 1024, 768, 0};
+
+    gpu::Matmul mm;
+    gpu::matmul_create(mm, 0, 0);  // FP32 only: no cast buffers, and matmul_reserve leaves it so
+    gpu::matmul_reserve(mm, 1 << 20);
+    check("matmul_reserve on an FP32-only Matmul: cast capacity", std::vector<int64_t>{mm.cast_capacity},
+          std::vector<int64_t>{0}, 0);
+    for (Case tc : {odd, odd_unaligned, realistic, Case{1, 7, 3, 1}, Case{5, 1, 2, 0}})
+        matmul_test_dense(mm, rng, tc.M, tc.K, tc.N, tc.offset, false);
+    matmul_test_grouped(mm, rng, {0, 1, 37, 0, 200, 5, 1, 64}, 129, 67, false);
+    matmul_test_grouped(mm, rng, {130, 0, 3, 1}, 256, 96, false);
+    matmul_test_grouped(mm, rng, {0, 0, 0}, 64, 32, false);
+    gpu::matmul_destroy(mm);
+
+    gpu::matmul_create(mm, 0, 308 * 129);  // the largest cast below until the reserve: the first grouped inp
+    for (Case tc : {odd, odd_unaligned}) matmul_test_dense(mm, rng, tc.M, tc.K, tc.N, tc.offset, true);
+    matmul_test_grouped(mm, rng, {0, 1, 37, 0, 200, 5, 1, 64}, 129, 67, true);
+    matmul_test_grouped(mm, rng, {130, 0, 3, 1}, 256, 96, true);
+    matmul_test_grouped(mm, rng, {0, 0, 0}, 64, 32, true);
+    gpu::matmul_reserve(mm, realistic.M * realistic.K);  // grows the cast buffers (inp is the larger operand)
+    matmul_test_dense(mm, rng, realistic.M, realistic.K, realistic.N, realistic.offset, true);
+    gpu::matmul_destroy(mm);
+}

@@ -1,0 +1,196 @@
+// test_gpu, part 2: the whole GPU training step against the CPU reference, then the GPU trainer against
+// train_cpu through their command lines.
+//   step:    one forward and backward of the same random model and batch on both; the loss parts and every
+//            gradient tensor are compared. FP32: GEMMs by cuBLASLt in FP32 (no TF32) and the kernels of kernels/,
+//            so only the order of the sums differs; gradients come out of chains of GEMMs summing hundreds to
+//            thousands of terms, hence 1e-4 relative to each tensor's scale (the kernel checks' bound for long
+//            reductions), and 1e-5 for the losses (a mean over the rows of sums of a few hundred terms).
+//            BF16: every GEMM input rounded to 8 bits of mantissa (u = 2^-8 = 3.9e-3 relative); the errors of ~10
+//            GEMMs in a chain partly cancel, so the loss lands within ~u of the FP32 one: 1e-2 relative (2.5 u).
+//            The gradient vector as a whole: cosine similarity >= 0.999 and norm within 2% of the CPU's; and each
+//            tensor's relative L2 error <= 0.1, loose because a token that changes experts under BF16 moves its
+//            whole row's gradient from one expert to another, but tight enough to catch a wrong offset or a
+//            missing term (errors of order 1). Expert counts are compared in FP32 only, for that reason.
+//   trainer: ./train --dtype fp32 and ./train_cpu, 20 steps of the `small` config on the default data with the
+//            same seed: the loss and the gradient norm of every step within 2e-3 relative (the per-step rounding
+//            differences of ~1e-6 are amplified by training; the margin is to be measured on the first GPU run);
+//            a checkpoint written at step 10 by either trainer resumed by the other: steps 11-20 within the same
+//            bound of the run that wrote it. These runs go through NCCL (train always does, --ep 1 included).
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "gpu/gpu_model.h"
+#include "model/config.h"
+#include "test/gpu_check.cuh"
+#include "test/random_model.h"
+
+namespace {
+
+// The CPU and the GPU model from the same random weights, one training forward and backward each. spread: the
+// test's wide random weights (randomize_for_test); otherwise the trainer's initialisation.
+void compare_step(const std::string& name, const Config& c, gpu::Precision precision, int B, int T, uint64_t seed,
+                  bool spread) {
+    Model cpu;
+    model_init(cpu, c);
+    if (spread)
+        randomize_for_test(cpu, seed);
+    else
+        model_init_weights(cpu, seed);
+    const std::vector<int32_t> inputs = random_tokens((int64_t)B * T, c.vocab_size, seed + 1);
+    const std::vector<int32_t> targets = random_tokens((int64_t)B * T, c.vocab_size, seed + 2);
+    const LossParts want = model_forward(cpu, inputs.data(), targets.data(), B, T, true);
+    model_zero_grads(cpu);
+    model_backward(cpu, 1.0f);
+
+    GpuModel gm;
+    gpu_model_init(gm, c, local_comm(), precision, B, T);
+    AdamWState opt;
+    opt.m.assign(cpu.table.total, 0.0f);
+    opt.v.assign(cpu.table.total, 0.0f);
+    gpu_model_upload(gm, cpu, opt);
+    gpu_model_zero_grads(gm);
+    const LossParts got = gpu_model_forward(gm, inputs.data(), targets.data(), B, true);
+    gpu_model_backward(gm, 1.0f);
+    const std::vector<float> grads = gpu_model_grads(gm);
+    const bool fp32 = precision == gpu::Precision::FP32;
+    const std::string tag = name + (fp32 ? " fp32" : " bf16");
+    const double loss_tol = fp32 ? 1e-5 : 1e-2;
+    check(tag + " loss main", std::vector<double>{got.main}, std::vector<double>{want.main}, loss_tol);
+    if (c.num_nextn_predict_layers > 0)
+        check(tag + " loss mtp", std::vector<double>{got.mtp}, std::vector<double>{want.mtp}, loss_tol);
+    if (c.aux_loss_alpha > 0)
+        check(tag + " loss balance", std::vector<double>{got.balance}, std::vector<double>{want.balance}, loss_tol);
+    if (fp32)  // BF16 rounding moves the router's inputs by ~u: a few tokens change experts, legitimately
+        for (int l = 0; l < c.num_blocks(); l++)
+            check(tag + fmt(" expert counts block %d", l), gm.expert_counts[l], cpu.expert_counts[l], 0);
+    if (fp32) {
+        for (const ParamTensor& t : cpu.table.tensors) {
+            if (!t.trainable) continue;
+            const float *got_first = grads.data() + t.offset, *want_first = cpu.grads.data() + t.offset;
+            check(tag + " d " + t.name, std::vector<float>(got_first, got_first + t.numel),
+                  std::vector<float>(want_first, want_first + t.numel), 1e-4);
+        }
+    } else {
+        double dot = 0.0, got_sq = 0.0, want_sq = 0.0, worst_tensor = 0.0;
+        std::string worst_name;
+        for (const ParamTensor& t : cpu.table.tensors) {
+            if (!t.trainable) continue;
+            double diff_sq = 0.0, tensor_sq = 0.0;
+            for (int64_t i = t.offset; i < t.offset + t.numel; i++) {
+                const double g = grads[i], w = cpu.grads[i];
+                dot += g * w;
+                got_sq += g * g;
+                want_sq += w * w;
+                diff_sq += (g - w) * (g - w);
+                tensor_sq += w * w;
+            }
+            const double rel = tensor_sq > 0 ? sqrt(diff_sq / tensor_sq) : sqrt(diff_sq);
+            if (!(rel <= worst_tensor) && !std::isnan(worst_tensor)) {
+                worst_tensor = rel;
+                worst_name = t.name;
+            }
+        }
+        const double cosine = dot / sqrt(got_sq * want_sq), norm_ratio = sqrt(got_sq / want_sq);
+        const bool ok = cosine >= 0.999 && fabs(norm_ratio - 1.0) <= 0.02 && worst_tensor <= 0.1;
+        printf("%-62s cos %.6f norm ratio %.4f worst tensor %.3f (%s)  %s\n", (tag + " gradients").c_str(), cosine,
+               norm_ratio, worst_tensor, worst_name.c_str(), ok ? "ok" : "FAIL");
+        (ok ? passed : failed)++;
+    }
+    gpu_model_free(gm);
+}
+
+// One field ("loss", "grad_norm") of every step of a trainer's JSON log, by step number.
+std::vector<double> read_log(const std::string& path, const std::string& field) {
+    std::ifstream in(path);
+    std::vector<double> values;
+    std::string line;
+    const std::string key = "\"" + field + "\": ";
+    while (std::getline(in, line)) {
+        long long step = 0;
+        const size_t at = line.find(key);
+        if (sscanf(line.c_str(), "{\"step\": %lld", &step) != 1 || at == std::string::npos || step < 1) continue;
+        if ((long long)values.size() < step) values.resize(step, NAN);
+        values[step - 1] = atof(line.c_str() + at + key.size());
+    }
+    return values;
+}
+
+bool run(const std::string& cmd) {
+    printf("$ %s\n", cmd.c_str());
+    fflush(stdout);
+    return system(cmd.c_str()) == 0;
+}
+
+// steps [first, last) of two logs, loss and gradient norm compared step by step
+void compare_logs(const std::string& name, const std::string& got_log, const std::string& want_log, int first,
+                  int last) {
+    double worst = 0.0;
+    for (const char* field : {"loss", "grad_norm"}) {
+        const std::vector<double> got = read_log(got_log, field), want = read_log(want_log, field);
+        for (int s = first; s < last; s++) {
+            const double g = s < (int)got.size() ? got[s] : NAN, w = s < (int)want.size() ? want[s] : NAN;
+            const double rel = fabs(g - w) / fabs(w);
+            if (!(rel <= worst)) worst = std::isnan(worst) ? worst : rel;  // a NaN (a missing step) stays
+        }
+    }
+    const bool ok = worst <= 2e-3;
+    printf("%-62s worst rel %9.2e  tol  2e-03  %s\n", name.c_str(), worst, ok ? "ok" : "FAIL");
+    (ok ? passed : failed)++;
+}
+
+}  // namespace
+
+void test_training_step() {
+    const Config tiny = load_config("tiny");  // q_lora, groups, shared experts, MTP, balance loss
+    compare_step("step tiny B=2 T=12", tiny, gpu::Precision::FP32, 2, 12, 11, true);
+    Config plain = tiny;  // no q_lora, no MTP, no groups, no normalisation, a full and a partial attention tile
+    plain.q_lora_rank = 0;
+    plain.num_nextn_predict_layers = 0;
+    plain.n_group = plain.topk_group = 1;
+    plain.norm_topk_prob = false;
+    plain.hidden_size = 48;
+    compare_step("step plain B=3 T=70", plain, gpu::Precision::FP32, 3, 70, 12, true);
+    const Config small = load_config("small");
+    compare_step("step small B=2 T=128", small, gpu::Precision::FP32, 2, 128, 13, true);
+    compare_step("step small B=2 T=128", small, gpu::Precision::BF16, 2, 128, 13, false);
+}
+
+void test_trainers() {
+    const std::string dir = "/tmp/moe_test_gpu_train";
+    const std::string common = " --config small --data 'data/default/train_*.bin' --steps 20 --batch 4 --seq 64 "
+                               "--lr 3e-3 --warmup 5 --seed 7 --checkpoint-every 10";
+    if (!run("rm -rf " + dir + " && mkdir -p " + dir + "/c2g " + dir + "/g2c") ||
+        !run("./train_cpu" + common + " --checkpoint-dir " + dir + "/cpu --log " + dir + "/cpu.jsonl > /dev/null") ||
+        !run("./train --dtype fp32" + common + " --checkpoint-dir " + dir + "/gpu --log " + dir + "/gpu.jsonl") ||
+        !run("cp " + dir + "/cpu/ckpt_00000010.safetensors " + dir + "/c2g/ && cp " + dir +
+             "/gpu/ckpt_00000010.safetensors " + dir + "/g2c/") ||
+        !run("./train --dtype fp32 --resume" + common + " --checkpoint-dir " + dir + "/c2g --log " + dir +
+             "/c2g.jsonl > /dev/null") ||
+        !run("./train_cpu --resume" + common + " --checkpoint-dir " + dir + "/g2c --log " + dir +
+             "/g2c.jsonl > /dev/null")) {
+        printf("%-62s a command failed  FAIL\n", "trainer runs");
+        failed++;
+        return;
+    }
+    compare_logs("train fp32 vs train_cpu, steps 1-20", dir + "/gpu.jsonl", dir + "/cpu.jsonl", 0, 20);
+    compare_logs("resume CPU checkpoint on GPU, steps 11-20", dir + "/c2g.jsonl", dir + "/cpu.jsonl", 10, 20);
+    compare_logs("resume GPU checkpoint on CPU, steps 11-20", dir + "/g2c.jsonl", dir + "/gpu.jsonl", 10, 20);
+    int devices = 0;
+    CUDA_CHECK(cudaGetDeviceCount(&devices));
+    if (devices < 2) {
+        printf("(one GPU: the 2-rank NCCL run of train --ep 2 needs two; not run)\n");
+        return;
+    }
+    if (!run("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 2 ./train --dtype fp32 --ep 2" +
+             common + " --batch 2 --checkpoint-dir " + dir + "/ep2 --log " + dir + "/ep2.jsonl > /dev/null")) {
+        printf("%-62s mpirun failed  FAIL\n", "train --ep 2 on 2 GPUs");
+        failed++;
+        return;
+    }
+    compare_logs("train --ep 2 (2 GPUs, batch 2 each) vs 1 GPU batch 4", dir + "/ep2.jsonl", dir + "/gpu.jsonl", 0,
+                 20);
+}

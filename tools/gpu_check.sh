@@ -1,0 +1,59 @@
+#!/bin/bash
+# The one script for a lent GPU machine (a session's device call): builds everything there, runs `make test-gpu`'s
+# program, the benchmark and the communication benchmark, and prints a short table. Results go to $OUT (or
+# ./gpu_results) as text files, to be copied into docs/performance.md with the date and the commit.
+#   here:   bash tools/device_bundle.sh       (what the machine's image may lack, into .device/)
+#   there:  bash tools/gpu_check.sh           (device run with carry [".device"]; about 5-8 minutes on an H200)
+# The machine's image has nvcc and Python's NCCL wheel but not Debian's MPI or header-only libraries: they come
+# from .device/. If the build fails there, the binaries built here (.device/bin) are tried instead.
+set -u -o pipefail
+out=${OUT:-gpu_results}
+mkdir -p "$out"
+root=$PWD
+make_flags=()
+if [ -d .device ]; then
+    export CPATH="$root/.device/include${CPATH:+:$CPATH}"
+    export LIBRARY_PATH="$root/.device/lib${LIBRARY_PATH:+:$LIBRARY_PATH}"
+    export LD_LIBRARY_PATH="$root/.device/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    command -v mpicxx > /dev/null ||
+        make_flags+=("MPI_CFLAGS=-I$root/.device/mpi_include -I$root/.device/mpi_include/openmpi" "MPI_LIBS=-lmpi")
+    [ -d data/default ] || cp -r .device/data/default data/
+fi
+if [ ! -e /usr/local/cuda/include/nccl.h ]; then  # NCCL from the image's Python wheel (nvidia-nccl-cu13)
+    nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2> /dev/null)
+    if [ -n "$nccl" ]; then
+        export CPATH="$nccl/include:$CPATH" LIBRARY_PATH="$nccl/lib:$LIBRARY_PATH"
+        export LD_LIBRARY_PATH="$nccl/lib:$LD_LIBRARY_PATH"
+        [ -e "$nccl/lib/libnccl.so" ] || ln -sf libnccl.so.2 "$nccl/lib/libnccl.so" 2> /dev/null
+    fi
+fi
+{
+    echo "date: $(date -u +%Y-%m-%dT%H:%MZ)  commit: $(git rev-parse --short HEAD 2> /dev/null || echo unknown)"
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1
+    /usr/local/cuda/bin/nvcc --version | tail -1
+    echo "make flags: ${make_flags[*]:-none}"
+} | tee "$out/environment.txt"
+
+status() { printf '%-20s %s\n' "$1" "$2" | tee -a "$out/summary.txt"; }
+: > "$out/summary.txt"
+if make -j"$(nproc)" "${make_flags[@]}" train_cpu train test_gpu bench_gpu bench_comm > "$out/build.txt" 2>&1; then
+    status "build" "ok (built here)"
+elif [ -d .device/bin ]; then
+    tail -20 "$out/build.txt"
+    cp .device/bin/* .
+    status "build" "FAILED here (build.txt); running the binaries carried in .device/bin"
+else
+    tail -30 "$out/build.txt"
+    status "build" "FAILED (build.txt)"
+    exit 1
+fi
+timeout 420 ./test_gpu > "$out/test_gpu.txt" 2>&1
+grep -E "FAIL|^tests:|error" "$out/test_gpu.txt" | head -40
+status "make test-gpu" "$(grep '^tests:' "$out/test_gpu.txt" || echo 'no result line (crashed or timed out)')"
+timeout 300 ./bench_gpu > "$out/bench.txt" 2>&1
+cat "$out/bench.txt"
+status "make bench" "$(grep -E 'model TFLOP/s|MFU' "$out/bench.txt" | head -2 | tr -s ' ' | tr '\n' ';')"
+timeout 90 ./bench_comm > "$out/bench_comm.txt" 2>&1
+cat "$out/bench_comm.txt"
+echo
+cat "$out/summary.txt"

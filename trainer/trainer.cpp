@@ -1,0 +1,481 @@
+// The training driver of train_cpu and train. Reads top to bottom: args -> ranks -> config -> model and backend
+// -> data -> (resume) -> loop of {micro-steps, gradient reduction, bias update, clip, AdamW, log, eval,
+// checkpoint} -> export, plot, sample. The host Model holds the config, weights and AdamW moments for everything
+// that touches files; all arithmetic on it goes through the Backend, which is brought level with it by load (after
+// init, import or resume) and store (before a checkpoint or an export). Under mpirun every rank runs this file;
+// rank 0 alone prints, logs and writes checkpoints.
+#include "trainer/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <cstdio>
+#include <stdexcept>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "data/dataloader.h"
+#include "data/shards.h"
+#include "data/tokenizer.h"
+#include "model/checkpoint.h"
+#include "model/files.h"
+#include "model/hf_checkpoint.h"
+#include "model/model.h"
+#include "model/optimizer.h"
+#include "model/plan.h"
+#include "model/rng.h"
+#include "model/safetensors.h"
+#include "model/train_args.h"
+#include "tools/plot.h"
+
+// Everything one run holds, set up once and carried through the loop.
+struct Run {
+    const char* program = nullptr;  // names the error lines
+    TrainArgs args;
+    Comm* comm = nullptr;
+    Config config;
+    std::string resume_from;  // the checkpoint resumed from, if any
+    Model model;              // the host model: the record for checkpoints, import and export
+    std::unique_ptr<Backend> backend;  // where the model's arithmetic runs (after model: it may refer to it)
+    OptimizerConfig oc;
+    AdamWState opt;
+    TrainState state;
+    Rng rng;
+    std::unique_ptr<DataLoader> train, val;
+    int eval_batches = 0;
+    Tokenizer tokenizer;
+    FILE* log = nullptr;
+};
+
+static Comm* g_comm = nullptr;
+
+// A failure during training: the rank that hit it says why, and the whole job ends.
+[[noreturn]] static void fail(const std::string& msg) {
+    g_comm->abort(msg);
+    exit(1);  // not reached: abort() ends the job (a virtual call hides that from the compiler)
+}
+
+// Setup (config, data, checkpoint) is checked on every rank; if any rank failed, the first of them prints its
+// reason once and every rank exits 1, so the job neither hangs nor repeats the message N times.
+static void agree_on_setup(const Run& r, const std::string& error) {
+    Comm& comm = *r.comm;
+    std::vector<int64_t> failed(comm.world, 0);
+    failed[comm.rank] = error.empty() ? 0 : 1;
+    comm.all_reduce_sum(failed.data(), comm.world, Group::World);
+    for (int rank = 0; rank < comm.world; rank++) {
+        if (!failed[rank]) continue;
+        if (rank == comm.rank)
+            fprintf(stderr, "%s: %s%s\n", r.program,
+                    comm.world > 1 ? ("[rank " + std::to_string(rank) + "] ").c_str() : "", error.c_str());
+        delete g_comm;
+        exit(1);
+    }
+}
+
+// A failure every rank sees at once (the reduced loss): rank 0 reports it, the others wait to be ended with it.
+[[noreturn]] static void halt_all(Comm& comm, const std::string& msg) {
+    if (comm.rank == 0) fail(msg);
+    comm.barrier();
+    fail(msg);  // not reached: rank 0's abort ends the job
+}
+
+// Fault injection for the failure tests: MOE_FAULT=RANK:STEP:error|crash makes that rank fail at that step.
+static void maybe_inject_fault(const Comm& comm, int64_t step) {
+    const char* spec = getenv("MOE_FAULT");
+    int rank = -1;
+    long long at = -1;
+    char kind[16] = {0};
+    if (!spec || sscanf(spec, "%d:%lld:%15s", &rank, &at, kind) != 3 || rank != comm.rank || at != step) return;
+    if (!strcmp(kind, "crash")) raise(SIGKILL);
+    fail("injected fault at step " + std::to_string(step) + " (MOE_FAULT)");
+}
+
+// Mean main-head cross-entropy over eval_batches validation batches from the start of every rank's slice.
+static double evaluate(Run& r) {
+    const int B = r.args.batch, T = r.args.seq;
+    std::vector<int32_t> inputs((int64_t)B * T), targets((int64_t)B * T);
+    r.val->reset();
+    double total = 0.0;
+    for (int i = 0; i < r.eval_batches; i++) {
+        r.val->next_batch(inputs.data(), targets.data());
+        total += r.backend->forward(inputs.data(), targets.data(), B, T, false).main;
+    }
+    r.comm->all_reduce_sum(&total, 1, Group::World);
+    return total / r.eval_batches / r.comm->world;
+}
+
+// Largest-over-mean expert load of each MoE block: 1 is perfectly balanced.
+static std::string load_imbalance_json(const Config& c, const std::vector<std::vector<int64_t>>& expert_counts) {
+    std::string s = "[";
+    for (int l = 0; l < c.num_blocks(); l++) {
+        if (!c.is_moe_layer(l)) continue;
+        int64_t max = 0, sum = 0;
+        for (int64_t n : expert_counts[l]) { max = std::max(max, n); sum += n; }
+        double mean = (double)sum / c.n_routed_experts;
+        char buf[32];
+        snprintf(buf, sizeof(buf), "%s%.3f", s.size() > 1 ? "," : "", mean > 0 ? max / mean : 0.0);
+        s += buf;
+    }
+    return s + "]";
+}
+
+// Samples --sample tokens after the prompt, one full forward over a window of T tokens per token (no KV cache: the
+// reference favours simplicity). Causal attention makes the padding after the last real token irrelevant.
+static void sample_text(Run& r) {
+    const TrainArgs& args = r.args;
+    const Tokenizer& tok = r.tokenizer;
+    const int T = args.seq;
+    std::vector<uint32_t> prompt = tok.encode(args.prompt);
+    if (prompt.empty()) prompt.push_back('\n');
+    std::vector<int32_t> context(prompt.begin(), prompt.end());
+    const int V = r.config.vocab_size;
+    std::vector<float> logits(V);
+    const bool speak = r.comm->rank == 0;  // every rank samples the same tokens (EP needs them all); one prints
+    if (speak) printf("sample (temperature %.2f, top-k %d):\n%s", args.temperature, args.top_k, args.prompt.c_str());
+    for (int i = 0; i < args.sample; i++) {
+        int64_t start = std::max<int64_t>(0, (int64_t)context.size() - T);
+        std::vector<int32_t> window(context.begin() + start, context.end());
+        int last = (int)window.size() - 1;
+        window.resize(T, 0);
+        r.backend->forward(window.data(), nullptr, 1, T, false);
+        r.backend->logits_row(last, logits.data());
+        std::vector<std::pair<float, int>> ranked(V);
+        for (int v = 0; v < V; v++) ranked[v] = {logits[v] / args.temperature, v};
+        int keep = args.top_k > 0 ? std::min(args.top_k, V) : V;
+        std::partial_sort(ranked.begin(), ranked.begin() + keep, ranked.end(),
+                          [](auto& a, auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+        double sum = 0.0;
+        for (int j = 0; j < keep; j++) sum += exp(ranked[j].first - ranked[0].first);
+        double u = r.rng.uniform() * sum, acc = 0.0;
+        int next = ranked[keep - 1].second;
+        for (int j = 0; j < keep; j++) {
+            acc += exp(ranked[j].first - ranked[0].first);
+            if (acc > u) { next = ranked[j].second; break; }
+        }
+        context.push_back(next);
+        if (speak && (uint32_t)next < (uint32_t)tok.vocab_size()) {
+            printf("%s", tok.token_bytes(next).c_str());
+            fflush(stdout);
+        }
+    }
+    if (speak) printf("\n");
+}
+
+static std::string format_eta(double seconds) {
+    char buf[32];
+    int s = (int)seconds;
+    if (s >= 3600) snprintf(buf, sizeof(buf), "%dh%02dm", s / 3600, s / 60 % 60);
+    else snprintf(buf, sizeof(buf), "%dm%02ds", s / 60, s % 60);
+    return buf;
+}
+
+// The config from the checkpoint when resuming, from the Hugging Face directory, else from --config, and the
+// same on every rank (same config and same build, compared through a fingerprint).
+static void resolve_config(Run& r) {
+    const TrainArgs& args = r.args;
+    Comm& comm = *r.comm;
+    std::string error;
+    try {
+        r.resume_from = args.resume ? checkpoint_find_latest(args.checkpoint_dir) : "";
+        r.config = !r.resume_from.empty()        ? checkpoint_config(r.resume_from)
+                   : !args.init_from_hf.empty() ? hf_config(args.init_from_hf)
+                                                : parse_config_file(args.config);
+        if (args.vocab > 0 && args.vocab != r.config.vocab_size) {
+            if (!r.resume_from.empty() || !args.init_from_hf.empty())
+                throw std::runtime_error("--vocab " + std::to_string(args.vocab) + " differs from the loaded model's " +
+                                         std::to_string(r.config.vocab_size));
+            r.config.vocab_size = args.vocab;
+        }
+        if (r.config.n_routed_experts % args.ep != 0)
+            error = "--ep " + std::to_string(args.ep) + " does not divide n_routed_experts " +
+                    std::to_string(r.config.n_routed_experts);
+        if (!args.export_hf.empty() && args.ep != 1)
+            error = "--export-hf needs --ep 1 (resume the checkpoint on one rank to export it)";
+        if (args.eval_only && args.resume && r.resume_from.empty())
+            error = "--eval-only --resume: there is no checkpoint in " + args.checkpoint_dir;
+    } catch (const std::exception& e) {
+        error = e.what();
+    }
+    agree_on_setup(r, error);
+
+    uint64_t fingerprint = fnv1a(config_to_json(r.config) + " built " __DATE__ " " __TIME__, 1469598103934665603ull);
+    uint64_t lead_fingerprint = fingerprint;
+    comm.broadcast(&lead_fingerprint, sizeof(lead_fingerprint), 0);
+    std::vector<int64_t> differs(comm.world, 0);
+    differs[comm.rank] = lead_fingerprint != fingerprint;
+    comm.all_reduce_sum(differs.data(), comm.world, Group::World);
+    for (int rank = 0; rank < comm.world; rank++) {
+        if (!differs[rank]) continue;
+        if (comm.rank == 0) fprintf(stderr, "%s: rank %d's config or build differs from rank 0's\n", r.program, rank);
+        delete g_comm;
+        exit(1);
+    }
+    if (args.resume && r.resume_from.empty() && comm.rank == 0)
+        fprintf(stderr, "%s: no checkpoint in %s yet; starting from step 0\n", r.program, args.checkpoint_dir.c_str());
+}
+
+// The model (fresh, imported or resumed), the data, the tokenizer and the output directory: every check that can
+// fail before training fails here, on every rank together.
+static void setup_run(Run& r, MakeBackend make_backend) {
+    const TrainArgs& args = r.args;
+    Comm& comm = *r.comm;
+    const int B = args.batch, T = args.seq;
+    r.oc.lr = args.lr;
+    r.oc.weight_decay = args.weight_decay;
+    r.oc.grad_clip = args.grad_clip;
+    r.oc.warmup_steps = args.warmup;
+    r.oc.total_steps = args.steps;
+    r.rng = Rng(args.seed);
+    // what makes two runs the same run: a resume that changes it is told so
+    const std::string run = "lr=" + std::to_string(args.lr) + " warmup=" + std::to_string(args.warmup) +
+                            " steps=" + std::to_string(args.steps) + " seq=" + std::to_string(T) +
+                            " global_batch=" + std::to_string((int64_t)B * comm.world * args.grad_accum) +
+                            " weight_decay=" + std::to_string(args.weight_decay) +
+                            " grad_clip=" + std::to_string(args.grad_clip);
+    std::string error;
+    try {
+        if (T > r.config.max_position_embeddings)
+            throw std::runtime_error("--seq " + std::to_string(T) + " exceeds max_position_embeddings " +
+                                     std::to_string(r.config.max_position_embeddings));
+        model_init(r.model, r.config, &comm);
+        model_init_weights(r.model, args.seed);
+        r.backend = make_backend(r.model, args);
+        r.opt.m.assign(r.model.table.total, 0.0f);
+        r.opt.v.assign(r.model.table.total, 0.0f);
+        if (!args.init_from_hf.empty()) import_hf(r.model, args.init_from_hf);
+        // each rank reads its own slice of every global batch; a token outside the vocabulary is an error
+        if (!args.data.empty())
+            r.train = std::make_unique<DataLoader>(args.data, B, T, comm.rank, comm.world, r.config.vocab_size);
+        if (!args.val.empty()) {
+            r.val = std::make_unique<DataLoader>(args.val, B, T, comm.rank, comm.world, r.config.vocab_size);
+            // never more batches than one pass over the validation data, so no token is counted twice
+            r.eval_batches = (int)std::min<int64_t>(args.eval_batches, r.val->batches_per_pass());
+        }
+        if (!r.resume_from.empty()) {
+            checkpoint_load(r.resume_from, r.model, r.opt, r.state);
+            if (r.train) r.train->restore({r.state.data_shard, r.state.data_position, r.state.data_file, r.state.data_tokens});
+            r.rng.state = r.state.rng_state;
+        }
+        if (!r.train && r.state.step < args.steps && !args.eval_only)
+            throw std::runtime_error("--data PATTERN is required to train from step " + std::to_string(r.state.step) +
+                                     " to " + std::to_string(args.steps));
+        if (args.sample > 0) {
+            std::string path = args.tokenizer;
+            if (path.empty() && args.data.empty())
+                throw std::runtime_error("--sample needs --tokenizer FILE when there is no --data");
+            if (path.empty()) {  // tokenizer.bin beside the first training shard, as prepare_data writes it
+                std::string first = glob_files(args.data)[0];
+                size_t slash = first.find_last_of('/');
+                path = (slash == std::string::npos ? std::string(".") : first.substr(0, slash)) + "/tokenizer.bin";
+            }
+            r.tokenizer = Tokenizer::load(path);
+            if (r.tokenizer.vocab_size() > r.config.vocab_size)
+                throw std::runtime_error("the tokenizer " + path + " has " + std::to_string(r.tokenizer.vocab_size()) +
+                                         " tokens, more than the model's vocab_size " +
+                                         std::to_string(r.config.vocab_size));
+        }
+        if (!args.checkpoint_dir.empty() && comm.rank == 0) make_dirs(args.checkpoint_dir);
+        if (!args.eval_only && comm.rank == 0 && !args.log.empty() &&
+            !(r.log = fopen(args.log.c_str(), r.resume_from.empty() ? "w" : "a")))
+            throw std::runtime_error("cannot write the log file " + args.log);
+        r.backend->load(r.model, r.opt);
+    } catch (const std::bad_alloc&) {
+        error = "out of memory for the model and a batch of " + std::to_string(B) + " x " + std::to_string(T) +
+                " tokens (lower --batch or --seq, or use a smaller config)";
+    } catch (const std::exception& e) {
+        error = e.what();
+    }
+    agree_on_setup(r, error);
+    if (comm.rank == 0 && !r.resume_from.empty() && r.state.run != run && !r.state.run.empty())
+        fprintf(stderr, "%s: note: the checkpoint's run had %s; this one has %s (the schedule changes)\n",
+                r.program, r.state.run.c_str(), run.c_str());
+    r.state.run = run;
+}
+
+struct StepResult {
+    double loss[4] = {0, 0, 0, 0};  // total, main, MTP, balance: the global means
+    double grad_norm = 0;
+    float lr = 0;
+    std::string load_imbalance;
+};
+
+// One optimizer step: micro-steps, gradient and load reductions, clipping, AdamW, the router-bias update.
+static StepResult train_step(Run& r, int64_t step) {
+    const TrainArgs& args = r.args;
+    Comm& comm = *r.comm;
+    const int B = args.batch, T = args.seq;
+    std::vector<int32_t> inputs((int64_t)B * T), targets((int64_t)B * T);
+    // backward of the global mean loss: each rank's mean over its tokens, averaged over micro-steps and ranks
+    const float loss_scale = 1.0f / (args.grad_accum * comm.world);
+    Backend& backend = *r.backend;
+    StepResult s;
+    backend.zero_grads();
+    for (int micro = 0; micro < args.grad_accum; micro++) {
+        r.train->next_batch(inputs.data(), targets.data());
+        LossParts l = backend.forward(inputs.data(), targets.data(), B, T, true);
+        backend.backward(loss_scale);
+        s.loss[0] += l.total * loss_scale;
+        s.loss[1] += l.main * loss_scale;
+        s.loss[2] += l.mtp * loss_scale;
+        s.loss[3] += l.balance * loss_scale;
+    }
+    backend.reduce_grads();
+    comm.all_reduce_sum(s.loss, 4, Group::World);
+    if (!std::isfinite(s.loss[0]))
+        halt_all(comm, "the loss became " + std::to_string(s.loss[0]) + " at step " + std::to_string(step) +
+                           " (try a lower --lr)");
+    std::vector<std::vector<int64_t>>& expert_counts = backend.expert_counts();
+    for (std::vector<int64_t>& counts : expert_counts)  // empty for dense blocks
+        if (!counts.empty()) comm.all_reduce_sum(counts.data(), (int64_t)counts.size(), Group::World);
+    s.load_imbalance = load_imbalance_json(r.config, expert_counts);
+    s.grad_norm = backend.grad_norm();
+    if (!std::isfinite(s.grad_norm))
+        halt_all(comm, "the gradient norm became " + std::to_string(s.grad_norm) + " at step " + std::to_string(step) +
+                           " (try a lower --lr)");
+    s.lr = learning_rate(r.oc, step);
+    backend.adamw(r.opt, r.oc, s.lr, clip_factor(r.oc, s.grad_norm));
+    backend.update_router_bias(expert_counts);
+    return s;
+}
+
+// The progress line and the JSON log line of one step (rank 0).
+static void log_step(const Run& r, int64_t step, const StepResult& s, double tokens, double tokens_per_s, double eta,
+                     double val_loss) {
+    const double* loss = s.loss;
+    // model FLOPs utilisation of one device, when the backend knows its peak
+    const double peak_flops = r.backend->peak_flops();
+    const double mfu = peak_flops > 0
+        ? tokens_per_s / r.comm->world * model_flops_per_token(r.config, r.args.seq) / peak_flops : NAN;
+    printf("step %5lld/%d | loss %.4f (main %.4f mtp %.4f bal %.5f) | lr %.2e | norm %.3f | %.0f tok/s",
+           (long long)step + 1, r.args.steps, loss[0], loss[1], loss[2], loss[3], s.lr, s.grad_norm, tokens_per_s);
+    if (!std::isnan(mfu)) printf(" | MFU %.1f%%", 100 * mfu);
+    printf(" | eta %s", format_eta(eta).c_str());
+    if (!std::isnan(val_loss)) printf(" | val %.4f", val_loss);
+    printf("\n");
+    fflush(stdout);
+    if (!r.log) return;
+    fprintf(r.log,
+            "{\"step\": %lld, \"loss\": %.9g, \"loss_main\": %.9g, \"loss_mtp\": %.9g, \"loss_balance\": %.9g, "
+            "\"lr\": %.6e, \"grad_norm\": %.6f, \"tokens_per_s\": %.1f, \"tokens\": %.0f, \"load_imbalance\": %s",
+            (long long)step + 1, loss[0], loss[1], loss[2], loss[3], s.lr, s.grad_norm, tokens_per_s, tokens,
+            s.load_imbalance.c_str());
+    if (!std::isnan(mfu)) fprintf(r.log, ", \"mfu\": %.3f", mfu);
+    if (!std::isnan(val_loss)) fprintf(r.log, ", \"val_loss\": %.6f", val_loss);
+    fprintf(r.log, "}\n");
+    fflush(r.log);
+}
+
+static void save_checkpoint(Run& r) {
+    // every rank's loader is at the same global position; rank 0's is the one saved
+    DataLoaderState ds = r.train->state();
+    r.state.data_shard = ds.shard;
+    r.state.data_position = ds.position;
+    r.state.data_file = ds.file;
+    r.state.data_tokens = ds.tokens;
+    r.state.rng_state = r.rng.state;
+    r.backend->store(r.model, r.opt);
+    checkpoint_save(r.args.checkpoint_dir, r.model, r.opt, r.state);
+}
+
+int train_main(int argc, char** argv, const char* program, MakeComm make_comm, MakeBackend make_backend) {
+    Run r;
+    r.program = program;
+    r.args = parse_train_args(argc, argv, program);
+    const TrainArgs& args = r.args;
+    if (args.plan) {
+        try {
+            Config config = parse_config_file(args.config);
+            if (config.n_routed_experts % args.ep != 0)
+                throw std::runtime_error("--ep " + std::to_string(args.ep) + " does not divide n_routed_experts");
+            print_plan(config, args.plan_inputs);
+            return 0;
+        } catch (const std::exception& e) {
+            fprintf(stderr, "%s: %s\n", program, e.what());
+            return 1;
+        }
+    }
+    g_comm = make_comm(args.ep, program).release();  // lives until exit; fail() ends the job through it
+    r.comm = g_comm;
+    Comm& comm = *r.comm;
+    const bool lead = comm.rank == 0;
+    resolve_config(r);
+    if (args.describe) {
+        if (lead) {
+            print_config(r.config);
+            printf("total_params %lld\nactive_params %lld\nmtp_params %lld\n", (long long)count_total_params(r.config),
+                   (long long)count_active_params(r.config), (long long)count_mtp_params(r.config));
+        }
+        delete g_comm;
+        return 0;
+    }
+    setup_run(r, make_backend);
+    const int B = args.batch, T = args.seq;
+    if (args.eval_only) {
+        const double val_loss = evaluate(r);
+        if (lead) printf("val_loss %.6f\n", val_loss);
+        delete g_comm;
+        return 0;
+    }
+    if (lead) {
+        if (!r.resume_from.empty())
+            printf("resumed from %s at step %lld\n", r.resume_from.c_str(), (long long)r.state.step);
+        printf("model: %lld parameters (%lld active per token, %lld in MTP); %d rank(s) (EP %d x DP %d); "
+               "batch %d x %d x %d micro-steps per rank; %d steps\n",
+               (long long)count_total_params(r.config), (long long)count_active_params(r.config),
+               (long long)count_mtp_params(r.config), comm.world, comm.ep_size, comm.dp_size, B, T, args.grad_accum,
+               args.steps);
+    }
+
+    const double tokens_per_step = (double)B * T * args.grad_accum * comm.world;
+    double train_seconds = 0.0;  // steps after the first of this process (the first pays for warm-up)
+    int timed_steps = 0;
+    for (int64_t step = r.state.step; step < args.steps; step++) {
+        try {  // data read errors, allocation failures, checkpoint writes: one line, the job ends
+            maybe_inject_fault(comm, step);
+            auto t0 = std::chrono::steady_clock::now();
+            StepResult s = train_step(r, step);
+            const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            if (step > r.state.step || args.steps - r.state.step == 1) {
+                train_seconds += seconds;
+                timed_steps++;
+            }
+            const double eta = (timed_steps ? train_seconds / timed_steps : seconds) * (args.steps - step - 1);
+            const bool last = step + 1 == args.steps;
+            double val_loss = NAN;
+            if (r.val && (last || (args.eval_every > 0 && (step + 1) % args.eval_every == 0)))
+                val_loss = evaluate(r);
+            if (lead) log_step(r, step, s, tokens_per_step * (step + 1), tokens_per_step / seconds, eta, val_loss);
+            r.state.step = step + 1;
+            if (!args.checkpoint_dir.empty() &&
+                (last || (args.checkpoint_every > 0 && r.state.step % args.checkpoint_every == 0)))
+                save_checkpoint(r);
+        } catch (const std::exception& e) {
+            fail(e.what());
+        }
+    }
+    if (r.log) fclose(r.log);
+    if (lead) {
+        try {
+            if (!args.export_hf.empty()) {
+                r.backend->store(r.model, r.opt);
+                export_hf(r.model, args.export_hf, args.export_dtype == "f32" ? ExportDType::F32 : ExportDType::BF16);
+                printf("exported %s\n", args.export_hf.c_str());
+            }
+            if (!args.plot.empty()) {
+                PlotOptions po;
+                po.log_scale = args.plot_log_scale;
+                plot_training_log(args.log, args.plot, po);
+                printf("plotted %s\n", args.plot.c_str());
+            }
+        } catch (const std::exception& e) {
+            fail(e.what());
+        }
+    }
+    if (args.sample > 0) sample_text(r);
+    delete g_comm;
+    return 0;
+}
