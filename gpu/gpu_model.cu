@@ -498,18 +498,27 @@ void moe_backward(GpuModel& m, const BlockWeights& w, BlockWeights& g, GpuBlockA
 
 // ---- blocks and the model (model/model.cpp) -------------------------------------------------------------------
 
-double block_forward(GpuModel& m, int layer, const float* h_in, float* h_out, bool training, bool with_loss) {
+// The RMSNorm that reads a block's output (the next block's attention norm, or the final norm), fused with the
+// block's last residual add: its weight and where the normalised rows and their rstd go.
+struct NextNorm {
+    const float* weight;
+    float *out, *rstd;
+};
+
+// h_out = h_in + Attn(RMSNorm(h_in)); h_out += FFN(RMSNorm(.)); next = RMSNorm(h_out). The block's own attention
+// norm (a.attn_normed, a.attn_rstd) was computed by whoever wrote h_in (the previous block, or the caller).
+// Returns the block's balance loss.
+double block_forward(GpuModel& m, int layer, const float* h_in, float* h_out, const NextNorm& next, bool training,
+                     bool with_loss) {
     const Config& c = m.config;
     const BlockWeights& w = m.w.blocks[layer];
     GpuBlockActs& a = m.blocks[layer];
     const int64_t N = tokens(m), d = c.hidden_size;
-    m.timer.mark("rmsnorm + residual");
-    gpu::rmsnorm_forward(a.attn_normed, a.attn_rstd, h_in, w.attn_norm, N, d, c.rms_norm_eps, m.stream);
     m.timer.mark("attention projections");
     mla_forward(m, w, a, a.attn_normed, a.attn_out);
     m.timer.mark("rmsnorm + residual");
-    gpu::add(a.h_mid, h_in, a.attn_out, N * d, m.stream);
-    gpu::rmsnorm_forward(a.ffn_normed, a.ffn_rstd, a.h_mid, w.ffn_norm, N, d, c.rms_norm_eps, m.stream);
+    gpu::residual_rmsnorm_forward(a.h_mid, a.ffn_normed, a.ffn_rstd, h_in, a.attn_out, w.ffn_norm, N, d,
+                                  c.rms_norm_eps, m.stream);
     double balance = 0.0;
     if (c.is_moe_layer(layer)) {
         balance = moe_forward(m, w, a, a.ffn_normed, a.ffn_out, with_loss);
@@ -521,8 +530,16 @@ double block_forward(GpuModel& m, int layer, const float* h_in, float* h_out, bo
                     c.intermediate_size);
     }
     m.timer.mark("rmsnorm + residual");
-    gpu::add(h_out, a.h_mid, a.ffn_out, N * d, m.stream);
+    gpu::residual_rmsnorm_forward(h_out, next.out, next.rstd, a.h_mid, a.ffn_out, next.weight, N, d,
+                                  c.rms_norm_eps, m.stream);
     return balance;
+}
+
+// The attention norm of block `layer` on its input h (for the blocks no earlier block feeds: the first, and MTP's).
+void block_input_norm(GpuModel& m, int layer, const float* h) {
+    m.timer.mark("rmsnorm + residual");
+    gpu::rmsnorm_forward(m.blocks[layer].attn_normed, m.blocks[layer].attn_rstd, h, m.w.blocks[layer].attn_norm,
+                         tokens(m), m.config.hidden_size, m.config.rms_norm_eps, m.stream);
 }
 
 void block_backward(GpuModel& m, int layer, const float* h_in, const float* dh_out, float* dh_in, float loss_scale,
@@ -733,10 +750,14 @@ LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* t
     upload_tokens(m, m.inputs, inputs, N);
     m.timer.mark("embedding");
     gpu::embedding_forward(m.residual[0], m.inputs, m.w.embed, N, d, m.stream);
-    for (int l = 0; l < L; l++)
-        loss.balance += block_forward(m, l, m.residual[l], m.residual[l + 1], training, targets != nullptr);
-    m.timer.mark("rmsnorm + residual");
-    gpu::rmsnorm_forward(m.final_normed, m.final_rstd, m.residual[L], m.w.final_norm, N, d, c.rms_norm_eps, m.stream);
+    const NextNorm final_norm{m.w.final_norm, m.final_normed, m.final_rstd};
+    block_input_norm(m, 0, m.residual[0]);  // num_hidden_layers >= 1 (validate_config)
+    for (int l = 0; l < L; l++) {
+        const NextNorm next = l + 1 < L ? NextNorm{m.w.blocks[l + 1].attn_norm, m.blocks[l + 1].attn_normed,
+                                                   m.blocks[l + 1].attn_rstd}
+                                        : final_norm;
+        loss.balance += block_forward(m, l, m.residual[l], m.residual[l + 1], next, training, targets != nullptr);
+    }
     m.timer.mark("head");
     gpu::matmul_forward(m.matmul, m.logits, m.final_normed, m.w.head, bf16_of(m, m.w.head), N, d, V, false);
     if (!targets) {
@@ -762,9 +783,9 @@ LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* t
         m.timer.mark("head");
         gpu::matmul_forward(m.matmul, m.mtp_in, m.mtp_concat, m.w.mtp_eh_proj, bf16_of(m, m.w.mtp_eh_proj), N, 2 * d,
                             d, false);
-        loss.balance += block_forward(m, (int)L, m.mtp_in, m.mtp_out, training, true);
-        m.timer.mark("rmsnorm + residual");
-        gpu::rmsnorm_forward(m.mtp_normed, m.mtp_rstd, m.mtp_out, m.w.mtp_norm, N, d, c.rms_norm_eps, m.stream);
+        block_input_norm(m, (int)L, m.mtp_in);
+        const NextNorm mtp_norm{m.w.mtp_norm, m.mtp_normed, m.mtp_rstd};
+        loss.balance += block_forward(m, (int)L, m.mtp_in, m.mtp_out, mtp_norm, training, true);
         m.timer.mark("head");
         gpu::matmul_forward(m.matmul, m.mtp_logits, m.mtp_normed, m.w.head, bf16_of(m, m.w.head), N, d, V, false);
         m.timer.mark("cross-entropy");

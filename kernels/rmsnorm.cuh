@@ -1,5 +1,8 @@
 // RMSNorm over the rows of (M, C), FP32 (DESIGN §1):
 //   forward:  r_m = 1 / sqrt(mean_c x_mc^2 + eps) (saved as rstd (M)),  y_mc = x_mc r_m w_c
+//   residual forward (the pre-norm block's add fused with the norm that reads it): x = a + b is written out (the
+//             residual stream) and normalised in the same pass, so x is not read back from memory by a second
+//             kernel; the sum is the same float add as the CPU's, so x is exact
 //   backward: dx_mc = r_m dy_mc w_c - x_mc r_m^3 / C * sum_c' dy_mc' w_c' x_mc'   (= or +=, a flag)
 //             dw_c += sum_m dy_mc x_mc r_m
 // dw is deterministic without atomics: the rows are cut into chunks of RMSNORM_DW_ROWS; one thread per
@@ -29,6 +32,22 @@ static __global__ void rmsnorm_forward_kernel(float* out, float* rstd, const flo
     const float r = 1.0f / sqrtf(ss / C + eps);
     if (threadIdx.x == 0) rstd[m] = r;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) out[m * C + c] = x[c] * r * w[c];
+}
+
+// one block per row: sum = a + b, out = RMSNorm(sum) w. Each thread reads back only the sums it wrote itself.
+static __global__ void residual_rmsnorm_forward_kernel(float* sum, float* out, float* rstd, const float* a,
+                                                       const float* b, const float* w, int64_t C, float eps) {
+    const int64_t m = blockIdx.x;
+    float ss = 0.0f;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+        const float x = a[m * C + c] + b[m * C + c];
+        sum[m * C + c] = x;
+        ss += x * x;
+    }
+    ss = block_sum(ss);
+    const float r = 1.0f / sqrtf(ss / C + eps);
+    if (threadIdx.x == 0) rstd[m] = r;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) out[m * C + c] = sum[m * C + c] * r * w[c];
 }
 
 // one block per row: dx
@@ -72,6 +91,14 @@ inline void rmsnorm_forward(float* out, float* rstd, const float* inp, const flo
                             float eps, cudaStream_t stream) {
     if (M == 0) return;
     rmsnorm_forward_kernel<<<(unsigned)M, RMSNORM_THREADS, 0, stream>>>(out, rstd, inp, w, C, eps);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+// sum (M, C) = a + b (sum may be a or b), out (M, C) = RMSNorm(sum) w, rstd (M)
+inline void residual_rmsnorm_forward(float* sum, float* out, float* rstd, const float* a, const float* b,
+                                     const float* w, int64_t M, int64_t C, float eps, cudaStream_t stream) {
+    if (M == 0) return;
+    residual_rmsnorm_forward_kernel<<<(unsigned)M, RMSNORM_THREADS, 0, stream>>>(sum, out, rstd, a, b, w, C, eps);
     CUDA_CHECK(cudaGetLastError());
 }
 

@@ -459,8 +459,11 @@ std::vector<KernelResult> bench_kernels(const Config& c, const Options& o, cudaS
         run("rmsnorm_backward", dims({N, d}), F * (3 * N * d + N + 3 * d), [&] {
             gpu::rmsnorm_backward(dx.ptr, dw.ptr, dy.ptr, x.ptr, w.ptr, rstd.ptr, N, d, false, scratch.ptr, s);
         });
-        // reads a, b; writes out (N d each): the residual adds
-        run("add (residual)", dims({N, d}), F * 3 * N * d, [&] { gpu::add(dx.ptr, x.ptr, dy.ptr, N * d, s); });
+        // reads a, b (N d each), w (d); writes the sum and the normalised rows (N d each), rstd (N): the blocks'
+        // residual adds with the norm that follows
+        run("residual_rmsnorm_forward", dims({N, d}), F * (4 * N * d + d + N), [&] {
+            gpu::residual_rmsnorm_forward(dx.ptr, y.ptr, rstd.ptr, x.ptr, dy.ptr, w.ptr, N, d, c.rms_norm_eps, s);
+        });
     }
     {  // SwiGLU of the routed experts' rows (N k, I), as the MoE layer runs it
         const int64_t n = R * I;

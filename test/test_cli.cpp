@@ -8,6 +8,8 @@
 #include <string>
 #include <sys/wait.h>
 
+#include "test/test_helpers.h"
+
 namespace {
 
 struct Result {
@@ -16,7 +18,7 @@ struct Result {
 };
 
 Result run_capture(const std::string& cmd) {
-    const std::string err_path = "/tmp/moe_cli_stderr.txt";
+    const std::string err_path = test_path("cli_stderr.txt");
     int rc = system(("timeout 60 " + cmd + " > /dev/null 2> " + err_path).c_str());
     std::ifstream f(err_path);
     std::stringstream ss;
@@ -56,12 +58,12 @@ TEST_CASE("cli: nonsense flags and values are one-line errors") {
 TEST_CASE("cli: missing or foreign files are one-line errors") {
     expect_clean_failure("./train_cpu --config nosuch" + DATA, "no such preset");
     expect_clean_failure("./train_cpu --data '/tmp/definitely_missing_*.bin'", "no files match");
-    std::ofstream("/tmp/moe_cli_bad.json") << "{\"hidden_size\": 64,";
-    expect_clean_failure("./train_cpu --config /tmp/moe_cli_bad.json" + DATA, "malformed JSON");
-    std::ofstream("/tmp/moe_cli_inconsistent.json") << "{\"n_routed_experts\": 6, \"n_group\": 4}";
-    expect_clean_failure("./train_cpu --config /tmp/moe_cli_inconsistent.json" + DATA, "divisible by n_group");
-    std::ofstream("/tmp/moe_cli_foreign.bin") << std::string(4096, 'x');
-    expect_clean_failure("./train_cpu --config small --data /tmp/moe_cli_foreign.bin", "magic");
+    std::ofstream(test_path("cli_bad.json")) << "{\"hidden_size\": 64,";
+    expect_clean_failure("./train_cpu --config " + test_path("cli_bad.json") + DATA, "malformed JSON");
+    std::ofstream(test_path("cli_inconsistent.json")) << "{\"n_routed_experts\": 6, \"n_group\": 4}";
+    expect_clean_failure("./train_cpu --config " + test_path("cli_inconsistent.json") + DATA, "divisible by n_group");
+    std::ofstream(test_path("cli_foreign.bin")) << std::string(4096, 'x');
+    expect_clean_failure("./train_cpu --config small --data " + test_path("cli_foreign.bin"), "magic");
     // data whose tokens do not fit the model's vocabulary
     expect_clean_failure("./train_cpu --config tiny" + DATA, "vocab_size");
     expect_clean_failure("./train_cpu --config small" + DATA + " --seq 5000", "max_position_embeddings");
@@ -73,22 +75,23 @@ TEST_CASE("cli: --dtype bf16 is refused by the CPU trainer, an unknown --dtype b
 }
 
 TEST_CASE("cli: a damaged checkpoint is refused and left alone") {
-    system("rm -rf /tmp/moe_cli_ckpt && mkdir -p /tmp/moe_cli_ckpt");
-    std::ofstream("/tmp/moe_cli_ckpt/ckpt_00000005.safetensors") << std::string(20, '\x7f');
-    expect_clean_failure("./train_cpu --config small --resume --checkpoint-dir /tmp/moe_cli_ckpt" + DATA,
+    const std::string ckpt = test_path("cli_ckpt");
+    system(("rm -rf " + ckpt + " && mkdir -p " + ckpt).c_str());
+    std::ofstream(ckpt + "/ckpt_00000005.safetensors") << std::string(20, '\x7f');
+    expect_clean_failure("./train_cpu --config small --resume --checkpoint-dir " + ckpt + DATA,
                          "ckpt_00000005.safetensors");
-    std::ifstream f("/tmp/moe_cli_ckpt/ckpt_00000005.safetensors", std::ios::binary | std::ios::ate);
+    std::ifstream f(ckpt + "/ckpt_00000005.safetensors", std::ios::binary | std::ios::ate);
     CHECK(f.tellg() == 20);
-    system("rm -rf /tmp/moe_cli_ckpt");
+    system(("rm -rf " + ckpt).c_str());
 }
 
 TEST_CASE("cli: prepare_data rejects a missing input and an unknown flag") {
-    expect_clean_failure("./prepare_data --input /nonexistent/file --out-dir /tmp/moe_cli_out", "prepare_data");
+    expect_clean_failure("./prepare_data --input /nonexistent/file --out-dir " + test_path("cli_out"), "prepare_data");
     expect_clean_failure("./prepare_data --bogus", "prepare_data");
 }
 
 TEST_CASE("cli: --plan for DeepSeek-V3 on 256 GPUs") {
-    const std::string out_path = "/tmp/moe_cli_plan.txt";
+    const std::string out_path = test_path("cli_plan.txt");
     REQUIRE(system(("./train_cpu --config deepseek-v3 --plan --gpus 256 --ep 64 --batch 1 --seq 4096 --grad-accum 16 > " +
                     out_path).c_str()) == 0);
     std::ifstream f(out_path);

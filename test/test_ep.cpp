@@ -12,6 +12,7 @@
 
 #include "comm/expert_plan.h"
 #include "model/rng.h"
+#include "test/test_helpers.h"
 
 namespace {
 
@@ -97,12 +98,12 @@ std::string slurp(const std::string& path) {
 Job mpirun(int ranks, const std::string& args) {
     const std::string cmd = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 timeout 120 "
                             "mpirun --oversubscribe -np " + std::to_string(ranks) + " " + args +
-                            " > /tmp/moe_mpi_out.txt 2> /tmp/moe_mpi_err.txt";
+                            " > " + test_path("mpi_out.txt") + " 2> " + test_path("mpi_err.txt");
     auto t0 = std::chrono::steady_clock::now();
     int rc = system(cmd.c_str());
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     int status = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
-    return {status, seconds, slurp("/tmp/moe_mpi_out.txt"), slurp("/tmp/moe_mpi_err.txt")};
+    return {status, seconds, slurp(test_path("mpi_out.txt")), slurp(test_path("mpi_err.txt"))};
 }
 
 int count(const std::string& text, const std::string& what) {
@@ -135,27 +136,30 @@ TEST_CASE("ep: EP=2, EP=4 and EP=2 x DP=2 give the loss and gradients of one pro
 }
 
 TEST_CASE("ep: train_cpu on 4 ranks (EP 2 x DP 2) matches 1 rank, and its checkpoint resumes on 2 ranks") {
-    system("rm -rf /tmp/moe_ep_ckpt /tmp/moe_ep_*.jsonl");
+    const std::string ckpt = test_path("ep_ckpt"), log_one = test_path("ep_one.jsonl"),
+                      log_four = test_path("ep_four.jsonl"), log_two = test_path("ep_two.jsonl");
+    const std::string clean = "rm -rf " + ckpt + " " + log_one + " " + log_four + " " + log_two;
+    system(clean.c_str());
     // one rank with batch 4 sees the tokens of four ranks with batch 1
-    Job one = mpirun(1, TRAIN + " --steps 6 --batch 4 --log /tmp/moe_ep_one.jsonl");
-    Job four = mpirun(4, TRAIN + " --steps 6 --batch 1 --ep 2 --checkpoint-dir /tmp/moe_ep_ckpt --checkpoint-every 3 "
-                                 "--log /tmp/moe_ep_four.jsonl");
+    Job one = mpirun(1, TRAIN + " --steps 6 --batch 4 --log " + log_one);
+    Job four = mpirun(4, TRAIN + " --steps 6 --batch 1 --ep 2 --checkpoint-dir " + ckpt + " --checkpoint-every 3 "
+                                 "--log " + log_four);
     REQUIRE_MESSAGE(one.status == 0, one.err);
     REQUIRE_MESSAGE(four.status == 0, four.err);
-    std::vector<std::string> a = losses("/tmp/moe_ep_one.jsonl"), b = losses("/tmp/moe_ep_four.jsonl");
+    std::vector<std::string> a = losses(log_one), b = losses(log_four);
     REQUIRE(a.size() == 6);
     REQUIRE(b.size() == 6);
     for (int i = 0; i < 6; i++) CHECK(std::stod(b[i]) == doctest::Approx(std::stod(a[i])).epsilon(1e-5));
     // forget steps 4-6 and continue on 2 ranks (EP 2, batch 2: the same global batch)
-    REQUIRE(remove("/tmp/moe_ep_ckpt/ckpt_00000006.safetensors") == 0);
-    Job two = mpirun(2, TRAIN + " --steps 6 --batch 2 --ep 2 --checkpoint-dir /tmp/moe_ep_ckpt --resume "
-                                "--log /tmp/moe_ep_two.jsonl");
+    REQUIRE(remove((ckpt + "/ckpt_00000006.safetensors").c_str()) == 0);
+    Job two = mpirun(2, TRAIN + " --steps 6 --batch 2 --ep 2 --checkpoint-dir " + ckpt + " --resume "
+                                "--log " + log_two);
     REQUIRE_MESSAGE(two.status == 0, two.err);
-    CHECK(two.out.find("resumed from /tmp/moe_ep_ckpt/ckpt_00000003.safetensors") != std::string::npos);
-    std::vector<std::string> c = losses("/tmp/moe_ep_two.jsonl");
+    CHECK(two.out.find("resumed from " + ckpt + "/ckpt_00000003.safetensors") != std::string::npos);
+    std::vector<std::string> c = losses(log_two);
     REQUIRE(c.size() == 3);
     for (int i = 0; i < 3; i++) CHECK(std::stod(c[i]) == doctest::Approx(std::stod(a[3 + i])).epsilon(1e-5));
-    system("rm -rf /tmp/moe_ep_ckpt /tmp/moe_ep_*.jsonl");
+    system(clean.c_str());
 }
 
 TEST_CASE("ep: a failing or dying rank ends the whole job within seconds, the reason printed once") {

@@ -77,6 +77,21 @@ static void test_rmsnorm(Rng& rng) {
         const double forward_tol = tc.C > 1000 ? 1e-4 : 1e-5;  // mean(x^2) is a reduction over C terms
         check("rmsnorm_forward out " + shape, d_out.get(), out, forward_tol);
         check("rmsnorm_forward rstd " + shape, d_rstd.get(), rstd, forward_tol);
+        // the fused residual form, sum = a + b written in place over a (the aliasing the contract allows)
+        std::vector<float> b = randn(tc.M * tc.C, rng), a(tc.M * tc.C), sum(tc.M * tc.C);
+        for (int64_t i = 0; i < tc.M * tc.C; i++) a[i] = inp[i] - b[i];
+        for (int64_t i = 0; i < tc.M * tc.C; i++) sum[i] = a[i] + b[i];
+        rmsnorm_forward(out.data(), rstd.data(), sum.data(), w.data(), tc.M, tc.C, 1e-6f);
+        Dev<float> d_a(a), d_b(b);
+        d_out.poison();
+        d_rstd.poison();
+        gpu::residual_rmsnorm_forward(d_a.ptr, d_out.ptr, d_rstd.ptr, d_a.ptr, d_b.ptr, d_w.ptr, tc.M, tc.C, 1e-6f, 0);
+        check("residual_rmsnorm_forward sum " + shape, d_a.get(), sum, 0);
+        check("residual_rmsnorm_forward out " + shape, d_out.get(), out, forward_tol);
+        check("residual_rmsnorm_forward rstd " + shape, d_rstd.get(), rstd, forward_tol);
+        // the backward below takes the plain forward's rstd
+        rmsnorm_forward(out.data(), rstd.data(), inp.data(), w.data(), tc.M, tc.C, 1e-6f);
+        gpu::rmsnorm_forward(d_out.ptr, d_rstd.ptr, d_inp.ptr, d_w.ptr, tc.M, tc.C, 1e-6f, 0);
         rmsnorm_backward(dinp.data(), dw.data(), dout.data(), inp.data(), w.data(), rstd.data(), tc.M, tc.C,
                          tc.accumulate);
         if (!tc.accumulate) d_dinp.poison();

@@ -9,6 +9,8 @@
 #include <string>
 #include <sys/wait.h>
 
+#include "test/test_helpers.h"
+
 namespace {
 
 struct Run {
@@ -18,7 +20,7 @@ struct Run {
 
 // The command's stdout and stderr; a 300 s timeout turns a hang into a failure.
 Run run(const std::string& cmd) {
-    const std::string path = "/tmp/moe_gpu_model_cpu_check.txt";
+    const std::string path = test_path("gpu_model_cpu_check.txt");
     const int rc = system(("OMP_NUM_THREADS=1 timeout 300 " + cmd + " > " + path + " 2>&1").c_str());
     std::ifstream f(path);
     std::stringstream ss;

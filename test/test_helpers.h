@@ -1,11 +1,16 @@
-// Shared helpers for the CPU tests: a relative CHECK (and, from random_model.h, random weights and batches).
+// Shared helpers for the CPU tests: a relative CHECK, a scratch directory of this process for the files tests write
+// (and, from random_model.h, random weights and batches).
 #pragma once
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <stdexcept>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "model/model.h"
@@ -22,3 +27,27 @@ inline std::string fmt9(double v) {
     snprintf(buf, sizeof buf, "%.9g", v);
     return buf;
 }
+
+// This test_cpu process's own scratch directory, $TMPDIR/moe_test_XXXXXX (or /tmp/...), made by mkdtemp on first use
+// and removed with everything in it when the process exits normally, so that two test runs at once on one machine
+// never share a file. The path has no spaces or quotes (unless $TMPDIR does), so it goes into shell commands as it is.
+inline const std::string& test_dir() {
+    // a pointer that is never freed: the atexit handler below runs after static destructors registered later
+    static const std::string* dir = [] {
+        const char* tmp = std::getenv("TMPDIR");
+        std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/moe_test_XXXXXX";
+        std::vector<char> buf(pattern.begin(), pattern.end());
+        buf.push_back('\0');
+        if (mkdtemp(buf.data()) == nullptr) throw std::runtime_error("mkdtemp failed for " + pattern);
+        const std::string* made = new std::string(buf.data());
+        std::atexit([] {
+            std::error_code ec;  // best effort, never throws
+            std::filesystem::remove_all(test_dir(), ec);
+        });
+        return made;
+    }();
+    return *dir;
+}
+
+// NAME inside test_dir(): test_path("log.jsonl") is $TMPDIR/moe_test_XXXXXX/log.jsonl.
+inline std::string test_path(const std::string& name) { return test_dir() + "/" + name; }

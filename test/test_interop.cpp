@@ -11,11 +11,12 @@
 
 #include "data/shards.h"
 #include "model/rng.h"
+#include "test/test_helpers.h"
 
 namespace {
 
 std::string run_output(const std::string& cmd, int* status) {
-    const std::string out = "/tmp/moe_interop_out.txt";
+    const std::string out = test_path("interop_out.txt");
     *status = system((cmd + " > " + out + " 2>&1").c_str());
     std::ifstream f(out);
     std::stringstream ss;
@@ -39,21 +40,22 @@ const std::string CONFIG = " --config test/data/ep-tiny.json";
 }  // namespace
 
 TEST_CASE("interop: a checkpoint, its F32 export and the re-import evaluate to the same validation loss") {
-    system("rm -rf /tmp/moe_interop && mkdir -p /tmp/moe_interop");
+    const std::string dir = test_path("interop");
+    system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
     int status = 0;
-    std::string out = run_output("./train_cpu" + CONFIG + DATA + " --steps 5 --lr 1e-2 --checkpoint-dir /tmp/moe_interop/ckpt "
-                                 "--export-hf /tmp/moe_interop/hf --export-dtype f32 --log /tmp/moe_interop/log.jsonl "
-                                 "--plot /tmp/moe_interop/plot.png", &status);
+    std::string out = run_output("./train_cpu" + CONFIG + DATA + " --steps 5 --lr 1e-2 --checkpoint-dir " + dir + "/ckpt "
+                                 "--export-hf " + dir + "/hf --export-dtype f32 --log " + dir + "/log.jsonl "
+                                 "--plot " + dir + "/plot.png", &status);
     REQUIRE_MESSAGE(status == 0, out);
-    CHECK(exists("/tmp/moe_interop/hf/config.json"));
-    CHECK(exists("/tmp/moe_interop/hf/model.safetensors"));
-    CHECK(exists("/tmp/moe_interop/plot.png"));
+    CHECK(exists(dir + "/hf/config.json"));
+    CHECK(exists(dir + "/hf/model.safetensors"));
+    CHECK(exists(dir + "/plot.png"));
     const double trained = value_after(out, "| val ");
 
-    out = run_output("./train_cpu --resume --checkpoint-dir /tmp/moe_interop/ckpt --eval-only" + DATA, &status);
+    out = run_output("./train_cpu --resume --checkpoint-dir " + dir + "/ckpt --eval-only" + DATA, &status);
     REQUIRE_MESSAGE(status == 0, out);
     const double from_checkpoint = value_after(out, "val_loss ");
-    out = run_output("./train_cpu --init-from-hf /tmp/moe_interop/hf --eval-only" + DATA, &status);
+    out = run_output("./train_cpu --init-from-hf " + dir + "/hf --eval-only" + DATA, &status);
     REQUIRE_MESSAGE(status == 0, out);
     const double from_export = value_after(out, "val_loss ");
     MESSAGE("validation loss: end of training " << trained << ", checkpoint " << from_checkpoint << ", export " << from_export);
@@ -61,40 +63,41 @@ TEST_CASE("interop: a checkpoint, its F32 export and the re-import evaluate to t
     CHECK(from_export == from_checkpoint);                             // F32 export: the same weights, bit for bit
 
     // a BF16 export evaluates within BF16 rounding of the weights (relative 2^-9 per weight; the loss moves far less)
-    out = run_output("./train_cpu --resume --checkpoint-dir /tmp/moe_interop/ckpt --steps 5 --export-hf "
-                     "/tmp/moe_interop/hf16" + DATA, &status);
+    out = run_output("./train_cpu --resume --checkpoint-dir " + dir + "/ckpt --steps 5 --export-hf " + dir +
+                     "/hf16" + DATA, &status);
     REQUIRE_MESSAGE(status == 0, out);
-    out = run_output("./train_cpu --init-from-hf /tmp/moe_interop/hf16 --eval-only" + DATA, &status);
+    out = run_output("./train_cpu --init-from-hf " + dir + "/hf16 --eval-only" + DATA, &status);
     REQUIRE_MESSAGE(status == 0, out);
     CHECK(value_after(out, "val_loss ") == doctest::Approx(from_checkpoint).epsilon(1e-2));
 
     // sampling from the export without training, with temperature and top-k
-    out = run_output("./train_cpu --init-from-hf /tmp/moe_interop/hf --steps 0 --sample 20 --top-k 5 --temperature 0.8 "
+    out = run_output("./train_cpu --init-from-hf " + dir + "/hf --steps 0 --sample 20 --top-k 5 --temperature 0.8 "
                      "--prompt 'The Licensor' --tokenizer data/default/tokenizer.bin --seq 32", &status);
     REQUIRE_MESSAGE(status == 0, out);
     CHECK(out.find("sample (temperature 0.80, top-k 5):\nThe Licensor") != std::string::npos);
-    system("rm -rf /tmp/moe_interop");
+    system(("rm -rf " + dir).c_str());
 }
 
 TEST_CASE("interop: llm.c GPT-2 shards (uint16, vocab 50257) train as they are with --vocab 50257") {
-    system("rm -rf /tmp/moe_gpt2 && mkdir -p /tmp/moe_gpt2");
+    const std::string dir = test_path("gpt2");
+    system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
     Rng rng(3);
     std::vector<uint32_t> tokens(20000);
     for (uint32_t& t : tokens) t = (uint32_t)(rng.next_u64() % 50257);
     tokens[17] = 50256;  // <|endoftext|>, the largest GPT-2 token
-    write_shard("/tmp/moe_gpt2/fineweb_train_000001.bin", tokens, 1);
+    write_shard(dir + "/fineweb_train_000001.bin", tokens, 1);
     int status = 0;
-    std::string out = run_output("./train_cpu --config tiny --data '/tmp/moe_gpt2/fineweb_train_*.bin' --steps 2 --batch 2 "
+    std::string out = run_output("./train_cpu --config tiny --data '" + dir + "/fineweb_train_*.bin' --steps 2 --batch 2 "
                                  "--seq 64", &status);
     CHECK(status != 0);
     CHECK(out.find("--vocab N overrides it") != std::string::npos);
-    out = run_output("./train_cpu --config tiny --vocab 50257 --data '/tmp/moe_gpt2/fineweb_train_*.bin' --steps 2 "
+    out = run_output("./train_cpu --config tiny --vocab 50257 --data '" + dir + "/fineweb_train_*.bin' --steps 2 "
                      "--batch 2 --seq 64", &status);
     CHECK_MESSAGE(status == 0, out);
     CHECK(out.find("step     2/2") != std::string::npos);
     // a fresh model predicts about uniformly: ln 50257 = 10.82
     CHECK(value_after(out, "(main ") == doctest::Approx(10.82).epsilon(0.02));
-    system("rm -rf /tmp/moe_gpt2");
+    system(("rm -rf " + dir).c_str());
 }
 
 TEST_CASE("interop: flags that cannot work together are one-line errors") {
@@ -105,10 +108,11 @@ TEST_CASE("interop: flags that cannot work together are one-line errors") {
     out = run_output("./train_cpu --plot a.png --data x", &status);
     CHECK(status != 0);
     CHECK(out.find("--plot needs --log") != std::string::npos);
-    out = run_output("./train_cpu --eval-only --resume --checkpoint-dir /tmp/moe_no_such_dir --val 'data/default/val_*.bin'",
+    out = run_output("./train_cpu --eval-only --resume --checkpoint-dir " + test_path("no_such_dir") +
+                         " --val 'data/default/val_*.bin'",
                      &status);
     CHECK(status != 0);
-    CHECK(out.find("no checkpoint in /tmp/moe_no_such_dir") != std::string::npos);
+    CHECK(out.find("no checkpoint in " + test_path("no_such_dir")) != std::string::npos);
     out = run_output("./train_cpu --checkpoint-every 5 --data x", &status);
     CHECK(status != 0);
     CHECK(out.find("--checkpoint-every needs --checkpoint-dir") != std::string::npos);
@@ -118,31 +122,32 @@ TEST_CASE("interop: flags that cannot work together are one-line errors") {
 }
 
 TEST_CASE("interop: prepare_data reads a directory (skipping symbolic links) and JSON lines") {
-    system("rm -rf /tmp/moe_prep && mkdir -p /tmp/moe_prep/texts/sub");
+    const std::string dir = test_path("prep");
+    system(("rm -rf " + dir + " && mkdir -p " + dir + "/texts/sub").c_str());
     std::string doc_a, doc_b;
     for (int i = 0; i < 200; i++) doc_a += "the quick brown fox jumps over the lazy dog " + std::to_string(i) + "\n";
     for (int i = 0; i < 200; i++) doc_b += "lorem ipsum dolor sit amet, consectetur adipiscing elit " + std::to_string(i) + "\n";
-    std::ofstream("/tmp/moe_prep/texts/a.txt") << doc_a;
-    std::ofstream("/tmp/moe_prep/texts/sub/b.txt") << doc_b;
-    REQUIRE(system("ln -s a.txt /tmp/moe_prep/texts/alias.txt") == 0);
+    std::ofstream(dir + "/texts/a.txt") << doc_a;
+    std::ofstream(dir + "/texts/sub/b.txt") << doc_b;
+    REQUIRE(system(("ln -s a.txt " + dir + "/texts/alias.txt").c_str()) == 0);
     int status = 0;
-    std::string out = run_output("./prepare_data --input /tmp/moe_prep/texts --out-dir /tmp/moe_prep/dir --vocab 300", &status);
+    std::string out = run_output("./prepare_data --input " + dir + "/texts --out-dir " + dir + "/dir --vocab 300", &status);
     REQUIRE_MESSAGE(status == 0, out);
     CHECK(out.find("2 documents") != std::string::npos);  // a.txt and sub/b.txt; the link is not read twice
-    CHECK(exists("/tmp/moe_prep/dir/train_000000.bin"));
-    CHECK(exists("/tmp/moe_prep/dir/val_000000.bin"));
+    CHECK(exists(dir + "/dir/train_000000.bin"));
+    CHECK(exists(dir + "/dir/val_000000.bin"));
 
     std::string xs, ys;
     for (int i = 0; i < 1000; i++) { xs += "xx "; ys += "yyy "; }
-    std::ofstream jsonl("/tmp/moe_prep/docs.jsonl");
+    std::ofstream jsonl(dir + "/docs.jsonl");
     jsonl << "{\"text\": \"" << xs << "\", \"id\": 1}\n";
     jsonl << "{\"content\": \"another field\", \"text\": \"" << ys << "\"}\n";
     jsonl.close();
-    out = run_output("./prepare_data --input /tmp/moe_prep/docs.jsonl --out-dir /tmp/moe_prep/json --vocab 260", &status);
+    out = run_output("./prepare_data --input " + dir + "/docs.jsonl --out-dir " + dir + "/json --vocab 260", &status);
     REQUIRE_MESSAGE(status == 0, out);
     CHECK(out.find("2 documents, 7000 bytes") != std::string::npos);  // the text fields alone: 3000 + 4000 bytes
-    out = run_output("./prepare_data --input /tmp/moe_prep/docs.jsonl --text-field body --out-dir /tmp/moe_prep/j2", &status);
+    out = run_output("./prepare_data --input " + dir + "/docs.jsonl --text-field body --out-dir " + dir + "/j2", &status);
     CHECK(status != 0);
     CHECK(out.find("body") != std::string::npos);
-    system("rm -rf /tmp/moe_prep");
+    system(("rm -rf " + dir).c_str());
 }

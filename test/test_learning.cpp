@@ -8,17 +8,24 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include "data/shards.h"
+#include "test/test_helpers.h"
 
 TEST_CASE("learning: small on the default data falls well below the unigram entropy") {
-    const std::string log = "/tmp/moe_learning.jsonl";
+    const std::string log = test_path("learning.jsonl"), out = test_path("learning.out");
     remove(log.c_str());
     const std::string cmd =
         "./train_cpu --config small --data 'data/default/train_*.bin' --val 'data/default/val_*.bin' "
-        "--steps 250 --batch 8 --seq 128 --lr 3e-3 --seed 1337 --log " + log + " > /tmp/moe_learning.out 2>&1";
-    REQUIRE_MESSAGE(system(cmd.c_str()) == 0, "training failed; see /tmp/moe_learning.out");
+        "--steps 250 --batch 8 --seq 128 --lr 3e-3 --seed 1337 --log " + log + " > " + out + " 2>&1";
+    if (system(cmd.c_str()) != 0) {
+        std::ifstream output(out);  // the scratch directory goes at exit: show the output here
+        std::stringstream ss;
+        ss << output.rdbuf();
+        FAIL("training failed:\n" << ss.str());
+    }
     double val_loss = NAN, first_loss = NAN;
     std::ifstream f(log);
     for (std::string line; std::getline(f, line);) {

@@ -25,6 +25,24 @@ inline void rmsnorm_forward(float* out, float* rstd, const float* inp, const flo
     launch(stream, [=] { ::rmsnorm_forward(out, rstd, inp, w, M, C, eps); });
 }
 
+// sum (M, C) = a + b (sum may be a or b), out (M, C) = RMSNorm(sum) w, rstd (M)
+inline void residual_rmsnorm_forward(float* sum, float* out, float* rstd, const float* a, const float* b,
+                                     const float* w, int64_t M, int64_t C, float eps, cudaStream_t stream) {
+    if (M == 0) return;
+    dev(sum, M * C, "residual_rmsnorm_forward sum");
+    dev(out, M * C, "residual_rmsnorm_forward out");
+    dev(rstd, M, "residual_rmsnorm_forward rstd");
+    dev(a, M * C, "residual_rmsnorm_forward a");
+    dev(b, M * C, "residual_rmsnorm_forward b");
+    dev(w, C, "residual_rmsnorm_forward w");
+    apart("residual_rmsnorm_forward", {span(out, M * C, "out"), span(rstd, M, "rstd")},
+          {span(a, M * C, "a"), span(b, M * C, "b"), span(w, C, "w"), span(sum, M * C, "sum")});
+    launch(stream, [=] {
+        for (int64_t i = 0; i < M * C; i++) sum[i] = a[i] + b[i];
+        ::rmsnorm_forward(out, rstd, sum, w, M, C, eps);
+    });
+}
+
 // dinp (M, C) (=|+=), dw (C) +=. scratch: rmsnorm_backward_scratch_floats(M, C) floats.
 inline void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
                              const float* rstd, int64_t M, int64_t C, bool accumulate_dinp, float* scratch,
