@@ -43,8 +43,9 @@
 // computed from the actual pointers (a tensor inside the one big parameter buffer, or an expert's rows, is not
 // 256-byte aligned, cuBLASLt's default assumption). The first choice is cached with its descriptors, keyed by
 // precision, transposes, m, n, k, the ld's and the alignments, so the heuristic runs once per shape. The routed
-// experts' row counts change every step, so their keys often miss; the cache is cleared when it reaches
-// MATMUL_CACHE_MAX entries.
+// experts' row counts change every step, so their keys miss until the counts seen cover the spread of the
+// routing: about 9 GEMM shapes per expert size times a few hundred row counts when balanced, a few thousand
+// entries of a few hundred bytes. The cache is cleared if it ever reaches MATMUL_CACHE_MAX entries.
 //
 // Grouped: each group is one cuBLASLt call, which takes its m/n/k from the host, so the group sizes (offsets)
 // must be on the host: the trainer copies the expert counts to the host once per MoE layer (one sync). A
@@ -83,7 +84,7 @@ namespace gpu {
 enum class Precision { FP32, BF16 };  // GEMM inputs; accumulation and outputs are always FP32
 
 constexpr size_t MATMUL_WORKSPACE_BYTES = size_t(32) << 20;  // what cuBLASLt recommends for Hopper
-constexpr size_t MATMUL_CACHE_MAX = 4096;
+constexpr size_t MATMUL_CACHE_MAX = 1 << 15;
 constexpr int MATMUL_CAST_THREADS = 256;
 
 // One cached choice: the descriptors of one problem and the algorithm the heuristic picked for it.
