@@ -27,11 +27,11 @@ ParamTable build_param_table(const Config& c, int ep_size) {
         t.shape = shape;
         t.numel = 1;
         for (int64_t s : shape) t.numel *= s;
-        t.offset = table.total;
+        t.offset = (table.total + PARAM_ALIGN - 1) / PARAM_ALIGN * PARAM_ALIGN;
         t.weight_decay = shape.size() >= 2;
         t.trainable = trainable;
         t.expert_shard = expert_shard;
-        table.total += t.numel;
+        table.total = t.offset + t.numel;
         table.tensors.push_back(t);
     };
     const int64_t d = c.hidden_size, H = c.num_attention_heads, dqk = c.qk_head_dim();

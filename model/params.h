@@ -1,5 +1,7 @@
 // The parameter table: every tensor of the model with its Hugging Face name, shape and 64-bit offset into ONE
-// contiguous float buffer. Gradients and AdamW moments use the same offsets in buffers of their own.
+// contiguous float buffer. Gradients and AdamW moments use the same offsets in buffers of their own. Every offset
+// is a multiple of PARAM_ALIGN floats (256 bytes; the gaps stay zero): aligned rows for vector loads and for
+// cuBLASLt's fastest kernels, which need 16-byte aligned operands (BF16 copies included).
 // Routed experts of a layer are stacked as one tensor [E, out, in] named model.layers.N.mlp.experts.*_proj.weight
 // (the published checkpoints store model.layers.N.mlp.experts.E.*_proj.weight, one per expert: slice E of ours).
 // The MTP block is layer num_hidden_layers, as in the published checkpoints.
@@ -9,6 +11,8 @@
 #include <vector>
 
 #include "config.h"
+
+constexpr int64_t PARAM_ALIGN = 64;
 
 struct ParamTensor {
     std::string name;
@@ -22,7 +26,7 @@ struct ParamTensor {
 
 struct ParamTable {
     std::vector<ParamTensor> tensors;
-    int64_t total = 0;  // floats in the whole buffer
+    int64_t total = 0;  // floats in the whole buffer, the alignment gaps included
     const ParamTensor* find(const std::string& name) const;   // nullptr when absent
     const ParamTensor& at(const std::string& name) const;     // aborts with the name when absent
 };
