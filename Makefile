@@ -23,7 +23,8 @@ HEADERS  := $(wildcard model/*.h data/*.h comm/*.h tools/*.h trainer/*.h kernels
 
 .PHONY: all deps deps-run data run test test-gpu bench-cpu bench-io bench-comm bench clean
 
-all: train_cpu prepare_data test_cpu ep_check gpu_model_cpu_check $(if $(wildcard tools/plot_main.cpp),plot)
+all: train_cpu prepare_data test_cpu ep_check gpu_model_cpu_check train_stand_in \
+     $(if $(wildcard tools/plot_main.cpp),plot)
 
 build/%.o: %.cpp $(HEADERS)
 	@mkdir -p $(dir $@)
@@ -87,6 +88,14 @@ gpu_model_cpu_check: test/gpu_model_cpu_check.cpp gpu/gpu_model.cu gpu/gpu_model
 	$(CXX) $(filter-out -I.,$(CXXFLAGS)) -Itest/cpu_stand_in -I. -x c++ gpu/gpu_model.cu -x none \
 	  test/gpu_model_cpu_check.cpp $(CORE_OBJ) -o $@ $(MPI_LIBS)
 
+# The GPU trainer on the CPU: train.cu compiled as C++ against the same stand-ins, with make_nccl_comm standing in
+# as the host Comm (single process, or MPI under mpirun), so test_cpu runs the GPU trainer's checks against
+# train_cpu (test/test_train_stand_in.cpp): the GpuBackend, its load/store placement, logs, checkpoints, sampling.
+train_stand_in: train.cu gpu/gpu_model.cu gpu/gpu_model.h test/cpu_stand_in/nccl_comm_stand_in.cpp $(STAND_IN) \
+                $(CORE_OBJ) $(HEADERS)
+	$(CXX) $(filter-out -I.,$(CXXFLAGS)) -Itest/cpu_stand_in -I. -x c++ train.cu gpu/gpu_model.cu -x none \
+	  test/cpu_stand_in/nccl_comm_stand_in.cpp $(CORE_OBJ) -o $@ $(MPI_LIBS)
+
 bench_cpu: build/test/bench_cpu.o $(CORE_OBJ)
 	$(CXX) $(CXXFLAGS) $^ -o $@ $(MPI_LIBS)
 
@@ -96,7 +105,7 @@ bench-cpu: deps
 
 clean:
 	rm -rf build train_cpu prepare_data test_cpu test_gpu bench_cpu bench_io bench_comm bench_gpu ep_check plot train \
-	  gpu_model_cpu_check
+	  gpu_model_cpu_check train_stand_in
 
 # GPU trainer: CUDA code compiled with nvcc for Hopper (sm_90a, plus PTX for newer GPUs), linked with the shared
 # host code. It builds anywhere the toolkit is; running it needs a GPU.

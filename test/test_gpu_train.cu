@@ -12,10 +12,16 @@
 //            whole row's gradient from one expert to another, but tight enough to catch a wrong offset or a
 //            missing term (errors of order 1). Expert counts are compared in FP32 only, for that reason.
 //   trainer: ./train --dtype fp32 and ./train_cpu, 20 steps of the `small` config on the default data with the
-//            same seed: the loss and the gradient norm of every step within 2e-3 relative (the per-step rounding
-//            differences of ~1e-6 are amplified by training; the margin is to be measured on the first GPU run);
-//            a checkpoint written at step 10 by either trainer resumed by the other: steps 11-20 within the same
-//            bound of the run that wrote it. These runs go through NCCL (train always does, --ep 1 included).
+//            same seed, and a checkpoint written at step 10 by either trainer resumed by the other, compared with
+//            the run that wrote it. The first step of a run (or after a resume) starts from the same weights and
+//            moments, the second one update later: loss and gradient norm within 1e-4 relative for both (the
+//            whole-step bounds above, with margin for that one update).
+//            Later steps only follow the same curve: loss within 2e-2. Bit-level agreement cannot last: AdamW's
+//            first update is lr g / (|g| + eps) with eps = 1e-8, so gradient entries of size ~eps move their weight
+//            by a sizeable fraction of lr on rounding differences alone, and by step 3 some tokens choose other
+//            experts (measured with the CPU stand-ins, test/test_train_stand_in.cpp: 1e-3 on the loss and 5e-2 on
+//            the gradient norm over steps 3-20 from gradients that differ by 1.5e-7). These runs go through NCCL
+//            (train always does, --ep 1 included).
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -125,20 +131,24 @@ bool run(const std::string& cmd) {
     return system(cmd.c_str()) == 0;
 }
 
-// steps [first, last) of two logs, loss and gradient norm compared step by step
+// Steps [first, last) of two logs: the first two steps' loss and gradient norm within 1e-4, the later losses
+// within 2e-2 (see the top).
 void compare_logs(const std::string& name, const std::string& got_log, const std::string& want_log, int first,
                   int last) {
-    double worst = 0.0;
+    double start = 0.0, later = 0.0;  // the worst relative differences
     for (const char* field : {"loss", "grad_norm"}) {
         const std::vector<double> got = read_log(got_log, field), want = read_log(want_log, field);
         for (int s = first; s < last; s++) {
+            const bool early = s < first + 2;
+            if (!early && std::string(field) != "loss") continue;
             const double g = s < (int)got.size() ? got[s] : NAN, w = s < (int)want.size() ? want[s] : NAN;
             const double rel = fabs(g - w) / fabs(w);
+            double& worst = early ? start : later;
             if (!(rel <= worst)) worst = std::isnan(worst) ? worst : rel;  // a NaN (a missing step) stays
         }
     }
-    const bool ok = worst <= 2e-3;
-    printf("%-62s worst rel %9.2e  tol  2e-03  %s\n", name.c_str(), worst, ok ? "ok" : "FAIL");
+    const bool ok = start <= 1e-4 && later <= 2e-2;
+    printf("%-62s first two %8.2e (1e-4), later %8.2e (2e-2)  %s\n", name.c_str(), start, later, ok ? "ok" : "FAIL");
     (ok ? passed : failed)++;
 }
 

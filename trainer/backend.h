@@ -1,7 +1,7 @@
 // Where the model's arithmetic runs. The trainer (trainer/trainer.cpp) keeps a host Model as the record of the
 // config, the weights and the AdamW moments for everything that touches files (init, Hugging Face import and
 // export, checkpoints); a backend computes the training step on it (the CPU backend) or on a device copy of it
-// (the GPU backend, gpu/gpu_backend.cu), and the two are brought level at the points the trainer names:
+// (the GPU backend in train.cu, over gpu/gpu_model.cu), and the two are brought level where the trainer says:
 //   load  after the host model changed (fresh init, --init-from-hf, --resume);
 //   store before the host model is read (a checkpoint, --export-hf).
 // So train_cpu and train share one command line, one data path, one log format and one checkpoint format by

@@ -417,6 +417,7 @@ int train_main(int argc, char** argv, const char* program, MakeComm make_comm, M
     if (args.eval_only) {
         const double val_loss = evaluate(r);
         if (lead) printf("val_loss %.6f\n", val_loss);
+        r.backend.reset();  // before the ranks' transport it may use
         delete g_comm;
         return 0;
     }
@@ -476,6 +477,7 @@ int train_main(int argc, char** argv, const char* program, MakeComm make_comm, M
         }
     }
     if (args.sample > 0) sample_text(r);
+    r.backend.reset();  // before the ranks' transport it may use
     delete g_comm;
     return 0;
 }

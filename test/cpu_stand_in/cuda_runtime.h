@@ -1,6 +1,6 @@
-// CPU stand-in (see stand_in.h): the part of the CUDA runtime API that gpu/gpu_model.cu, gpu/gpu_model.h and
-// kernels/cuda_check.cuh use, on host memory. Streams queue their work (stand_in.h); events are dummies that
-// time nothing (every region lasts 0 ms).
+// CPU stand-in (see stand_in.h): the part of the CUDA runtime API that gpu/gpu_model.cu, gpu/gpu_model.h,
+// kernels/cuda_check.cuh and train.cu use, on host memory. Streams queue their work (stand_in.h); events are
+// dummies that time nothing (every region lasts 0 ms).
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -33,9 +33,12 @@ inline const char* cudaGetErrorName(cudaError_t e) {
 inline const char* cudaGetErrorString(cudaError_t e) { return cudaGetErrorName(e); }
 inline cudaError_t cudaGetLastError() { return cudaSuccess; }
 
-// 16 GiB "free", whatever the host has: the memory plans of the test configs are far below it.
+// A 16 GiB device, whatever the host has (the memory plans of the test configs are far below it): free is 16 GiB
+// less what cudaMalloc holds, so train's "free before / after" line shows what init allocated.
 inline cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
-    *free_bytes = *total_bytes = size_t(16) << 30;
+    *total_bytes = size_t(16) << 30;
+    const int64_t live = stand_in::memory().live_bytes;
+    *free_bytes = live < (int64_t)*total_bytes ? *total_bytes - (size_t)live : 0;
     return cudaSuccess;
 }
 

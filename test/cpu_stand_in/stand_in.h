@@ -1,11 +1,14 @@
 // CPU STAND-INS for the CUDA runtime and the kernels' launchers: NOT kernels, and not a CPU backend.
 //
-// They exist for one test: compiling gpu/gpu_model.cu as plain C++ (g++ -x c++ ... -Itest/cpu_stand_in -I.) and
+// They exist for two tests: compiling gpu/gpu_model.cu as plain C++ (g++ -x c++ ... -Itest/cpu_stand_in -I.) and
 // checking its ORCHESTRATION (which launcher it calls, on which buffers, with which sizes, flags and scales, in
 // which order, around which synchronisations and Comm calls) against the CPU reference model on a machine without
-// a GPU (test/gpu_model_cpu_check.cpp). Each file of kernels/ here has the SAME names and signatures as the real
-// launcher it replaces, and implements on the host exactly the contract documented at the top of the real header,
-// mostly by calling the CPU reference's functions (model/ops.h, model/moe.h, model/router.h, comm/expert_plan.h).
+// a GPU (test/gpu_model_cpu_check.cpp); and train.cu built the same way, with make_nccl_comm standing in as the
+// host Comm (nccl_comm_stand_in.cpp): ./train_stand_in, the GPU trainer's program checked against train_cpu
+// through their command lines (test/test_train_stand_in.cpp). Each file of kernels/ here has the SAME names and
+// signatures as the real launcher it replaces, and implements on the host exactly the contract documented at the
+// top of the real header, mostly by calling the CPU reference's functions (model/ops.h, model/moe.h,
+// model/router.h, comm/expert_plan.h).
 // Whether the real kernels meet those contracts is test/test_gpu.cu's job (on a GPU).
 //
 // What the stand-ins add to catch orchestration bugs:
