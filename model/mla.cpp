@@ -40,6 +40,26 @@ static inline void rope_rotate(float* out, const float* x, const float* cos_row,
     }
 }
 
+float attention_softmax_row(float* p, const float* q, const float* k, int64_t k_stride, int i, int64_t dqk,
+                            float scale) {
+    float max_score = -INFINITY;
+    for (int j = 0; j <= i; j++) {
+        const float* kj = k + j * k_stride;
+        float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+        for (int64_t e = 0; e < dqk; e++) s += q[e] * kj[e];
+        p[j] = s * scale;
+        max_score = std::max(max_score, p[j]);
+    }
+    float sum = 0.0f;
+    for (int j = 0; j <= i; j++) {
+        p[j] = expf(p[j] - max_score);
+        sum += p[j];
+    }
+    for (int j = 0; j <= i; j++) p[j] /= sum;
+    return max_score + logf(sum);
+}
+
 void mla_forward(const Config& c, const BlockWeights& w, MLAActs& a, const float* x, float* out, int B, int T) {
     const int64_t N = (int64_t)B * T, d = c.hidden_size, H = c.num_attention_heads;
     const int64_t dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim, dqk = dn + dr;
@@ -92,23 +112,9 @@ void mla_forward(const Config& c, const BlockWeights& w, MLAActs& a, const float
     for (int b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++)
             for (int i = 0; i < T; i++) {
-                const float* q = a.q_heads + (((int64_t)b * T + i) * H + h) * dqk;
                 float* p = a.probs + (((int64_t)b * H + h) * T + i) * T;
-                float max_score = -INFINITY;
-                for (int j = 0; j <= i; j++) {
-                    const float* k = a.k_heads + (((int64_t)b * T + j) * H + h) * dqk;
-                    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-                    for (int64_t e = 0; e < dqk; e++) s += q[e] * k[e];
-                    p[j] = s * scale;
-                    max_score = std::max(max_score, p[j]);
-                }
-                float sum = 0.0f;
-                for (int j = 0; j <= i; j++) {
-                    p[j] = expf(p[j] - max_score);
-                    sum += p[j];
-                }
-                for (int j = 0; j <= i; j++) p[j] /= sum;
+                attention_softmax_row(p, a.q_heads + (((int64_t)b * T + i) * H + h) * dqk,
+                                      a.k_heads + ((int64_t)b * T * H + h) * dqk, H * dqk, i, dqk, scale);
                 for (int j = i + 1; j < T; j++) p[j] = 0.0f;
                 float* o = a.o + (((int64_t)b * T + i) * H + h) * dv;
                 for (int64_t e = 0; e < dv; e++) o[e] = 0.0f;

@@ -35,6 +35,11 @@ void mla_forward(const Config& c, const BlockWeights& w, MLAActs& a, const float
 void mla_backward(const Config& c, const BlockWeights& w, BlockWeights& g, const MLAActs& a, const float* x,
                   const float* dout, float* dx, int B, int T);
 
+// One causal softmax row: p[j] = softmax_j(scale q . k_j) for j <= i, key j at k + j * k_stride (dqk values each).
+// Returns the row's log-sum-exp, log sum_j exp(scale q . k_j) (what the GPU kernel saves instead of p).
+float attention_softmax_row(float* p, const float* q, const float* k, int64_t k_stride, int i, int64_t dqk,
+                            float scale);
+
 // The pieces of mla_backward, on their own so the CUDA kernels can be checked against them:
 // the attention core from the saved probabilities, in two deterministic passes: d_o (N, H*dv) -> dq_heads and
 // dk_heads (N, H, dqk) overwritten, dv into the v columns of dkv (N, H, dn + dv);

@@ -2,7 +2,7 @@
 //   forward:  s_ij = scale q_i.k_j (j <= i);  L_i = log sum_j exp(s_ij);  o_i = sum_j exp(s_ij - L_i) v_j
 //   backward: D_i = dO_i . o_i;  P_ij = exp(s_ij - L_i);  dP_ij = dO_i . v_j;  dS_ij = P_ij (dP_ij - D_i) scale;
 //             dq_i = sum_{j<=i} dS_ij k_j;  dk_j = sum_{i>=j} dS_ij q_i;  dv_j = sum_{i>=j} P_ij dO_i
-// The forward's softmax is written as model/mla.cpp's (max, exp, sum, divide), with L = max + log(sum); the
+// The forward's softmax is model/mla.cpp's attention_softmax_row (max, exp, sum, divide; L = max + log(sum)); the
 // backward, as the kernel's, from q, k, v, o and L (not from stored probabilities as the CPU's).
 #pragma once
 #include <algorithm>
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/common.cuh"
+#include "model/mla.h"
 
 namespace gpu {
 
@@ -30,23 +31,9 @@ inline void attention_forward(float* o, float* lse, const float* q, const float*
         for (int b = 0; b < B; b++)
             for (int h = 0; h < H; h++)
                 for (int i = 0; i < T; i++) {
-                    const float* qi = q + (((int64_t)b * T + i) * H + h) * dqk;
-                    float max_score = -INFINITY;
-                    for (int j = 0; j <= i; j++) {
-                        const float* kj = k + (((int64_t)b * T + j) * H + h) * dqk;
-                        float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-                        for (int64_t e = 0; e < dqk; e++) s += qi[e] * kj[e];
-                        p[j] = s * scale;
-                        max_score = std::max(max_score, p[j]);
-                    }
-                    float sum = 0.0f;
-                    for (int j = 0; j <= i; j++) {
-                        p[j] = expf(p[j] - max_score);
-                        sum += p[j];
-                    }
-                    for (int j = 0; j <= i; j++) p[j] /= sum;
-                    lse[((int64_t)b * H + h) * T + i] = max_score + logf(sum);
+                    lse[((int64_t)b * H + h) * T + i] =
+                        attention_softmax_row(p.data(), q + (((int64_t)b * T + i) * H + h) * dqk,
+                                              k + ((int64_t)b * T * H + h) * dqk, (int64_t)H * dqk, i, dqk, scale);
                     float* oi = o + (((int64_t)b * T + i) * H + h) * dv;
                     for (int64_t e = 0; e < dv; e++) oi[e] = 0.0f;
                     for (int j = 0; j <= i; j++) {
