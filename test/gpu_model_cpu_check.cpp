@@ -144,13 +144,20 @@ AdamWState zero_moments(const Model& m) {
     return AdamWState{std::vector<float>(m.table.total, 0.0f), std::vector<float>(m.table.total, 0.0f), 0};
 }
 
-// The stand-ins' device memory must be exactly what gpu_memory_plan says init allocates.
-void check_memory_plan(const std::string& name, const Config& c, gpu::Precision p, int B, int T, int64_t before,
-                       int ep_size = 1) {
-    const GpuMemoryPlan plan = gpu_memory_plan(c, ep_size, p, B, T);
+// gm for host's config on comm, uploaded from host's weights and opt (zero moments): the stand-ins' device memory
+// that init allocates must be exactly what gpu_memory_plan says. Returns the live bytes before init (for checking
+// that free releases everything).
+int64_t init_uploaded(GpuModel& gm, const std::string& name, const Model& host, Comm& comm, gpu::Precision p, int B,
+                      int T, AdamWState& opt) {
+    const int64_t before = stand_in::memory().live_bytes;
+    gpu_model_init(gm, host.config, comm, p, B, T);
+    const GpuMemoryPlan plan = gpu_memory_plan(host.config, comm.ep_size, p, B, T);
     const int64_t allocated = stand_in::memory().live_bytes - before;
     report(name + " memory plan = what init allocates", allocated == plan.total(),
            fmt("allocated %.0f bytes, plan %.0f", (double)allocated, (double)plan.total()));
+    opt = zero_moments(host);
+    gpu_model_upload(gm, host, opt);
+    return before;
 }
 
 // ---- one process --------------------------------------------------------------------------------------------
@@ -164,12 +171,9 @@ void check_fp32(const std::string& tag, const Config& c, int B, int T, uint64_t 
     const std::vector<int32_t> in1 = random_tokens(N, c.vocab_size, seed + 1), tg1 = random_tokens(N, c.vocab_size, seed + 2);
     const std::vector<int32_t> in2 = random_tokens(N, c.vocab_size, seed + 3), tg2 = random_tokens(N, c.vocab_size, seed + 4);
 
-    const int64_t before = stand_in::memory().live_bytes;
     GpuModel gm;
-    gpu_model_init(gm, c, local_comm(), gpu::Precision::FP32, B, T);
-    check_memory_plan(tag, c, gpu::Precision::FP32, B, T, before);
-    AdamWState opt = zero_moments(cpu);
-    gpu_model_upload(gm, cpu, opt);
+    AdamWState opt;
+    const int64_t before = init_uploaded(gm, tag, cpu, local_comm(), gpu::Precision::FP32, B, T, opt);
 
     // one micro-batch
     model_zero_grads(cpu);
@@ -299,12 +303,9 @@ void check_bf16(const std::string& tag, const Config& c, int B, int T, uint64_t 
     model_zero_grads(cpu);
     model_backward(cpu, 1.0f);
 
-    const int64_t before = stand_in::memory().live_bytes;
     GpuModel gm;
-    gpu_model_init(gm, c, local_comm(), gpu::Precision::BF16, B, T);
-    check_memory_plan(tag, c, gpu::Precision::BF16, B, T, before);
-    AdamWState opt = zero_moments(cpu);
-    gpu_model_upload(gm, cpu, opt);
+    AdamWState opt;
+    init_uploaded(gm, tag, cpu, local_comm(), gpu::Precision::BF16, B, T, opt);
     auto copy_is_fresh = [&]() {  // params_bf16 == the rounded params, everywhere
         CUDA_CHECK(cudaDeviceSynchronize());
         for (int64_t i = 0; i < gm.table.total; i++)
@@ -424,12 +425,9 @@ void check_distributed(Comm& comm) {
     randomize_for_test(alone, 77);
     model_init(host, c, &comm);
     copy_params_by_name(alone, host, comm.ep_rank);
-    const int64_t before = stand_in::memory().live_bytes;
     GpuModel gm;
-    gpu_model_init(gm, c, comm, gpu::Precision::FP32, B, T);
-    check_memory_plan(tag, c, gpu::Precision::FP32, B, T, before, comm.ep_size);  // every rank checks its own
-    AdamWState opt_gpu = zero_moments(host), opt_alone = zero_moments(alone);
-    gpu_model_upload(gm, host, opt_gpu);
+    AdamWState opt_gpu, opt_alone = zero_moments(alone);
+    init_uploaded(gm, tag, host, comm, gpu::Precision::FP32, B, T, opt_gpu);  // each rank checks its own plan
     OptimizerConfig oc;
     oc.lr = 1e-2f;
     oc.total_steps = 6;
