@@ -162,20 +162,41 @@ __device__ inline void attn_write_rows(float* out, int64_t row_stride, const flo
     }
 }
 
+// The place of a block of a query-tile grid (x = b*H + h, y = query tile counted from the last, z = column slab),
+// for the forward and the dq kernel: the sequence and head, the tile's first query i0 and its rows, the first
+// output column, the strides from token to token, the tile's queries and the sequence's keys and values.
+struct AttnQueryTile {
+    int64_t bh, seq, h;
+    int qt, i0, q_rows, col_base;
+    int64_t qk_stride, v_stride;
+    const float *q_tile, *k_seq, *v_seq;
+};
+__device__ inline AttnQueryTile attn_query_tile(const float* q, const float* k, const float* v, int64_t v_ld, int T,
+                                                int H, int dqk) {
+    AttnQueryTile t;
+    t.bh = blockIdx.x;
+    t.seq = t.bh / H;
+    t.h = t.bh % H;
+    t.qt = gridDim.y - 1 - blockIdx.y;
+    t.i0 = t.qt * ATTN_TILE;
+    t.q_rows = T - t.i0 < ATTN_TILE ? T - t.i0 : ATTN_TILE;
+    t.col_base = blockIdx.z * ATTN_SLAB;
+    t.qk_stride = (int64_t)H * dqk;
+    t.v_stride = (int64_t)H * v_ld;
+    t.q_tile = q + ((t.seq * T + t.i0) * H + t.h) * dqk;
+    t.k_seq = k + (t.seq * T * H + t.h) * dqk;
+    t.v_seq = v + (t.seq * T * H + t.h) * v_ld;
+    return t;
+}
+
 // grid (B*H, query tiles, dv slabs)
 static __global__ void __launch_bounds__(ATTN_THREADS)
     attention_forward_kernel(float* o, float* lse, const float* q, const float* k, const float* v, int64_t v_ld,
                              int T, int H, int dqk, int dv, float scale) {
     __shared__ float buf0[ATTN_TILE * ATTN_LD], buf1[ATTN_TILE * ATTN_LD];
     const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-    const int64_t bh = blockIdx.x, seq = bh / H, h = bh % H;
-    const int qt = gridDim.y - 1 - blockIdx.y, i0 = qt * ATTN_TILE;
-    const int q_rows = T - i0 < ATTN_TILE ? T - i0 : ATTN_TILE;
-    const int col_base = blockIdx.z * ATTN_SLAB;
-    const int64_t qk_stride = (int64_t)H * dqk, v_stride = (int64_t)H * v_ld;  // from token to token
-    const float* q_tile = q + ((seq * T + i0) * H + h) * dqk;
-    const float* k_seq = k + (seq * T * H + h) * dqk;
-    const float* v_seq = v + (seq * T * H + h) * v_ld;
+    const auto [bh, seq, h, qt, i0, q_rows, col_base, qk_stride, v_stride, q_tile, k_seq, v_seq] =
+        attn_query_tile(q, k, v, v_ld, T, H, dqk);
 
     float m[4], l[4], acc[4][4][4];
     attn_zero(acc);
@@ -249,15 +270,10 @@ static __global__ void __launch_bounds__(ATTN_THREADS)
                                  float scale) {
     __shared__ float buf0[ATTN_TILE * ATTN_LD], buf1[ATTN_TILE * ATTN_LD];
     const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-    const int64_t bh = blockIdx.x, seq = bh / H, h = bh % H;
-    const int qt = gridDim.y - 1 - blockIdx.y, i0 = qt * ATTN_TILE;
-    const int q_rows = T - i0 < ATTN_TILE ? T - i0 : ATTN_TILE;
-    const int col_base = blockIdx.z * ATTN_SLAB;
-    const int64_t qk_stride = (int64_t)H * dqk, v_stride = (int64_t)H * v_ld, o_stride = (int64_t)H * dv;
-    const float* q_tile = q + ((seq * T + i0) * H + h) * dqk;
+    const auto [bh, seq, h, qt, i0, q_rows, col_base, qk_stride, v_stride, q_tile, k_seq, v_seq] =
+        attn_query_tile(q, k, v, v_ld, T, H, dqk);
+    const int64_t o_stride = (int64_t)H * dv;
     const float* do_tile = dout + ((seq * T + i0) * H + h) * dv;
-    const float* k_seq = k + (seq * T * H + h) * dqk;
-    const float* v_seq = v + (seq * T * H + h) * v_ld;
 
     float row_lse[4], row_d[4], acc[4][4][4];
     attn_zero(acc);

@@ -35,24 +35,20 @@ __device__ inline float warp_max(float v) {
 // Sum / max over the whole block; every thread gets the result. Every thread of the block must call it.
 // The first __syncthreads keeps a warp from overwriting `partial` while another still reads it from the
 // previous call.
-template <typename T>
-__device__ inline T block_sum(T v) {
+template <typename T, T (*warp_reduce)(T)>
+__device__ inline T block_reduce(T v, T identity) {
     __shared__ T partial[32];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-    v = warp_sum(v);
+    v = warp_reduce(v);
     __syncthreads();
     if (lane == 0) partial[warp] = v;
     __syncthreads();
-    return warp_sum(lane < warps ? partial[lane] : T(0));
+    return warp_reduce(lane < warps ? partial[lane] : identity);
 }
-__device__ inline float block_max(float v) {
-    __shared__ float partial[32];
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) partial[warp] = v;
-    __syncthreads();
-    return warp_max(lane < warps ? partial[lane] : -INFINITY);
+template <typename T>
+__device__ inline T block_sum(T v) {
+    return block_reduce<T, warp_sum<T>>(v, T(0));
 }
+__device__ inline float block_max(float v) { return block_reduce<float, warp_max>(v, -INFINITY); }
 
 }  // namespace gpu
