@@ -147,6 +147,7 @@ private:
     static constexpr size_t STAGE_KEEP_BYTES = size_t(256) << 20;  // a larger staging buffer is freed after use
 
     void reduce(void* data, int64_t n, ncclDataType_t type, size_t element_bytes, Group g) {
+        if (n == 0) return;  // every rank passes the same n (an empty buffer may be nullptr)
         ncclComm_t c = g == Group::World ? world_comm_ : g == Group::ExpertParallel ? ep_comm_ : dp_comm_;
         const size_t bytes = (size_t)n * element_bytes;
         on_device(data, bytes, data, bytes, [&](const void* in, void* out) {

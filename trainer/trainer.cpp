@@ -329,8 +329,8 @@ static StepResult train_step(Run& r, int64_t step) {
         halt_all(comm, "the loss became " + std::to_string(s.loss[0]) + " at step " + std::to_string(step) +
                            " (try a lower --lr)");
     std::vector<std::vector<int64_t>>& expert_counts = backend.expert_counts();
-    for (std::vector<int64_t>& counts : expert_counts)  // empty for dense blocks
-        if (!counts.empty()) comm.all_reduce_sum(counts.data(), (int64_t)counts.size(), Group::World);
+    for (std::vector<int64_t>& counts : expert_counts)
+        comm.all_reduce_sum(counts.data(), (int64_t)counts.size(), Group::World);
     s.load_imbalance = load_imbalance_json(r.config, expert_counts);
     s.grad_norm = backend.grad_norm();
     if (!std::isfinite(s.grad_norm))
