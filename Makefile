@@ -23,7 +23,8 @@ HEADERS  := $(wildcard model/*.h data/*.h comm/*.h tools/*.h trainer/*.h kernels
 
 .PHONY: all deps deps-run data run test test-gpu bench-cpu bench-io bench-comm bench clean
 
-all: train_cpu prepare_data test_cpu ep_check gpu_model_cpu_check train_stand_in \
+all: train_cpu prepare_data test_cpu ep_check gpu_model_cpu_check train_stand_in test_kernels_emulated \
+     gpu_model_emulated_check \
      $(if $(wildcard tools/plot_main.cpp),plot)
 
 build/%.o: %.cpp $(HEADERS)
@@ -43,7 +44,7 @@ prepare_data: build/data/prepare.o $(CORE_OBJ)
 plot: build/tools/plot_main.o $(CORE_OBJ)
 	$(CXX) $(CXXFLAGS) $^ -o $@ $(MPI_LIBS)
 
-test_cpu: $(TEST_OBJ) $(CORE_OBJ)
+test_cpu: $(TEST_OBJ) $(CORE_OBJ) build/test/kernel_emulator/emulator.o
 	$(CXX) $(CXXFLAGS) $^ -o $@ $(MPI_LIBS)
 
 # The system packages the build, tests and run need (Debian names); installed only when missing.
@@ -96,6 +97,21 @@ train_stand_in: train.cu gpu/gpu_model.cu gpu/gpu_model.h test/cpu_stand_in/nccl
 	$(CXX) $(filter-out -I.,$(CXXFLAGS)) -Itest/cpu_stand_in -I. -x c++ train.cu gpu/gpu_model.cu -x none \
 	  test/cpu_stand_in/nccl_comm_stand_in.cpp $(CORE_OBJ) -o $@ $(MPI_LIBS)
 
+# The real kernels on the CPU, through the kernel emulator (test/kernel_emulator/: the emulated launch, the CPU
+# stand-ins' GEMMs, searched before the real kernels/), both run by test_cpu (test/test_kernel_emulator.cpp):
+# test_gpu's kernel checks, and gpu_model_cpu_check's comparison of gpu/gpu_model.cu with the CPU model.
+EMULATOR := $(wildcard test/kernel_emulator/*.h test/kernel_emulator/kernels/*.cuh) $(STAND_IN)
+EMULATOR_FLAGS := $(filter-out -I.,$(CXXFLAGS)) -Wno-unknown-pragmas -Itest/kernel_emulator -I.
+test_kernels_emulated: test/test_gpu_kernels.cu test/gpu_check.cuh test/kernel_emulator/test_kernels_emulated.cpp \
+                       build/test/kernel_emulator/emulator.o $(EMULATOR) $(CORE_OBJ) $(HEADERS)
+	$(CXX) $(EMULATOR_FLAGS) -x c++ test/test_gpu_kernels.cu -x none test/kernel_emulator/test_kernels_emulated.cpp \
+	  build/test/kernel_emulator/emulator.o $(CORE_OBJ) -o $@ $(MPI_LIBS)
+
+gpu_model_emulated_check: test/gpu_model_cpu_check.cpp gpu/gpu_model.cu gpu/gpu_model.h \
+                          build/test/kernel_emulator/emulator.o $(EMULATOR) $(CORE_OBJ) $(HEADERS)
+	$(CXX) $(EMULATOR_FLAGS) -x c++ gpu/gpu_model.cu -x none test/gpu_model_cpu_check.cpp \
+	  build/test/kernel_emulator/emulator.o $(CORE_OBJ) -o $@ $(MPI_LIBS)
+
 bench_cpu: build/test/bench_cpu.o $(CORE_OBJ)
 	$(CXX) $(CXXFLAGS) $^ -o $@ $(MPI_LIBS)
 
@@ -105,7 +121,7 @@ bench-cpu: deps
 
 clean:
 	rm -rf build train_cpu prepare_data test_cpu test_gpu bench_cpu bench_io bench_comm bench_gpu ep_check plot train \
-	  gpu_model_cpu_check train_stand_in
+	  gpu_model_cpu_check train_stand_in test_kernels_emulated gpu_model_emulated_check
 
 # GPU trainer: CUDA code compiled with nvcc for Hopper (sm_90a, plus PTX for newer GPUs), linked with the shared
 # host code. It builds anywhere the toolkit is; running it needs a GPU.
@@ -122,7 +138,7 @@ train: train.cu build/gpu/gpu_model.o build/comm/nccl_comm.o $(CORE_OBJ) $(GPU_H
 	$(NVCC) $(NVFLAGS) train.cu build/gpu/gpu_model.o build/comm/nccl_comm.o $(CORE_OBJ) -o $@ $(GPU_LIBS)
 
 # GPU tests: every kernel, the GEMMs, the whole step and the trainers against the CPU reference
-TEST_GPU_SRC := test/test_gpu.cu test/test_gpu_matmul.cu test/test_gpu_train.cu
+TEST_GPU_SRC := test/test_gpu.cu test/test_gpu_kernels.cu test/test_gpu_matmul.cu test/test_gpu_train.cu
 test_gpu: $(TEST_GPU_SRC) build/gpu/gpu_model.o $(CORE_OBJ) $(GPU_HEADERS) test/gpu_check.cuh
 	$(NVCC) $(NVFLAGS) $(TEST_GPU_SRC) build/gpu/gpu_model.o $(CORE_OBJ) -o $@ $(GPU_LIBS)
 

@@ -63,9 +63,8 @@ inline void adamw_update_tensor(float* params, const float* grads, float* m, flo
                                 float grad_multiplier, cudaStream_t stream) {
     if (n == 0) return;
     const float bias1 = 1.0f - powf(oc.beta1, (float)step), bias2 = 1.0f - powf(oc.beta2, (float)step);
-    adamw_kernel<<<grid_stride_blocks(n, ADAMW_THREADS), ADAMW_THREADS, 0, stream>>>(
-        params, grads, m, v, n, lr, oc.beta1, oc.beta2, oc.eps, decay, bias1, bias2, grad_multiplier);
-    CUDA_CHECK(cudaGetLastError());
+    launch_kernel(adamw_kernel, grid_stride_blocks(n, ADAMW_THREADS), ADAMW_THREADS, 0, stream, params, grads, m, v, n,
+                  lr, oc.beta1, oc.beta2, oc.eps, decay, bias1, bias2, grad_multiplier);
 }
 
 // Every trainable tensor of the table, as model/optimizer.cpp's adamw_update: params, grads, m, v are whole
@@ -85,10 +84,8 @@ inline void adamw_update(const ParamTable& table, float* params, const float* gr
 // clip factor on the host (model/optimizer.h's clip_factor): one 8-byte copy per step.
 inline void grad_norm_squared(double* out, const float* grads, int64_t n, double* scratch, cudaStream_t stream) {
     const int64_t chunks = grad_norm_scratch_doubles(n);
-    grad_norm_partial_kernel<<<(unsigned)chunks, GRAD_NORM_THREADS, 0, stream>>>(scratch, grads, n);
-    CUDA_CHECK(cudaGetLastError());
-    grad_norm_total_kernel<<<1, GRAD_NORM_THREADS, 0, stream>>>(out, scratch, chunks);
-    CUDA_CHECK(cudaGetLastError());
+    launch_kernel(grad_norm_partial_kernel, (unsigned)chunks, GRAD_NORM_THREADS, 0, stream, scratch, grads, n);
+    launch_kernel(grad_norm_total_kernel, 1, GRAD_NORM_THREADS, 0, stream, out, scratch, chunks);
 }
 
 }  // namespace gpu

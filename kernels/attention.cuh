@@ -374,8 +374,7 @@ inline void attention_forward(float* o, float* lse, const float* q, const float*
                               int B, int T, int H, int dqk, int dv, float scale, cudaStream_t stream) {
     if ((int64_t)B * T * H == 0) return;
     const dim3 grid((unsigned)((int64_t)B * H), (unsigned)ceil_div(T, ATTN_TILE), (unsigned)ceil_div(dv, ATTN_SLAB));
-    attention_forward_kernel<<<grid, ATTN_THREADS, 0, stream>>>(o, lse, q, k, v, v_ld, T, H, dqk, dv, scale);
-    CUDA_CHECK(cudaGetLastError());
+    launch_kernel(attention_forward_kernel, grid, ATTN_THREADS, 0, stream, o, lse, q, k, v, v_ld, T, H, dqk, dv, scale);
 }
 
 // floats of scratch attention_backward needs (D, one per (b, h, t))
@@ -389,17 +388,14 @@ inline void attention_backward(float* dq, float* dk, float* dv_out, float* scrat
     const int64_t rows = (int64_t)B * T * H;
     if (rows == 0) return;
     constexpr int d_threads = 256;
-    attention_backward_d_kernel<<<(unsigned)ceil_div(rows * 32, d_threads), d_threads, 0, stream>>>(scratch, dout, o,
-                                                                                                    rows, T, H, dv);
-    CUDA_CHECK(cudaGetLastError());
+    launch_kernel(attention_backward_d_kernel, (unsigned)ceil_div(rows * 32, d_threads), d_threads, 0, stream, scratch,
+                  dout, o, rows, T, H, dv);
     const unsigned bh = (unsigned)((int64_t)B * H), tiles = (unsigned)ceil_div(T, ATTN_TILE);
     const int dk_slabs = (int)ceil_div(dqk, ATTN_SLAB), dv_slabs = (int)ceil_div(dv, ATTN_SLAB);
-    attention_backward_dq_kernel<<<dim3(bh, tiles, dk_slabs), ATTN_THREADS, 0, stream>>>(
-        dq, dout, q, k, v, v_ld, lse, scratch, T, H, dqk, dv, scale);
-    CUDA_CHECK(cudaGetLastError());
-    attention_backward_dkdv_kernel<<<dim3(bh, tiles, dk_slabs + dv_slabs), ATTN_THREADS, 0, stream>>>(
-        dk, dv_out, dout, q, k, v, v_ld, lse, scratch, T, H, dqk, dv, scale, dk_slabs);
-    CUDA_CHECK(cudaGetLastError());
+    launch_kernel(attention_backward_dq_kernel, dim3(bh, tiles, dk_slabs), ATTN_THREADS, 0, stream, dq, dout, q, k, v,
+                  v_ld, lse, scratch, T, H, dqk, dv, scale);
+    launch_kernel(attention_backward_dkdv_kernel, dim3(bh, tiles, dk_slabs + dv_slabs), ATTN_THREADS, 0, stream, dk,
+                  dv_out, dout, q, k, v, v_ld, lse, scratch, T, H, dqk, dv, scale, dk_slabs);
 }
 
 }  // namespace gpu

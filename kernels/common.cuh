@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "kernels/cuda_check.cuh"
+#include "kernels/launch.cuh"
 
 namespace gpu {
 

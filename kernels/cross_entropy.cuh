@@ -48,9 +48,8 @@ inline void cross_entropy_forward_backward(float* losses, float* dlogits, const 
                                            const int32_t* targets, int64_t M, int64_t V, float loss_scale,
                                            cudaStream_t stream) {
     if (M == 0) return;
-    cross_entropy_kernel<<<(unsigned)M, CROSS_ENTROPY_THREADS, 0, stream>>>(losses, dlogits, logits, targets, V,
-                                                                           loss_scale);
-    CUDA_CHECK(cudaGetLastError());
+    launch_kernel(cross_entropy_kernel, (unsigned)M, CROSS_ENTROPY_THREADS, 0, stream, losses, dlogits, logits, targets,
+                  V, loss_scale);
 }
 
 }  // namespace gpu

@@ -28,8 +28,7 @@ static __global__ void copy_columns_kernel(float* dst, int64_t dst_ld, const flo
 
 inline void add(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream) {
     if (n == 0) return;
-    add_kernel<<<grid_stride_blocks(n, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, 0, stream>>>(out, a, b, n);
-    CUDA_CHECK(cudaGetLastError());
+    launch_kernel(add_kernel, grid_stride_blocks(n, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, 0, stream, out, a, b, n);
 }
 
 // dst and src point at the first copied column of row 0.
@@ -37,9 +36,8 @@ inline void copy_columns(float* dst, int64_t dst_ld, const float* src, int64_t s
                          cudaStream_t stream) {
     const int64_t n = rows * cols;
     if (n == 0) return;
-    copy_columns_kernel<<<grid_stride_blocks(n, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, 0, stream>>>(
-        dst, dst_ld, src, src_ld, rows, cols);
-    CUDA_CHECK(cudaGetLastError());
+    launch_kernel(copy_columns_kernel, grid_stride_blocks(n, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, 0, stream, dst,
+                  dst_ld, src, src_ld, rows, cols);
 }
 
 }  // namespace gpu

@@ -31,16 +31,15 @@ static __global__ void embedding_backward_kernel(float* dembed, const float* dou
 inline void embedding_forward(float* out, const int32_t* tokens, const float* embed, int64_t M, int64_t d,
                               cudaStream_t stream) {
     if (M == 0) return;
-    embedding_forward_kernel<<<(unsigned)M, 256, 0, stream>>>(out, tokens, embed, d);
-    CUDA_CHECK(cudaGetLastError());
+    launch_kernel(embedding_forward_kernel, (unsigned)M, 256, 0, stream, out, tokens, embed, d);
 }
 
 // dembed (V, d) += dout (M, d) at rows tokens (M)
 inline void embedding_backward(float* dembed, const float* dout, const int32_t* tokens, int64_t M, int64_t d,
                                cudaStream_t stream) {
     const int threads = 64;  // small blocks: the d columns spread over more SMs
-    embedding_backward_kernel<<<(unsigned)ceil_div(d, threads), threads, 0, stream>>>(dembed, dout, tokens, M, d);
-    CUDA_CHECK(cudaGetLastError());
+    launch_kernel(embedding_backward_kernel, (unsigned)ceil_div(d, threads), threads, 0, stream, dembed, dout, tokens,
+                  M, d);
 }
 
 }  // namespace gpu

@@ -117,8 +117,8 @@ static __global__ void cast_to_bf16_kernel(__nv_bfloat16* out, const float* in, 
 // out (n) = in (n) rounded to the nearest BF16, ties to even (Inf stays Inf, NaN stays NaN)
 inline void cast_to_bf16(__nv_bfloat16* out, const float* in, int64_t n, cudaStream_t stream) {
     if (n <= 0) return;
-    cast_to_bf16_kernel<<<grid_stride_blocks(n, MATMUL_CAST_THREADS), MATMUL_CAST_THREADS, 0, stream>>>(out, in, n);
-    CUDA_CHECK(cudaGetLastError());
+    launch_kernel(cast_to_bf16_kernel, grid_stride_blocks(n, MATMUL_CAST_THREADS), MATMUL_CAST_THREADS, 0, stream, out,
+                  in, n);
 }
 
 // ---------------------------------------------------------------------------------------------------------------

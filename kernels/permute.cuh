@@ -117,35 +117,32 @@ static __global__ void combine_backward_kernel(float* drows, float* dweights, co
 // chosen (n) experts in [0, E) -> counts (E), offsets (E+1), row_of_slot (n), slot_of_row (n), all int64
 inline void expert_plan_build(int64_t* counts, int64_t* offsets, int64_t* row_of_slot, int64_t* slot_of_row,
                               const int32_t* chosen, int64_t n, int E, cudaStream_t stream) {
-    expert_count_kernel<<<E, PLAN_THREADS, 0, stream>>>(counts, chosen, n);
-    CUDA_CHECK(cudaGetLastError());
-    expert_place_kernel<<<E, PLAN_THREADS, 0, stream>>>(row_of_slot, slot_of_row, offsets, counts, chosen, n, E);
-    CUDA_CHECK(cudaGetLastError());
+    launch_kernel(expert_count_kernel, E, PLAN_THREADS, 0, stream, counts, chosen, n);
+    launch_kernel(expert_place_kernel, E, PLAN_THREADS, 0, stream, row_of_slot, slot_of_row, offsets, counts, chosen, n,
+                  E);
 }
 
 // x (N, d) -> rows (N*k, d) in plan order
 inline void gather_forward(float* rows, const float* x, const int64_t* slot_of_row, int64_t N, int k, int64_t d,
                            cudaStream_t stream) {
     if (N == 0) return;
-    gather_forward_kernel<<<(unsigned)(N * k), ROW_THREADS, 0, stream>>>(rows, x, slot_of_row, k, d);
-    CUDA_CHECK(cudaGetLastError());
+    launch_kernel(gather_forward_kernel, (unsigned)(N * k), ROW_THREADS, 0, stream, rows, x, slot_of_row, k, d);
 }
 
 // drows (N*k, d) -> dx (N, d) (=|+=)
 inline void gather_backward(float* dx, const float* drows, const int64_t* row_of_slot, int64_t N, int k, int64_t d,
                             bool accumulate, cudaStream_t stream) {
     if (N == 0) return;
-    gather_backward_kernel<<<(unsigned)N, ROW_THREADS, 0, stream>>>(dx, drows, row_of_slot, k, d, accumulate);
-    CUDA_CHECK(cudaGetLastError());
+    launch_kernel(gather_backward_kernel, (unsigned)N, ROW_THREADS, 0, stream, dx, drows, row_of_slot, k, d,
+                  accumulate);
 }
 
 // rows (N*k, d) in plan order, weights (N, k) -> out (N, d) (=|+=: accumulate onto the shared experts' output)
 inline void combine_forward(float* out, const float* rows, const float* weights, const int64_t* row_of_slot,
                             int64_t N, int k, int64_t d, bool accumulate, cudaStream_t stream) {
     if (N == 0) return;
-    combine_forward_kernel<<<(unsigned)N, ROW_THREADS, 0, stream>>>(out, rows, weights, row_of_slot, k, d,
-                                                                    accumulate);
-    CUDA_CHECK(cudaGetLastError());
+    launch_kernel(combine_forward_kernel, (unsigned)N, ROW_THREADS, 0, stream, out, rows, weights, row_of_slot, k, d,
+                  accumulate);
 }
 
 // dout (N, d) -> drows (N*k, d) overwritten, dweights (N, k) overwritten
@@ -153,9 +150,8 @@ inline void combine_backward(float* drows, float* dweights, const float* dout, c
                              const float* weights, const int64_t* row_of_slot, int64_t N, int k, int64_t d,
                              cudaStream_t stream) {
     if (N == 0) return;
-    combine_backward_kernel<<<(unsigned)(N * k), ROW_THREADS, 0, stream>>>(drows, dweights, dout, rows, weights,
-                                                                           row_of_slot, k, d);
-    CUDA_CHECK(cudaGetLastError());
+    launch_kernel(combine_backward_kernel, (unsigned)(N * k), ROW_THREADS, 0, stream, drows, dweights, dout, rows,
+                  weights, row_of_slot, k, d);
 }
 
 }  // namespace gpu

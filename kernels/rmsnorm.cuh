@@ -90,16 +90,15 @@ static __global__ void rmsnorm_backward_dw_sum_kernel(float* dw, const float* pa
 inline void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int64_t M, int64_t C,
                             float eps, cudaStream_t stream) {
     if (M == 0) return;
-    rmsnorm_forward_kernel<<<(unsigned)M, RMSNORM_THREADS, 0, stream>>>(out, rstd, inp, w, C, eps);
-    CUDA_CHECK(cudaGetLastError());
+    launch_kernel(rmsnorm_forward_kernel, (unsigned)M, RMSNORM_THREADS, 0, stream, out, rstd, inp, w, C, eps);
 }
 
 // sum (M, C) = a + b (sum may be a or b), out (M, C) = RMSNorm(sum) w, rstd (M)
 inline void residual_rmsnorm_forward(float* sum, float* out, float* rstd, const float* a, const float* b,
                                      const float* w, int64_t M, int64_t C, float eps, cudaStream_t stream) {
     if (M == 0) return;
-    residual_rmsnorm_forward_kernel<<<(unsigned)M, RMSNORM_THREADS, 0, stream>>>(sum, out, rstd, a, b, w, C, eps);
-    CUDA_CHECK(cudaGetLastError());
+    launch_kernel(residual_rmsnorm_forward_kernel, (unsigned)M, RMSNORM_THREADS, 0, stream, sum, out, rstd, a, b, w, C,
+                  eps);
 }
 
 // dinp (M, C) (=|+=), dw (C) +=. scratch: rmsnorm_backward_scratch_floats(M, C) floats.
@@ -107,16 +106,13 @@ inline void rmsnorm_backward(float* dinp, float* dw, const float* dout, const fl
                              const float* rstd, int64_t M, int64_t C, bool accumulate_dinp, float* scratch,
                              cudaStream_t stream) {
     if (M == 0) return;
-    rmsnorm_backward_dx_kernel<<<(unsigned)M, RMSNORM_THREADS, 0, stream>>>(dinp, dout, inp, w, rstd, C,
-                                                                            accumulate_dinp);
-    CUDA_CHECK(cudaGetLastError());
+    launch_kernel(rmsnorm_backward_dx_kernel, (unsigned)M, RMSNORM_THREADS, 0, stream, dinp, dout, inp, w, rstd, C,
+                  accumulate_dinp);
     const int64_t chunks = ceil_div(M, RMSNORM_DW_ROWS);
     const dim3 grid((unsigned)chunks, (unsigned)ceil_div(C, RMSNORM_THREADS));
-    rmsnorm_backward_dw_partial_kernel<<<grid, RMSNORM_THREADS, 0, stream>>>(scratch, dout, inp, rstd, M, C);
-    CUDA_CHECK(cudaGetLastError());
-    rmsnorm_backward_dw_sum_kernel<<<(unsigned)ceil_div(C, RMSNORM_THREADS), RMSNORM_THREADS, 0, stream>>>(
-        dw, scratch, chunks, C);
-    CUDA_CHECK(cudaGetLastError());
+    launch_kernel(rmsnorm_backward_dw_partial_kernel, grid, RMSNORM_THREADS, 0, stream, scratch, dout, inp, rstd, M, C);
+    launch_kernel(rmsnorm_backward_dw_sum_kernel, (unsigned)ceil_div(C, RMSNORM_THREADS), RMSNORM_THREADS, 0, stream,
+                  dw, scratch, chunks, C);
 }
 
 }  // namespace gpu

@@ -107,8 +107,8 @@ static __global__ void rope_heads_backward_k_kernel(float* dkv_a, const float* d
 inline void rope_table(float* cos_table, float* sin_table, const Config& c, int64_t T, cudaStream_t stream) {
     const int64_t n = T * (c.qk_rope_head_dim / 2);
     if (n == 0) return;
-    rope_table_kernel<<<grid_stride_blocks(n, ROPE_THREADS), ROPE_THREADS, 0, stream>>>(cos_table, sin_table, c, T);
-    CUDA_CHECK(cudaGetLastError());
+    launch_kernel(rope_table_kernel, grid_stride_blocks(n, ROPE_THREADS), ROPE_THREADS, 0, stream, cos_table, sin_table,
+                  c, T);
 }
 
 // q (N, H*dqk) before RoPE, kv (N, H*(dn+dv)), kv_a (N, kr+dr) -> q_heads, k_heads (N, H, dqk); N = B*T rows,
@@ -118,9 +118,8 @@ inline void rope_heads_forward(float* q_heads, float* k_heads, const float* q, c
                                int64_t dn, int64_t dr, int64_t dv, int64_t kr, cudaStream_t stream) {
     const int64_t n = N * H * (dn + dr);
     if (n == 0) return;
-    rope_heads_forward_kernel<<<grid_stride_blocks(n, ROPE_THREADS), ROPE_THREADS, 0, stream>>>(
-        q_heads, k_heads, q, kv, kv_a, cos_table, sin_table, N, T, H, dn, dr, dv, kr);
-    CUDA_CHECK(cudaGetLastError());
+    launch_kernel(rope_heads_forward_kernel, grid_stride_blocks(n, ROPE_THREADS), ROPE_THREADS, 0, stream, q_heads,
+                  k_heads, q, kv, kv_a, cos_table, sin_table, N, T, H, dn, dr, dv, kr);
 }
 
 // dq_heads, dk_heads (N, H, dqk) -> dq (N, H*dqk) overwritten, the k_nope columns of dkv (N, H*(dn+dv))
@@ -130,12 +129,10 @@ inline void rope_heads_backward(float* dq, float* dkv, float* dkv_a, const float
                                 int64_t dn, int64_t dr, int64_t dv, int64_t kr, cudaStream_t stream) {
     const int64_t nq = N * H * (dn + dr), nk = N * dr;
     if (nq == 0) return;
-    rope_heads_backward_q_kernel<<<grid_stride_blocks(nq, ROPE_THREADS), ROPE_THREADS, 0, stream>>>(
-        dq, dkv, dq_heads, dk_heads, cos_table, sin_table, N, T, H, dn, dr, dv);
-    CUDA_CHECK(cudaGetLastError());
-    rope_heads_backward_k_kernel<<<grid_stride_blocks(nk, ROPE_THREADS), ROPE_THREADS, 0, stream>>>(
-        dkv_a, dk_heads, cos_table, sin_table, N, T, H, dn, dr, kr);
-    CUDA_CHECK(cudaGetLastError());
+    launch_kernel(rope_heads_backward_q_kernel, grid_stride_blocks(nq, ROPE_THREADS), ROPE_THREADS, 0, stream, dq, dkv,
+                  dq_heads, dk_heads, cos_table, sin_table, N, T, H, dn, dr, dv);
+    launch_kernel(rope_heads_backward_k_kernel, grid_stride_blocks(nk, ROPE_THREADS), ROPE_THREADS, 0, stream, dkv_a,
+                  dk_heads, cos_table, sin_table, N, T, H, dn, dr, kr);
 }
 
 }  // namespace gpu

@@ -33,7 +33,7 @@ static __global__ void router_forward_kernel(float* scores, int32_t* chosen, flo
 
 // one block per sequence b: counts (B, E) = how many of the sequence's T tokens chose each expert
 static __global__ void router_sequence_counts_kernel(int* counts, const int32_t* chosen, int64_t T, int E, int k) {
-    extern __shared__ int hist[];  // (E)
+    int* hist = dynamic_shared<int>();  // (E)
     const int64_t b = blockIdx.x;
     for (int e = threadIdx.x; e < E; e += blockDim.x) hist[e] = 0;
     __syncthreads();
@@ -107,9 +107,9 @@ static __global__ void balance_loss_kernel(double* per_sequence, const float* sc
 inline void router_forward(float* scores, int32_t* chosen, float* gate_weights, float* scratch, const float* logits,
                            const float* bias, const Config& c, int64_t N, cudaStream_t stream) {
     if (N == 0) return;
-    router_forward_kernel<<<(unsigned)ceil_div(N, ROUTER_FORWARD_THREADS), ROUTER_FORWARD_THREADS, 0, stream>>>(
-        scores, chosen, gate_weights, scratch, logits, bias, c, N);
-    CUDA_CHECK(cudaGetLastError());
+    const unsigned blocks = (unsigned)ceil_div(N, ROUTER_FORWARD_THREADS);
+    launch_kernel(router_forward_kernel, blocks, ROUTER_FORWARD_THREADS, 0, stream, scores, chosen, gate_weights,
+                  scratch, logits, bias, c, N);
 }
 
 // dgate_weights (N, k), scores (N, E), chosen (N, k) of B sequences of T tokens -> dlogits (N, E) overwritten.
@@ -120,14 +120,12 @@ inline void router_backward(float* dlogits, const float* dgate_weights, const fl
     if (B * T == 0) return;
     const int E = c.n_routed_experts, k = c.num_experts_per_tok;
     if (c.aux_loss_alpha > 0) {
-        router_sequence_counts_kernel<<<(unsigned)B, ROUTER_BACKWARD_THREADS, E * sizeof(int), stream>>>(
-            scratch, chosen, T, E, k);
-        CUDA_CHECK(cudaGetLastError());
+        launch_kernel(router_sequence_counts_kernel, (unsigned)B, ROUTER_BACKWARD_THREADS, E * sizeof(int), stream,
+                      scratch, chosen, T, E, k);
     }
     const double balance_coef = balance_scale * c.aux_loss_alpha / ((double)B * T);  // the CPU's expression
-    router_backward_kernel<<<(unsigned)(B * T), ROUTER_BACKWARD_THREADS, 0, stream>>>(
-        dlogits, dgate_weights, scores, chosen, scratch, c, T, balance_coef);
-    CUDA_CHECK(cudaGetLastError());
+    launch_kernel(router_backward_kernel, (unsigned)(B * T), ROUTER_BACKWARD_THREADS, 0, stream, dlogits, dgate_weights,
+                  scores, chosen, scratch, c, T, balance_coef);
 }
 
 // The sequence-wise balance loss's sum_e f_e P_e of each of the B sequences -> per_sequence (B) doubles.
@@ -136,15 +134,12 @@ inline void balance_loss(double* per_sequence, double* totals, int* seq_counts, 
                          const int32_t* chosen, const Config& c, int64_t B, int64_t T, cudaStream_t stream) {
     if (B * T == 0) return;
     const int E = c.n_routed_experts, k = c.num_experts_per_tok;
-    router_sequence_counts_kernel<<<(unsigned)B, ROUTER_BACKWARD_THREADS, E * sizeof(int), stream>>>(
-        seq_counts, chosen, T, E, k);
-    CUDA_CHECK(cudaGetLastError());
-    token_score_totals_kernel<<<(unsigned)ceil_div(B * T, ROUTER_FORWARD_THREADS), ROUTER_FORWARD_THREADS, 0,
-                                stream>>>(totals, scores, B * T, E);
-    CUDA_CHECK(cudaGetLastError());
-    balance_loss_kernel<<<(unsigned)B, ROUTER_BACKWARD_THREADS, 0, stream>>>(per_sequence, scores, totals, seq_counts,
-                                                                             T, E, k);
-    CUDA_CHECK(cudaGetLastError());
+    launch_kernel(router_sequence_counts_kernel, (unsigned)B, ROUTER_BACKWARD_THREADS, E * sizeof(int), stream,
+                  seq_counts, chosen, T, E, k);
+    const unsigned token_blocks = (unsigned)ceil_div(B * T, ROUTER_FORWARD_THREADS);
+    launch_kernel(token_score_totals_kernel, token_blocks, ROUTER_FORWARD_THREADS, 0, stream, totals, scores, B * T, E);
+    launch_kernel(balance_loss_kernel, (unsigned)B, ROUTER_BACKWARD_THREADS, 0, stream, per_sequence, scores, totals,
+                  seq_counts, T, E, k);
 }
 
 }  // namespace gpu

@@ -28,16 +28,15 @@ static __global__ void swiglu_backward_kernel(float* dg, float* du, const float*
 
 // g, u, out (n)
 inline void swiglu_forward(float* out, const float* g, const float* u, int64_t n, cudaStream_t stream) {
-    swiglu_forward_kernel<<<grid_stride_blocks(n, SWIGLU_THREADS), SWIGLU_THREADS, 0, stream>>>(out, g, u, n);
-    CUDA_CHECK(cudaGetLastError());
+    launch_kernel(swiglu_forward_kernel, grid_stride_blocks(n, SWIGLU_THREADS), SWIGLU_THREADS, 0, stream, out, g, u,
+                  n);
 }
 
 // dout, g, u (n) -> dg, du (n)
 inline void swiglu_backward(float* dg, float* du, const float* dout, const float* g, const float* u, int64_t n,
                             cudaStream_t stream) {
-    swiglu_backward_kernel<<<grid_stride_blocks(n, SWIGLU_THREADS), SWIGLU_THREADS, 0, stream>>>(dg, du, dout, g,
-                                                                                                 u, n);
-    CUDA_CHECK(cudaGetLastError());
+    launch_kernel(swiglu_backward_kernel, grid_stride_blocks(n, SWIGLU_THREADS), SWIGLU_THREADS, 0, stream, dg, du,
+                  dout, g, u, n);
 }
 
 }  // namespace gpu

@@ -156,8 +156,7 @@ __global__ void fill_uniform_kernel(float* x, int64_t n, uint64_t seed, float lo
 }
 
 void fill_uniform(DeviceArray<float>& x, uint64_t seed, float lo, float hi, cudaStream_t stream) {
-    fill_uniform_kernel<<<gpu::grid_stride_blocks(x.n, 256), 256, 0, stream>>>(x.ptr, x.n, seed, lo, hi);
-    CUDA_CHECK(cudaGetLastError());
+    gpu::launch_kernel(fill_uniform_kernel, gpu::grid_stride_blocks(x.n, 256), 256, 0, stream, x.ptr, x.n, seed, lo, hi);
 }
 
 struct EventPair {

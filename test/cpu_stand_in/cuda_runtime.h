@@ -96,6 +96,12 @@ inline cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStrea
     stand_in::launch(stream, [=] { memset(dst, value, bytes); });
     return cudaSuccess;
 }
+inline cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
+    stand_in::check_range(dst, (int64_t)bytes, "cudaMemset");
+    stand_in::drain_all();
+    memset(dst, value, bytes);
+    return cudaSuccess;
+}
 
 inline cudaError_t cudaStreamCreate(cudaStream_t* s) {
     *s = new CUstream_st;

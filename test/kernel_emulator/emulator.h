@@ -1,0 +1,135 @@
+// THE KERNEL EMULATOR: the real kernels of kernels/ run on the CPU, compiled by g++ as plain C++, so that test_cpu
+// checks them against the CPU reference on a machine without a GPU (the checks of test/test_gpu_kernels.cu, and
+// gpu/gpu_model.cu on real kernels: see the Makefile's *_emulated targets). It is a test tool, not a CPU backend:
+// it is slow, and it says nothing about speed.
+//
+// How it runs a launch: the blocks one after another; the threads of a block as fibers (ucontext) on one OS thread,
+// one at a time, each running until it reaches a barrier (__syncthreads, a warp shuffle or vote, __syncwarp) or
+// exits. A barrier opens when every thread it waits for has arrived. So each thread runs from barrier to barrier
+// as if alone: the GPU's independent thread scheduling in its strictest form. A kernel that needs a __syncthreads
+// it lacks (a shared-memory write read by another thread), or that relies on the lanes of a warp running in lock
+// step, reads the wrong values in one of the two orders the emulator offers (threads and blocks ascending, or
+// descending with EMULATOR_ORDER=reverse); the tests run both.
+// Stream order, device memory and its checks are the CPU stand-ins' (test/cpu_stand_in/stand_in.h): a launch runs
+// when its stream is synchronised, device memory is host memory filled with NaN bytes when allocated.
+// What throws std::logic_error (through the synchronising call): a block of 0 or more than 1024 threads, a grid
+// beyond CUDA's limits, more than 48 KiB of dynamic shared memory, a __syncthreads that not every thread of the
+// block reaches (some wait elsewhere, or exited), a warp collective that not all 32 lanes reach, a partial mask.
+// Not modelled: timing and the memory model between blocks (no kernel here waits for another block); the device's
+// math functions (the host's expf etc. stand in; the device's are within 2 ulp, which test_gpu's tolerances cover);
+// static __shared__ arrays persist from block to block instead of starting undefined (dynamic shared memory is
+// refilled with NaN bytes for every block).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <type_traits>
+
+// ---- the CUDA C++ keywords a kernel file uses, as plain C++ --------------------------------------------------
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __align__(n) alignas(n)
+// One block runs at a time, so a function's static variable is that block's shared memory.
+#define __shared__ static
+
+struct uint3 {
+    unsigned x, y, z;
+};
+struct dim3 {
+    unsigned x, y, z;
+    constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+
+// The running thread's place; the scheduler sets them before it resumes a thread.
+inline uint3 threadIdx, blockIdx;
+inline dim3 blockDim, gridDim;
+
+namespace emulator {
+
+// Runs body on every thread of every block of the grid (see the top). Throws std::logic_error on the errors listed
+// there; shared_bytes of dynamic shared memory per block.
+void run_grid(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body);
+
+// For the running thread: the block's dynamic shared memory.
+unsigned char* dynamic_shared_memory();
+
+// Collectives. Every participant deposits a value, waits until all have, then reads all of them: the returned
+// array (32 lanes of the warp, or blockDim threads of the block) holds until the thread's next collective.
+const uint64_t* warp_collective(unsigned mask, uint64_t value);
+const uint64_t* block_collective(uint64_t value);
+
+template <typename T>
+inline uint64_t to_bits(T v) {
+    static_assert(std::is_trivially_copyable<T>::value && sizeof(T) <= 8, "collectives move values of up to 8 bytes");
+    uint64_t bits = 0;
+    memcpy(&bits, &v, sizeof(T));
+    return bits;
+}
+template <typename T>
+inline T from_bits(uint64_t bits) {
+    T v;
+    memcpy(&v, &bits, sizeof(T));
+    return v;
+}
+inline unsigned lane() { return (threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) % 32; }
+void check_width(int width);
+
+}  // namespace emulator
+
+// ---- device functions ------------------------------------------------------------------------------------------
+
+inline void __syncthreads() { emulator::block_collective(0); }
+inline int __syncthreads_count(int predicate) {
+    const uint64_t* all = emulator::block_collective(predicate != 0);
+    int count = 0;
+    for (unsigned t = 0; t < blockDim.x * blockDim.y * blockDim.z; t++) count += (int)all[t];
+    return count;
+}
+inline void __syncwarp(unsigned mask = 0xffffffffu) { emulator::warp_collective(mask, 0); }
+
+template <typename T>
+inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
+    emulator::check_width(width);
+    return emulator::from_bits<T>(emulator::warp_collective(mask, emulator::to_bits(v))[(emulator::lane() ^ lane_mask) % 32]);
+}
+template <typename T>
+inline T __shfl_sync(unsigned mask, T v, int src_lane, int width = 32) {
+    emulator::check_width(width);
+    return emulator::from_bits<T>(emulator::warp_collective(mask, emulator::to_bits(v))[src_lane % 32]);
+}
+template <typename T>
+inline T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+    emulator::check_width(width);
+    const uint64_t* all = emulator::warp_collective(mask, emulator::to_bits(v));
+    const unsigned src = emulator::lane() + delta;
+    return src < 32 ? emulator::from_bits<T>(all[src]) : v;
+}
+inline unsigned __ballot_sync(unsigned mask, int predicate) {
+    const uint64_t* all = emulator::warp_collective(mask, predicate != 0);
+    unsigned bits = 0;
+    for (unsigned l = 0; l < 32; l++) bits |= (unsigned)all[l] << l;
+    return bits;
+}
+
+// One thread runs at a time, so a plain read-modify-write is atomic.
+template <typename T, typename U>
+inline T atomicAdd(T* address, U value) {
+    const T old = *address;
+    *address = old + (T)value;
+    return old;
+}
+
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+
+template <typename A, typename B>
+inline typename std::common_type<A, B>::type min(A a, B b) {
+    return b < a ? b : a;
+}
+template <typename A, typename B>
+inline typename std::common_type<A, B>::type max(A a, B b) {
+    return a < b ? b : a;
+}

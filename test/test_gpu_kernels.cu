@@ -1,0 +1,535 @@
+// The kernel checks of test_gpu (make test-gpu; test/test_gpu.cu): every kernel of kernels/ against the CPU
+// reference of model/ and comm/ (DESIGN §5). The same checks run on the CPU in test_cpu, through the kernel emulator
+// (test/kernel_emulator/: ./test_kernels_emulated).
+// Fresh random inputs (model/rng.h, never zeros); outputs are poisoned first (0xFF bytes: NaN for floats, -1 for
+// integers), so a value the kernel forgets to write fails; accumulated outputs start from random values instead.
+// Error: max_i |gpu_i - cpu_i| / max_i |cpu_i|, relative to the tensor's scale (a per-element relative error
+// means nothing near zero); a NaN or Inf from the GPU is an infinite error. Tolerances, with FP32 roundoff u = 6e-8:
+//   0      the same operations in the same order: copies, sums in token / j order, the integer plan, the
+//          router's choice (router_select run on the GPU's scores on both sides)
+//   1e-6   elementwise, one or two roundings that differ (device expf is within 2 ulp; FMA contraction)
+//   1e-5   longer elementwise chains, reductions over up to ~1000 terms in another order (typically sqrt(n) u)
+//   1e-4   reductions over thousands of terms (bounded by ~n u)
+//   1e-12  sums in double of squares that are exact in double (the gradient norm)
+// One line per check.
+#include <algorithm>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "comm/expert_plan.h"
+#include "test/gpu_check.cuh"
+#include "kernels/adamw.cuh"
+#include "kernels/attention.cuh"
+#include "kernels/cross_entropy.cuh"
+#include "kernels/embedding.cuh"
+#include "kernels/permute.cuh"
+#include "kernels/rmsnorm.cuh"
+#include "kernels/rope.cuh"
+#include "kernels/router.cuh"
+#include "kernels/swiglu.cuh"
+#include "model/mla.h"
+#include "model/ops.h"
+#include "model/optimizer.h"
+#include "model/rng.h"
+#include "model/moe.h"
+#include "model/rope.h"
+#include "model/router.h"
+
+static void test_embedding(Rng& rng) {
+    struct Case { int64_t V, d, M; };
+    for (Case tc : {Case{1001, 771, 3001}, Case{50, 33, 7}}) {
+        const std::string shape = fmt("(V=%ld d=%ld M=%ld)", tc.V, tc.d, tc.M);
+        std::vector<int32_t> tokens(tc.M);
+        for (int32_t& t : tokens) t = (int32_t)(rng.next_u64() % tc.V);
+        std::vector<float> embed = randn(tc.V * tc.d, rng), dout = randn(tc.M * tc.d, rng);
+        std::vector<float> dembed = randn(tc.V * tc.d, rng), out(tc.M * tc.d);
+        Dev<int32_t> d_tokens(tokens);
+        Dev<float> d_embed(embed), d_out(out.size()), d_dout(dout), d_dembed(dembed);
+        embedding_forward(out.data(), tokens.data(), embed.data(), tc.M, tc.d);
+        d_out.poison();
+        gpu::embedding_forward(d_out.ptr, d_tokens.ptr, d_embed.ptr, tc.M, tc.d, 0);
+        check("embedding_forward out " + shape, d_out.get(), out, 0);
+        embedding_backward(dembed.data(), dout.data(), tokens.data(), tc.M, tc.d);
+        gpu::embedding_backward(d_dembed.ptr, d_dout.ptr, d_tokens.ptr, tc.M, tc.d, 0);
+        check("embedding_backward dembed += " + shape, d_dembed.get(), dembed, 0);
+    }
+}
+
+static void test_rmsnorm(Rng& rng) {
+    struct Case { int64_t M, C; bool accumulate; };
+    for (Case tc : {Case{1537, 1031, false}, Case{5, 37, true}, Case{300, 7168, true}}) {
+        const std::string shape = fmt("(M=%ld C=%ld%s)", tc.M, tc.C, tc.accumulate ? " +=" : "");
+        std::vector<float> inp = randn(tc.M * tc.C, rng), w = randn(tc.C, rng, 0.1f), dout = randn(tc.M * tc.C, rng);
+        for (float& x : w) x += 1.0f;
+        for (int64_t m = 0; m < tc.M; m++) {  // rows of very different scales
+            const float row_scale = expf(3.0f * rng.uniform() - 1.5f);
+            for (int64_t c = 0; c < tc.C; c++) inp[m * tc.C + c] *= row_scale;
+        }
+        std::vector<float> out(tc.M * tc.C), rstd(tc.M), dinp = randn(tc.M * tc.C, rng), dw = randn(tc.C, rng);
+        Dev<float> d_inp(inp), d_w(w), d_dout(dout), d_out(out.size()), d_rstd(rstd.size()), d_dinp(dinp), d_dw(dw);
+        Dev<float> scratch(gpu::rmsnorm_backward_scratch_floats(tc.M, tc.C));
+        rmsnorm_forward(out.data(), rstd.data(), inp.data(), w.data(), tc.M, tc.C, 1e-6f);
+        d_out.poison();
+        d_rstd.poison();
+        gpu::rmsnorm_forward(d_out.ptr, d_rstd.ptr, d_inp.ptr, d_w.ptr, tc.M, tc.C, 1e-6f, 0);
+        const double forward_tol = tc.C > 1000 ? 1e-4 : 1e-5;  // mean(x^2) is a reduction over C terms
+        check("rmsnorm_forward out " + shape, d_out.get(), out, forward_tol);
+        check("rmsnorm_forward rstd " + shape, d_rstd.get(), rstd, forward_tol);
+        // the fused residual form, sum = a + b written in place over a (the aliasing the contract allows)
+        std::vector<float> b = randn(tc.M * tc.C, rng), a(tc.M * tc.C), sum(tc.M * tc.C);
+        for (int64_t i = 0; i < tc.M * tc.C; i++) a[i] = inp[i] - b[i];
+        for (int64_t i = 0; i < tc.M * tc.C; i++) sum[i] = a[i] + b[i];
+        rmsnorm_forward(out.data(), rstd.data(), sum.data(), w.data(), tc.M, tc.C, 1e-6f);
+        Dev<float> d_a(a), d_b(b);
+        d_out.poison();
+        d_rstd.poison();
+        gpu::residual_rmsnorm_forward(d_a.ptr, d_out.ptr, d_rstd.ptr, d_a.ptr, d_b.ptr, d_w.ptr, tc.M, tc.C, 1e-6f, 0);
+        check("residual_rmsnorm_forward sum " + shape, d_a.get(), sum, 0);
+        check("residual_rmsnorm_forward out " + shape, d_out.get(), out, forward_tol);
+        check("residual_rmsnorm_forward rstd " + shape, d_rstd.get(), rstd, forward_tol);
+        // the backward below takes the plain forward's rstd
+        rmsnorm_forward(out.data(), rstd.data(), inp.data(), w.data(), tc.M, tc.C, 1e-6f);
+        gpu::rmsnorm_forward(d_out.ptr, d_rstd.ptr, d_inp.ptr, d_w.ptr, tc.M, tc.C, 1e-6f, 0);
+        rmsnorm_backward(dinp.data(), dw.data(), dout.data(), inp.data(), w.data(), rstd.data(), tc.M, tc.C,
+                         tc.accumulate);
+        if (!tc.accumulate) d_dinp.poison();
+        scratch.poison();
+        gpu::rmsnorm_backward(d_dinp.ptr, d_dw.ptr, d_dout.ptr, d_inp.ptr, d_w.ptr, d_rstd.ptr, tc.M, tc.C,
+                              tc.accumulate, scratch.ptr, 0);
+        check("rmsnorm_backward dinp " + shape, d_dinp.get(), dinp, 1e-4);
+        check("rmsnorm_backward dw += " + shape, d_dw.get(), dw, 1e-4);
+    }
+}
+
+static void test_swiglu(Rng& rng) {
+    for (int64_t n : {int64_t(1000003), int64_t(37)}) {
+        const std::string shape = fmt("(n=%ld)", n);
+        std::vector<float> g = randn(n, rng, 3.0f), u = randn(n, rng), dout = randn(n, rng);
+        std::vector<float> out(n), dg(n), du(n);
+        Dev<float> d_g(g), d_u(u), d_dout(dout), d_out(n), d_dg(n), d_du(n);
+        swiglu_forward(out.data(), g.data(), u.data(), n);
+        swiglu_backward(dg.data(), du.data(), dout.data(), g.data(), u.data(), n);
+        d_out.poison();
+        d_dg.poison();
+        d_du.poison();
+        gpu::swiglu_forward(d_out.ptr, d_g.ptr, d_u.ptr, n, 0);
+        gpu::swiglu_backward(d_dg.ptr, d_du.ptr, d_dout.ptr, d_g.ptr, d_u.ptr, n, 0);
+        check("swiglu_forward out " + shape, d_out.get(), out, 1e-5);
+        check("swiglu_backward dg " + shape, d_dg.get(), dg, 1e-5);
+        check("swiglu_backward du " + shape, d_du.get(), du, 1e-5);
+    }
+}
+
+// Rows with target -1 (every ignore_every-th) are ignored; row 1 is shifted by +1000 (needs the max subtraction).
+static void test_cross_entropy(Rng& rng) {
+    struct Case { int64_t M, V; float loss_scale; int ignore_every; };
+    for (Case tc : {Case{67, 50257, 1.0f / 67, 1000}, Case{300, 1023, 0.5f, 7}}) {
+        const std::string shape = fmt("(M=%ld V=%ld)", tc.M, tc.V);
+        std::vector<float> logits = randn(tc.M * tc.V, rng, 3.0f);
+        for (int64_t v = 0; v < tc.V; v++) logits[tc.V + v] += 1000.0f;
+        std::vector<int32_t> targets(tc.M);
+        for (int64_t m = 0; m < tc.M; m++)
+            targets[m] = m % tc.ignore_every == 3 ? -1 : (int32_t)(rng.next_u64() % tc.V);
+        std::vector<float> losses(tc.M), dlogits(tc.M * tc.V);
+        for (int64_t m = 0; m < tc.M; m++)  // row by row, for the per-row losses
+            losses[m] = (float)cross_entropy_forward_backward(dlogits.data() + m * tc.V, logits.data() + m * tc.V,
+                                                              &targets[m], 1, tc.V, tc.loss_scale);
+        Dev<float> d_logits(logits), d_losses(tc.M), d_dlogits(dlogits.size());
+        Dev<int32_t> d_targets(targets);
+        d_losses.poison();
+        d_dlogits.poison();
+        gpu::cross_entropy_forward_backward(d_losses.ptr, d_dlogits.ptr, d_logits.ptr, d_targets.ptr, tc.M, tc.V,
+                                            tc.loss_scale, 0);
+        check("cross_entropy losses " + shape, d_losses.get(), losses, 1e-5);
+        check("cross_entropy dlogits " + shape, d_dlogits.get(), dlogits, 1e-4);
+        d_losses.poison();
+        gpu::cross_entropy_forward_backward(d_losses.ptr, nullptr, d_logits.ptr, d_targets.ptr, tc.M, tc.V,
+                                            tc.loss_scale, 0);
+        check("cross_entropy losses, no dlogits " + shape, d_losses.get(), losses, 1e-5);
+    }
+}
+
+// The `small` model's parameter table: trainable and frozen tensors, with and without weight decay.
+static void test_adamw(Rng& rng) {
+    const Config config = load_config("small");
+    const ParamTable table = build_param_table(config);
+    const int64_t n = table.total;
+    OptimizerConfig oc;
+    AdamWState state;
+    state.step = 6;
+    std::vector<float> params = randn(n, rng, 0.1f), grads = randn(n, rng, 0.01f);
+    state.m = randn(n, rng, 0.001f);
+    state.v = randn(n, rng, 0.001f);
+    for (float& x : state.v) x *= x;
+    Dev<float> d_params(params), d_grads(grads), d_m(state.m), d_v(state.v);
+    const float lr = 1e-3f, multiplier = 0.37f;
+    adamw_update(table, params.data(), grads.data(), state, oc, lr, multiplier);
+    gpu::adamw_update(table, d_params.ptr, d_grads.ptr, d_m.ptr, d_v.ptr, oc, lr, state.step, multiplier, 0);
+    const std::string shape = fmt("(small: %ld values, step %ld)", n, state.step);
+    check("adamw params " + shape, d_params.get(), params, 1e-6);
+    check("adamw m " + shape, d_m.get(), state.m, 1e-6);
+    check("adamw v " + shape, d_v.get(), state.v, 1e-6);
+
+    for (int64_t count : {n, int64_t(12345)}) {
+        Dev<double> d_sumsq(1), scratch(gpu::grad_norm_scratch_doubles(count));
+        d_sumsq.poison();
+        scratch.poison();
+        gpu::grad_norm_squared(d_sumsq.ptr, d_grads.ptr, count, scratch.ptr, 0);
+        const std::vector<double> got = {std::sqrt(d_sumsq.get()[0])}, want = {global_grad_norm(grads.data(), count)};
+        check(fmt("global grad norm (n=%ld)", count), got, want, 1e-12);
+    }
+}
+
+// Group-limited and plain routing, with and without normalised gates. Every fourth token's logits are rounded to
+// multiples of 1/2, so ties in scores (and group scores) occur. alpha is large where set, so that the balance term
+// is of the gate term's size and shows in a scale-relative comparison.
+static void test_router(Rng& rng) {
+    struct Case { int E, G, topk_group, k; bool norm; float scaling, alpha; int64_t B, T; };
+    for (Case tc : {Case{64, 8, 3, 6, true, 2.5f, 2000.0f, 3, 171}, Case{37, 1, 1, 5, false, 1.0f, 0.0f, 2, 129},
+                   Case{256, 8, 4, 8, true, 2.5f, 5000.0f, 2, 300}}) {
+        Config c;
+        c.n_routed_experts = tc.E;
+        c.n_group = tc.G;
+        c.topk_group = tc.topk_group;
+        c.num_experts_per_tok = tc.k;
+        c.norm_topk_prob = tc.norm;
+        c.routed_scaling_factor = tc.scaling;
+        c.aux_loss_alpha = tc.alpha;
+        const int64_t N = tc.B * tc.T, E = tc.E;
+        const float balance_scale = 0.5f;
+        const std::string shape = fmt("(E=%d G=%d/%d k=%d N=%ld%s)", tc.E, tc.G, tc.topk_group, tc.k, N,
+                                      tc.norm ? " norm" : "");
+        std::vector<float> logits = randn(N * E, rng, 2.0f), bias = randn(E, rng, 0.1f);
+        for (int64_t t = 0; t < N; t += 4)
+            for (int64_t e = 0; e < E; e++) logits[t * E + e] = std::round(2.0f * logits[t * E + e]) / 2.0f;
+        std::vector<float> scores(N * E);
+        for (int64_t i = 0; i < N * E; i++) scores[i] = sigmoidf_(logits[i]);
+        Dev<float> d_logits(logits), d_bias(bias), d_scores(N * E), d_weights(N * tc.k), scratch(N * E);
+        Dev<int32_t> d_chosen(N * tc.k);
+        d_scores.poison();
+        d_weights.poison();
+        d_chosen.poison();
+        gpu::router_forward(d_scores.ptr, d_chosen.ptr, d_weights.ptr, scratch.ptr, d_logits.ptr, d_bias.ptr, c, N, 0);
+        const std::vector<float> gpu_scores = d_scores.get();
+        check("router_forward scores " + shape, gpu_scores, scores, 1e-6);
+        // the selection on the GPU's scores, so that a 1-ulp difference in a sigmoid cannot flip a near tie
+        std::vector<int32_t> chosen(N * tc.k);
+        std::vector<float> weights(N * tc.k), select_scratch(E);
+        for (int64_t t = 0; t < N; t++)
+            router_select(c, gpu_scores.data() + t * E, bias.data(), select_scratch.data(), chosen.data() + t * tc.k,
+                          weights.data() + t * tc.k);
+        const std::vector<int32_t> gpu_chosen = d_chosen.get();
+        check("router_forward chosen " + shape, gpu_chosen, chosen, 0);
+        check("router_forward gate weights " + shape, d_weights.get(), weights, 1e-6);
+
+        std::vector<float> dgw = randn(N * tc.k, rng);
+        std::vector<float> dlogits(N * E);
+        router_backward(c, gpu_scores.data(), gpu_chosen.data(), dgw.data(), dlogits.data(), tc.B, tc.T, balance_scale);
+        Dev<float> d_dgw(dgw), d_dlogits(N * E);
+        Dev<int> counts_scratch(tc.B * E);
+        d_dlogits.poison();
+        gpu::router_backward(d_dlogits.ptr, d_dgw.ptr, d_scores.ptr, d_chosen.ptr, c, tc.B, tc.T, balance_scale,
+                             counts_scratch.ptr, 0);
+        check("router_backward dlogits " + shape, d_dlogits.get(), dlogits, 1e-5);
+    }
+}
+
+// Each token picks k distinct experts, never experts 3, 8 or the last one, so some experts get no rows.
+static void test_permute(Rng& rng) {
+    struct Case { int64_t N; int k, E; int64_t d; bool accumulate; };
+    for (Case c : {Case{1001, 6, 37, 259, true}, Case{4099, 8, 256, 67, false}}) {
+        const int64_t n = c.N * c.k, d = c.d;
+        const std::string shape = fmt("(N=%ld k=%d E=%d d=%ld%s)", c.N, c.k, c.E, d, c.accumulate ? " +=" : "");
+        std::vector<int32_t> chosen(n);
+        for (int64_t t = 0; t < c.N; t++)
+            for (int j = 0; j < c.k; j++) {
+                int32_t e;
+                bool taken;
+                do {
+                    e = (int32_t)(rng.next_u64() % c.E);
+                    taken = e == 3 || e == 8 || e == c.E - 1;
+                    for (int i = 0; i < j; i++) taken = taken || chosen[t * c.k + i] == e;
+                } while (taken);
+                chosen[t * c.k + j] = e;
+            }
+        const ExpertPlan plan = build_expert_plan(chosen.data(), n, c.E);
+        Dev<int32_t> d_chosen(chosen);
+        Dev<int64_t> d_counts(c.E), d_offsets(c.E + 1), d_row_of_slot(n), d_slot_of_row(n);
+        d_counts.poison();
+        d_offsets.poison();
+        d_row_of_slot.poison();
+        d_slot_of_row.poison();
+        gpu::expert_plan_build(d_counts.ptr, d_offsets.ptr, d_row_of_slot.ptr, d_slot_of_row.ptr, d_chosen.ptr, n,
+                               c.E, 0);
+        check("expert_plan counts " + shape, d_counts.get(), plan.counts, 0);
+        check("expert_plan offsets " + shape, d_offsets.get(), plan.offsets, 0);
+        check("expert_plan row_of_slot " + shape, d_row_of_slot.get(), plan.row_of_slot, 0);
+        check("expert_plan slot_of_row " + shape, d_slot_of_row.get(), plan.slot_of_row, 0);
+
+        // gather: rows[r] = x[slot_of_row[r] / k]; backward dx[t] (=|+=) sum_j drows[row_of_slot[t*k+j]]
+        std::vector<float> x = randn(c.N * d, rng), rows(n * d), drows = randn(n * d, rng), dx = randn(c.N * d, rng);
+        Dev<float> d_x(x), d_rows(rows.size()), d_drows(drows), d_dx(dx);
+        for (int64_t r = 0; r < n; r++)
+            for (int64_t i = 0; i < d; i++) rows[r * d + i] = x[plan.slot_of_row[r] / c.k * d + i];
+        for (int64_t t = 0; t < c.N; t++)
+            for (int64_t i = 0; i < d; i++) {
+                float acc = c.accumulate ? dx[t * d + i] : 0.0f;
+                for (int j = 0; j < c.k; j++) acc += drows[plan.row_of_slot[t * c.k + j] * d + i];
+                dx[t * d + i] = acc;
+            }
+        d_rows.poison();
+        if (!c.accumulate) d_dx.poison();
+        gpu::gather_forward(d_rows.ptr, d_x.ptr, d_slot_of_row.ptr, c.N, c.k, d, 0);
+        gpu::gather_backward(d_dx.ptr, d_drows.ptr, d_row_of_slot.ptr, c.N, c.k, d, c.accumulate, 0);
+        check("gather_forward rows " + shape, d_rows.get(), rows, 0);
+        check("gather_backward dx " + shape, d_dx.get(), dx, 0);
+
+        // combine: out[t] (=|+=) sum_j w_tj rows[row(t,j)]; backward drows[row] = w dout[t], dw = dout[t] . rows[row]
+        std::vector<float> w = randn(n, rng), out = randn(c.N * d, rng), dout = randn(c.N * d, rng);
+        std::vector<float> dw(n), drows_combine(n * d);
+        Dev<float> d_w(w), d_out(out), d_dout(dout), d_dw(n), d_drows_combine(n * d);
+        for (int64_t t = 0; t < c.N; t++)
+            for (int j = 0; j < c.k; j++) {
+                const int64_t a = t * c.k + j, row = plan.row_of_slot[a];
+                float dot = 0.0f;
+                for (int64_t i = 0; i < d; i++) {
+                    drows_combine[row * d + i] = w[a] * dout[t * d + i];
+                    dot += dout[t * d + i] * rows[row * d + i];
+                }
+                dw[a] = dot;
+            }
+        for (int64_t t = 0; t < c.N; t++)
+            for (int64_t i = 0; i < d; i++) {
+                float acc = c.accumulate ? out[t * d + i] : 0.0f;
+                for (int j = 0; j < c.k; j++) acc += w[t * c.k + j] * rows[plan.row_of_slot[t * c.k + j] * d + i];
+                out[t * d + i] = acc;
+            }
+        if (!c.accumulate) d_out.poison();
+        d_dw.poison();
+        d_drows_combine.poison();
+        gpu::combine_forward(d_out.ptr, d_rows.ptr, d_w.ptr, d_row_of_slot.ptr, c.N, c.k, d, c.accumulate, 0);
+        gpu::combine_backward(d_drows_combine.ptr, d_dw.ptr, d_dout.ptr, d_rows.ptr, d_w.ptr, d_row_of_slot.ptr, c.N,
+                              c.k, d, 0);
+        check("combine_forward out " + shape, d_out.get(), out, 1e-5);
+        check("combine_backward drows " + shape, d_drows_combine.get(), drows_combine, 0);
+        check("combine_backward dweights " + shape, d_dw.get(), dw, 1e-5);
+    }
+}
+
+// ---- MLA attention (kernels/rope.cuh, kernels/attention.cuh) against model/mla.cpp ----
+
+struct AttnCase { int B, T, H, dn, dr, dv; float weight_scale; bool yarn; };
+
+// One MLA layer run by the CPU reference (mla_forward) on random weights and input; its activations hold the
+// inputs and outputs of the kernels under test: q, kv_a, kv, the RoPE tables, q_heads, k_heads, probs, o.
+struct CpuMLA {
+    Config c;
+    int B, T;
+    std::vector<float> wq, wkv_a, wkv_a_norm, wkv_b, wo, storage;
+    MLAActs a{};
+    CpuMLA(const AttnCase& tc, Rng& rng) : B(tc.B), T(tc.T) {
+        c.hidden_size = 40;
+        c.num_attention_heads = tc.H;
+        c.q_lora_rank = 0;
+        c.kv_lora_rank = 24;
+        c.qk_nope_head_dim = tc.dn;
+        c.qk_rope_head_dim = tc.dr;
+        c.v_head_dim = tc.dv;
+        if (tc.yarn) {  // YaRN with m != 1: the tables carry m, the softmax scale mscale^2
+            c.yarn_factor = 4.0f;
+            c.yarn_original_max_position = 32;
+            c.yarn_mscale = 1.0f;
+            c.yarn_mscale_all_dim = 0.8f;
+        }
+        const int64_t d = c.hidden_size, H = tc.H, dqk = tc.dn + tc.dr, kr = c.kv_lora_rank, N = (int64_t)B * T;
+        // weights of scale weight_scale / sqrt(fan_in): q, k entries of about weight_scale, scores of about
+        // weight_scale^2 (the softmax scale is 1/sqrt(dqk))
+        wq = randn(H * dqk * d, rng, tc.weight_scale / std::sqrt((float)d));
+        wkv_a = randn((kr + tc.dr) * d, rng, tc.weight_scale / std::sqrt((float)d));
+        wkv_a_norm = randn(kr, rng, 0.1f);
+        for (float& x : wkv_a_norm) x += 1.0f;
+        wkv_b = randn(H * (tc.dn + tc.dv) * kr, rng, tc.weight_scale / std::sqrt((float)kr));
+        wo = randn(d * H * tc.dv, rng, 1.0f / std::sqrt((float)(H * tc.dv)));
+        BlockWeights w{};
+        w.q = wq.data();
+        w.kv_a = wkv_a.data();
+        w.kv_a_norm = wkv_a_norm.data();
+        w.kv_b = wkv_b.data();
+        w.o = wo.data();
+        carve_arena(storage, [&](Arena<float>& arena) { mla_carve(arena, c, B, T, a); });
+        std::vector<float> x = randn(N * d, rng), out(N * d);
+        mla_forward(c, w, a, x.data(), out.data(), B, T);
+    }
+};
+
+static std::vector<float> host_copy(const float* p, int64_t n) { return std::vector<float>(p, p + n); }
+
+// columns [c0, c1) of each row of a (rows, width) matrix
+static std::vector<float> columns(const std::vector<float>& m, int64_t width, int64_t c0, int64_t c1) {
+    std::vector<float> out;
+    for (size_t r = 0; r < m.size() / width; r++)
+        out.insert(out.end(), m.begin() + r * width + c0, m.begin() + r * width + c1);
+    return out;
+}
+
+// A random (rows, width) matrix whose columns [c0, c1) are NaN: the part a kernel must write (poisoned), the rest
+// must come back untouched.
+static std::vector<float> poisoned_columns(int64_t rows, int64_t width, int64_t c0, int64_t c1, Rng& rng) {
+    std::vector<float> m = randn(rows * width, rng);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t col = c0; col < c1; col++) m[r * width + col] = NAN;
+    return m;
+}
+
+// The table and the head assembly. Tolerances: the table 1e-6 (the same double computation on both sides, cos, sin,
+// pow and log of two libraries: at most one float ulp, 6e-8, in rare entries); the rotations 1e-6 (x0 co - x1 si:
+// FMA contraction may differ); copies 0; the rope key's gradient, a sum over the H heads in head order, 1e-6.
+static void test_rope(const CpuMLA& m, Rng& rng, const std::string& shape) {
+    const Config& c = m.c;
+    const int64_t T = m.T, N = (int64_t)m.B * m.T, H = c.num_attention_heads, dn = c.qk_nope_head_dim;
+    const int64_t dr = c.qk_rope_head_dim, dv = c.v_head_dim, dqk = dn + dr, kr = c.kv_lora_rank;
+    const MLAActs& a = m.a;
+    const std::vector<float> cos_table = host_copy(a.rope_cos, T * dr / 2);
+    const std::vector<float> sin_table = host_copy(a.rope_sin, T * dr / 2);
+    Dev<float> d_cos(cos_table.size()), d_sin(sin_table.size());
+    d_cos.poison();
+    d_sin.poison();
+    gpu::rope_table(d_cos.ptr, d_sin.ptr, c, T, 0);
+    check("rope_table cos " + shape, d_cos.get(), cos_table, 1e-6);
+    check("rope_table sin " + shape, d_sin.get(), sin_table, 1e-6);
+
+    // forward, on the CPU's tables (so that this check does not depend on the one above)
+    Dev<float> cpu_cos(cos_table), cpu_sin(sin_table), d_q(host_copy(a.q, N * H * dqk));
+    Dev<float> d_kv(host_copy(a.kv, N * H * (dn + dv))), d_kv_a(host_copy(a.kv_a, N * (kr + dr)));
+    Dev<float> d_q_heads(N * H * dqk), d_k_heads(N * H * dqk);
+    d_q_heads.poison();
+    d_k_heads.poison();
+    gpu::rope_heads_forward(d_q_heads.ptr, d_k_heads.ptr, d_q.ptr, d_kv.ptr, d_kv_a.ptr, cpu_cos.ptr, cpu_sin.ptr, N, T,
+                            H, dn, dr, dv, kr, 0);
+    check("rope_heads_forward q_heads " + shape, d_q_heads.get(), host_copy(a.q_heads, N * H * dqk), 1e-6);
+    check("rope_heads_forward k_heads " + shape, d_k_heads.get(), host_copy(a.k_heads, N * H * dqk), 1e-6);
+
+    // backward against model/mla.cpp's heads_backward
+    const std::vector<float> dq_heads = randn(N * H * dqk, rng), dk_heads = randn(N * H * dqk, rng);
+    const std::vector<float> dkv0 = poisoned_columns(N * H, dn + dv, 0, dn, rng);
+    const std::vector<float> dkv_a0 = poisoned_columns(N, kr + dr, kr, kr + dr, rng);
+    std::vector<float> dq(N * H * dqk), dkv = dkv0, dkv_a = dkv_a0;
+    heads_backward(c, a, dq_heads.data(), dk_heads.data(), dq.data(), dkv.data(), dkv_a.data(), m.B, m.T);
+    Dev<float> d_dq_heads(dq_heads), d_dk_heads(dk_heads), d_dq(dq.size()), d_dkv(dkv0), d_dkv_a(dkv_a0);
+    d_dq.poison();
+    gpu::rope_heads_backward(d_dq.ptr, d_dkv.ptr, d_dkv_a.ptr, d_dq_heads.ptr, d_dk_heads.ptr, cpu_cos.ptr, cpu_sin.ptr,
+                             N, T, H, dn, dr, dv, kr, 0);
+    const std::vector<float> got_dkv = d_dkv.get(), got_dkv_a = d_dkv_a.get();
+    check("rope_heads_backward dq " + shape, d_dq.get(), dq, 1e-6);
+    check("rope_heads_backward dkv k_nope part " + shape, columns(got_dkv, dn + dv, 0, dn),
+          columns(dkv, dn + dv, 0, dn), 0);
+    check("rope_heads_backward dkv v part untouched " + shape, columns(got_dkv, dn + dv, dn, dn + dv),
+          columns(dkv, dn + dv, dn, dn + dv), 0);
+    check("rope_heads_backward dkv_a rope part " + shape, columns(got_dkv_a, kr + dr, kr, kr + dr),
+          columns(dkv_a, kr + dr, kr, kr + dr), 1e-6);
+    check("rope_heads_backward dkv_a c_kv part untouched " + shape, columns(got_dkv_a, kr + dr, 0, kr),
+          columns(dkv_a, kr + dr, 0, kr), 0);
+}
+
+// The core on the CPU's q_heads, k_heads and kv (v inside kv at offset dn, as in the trainer). Tolerance 1e-5 for
+// o and the gradients (expected errors ~1e-6, up to ~3e-6 for the sharp case): the scores are dot products over dqk
+// terms with another FMA association; P = exp(s - L) carries their rounding, ~u |s| relative for |s| up to ~30;
+// the sums over up to T keys (or queries) run in the CPU's order, but the forward rescales by a running max and
+// divides at the end, and the backward uses D = dO.o instead of sum_j P dP. The log-sum-exp against a double
+// computation, 1e-5 (the float scores' rounding, relative to max |L|).
+static void test_attention_core(const CpuMLA& m, Rng& rng, const std::string& shape) {
+    const Config& c = m.c;
+    const int64_t B = m.B, T = m.T, N = B * T, H = c.num_attention_heads, dn = c.qk_nope_head_dim;
+    const int64_t dqk = c.qk_head_dim(), dv = c.v_head_dim, ld = dn + dv;
+    const float scale = attention_softmax_scale(c);
+    const MLAActs& a = m.a;
+    Dev<float> d_q(host_copy(a.q_heads, N * H * dqk)), d_k(host_copy(a.k_heads, N * H * dqk));
+    Dev<float> d_kv(host_copy(a.kv, N * H * ld)), d_o(N * H * dv), d_lse(B * H * T);
+    d_o.poison();
+    d_lse.poison();
+    gpu::attention_forward(d_o.ptr, d_lse.ptr, d_q.ptr, d_k.ptr, d_kv.ptr + dn, ld, (int)B, (int)T, (int)H, (int)dqk,
+                           (int)dv, scale, 0);
+    check("attention_forward o " + shape, d_o.get(), host_copy(a.o, N * H * dv), 1e-5);
+    std::vector<float> lse(B * H * T);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < T; i++) {
+                std::vector<double> s(i + 1);
+                double mx = -INFINITY, sum = 0.0;
+                for (int64_t j = 0; j <= i; j++) {
+                    double dot = 0.0;
+                    const float* q = a.q_heads + ((b * T + i) * H + h) * dqk;
+                    const float* k = a.k_heads + ((b * T + j) * H + h) * dqk;
+                    for (int64_t e = 0; e < dqk; e++) dot += (double)q[e] * k[e];
+                    s[j] = dot * scale;
+                    mx = std::max(mx, s[j]);
+                }
+                for (int64_t j = 0; j <= i; j++) sum += std::exp(s[j] - mx);
+                lse[(b * H + h) * T + i] = (float)(mx + std::log(sum));
+            }
+    check("attention_forward lse " + shape, d_lse.get(), lse, 1e-5);
+
+    const std::vector<float> d_out = randn(N * H * dv, rng);
+    std::vector<float> dq(N * H * dqk), dk(N * H * dqk), dkv_cpu(N * H * ld);
+    attention_backward(c, a, d_out.data(), dq.data(), dk.data(), dkv_cpu.data(), (int)B, (int)T);
+    const std::vector<float> dv_heads = columns(dkv_cpu, ld, dn, ld);
+    const std::vector<float> dkv0 = poisoned_columns(N * H, ld, dn, ld, rng);
+    Dev<float> d_dout(d_out), d_dq(N * H * dqk), d_dk(N * H * dqk), d_dkv(dkv0);
+    Dev<float> scratch(gpu::attention_backward_scratch_floats((int)B, (int)T, (int)H));
+    d_dq.poison();
+    d_dk.poison();
+    scratch.poison();
+    gpu::attention_backward(d_dq.ptr, d_dk.ptr, d_dkv.ptr + dn, scratch.ptr, d_dout.ptr, d_q.ptr, d_k.ptr,
+                            d_kv.ptr + dn, ld, d_o.ptr, d_lse.ptr, (int)B, (int)T, (int)H, (int)dqk, (int)dv, scale, 0);
+    const std::vector<float> got_dkv = d_dkv.get();
+    check("attention_backward dq_heads " + shape, d_dq.get(), dq, 1e-5);
+    check("attention_backward dk_heads " + shape, d_dk.get(), dk, 1e-5);
+    check("attention_backward dv (in dkv) " + shape, columns(got_dkv, ld, dn, ld), dv_heads, 1e-5);
+    check("attention_backward dkv k_nope part untouched " + shape, columns(got_dkv, ld, 0, dn),
+          columns(dkv0, ld, 0, dn), 0);
+
+    // deterministic: a second run gives the same bits (no atomics; every sum in a fixed order)
+    std::vector<float> first = d_dq.get(), second;
+    const std::vector<float> first_dk = d_dk.get();
+    first.insert(first.end(), first_dk.begin(), first_dk.end());
+    first.insert(first.end(), got_dkv.begin(), got_dkv.end());
+    d_dq.poison();
+    d_dk.poison();
+    scratch.poison();
+    CUDA_CHECK(cudaMemcpy(d_dkv.ptr, dkv0.data(), dkv0.size() * sizeof(float), cudaMemcpyHostToDevice));
+    gpu::attention_backward(d_dq.ptr, d_dk.ptr, d_dkv.ptr + dn, scratch.ptr, d_dout.ptr, d_q.ptr, d_k.ptr,
+                            d_kv.ptr + dn, ld, d_o.ptr, d_lse.ptr, (int)B, (int)T, (int)H, (int)dqk, (int)dv, scale, 0);
+    for (const std::vector<float>& part : {d_dq.get(), d_dk.get(), d_dkv.get()})
+        second.insert(second.end(), part.begin(), part.end());
+    check("attention_backward rerun bit-identical " + shape, second, first, 0);
+}
+
+// Tiny dims; T around the 64-row tile (63, 64, 65, 130); YaRN; a sharp softmax (scores of std ~6: few keys per row);
+// head dims over 256 (two column slabs per block); DeepSeek-V3's head dims (dqk 192 = 128 + 64, dv 128).
+static void test_attention(Rng& rng) {
+    for (AttnCase tc : {AttnCase{2, 17, 3, 8, 4, 8, 1.5f, false}, AttnCase{1, 63, 2, 16, 8, 16, 1.5f, false},
+                        AttnCase{2, 64, 1, 8, 4, 8, 1.5f, true}, AttnCase{1, 65, 2, 12, 6, 20, 1.5f, false},
+                        AttnCase{2, 130, 2, 16, 8, 16, 2.5f, true}, AttnCase{1, 70, 1, 256, 64, 300, 1.5f, false},
+                        AttnCase{1, 256, 2, 128, 64, 128, 1.5f, false}}) {
+        const std::string shape = fmt("(B=%d T=%d H=%d dqk=%d dv=%d%s%s)", tc.B, tc.T, tc.H, tc.dn + tc.dr, tc.dv,
+                                      tc.yarn ? " yarn" : "", tc.weight_scale > 2 ? " sharp" : "");
+        const CpuMLA m(tc, rng);
+        test_rope(m, rng, shape);
+        test_attention_core(m, rng, shape);
+    }
+}
+
+// Every kernel check above, in order (test_gpu, and the kernel emulator's test_kernels_emulated)
+void test_kernels(Rng& rng) {
+    test_embedding(rng);
+    test_rmsnorm(rng);
+    test_swiglu(rng);
+    test_cross_entropy(rng);
+    test_adamw(rng);
+    test_router(rng);
+    test_permute(rng);
+    test_attention(rng);
+}

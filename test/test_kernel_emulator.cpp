@@ -1,0 +1,169 @@
+// The kernel emulator (test/kernel_emulator/): first the emulator itself (indices, collectives, the errors it must
+// report, a missing __syncthreads it must expose), then what it is for: the real kernels against the CPU reference
+// (./test_kernels_emulated) and gpu/gpu_model.cu on the real kernels against the CPU model
+// (./gpu_model_emulated_check), each in two thread orders.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <sys/wait.h>
+#include <thread>
+#include <vector>
+
+#include "test/kernel_emulator/emulator.h"
+#include "test/test_helpers.h"
+
+namespace {
+
+// Runs body on the emulator with EMULATOR_ORDER=order.
+void emulate(const char* order, dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body) {
+    setenv("EMULATOR_ORDER", order, 1);
+    try {
+        emulator::run_grid(grid, block, shared_bytes, body);
+    } catch (...) {
+        unsetenv("EMULATOR_ORDER");
+        throw;
+    }
+    unsetenv("EMULATOR_ORDER");
+}
+
+// A block sum through shared memory, twice in a row: the second call's writes must wait for the first call's
+// reads, which is what the __syncthreads at the top is for (with_first_sync = false drops it).
+void block_sums(std::vector<int>& out, bool with_first_sync) {
+    for (int round = 0; round < 2; round++) {
+        __shared__ int partial[32];
+        int v = (int)threadIdx.x + round * 1000;
+        for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+        if (with_first_sync) __syncthreads();
+        if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = v;
+        __syncthreads();
+        int total = 0;
+        for (unsigned w = 0; w < blockDim.x / 32; w++) total += partial[w];
+        out[round * blockDim.x + threadIdx.x] = total;
+    }
+}
+
+struct Run {
+    int status;
+    std::string out;
+};
+
+// The command's stdout and stderr; a 300 s timeout turns a hang into a failure.
+Run run(const std::string& cmd, const std::string& log) {
+    const std::string path = test_path(log);
+    const int rc = system(("OMP_NUM_THREADS=1 timeout 300 " + cmd + " > " + path + " 2>&1").c_str());
+    std::ifstream f(path);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return {WIFEXITED(rc) ? WEXITSTATUS(rc) : 128, ss.str()};
+}
+
+// The program in the forward and the warps order at once (two processes: this machine has two cores).
+void run_both_orders(const std::string& program) {
+    const char* orders[2] = {"forward", "warps"};
+    Run runs[2];
+    std::thread second([&] { runs[1] = run("env EMULATOR_ORDER=warps " + program, "emulated_warps.txt"); });
+    runs[0] = run("env EMULATOR_ORDER=forward " + program, "emulated_forward.txt");
+    second.join();
+    for (int i = 0; i < 2; i++) {
+        INFO(program << " with EMULATOR_ORDER=" << orders[i] << "\n" << runs[i].out);
+        CHECK(runs[i].status == 0);
+        CHECK(runs[i].out.find(" 0 failed") != std::string::npos);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("kernel emulator: every thread of every block runs once, with its own indices") {
+    for (const char* order : {"forward", "reverse", "warps"}) {
+        const dim3 grid(3, 2, 2), block(32, 2, 3);
+        std::vector<int> seen(3 * 2 * 2 * 32 * 2 * 3, 0);
+        emulate(order, grid, block, 0, [&] {
+            const int b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+            const int t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+            __syncthreads();  // the indices survive a switch to the other threads
+            seen[b * 192 + t]++;
+        });
+        for (size_t i = 0; i < seen.size(); i++) REQUIRE(seen[i] == 1);
+    }
+}
+
+TEST_CASE("kernel emulator: shuffles, ballots, __syncthreads_count and dynamic shared memory") {
+    std::vector<int> xor_sums(64), downs(64), ballots(64), counts(64), shared_ok(64);
+    emulate("forward", dim3(1), dim3(64), 64 * sizeof(int), [&] {
+        const int t = threadIdx.x, lane = t % 32;
+        int v = t;
+        for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+        xor_sums[t] = v;
+        downs[t] = __shfl_down_sync(0xffffffffu, t * 10, 3);
+        ballots[t] = (int)__ballot_sync(0xffffffffu, lane % 3 == 0);
+        counts[t] = __syncthreads_count(t % 5 == 0);
+        int* shared = reinterpret_cast<int*>(emulator::dynamic_shared_memory());
+        shared[63 - t] = t;
+        __syncthreads();
+        shared_ok[t] = shared[t] == 63 - t;
+    });
+    unsigned every_third = 0;
+    for (int l = 0; l < 32; l += 3) every_third |= 1u << l;
+    for (int t = 0; t < 64; t++) {
+        const int warp_first = t / 32 * 32;
+        CHECK(xor_sums[t] == 32 * warp_first + 496);  // sum of the warp's thread indices
+        CHECK(downs[t] == (t % 32 + 3 < 32 ? (t + 3) * 10 : t * 10));
+        CHECK((unsigned)ballots[t] == every_third);
+        CHECK(counts[t] == 13);  // t = 0, 5, ..., 60
+        CHECK(shared_ok[t] == 1);
+    }
+}
+
+TEST_CASE("kernel emulator: a missing __syncthreads shows in the warps order, and only there it is needed") {
+    std::vector<int> out(2 * 128);
+    auto expected = [](int round) { return 128 * 127 / 2 + 128 * round * 1000; };
+    for (const char* order : {"forward", "reverse", "warps"}) {
+        emulate(order, dim3(1), dim3(128), 0, [&] { block_sums(out, true); });
+        for (int i = 0; i < 256; i++) REQUIRE(out[i] == expected(i / 128));
+    }
+    emulate("warps", dim3(1), dim3(128), 0, [&] { block_sums(out, false); });
+    bool some_wrong = false;
+    for (int i = 0; i < 256; i++) some_wrong = some_wrong || out[i] != expected(i / 128);
+    CHECK(some_wrong);
+}
+
+TEST_CASE("kernel emulator: misuse is reported, not run") {
+    auto fails = [](dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body) {
+        CHECK_THROWS_AS(emulate("forward", grid, block, shared_bytes, body), std::logic_error);
+    };
+    fails(dim3(1), dim3(64), 0, [] {  // a __syncthreads only half the block reaches
+        if (threadIdx.x < 32) __syncthreads();
+    });
+    fails(dim3(1), dim3(64), 0, [] {  // threads waiting at __syncthreads while the rest wait at a shuffle
+        if (threadIdx.x < 32) __syncthreads();
+        else __shfl_xor_sync(0xffffffffu, 1, 1);
+    });
+    fails(dim3(1), dim3(32), 0, [] {  // a shuffle some lanes of the warp never reach
+        if (threadIdx.x < 16) return;
+        __shfl_xor_sync(0xffffffffu, 1, 1);
+    });
+    fails(dim3(1), dim3(32), 0, [] { __shfl_xor_sync(0x0000ffffu, 1, 1); });  // partial masks: unsupported
+    fails(dim3(1), dim3(48), 0, [] { __syncwarp(); });                         // a partial warp
+    fails(dim3(1), dim3(1025), 0, [] {});
+    fails(dim3(1, 65536), dim3(32), 0, [] {});
+    fails(dim3(1), dim3(32), 48 * 1024 + 1, [] {});
+    fails(dim3(2), dim3(32), 0, [] { throw std::runtime_error("a thread's exception"); });
+}
+
+TEST_CASE("kernel emulator: the real kernels match the CPU reference (test_gpu's kernel checks)") {
+    run_both_orders("./test_kernels_emulated");
+}
+
+TEST_CASE("kernel emulator: gpu_model.cu on the real kernels matches the CPU model, alone and with EP=2") {
+    run_both_orders("./gpu_model_emulated_check");
+    Run r = run("env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np 2 "
+                "./gpu_model_emulated_check --ep 2",
+                "emulated_ep2.txt");
+    INFO(r.out);
+    CHECK(r.status == 0);
+    CHECK(r.out.find("failed, ok") != std::string::npos);
+}
