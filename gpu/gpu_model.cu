@@ -325,7 +325,7 @@ void mla_forward(GpuModel& m, const BlockWeights& w, GpuBlockActs& a, const floa
                             kr, m.stream);
     m.timer.mark("attention forward");
     gpu::attention_forward(a.o, a.lse, a.q_heads, a.k_heads, a.kv + dn, dn + dv, m.B, m.T, (int)H, (int)dqk, (int)dv,
-                           attention_softmax_scale(c), m.stream);
+                           attention_softmax_scale(c), m.precision, m.stream);
     m.timer.mark("attention projections");
     gpu::matmul_forward(m.matmul, out, a.o, w.o, bf16_of(m, w.o), N, H * dv, d, false);
 }
@@ -339,7 +339,7 @@ void mla_backward(GpuModel& m, const BlockWeights& w, BlockWeights& g, const Gpu
     m.timer.mark("attention backward");
     gpu::attention_backward(s.dq_heads, s.dk_heads, s.dkv + dn, s.attn_d, s.d_o, a.q_heads, a.k_heads, a.kv + dn,
                             dn + dv, a.o, a.lse, m.B, m.T, (int)H, (int)dqk, (int)dv, attention_softmax_scale(c),
-                            m.stream);
+                            m.precision, m.stream);
     m.timer.mark("rope");
     gpu::rope_heads_backward(s.dq, s.dkv, s.dkv_a, s.dq_heads, s.dk_heads, m.rope_cos, m.rope_sin, N, m.T, H, dn, dr,
                              dv, kr, m.stream);

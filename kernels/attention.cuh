@@ -36,8 +36,10 @@
 // its m is finite from the first tile on. In the forward the query tiles run in reverse order (y = 0 is the last,
 // longest tile) so the longest blocks start first; the dk/dv kernel's longest tile (key tile 0) is y = 0 already.
 //
-// Performance work left (this is the correct, readable FP32 version; expect a small fraction of the H200's peak):
-//  - tensor cores: the four tile products on TF32/BF16 mma.sync or Hopper wgmma, with BF16 q/k/v/o storage;
+// Precision::BF16 runs the tensor-core kernels of kernels/attention_bf16.cuh instead (same contract, BF16 products)
+// when both head dims are at most ATTN_BF16_MAX_DIM (256); this FP32 version serves --dtype fp32, wider heads, and
+// is the readable statement of the algorithm. Performance work left on it (expect a small fraction of the H200's
+// peak; CUDA cores only):
 //  - FA2-style: keep the Q (and dO) tile resident in shared memory or registers instead of re-streaming it for
 //    every key tile; fuse the dk and dv slabs; vector (float4) loads and cp.async double buffering of K/V chunks;
 //    exp2f with log2(e) folded into the scale; split-KV for long T with few (b, h);
@@ -48,6 +50,7 @@
 #pragma once
 #include <cstdint>
 
+#include "kernels/attention_bf16.cuh"
 #include "kernels/common.cuh"
 
 namespace gpu {
@@ -368,11 +371,19 @@ static __global__ void __launch_bounds__(ATTN_THREADS)
         attn_write_rows(dv_out + (seq * T * H + h) * v_ld, v_stride, acc, one, j0, T, col_base, width);
 }
 
+// Whether Precision::BF16 runs on the tensor cores for these head dims
+inline bool attention_on_tensor_cores(Precision precision, int dqk, int dv) {
+    return precision == Precision::BF16 && dqk <= ATTN_BF16_MAX_DIM && dv <= ATTN_BF16_MAX_DIM;
+}
+
 // q, k (B*T, H, dqk); v strided by v_ld (see the top) -> o (B*T, H, dv), lse (B, H, T). scale: the softmax scale
-// (attention_softmax_scale of model/rope.h).
+// (attention_softmax_scale of model/rope.h). precision: FP32, or BF16 products (attention_bf16.cuh).
 inline void attention_forward(float* o, float* lse, const float* q, const float* k, const float* v, int64_t v_ld,
-                              int B, int T, int H, int dqk, int dv, float scale, cudaStream_t stream) {
+                              int B, int T, int H, int dqk, int dv, float scale, Precision precision,
+                              cudaStream_t stream) {
     if ((int64_t)B * T * H == 0) return;
+    if (attention_on_tensor_cores(precision, dqk, dv))
+        return attention_forward_bf16(o, lse, q, k, v, v_ld, B, T, H, dqk, dv, scale, stream);
     const dim3 grid((unsigned)((int64_t)B * H), (unsigned)ceil_div(T, ATTN_TILE), (unsigned)ceil_div(dv, ATTN_SLAB));
     launch_kernel(attention_forward_kernel, grid, ATTN_THREADS, 0, stream, o, lse, q, k, v, v_ld, T, H, dqk, dv, scale);
 }
@@ -384,12 +395,16 @@ inline int64_t attention_backward_scratch_floats(int B, int T, int H) { return (
 // all overwritten (dv_out's other columns, e.g. k_nope's inside dkv, untouched).
 inline void attention_backward(float* dq, float* dk, float* dv_out, float* scratch, const float* dout, const float* q,
                                const float* k, const float* v, int64_t v_ld, const float* o, const float* lse, int B,
-                               int T, int H, int dqk, int dv, float scale, cudaStream_t stream) {
+                               int T, int H, int dqk, int dv, float scale, Precision precision,
+                               cudaStream_t stream) {
     const int64_t rows = (int64_t)B * T * H;
     if (rows == 0) return;
     constexpr int d_threads = 256;
     launch_kernel(attention_backward_d_kernel, (unsigned)ceil_div(rows * 32, d_threads), d_threads, 0, stream, scratch,
                   dout, o, rows, T, H, dv);
+    if (attention_on_tensor_cores(precision, dqk, dv))
+        return attention_backward_bf16(dq, dk, dv_out, scratch, dout, q, k, v, v_ld, lse, B, T, H, dqk, dv, scale,
+                                       stream);
     const unsigned bh = (unsigned)((int64_t)B * H), tiles = (unsigned)ceil_div(T, ATTN_TILE);
     const int dk_slabs = (int)ceil_div(dqk, ATTN_SLAB), dv_slabs = (int)ceil_div(dv, ATTN_SLAB);
     launch_kernel(attention_backward_dq_kernel, dim3(bh, tiles, dk_slabs), ATTN_THREADS, 0, stream, dq, dout, q, k, v,

@@ -11,6 +11,10 @@
 
 namespace gpu {
 
+// The inputs of the GEMMs and of the attention products (kernels/matmul.cuh, kernels/attention.cuh); accumulation,
+// activations and every output stay FP32.
+enum class Precision { FP32, BF16 };
+
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Blocks for a grid-stride loop over n elements: enough to fill the GPU, capped well below the grid limit.

@@ -1,7 +1,8 @@
 // Kernel launches and dynamic shared memory, the only two places that use CUDA's own syntax for them:
 //   launch_kernel(kernel, grid, block, shared_bytes, stream, args...) is kernel<<<grid, block, shared_bytes,
-//       stream>>>(args...) followed by the launch check (DESIGN §4), so no launcher can forget the check;
-//   dynamic_shared<T>() is the block's dynamic shared memory (the launch's shared_bytes) as T*.
+//       stream>>>(args...) followed by the launch check (DESIGN §4), so no launcher can forget the check; above
+//       48 KiB of dynamic shared memory it first raises the kernel's limit (up to 227 KiB on Hopper);
+//   dynamic_shared<T>() is the block's dynamic shared memory (the launch's shared_bytes) as T*, 128-byte aligned.
 // The kernel emulator (test/kernel_emulator/) replaces this file to run the same kernels on the CPU.
 #pragma once
 #include <cstddef>
@@ -13,13 +14,15 @@ namespace gpu {
 template <typename... Params, typename... Args>
 inline void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
                           Args... args) {
+    if (shared_bytes > (size_t(48) << 10))
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared_bytes));
     kernel<<<grid, block, shared_bytes, stream>>>(args...);
     CUDA_CHECK(cudaGetLastError());
 }
 
 template <typename T>
 __device__ inline T* dynamic_shared() {
-    extern __shared__ __align__(16) unsigned char dynamic_shared_bytes[];
+    extern __shared__ __align__(128) unsigned char dynamic_shared_bytes[];
     return reinterpret_cast<T*>(dynamic_shared_bytes);
 }
 

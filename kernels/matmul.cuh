@@ -81,8 +81,6 @@
 
 namespace gpu {
 
-enum class Precision { FP32, BF16 };  // GEMM inputs; accumulation and outputs are always FP32
-
 constexpr size_t MATMUL_WORKSPACE_BYTES = size_t(32) << 20;  // what cuBLASLt recommends for Hopper
 constexpr size_t MATMUL_CACHE_MAX = 1 << 15;
 constexpr int MATMUL_CAST_THREADS = 256;

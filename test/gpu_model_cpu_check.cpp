@@ -1,7 +1,8 @@
 // gpu_model_cpu_check: the GPU model's ORCHESTRATION on the CPU. gpu/gpu_model.cu is compiled as C++ against the
 // stand-ins of test/cpu_stand_in/ (the CUDA runtime on host memory, and each kernel launcher implementing its
 // documented contract with the CPU reference's functions; see test/cpu_stand_in/stand_in.h), and compared with the
-// CPU reference model. The kernels themselves are test/test_gpu.cu's business, on a GPU.
+// CPU reference model. Built the same way against the kernel emulator instead (./gpu_model_emulated_check, see
+// test/kernel_emulator/emulator.h), it runs the real kernels (the GEMMs stay the stand-in's) under the same checks.
 //   alone:                      the single-process checks, then the distributed check with one rank
 //   mpirun -np N ... --ep E:    the distributed check: EP = E, DP = N / E, against one process (as ep_check)
 // Single process, four configs: tiny (q_lora, groups, shared experts, MTP, balance loss), plain (none of these,
@@ -27,7 +28,8 @@
 // expert counts, the router-bias rule (+-gamma), copies.
 // Any orchestration error (a wrong buffer, a missing accumulate, a wrong scale or offset, a missed
 // synchronisation) shows up as an O(1) error, far above these bounds. BF16 (operands rounded to 8 mantissa
-// bits): the loss within 2e-2 relative and the gradient vector's cosine >= 0.999, norm within 2% (as test_gpu).
+// bits): the loss within 2e-2 relative, the gradient vector's norm within 2% and its cosine >= 0.999 less 3e-3 per
+// assignment that changed experts, of which at most 1% + 1 (test/random_model.h; as test_gpu).
 // Distributed: the sums over tokens are split over ranks and reordered: 1e-5 for the loss, the gradients (ep_check
 // allows 1e-4; measured 7e-7) and the norm, and ep_check's 1e-4 for the losses over 5 optimizer steps.
 #include <cmath>
@@ -324,10 +326,15 @@ void check_bf16(const std::string& tag, const Config& c, int B, int T, uint64_t 
         got_sq += (double)grads[i] * grads[i];
         want_sq += (double)cpu.grads[i] * cpu.grads[i];
     }
+    int64_t assignments = 0;
+    for (const auto& layer : cpu.expert_counts)
+        for (int64_t n : layer) assignments += n;
+    const int64_t moved = moved_assignments(gm.expert_counts, cpu.expert_counts);
+    report(tag + " expert counts: assignments that changed experts", moved <= bf16_max_moved(assignments),
+           fmt("%.0f of %.0f moved", (double)moved, (double)assignments));
     const double cosine = dot / sqrt(got_sq * want_sq), ratio = sqrt(got_sq / want_sq);
-    report(tag + " gradients: cosine, norm ratio", cosine >= 0.999 && fabs(ratio - 1.0) <= 0.02,
-           fmt("cos %.6f norm ratio %.4f", cosine, ratio));
-    check_counts(tag + " expert counts", gm.expert_counts, cpu.expert_counts);
+    report(tag + " gradients: cosine, norm ratio", cosine >= bf16_min_cosine(moved) && fabs(ratio - 1.0) <= 0.02,
+           fmt("cos %.6f norm ratio %.4f", cosine, ratio) + fmt(" (cos >= %.3f)", bf16_min_cosine(moved)));
     OptimizerConfig oc;
     gpu_model_adamw(gm, opt, oc, 1e-2f, 1.0f);
     report(tag + " BF16 copy after AdamW", copy_is_fresh(), "");

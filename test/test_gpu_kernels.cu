@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include <cuda_bf16.h>
+
 #include "comm/expert_plan.h"
 #include "test/gpu_check.cuh"
 #include "kernels/adamw.cuh"
@@ -451,7 +453,7 @@ static void test_attention_core(const CpuMLA& m, Rng& rng, const std::string& sh
     d_o.poison();
     d_lse.poison();
     gpu::attention_forward(d_o.ptr, d_lse.ptr, d_q.ptr, d_k.ptr, d_kv.ptr + dn, ld, (int)B, (int)T, (int)H, (int)dqk,
-                           (int)dv, scale, 0);
+                           (int)dv, scale, gpu::Precision::FP32, 0);
     check("attention_forward o " + shape, d_o.get(), host_copy(a.o, N * H * dv), 1e-5);
     std::vector<float> lse(B * H * T);
     for (int64_t b = 0; b < B; b++)
@@ -483,7 +485,8 @@ static void test_attention_core(const CpuMLA& m, Rng& rng, const std::string& sh
     d_dk.poison();
     scratch.poison();
     gpu::attention_backward(d_dq.ptr, d_dk.ptr, d_dkv.ptr + dn, scratch.ptr, d_dout.ptr, d_q.ptr, d_k.ptr,
-                            d_kv.ptr + dn, ld, d_o.ptr, d_lse.ptr, (int)B, (int)T, (int)H, (int)dqk, (int)dv, scale, 0);
+                            d_kv.ptr + dn, ld, d_o.ptr, d_lse.ptr, (int)B, (int)T, (int)H, (int)dqk, (int)dv, scale,
+                            gpu::Precision::FP32, 0);
     const std::vector<float> got_dkv = d_dkv.get();
     check("attention_backward dq_heads " + shape, d_dq.get(), dq, 1e-5);
     check("attention_backward dk_heads " + shape, d_dk.get(), dk, 1e-5);
@@ -501,10 +504,92 @@ static void test_attention_core(const CpuMLA& m, Rng& rng, const std::string& sh
     scratch.poison();
     CUDA_CHECK(cudaMemcpy(d_dkv.ptr, dkv0.data(), dkv0.size() * sizeof(float), cudaMemcpyHostToDevice));
     gpu::attention_backward(d_dq.ptr, d_dk.ptr, d_dkv.ptr + dn, scratch.ptr, d_dout.ptr, d_q.ptr, d_k.ptr,
-                            d_kv.ptr + dn, ld, d_o.ptr, d_lse.ptr, (int)B, (int)T, (int)H, (int)dqk, (int)dv, scale, 0);
+                            d_kv.ptr + dn, ld, d_o.ptr, d_lse.ptr, (int)B, (int)T, (int)H, (int)dqk, (int)dv, scale,
+                            gpu::Precision::FP32, 0);
     for (const std::vector<float>& part : {d_dq.get(), d_dk.get(), d_dkv.get()})
         second.insert(second.end(), part.begin(), part.end());
     check("attention_backward rerun bit-identical " + shape, second, first, 0);
+}
+
+// The tensor-core kernels (Precision::BF16, kernels/attention_bf16.cuh) against a double-precision computation on
+// the BF16-rounded q, k, v and dO (what the kernels multiply), so what is measured is the kernels' own rounding: P
+// and dS are rounded to BF16 before their products (2^-9 relative each), and the scores' and products' FP32 sums.
+// With random signs these errors add up like the values themselves, so relative to each output's largest entry they
+// stay near 2^-9 = 2e-3; tolerance 1e-2. D is dO . o in FP32 on unrounded dO, as in the kernels.
+static void test_attention_bf16(const CpuMLA& m, Rng& rng, const std::string& shape) {
+    const Config& c = m.c;
+    const int64_t B = m.B, T = m.T, N = B * T, H = c.num_attention_heads, dn = c.qk_nope_head_dim;
+    const int64_t dqk = c.qk_head_dim(), dv = c.v_head_dim, ld = dn + dv;
+    if (!gpu::attention_on_tensor_cores(gpu::Precision::BF16, (int)dqk, (int)dv)) return;
+    const double scale = attention_softmax_scale(c);
+    auto bf16 = [](const std::vector<float>& x) {
+        std::vector<double> r(x.size());
+        for (size_t i = 0; i < x.size(); i++) r[i] = __bfloat162float(__float2bfloat16_rn(x[i]));
+        return r;
+    };
+    const std::vector<float> q = host_copy(m.a.q_heads, N * H * dqk), k = host_copy(m.a.k_heads, N * H * dqk);
+    const std::vector<float> kv = host_copy(m.a.kv, N * H * ld), d_out = randn(N * H * dv, rng);
+    const std::vector<double> qr = bf16(q), kr = bf16(k), kvr = bf16(kv), dor = bf16(d_out);
+    std::vector<float> o(N * H * dv), lse(B * H * T), dq(N * H * dqk), dk(N * H * dqk), dv_heads(N * H * dv);
+    std::vector<double> dq_acc(N * H * dqk, 0.0), dk_acc(N * H * dqk, 0.0), dv_acc(N * H * dv, 0.0);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < T; i++) {
+                const int64_t ni = (b * T + i) * H + h;
+                std::vector<double> p(i + 1), dp(i + 1);
+                double mx = -INFINITY, sum = 0.0, D = 0.0;
+                for (int64_t j = 0; j <= i; j++) {
+                    const int64_t nj = (b * T + j) * H + h;
+                    double dot = 0.0, dpd = 0.0;
+                    for (int64_t e = 0; e < dqk; e++) dot += qr[ni * dqk + e] * kr[nj * dqk + e];
+                    for (int64_t e = 0; e < dv; e++) dpd += dor[ni * dv + e] * kvr[nj * ld + dn + e];
+                    p[j] = dot * scale;
+                    dp[j] = dpd;
+                    mx = std::max(mx, p[j]);
+                }
+                for (int64_t j = 0; j <= i; j++) sum += std::exp(p[j] - mx);
+                lse[(b * H + h) * T + i] = (float)(mx + std::log(sum));
+                for (int64_t e = 0; e < dv; e++) {
+                    double oe = 0.0;
+                    for (int64_t j = 0; j <= i; j++) oe += std::exp(p[j] - mx) / sum * kvr[((b * T + j) * H + h) * ld + dn + e];
+                    o[ni * dv + e] = (float)oe;
+                    D += (double)d_out[ni * dv + e] * oe;
+                }
+                for (int64_t j = 0; j <= i; j++) {
+                    const int64_t nj = (b * T + j) * H + h;
+                    const double pj = std::exp(p[j] - mx) / sum, ds = pj * (dp[j] - D) * scale;
+                    for (int64_t e = 0; e < dqk; e++) {
+                        dq_acc[ni * dqk + e] += ds * kr[nj * dqk + e];
+                        dk_acc[nj * dqk + e] += ds * qr[ni * dqk + e];
+                    }
+                    for (int64_t e = 0; e < dv; e++) dv_acc[nj * dv + e] += pj * dor[ni * dv + e];
+                }
+            }
+    for (size_t i = 0; i < dq.size(); i++) dq[i] = (float)dq_acc[i], dk[i] = (float)dk_acc[i];
+    for (size_t i = 0; i < dv_heads.size(); i++) dv_heads[i] = (float)dv_acc[i];
+
+    Dev<float> d_q(q), d_k(k), d_kv(kv), d_o(N * H * dv), d_lse(B * H * T);
+    d_o.poison();
+    d_lse.poison();
+    gpu::attention_forward(d_o.ptr, d_lse.ptr, d_q.ptr, d_k.ptr, d_kv.ptr + dn, ld, (int)B, (int)T, (int)H, (int)dqk,
+                           (int)dv, (float)scale, gpu::Precision::BF16, 0);
+    check("attention_forward bf16 o " + shape, d_o.get(), o, 1e-2);
+    check("attention_forward bf16 lse " + shape, d_lse.get(), lse, 1e-2);
+    const std::vector<float> dkv0 = poisoned_columns(N * H, ld, dn, ld, rng);
+    Dev<float> d_dout(d_out), d_dq(N * H * dqk), d_dk(N * H * dqk), d_dkv(dkv0);
+    Dev<float> scratch(gpu::attention_backward_scratch_floats((int)B, (int)T, (int)H));
+    d_dq.poison();
+    d_dk.poison();
+    scratch.poison();
+    gpu::attention_backward(d_dq.ptr, d_dk.ptr, d_dkv.ptr + dn, scratch.ptr, d_dout.ptr, d_q.ptr, d_k.ptr,
+                            d_kv.ptr + dn, ld, d_o.ptr, d_lse.ptr, (int)B, (int)T, (int)H, (int)dqk, (int)dv,
+                            (float)scale, gpu::Precision::BF16, 0);
+    const std::vector<float> got_dkv = d_dkv.get();
+    check("attention_backward bf16 dq_heads " + shape, d_dq.get(), dq, 1e-2);
+    check("attention_backward bf16 dk_heads " + shape, d_dk.get(), dk, 1e-2);
+    check("attention_backward bf16 dv (in dkv) " + shape, columns(got_dkv, ld, dn, ld), dv_heads, 1e-2);
+    check("attention_backward bf16 dkv k_nope part untouched " + shape, columns(got_dkv, ld, 0, dn),
+          columns(dkv0, ld, 0, dn), 0);
 }
 
 // Tiny dims; T around the 64-row tile (63, 64, 65, 130); YaRN; a sharp softmax (scores of std ~6: few keys per row);
@@ -519,6 +604,7 @@ static void test_attention(Rng& rng) {
         const CpuMLA m(tc, rng);
         test_rope(m, rng, shape);
         test_attention_core(m, rng, shape);
+        test_attention_bf16(m, rng, shape);
     }
 }
 

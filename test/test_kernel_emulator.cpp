@@ -150,7 +150,7 @@ TEST_CASE("kernel emulator: misuse is reported, not run") {
     fails(dim3(1), dim3(48), 0, [] { __syncwarp(); });                         // a partial warp
     fails(dim3(1), dim3(1025), 0, [] {});
     fails(dim3(1, 65536), dim3(32), 0, [] {});
-    fails(dim3(1), dim3(32), 48 * 1024 + 1, [] {});
+    fails(dim3(1), dim3(32), 227 * 1024 + 1, [] {});
     fails(dim3(2), dim3(32), 0, [] { throw std::runtime_error("a thread's exception"); });
 }
 

@@ -17,7 +17,7 @@ namespace emulator {
 namespace {
 
 constexpr size_t STACK_BYTES = size_t(256) << 10;  // per thread; kernels keep small arrays, the host math a little
-constexpr size_t MAX_DYNAMIC_SHARED = size_t(48) << 10;
+constexpr size_t MAX_DYNAMIC_SHARED = size_t(227) << 10;  // Hopper, after launch_kernel raises the limit
 
 // ---- fibers ----------------------------------------------------------------------------------------------------
 
@@ -104,7 +104,9 @@ struct Block {
     int block_phase = 0;
     std::vector<std::array<uint64_t, 32>> warp_values[2];
     std::vector<int> warp_phase;
-    std::vector<unsigned char> dynamic_shared;
+    std::vector<unsigned char> dynamic_shared_storage;  // 128 bytes more than asked, for the alignment
+    unsigned char* dynamic_shared = nullptr;             // 128-byte aligned, as the GPU's
+    size_t dynamic_shared_bytes = 0;
     std::string error;  // set by a thread that hit an unsupported use; the scheduler throws it
 };
 
@@ -215,7 +217,7 @@ void run_block(Block& b, Order order) {
     }
     b.block_phase = 0;
     std::fill(b.warp_phase.begin(), b.warp_phase.end(), 0);
-    std::fill(b.dynamic_shared.begin(), b.dynamic_shared.end(), (unsigned char)0xFF);
+    std::fill(b.dynamic_shared, b.dynamic_shared + b.dynamic_shared_bytes, (unsigned char)0xFF);
     for (;;) {
         for (int k = 0; k < warps; k++) {
             const int w = order == Order::reverse ? warps - 1 - k : k;
@@ -239,7 +241,7 @@ void run_grid(dim3 grid, dim3 block, size_t shared_bytes, const std::function<vo
     if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535)
         fail("invalid grid size");
     if (shared_bytes > MAX_DYNAMIC_SHARED)
-        fail(std::to_string(shared_bytes) + " bytes of dynamic shared memory (the default limit is 48 KiB)");
+        fail(std::to_string(shared_bytes) + " bytes of dynamic shared memory (at most 227 KiB a block)");
     while (stacks.size() < threads) stacks.emplace_back(new char[STACK_BYTES]);
 
     Block b;
@@ -254,7 +256,9 @@ void run_grid(dim3 grid, dim3 block, size_t shared_bytes, const std::function<vo
         b.warp_values[p].assign(warps, std::array<uint64_t, 32>{});
     }
     b.warp_phase.assign(warps, 0);
-    b.dynamic_shared.resize(shared_bytes);
+    b.dynamic_shared_storage.resize(shared_bytes + 128);
+    b.dynamic_shared = b.dynamic_shared_storage.data() + (128 - (uintptr_t)b.dynamic_shared_storage.data() % 128);
+    b.dynamic_shared_bytes = shared_bytes;
 
     const Order order = order_from_environment();
     Block* outer = running;
@@ -273,7 +277,7 @@ void run_grid(dim3 grid, dim3 block, size_t shared_bytes, const std::function<vo
     running = outer;
 }
 
-unsigned char* dynamic_shared_memory() { return running->dynamic_shared.data(); }
+unsigned char* dynamic_shared_memory() { return running->dynamic_shared; }
 
 const uint64_t* warp_collective(unsigned mask, uint64_t value) {
     Block& b = *running;

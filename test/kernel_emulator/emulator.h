@@ -13,7 +13,7 @@
 // Stream order, device memory and its checks are the CPU stand-ins' (test/cpu_stand_in/stand_in.h): a launch runs
 // when its stream is synchronised, device memory is host memory filled with NaN bytes when allocated.
 // What throws std::logic_error (through the synchronising call): a block of 0 or more than 1024 threads, a grid
-// beyond CUDA's limits, more than 48 KiB of dynamic shared memory, a __syncthreads that not every thread of the
+// beyond CUDA's limits, more than 227 KiB of dynamic shared memory, a __syncthreads that not every thread of the
 // block reaches (some wait elsewhere, or exited), a warp collective that not all 32 lanes reach, a partial mask.
 // Not modelled: timing and the memory model between blocks (no kernel here waits for another block); the device's
 // math functions (the host's expf etc. stand in; the device's are within 2 ulp, which test_gpu's tolerances cover);
@@ -54,7 +54,7 @@ namespace emulator {
 // there; shared_bytes of dynamic shared memory per block.
 void run_grid(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body);
 
-// For the running thread: the block's dynamic shared memory.
+// For the running thread: the block's dynamic shared memory (128-byte aligned).
 unsigned char* dynamic_shared_memory();
 
 // Collectives. Every participant deposits a value, waits until all have, then reads all of them: the returned

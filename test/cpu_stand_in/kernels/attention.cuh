@@ -3,7 +3,8 @@
 //   backward: D_i = dO_i . o_i;  P_ij = exp(s_ij - L_i);  dP_ij = dO_i . v_j;  dS_ij = P_ij (dP_ij - D_i) scale;
 //             dq_i = sum_{j<=i} dS_ij k_j;  dk_j = sum_{i>=j} dS_ij q_i;  dv_j = sum_{i>=j} P_ij dO_i
 // The forward's softmax is model/mla.cpp's attention_softmax_row (max, exp, sum, divide; L = max + log(sum)); the
-// backward, as the kernel's, from q, k, v, o and L (not from stored probabilities as the CPU's).
+// backward, as the kernel's, from q, k, v, o and L (not from stored probabilities as the CPU's). Precision::BF16
+// runs the same FP32 loops (the real BF16 kernels are checked by test_gpu and on the kernel emulator).
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -17,7 +18,7 @@ namespace gpu {
 
 // q, k (B*T, H, dqk); v value e of (n, h) at [(n*H + h)*v_ld + e] -> o (B*T, H, dv), lse (B, H, T)
 inline void attention_forward(float* o, float* lse, const float* q, const float* k, const float* v, int64_t v_ld,
-                              int B, int T, int H, int dqk, int dv, float scale, cudaStream_t stream) {
+                              int B, int T, int H, int dqk, int dv, float scale, Precision, cudaStream_t stream) {
     const int64_t N = (int64_t)B * T;
     dev(o, N * H * dv, "attention_forward o");
     dev(lse, N * H, "attention_forward lse");
@@ -51,7 +52,7 @@ inline int64_t attention_backward_scratch_floats(int B, int T, int H) { return (
 // v), all overwritten (dv_out's other columns untouched). scratch: D (B, H, T).
 inline void attention_backward(float* dq, float* dk, float* dv_out, float* scratch, const float* dout, const float* q,
                                const float* k, const float* v, int64_t v_ld, const float* o, const float* lse, int B,
-                               int T, int H, int dqk, int dv, float scale, cudaStream_t stream) {
+                               int T, int H, int dqk, int dv, float scale, Precision, cudaStream_t stream) {
     const int64_t N = (int64_t)B * T;
     dev(dq, N * H * dqk, "attention_backward dq");
     dev(dk, N * H * dqk, "attention_backward dk");

@@ -20,8 +20,6 @@
 
 namespace gpu {
 
-enum class Precision { FP32, BF16 };  // GEMM inputs; accumulation and outputs are always FP32
-
 constexpr size_t MATMUL_WORKSPACE_BYTES = size_t(32) << 20;
 
 struct Matmul {  // one per stream
