@@ -24,7 +24,7 @@ HEADERS  := $(wildcard model/*.h data/*.h comm/*.h tools/*.h trainer/*.h kernels
 .PHONY: all deps deps-run data run test test-gpu bench-cpu bench-io bench-comm bench clean
 
 all: train_cpu prepare_data test_cpu ep_check gpu_model_cpu_check train_stand_in test_kernels_emulated \
-     gpu_model_emulated_check \
+     gpu_model_emulated_check train_emulated \
      $(if $(wildcard tools/plot_main.cpp),plot)
 
 build/%.o: %.cpp $(HEADERS)
@@ -98,13 +98,19 @@ train_stand_in: train.cu gpu/gpu_model.cu gpu/gpu_model.h test/cpu_stand_in/nccl
 	  test/cpu_stand_in/nccl_comm_stand_in.cpp $(CORE_OBJ) -o $@ $(MPI_LIBS)
 
 # The real kernels on the CPU, through the kernel emulator (test/kernel_emulator/: the emulated launch, the CPU
-# stand-ins' GEMMs, searched before the real kernels/), both run by test_cpu (test/test_kernel_emulator.cpp):
-# test_gpu's kernel checks, and gpu_model_cpu_check's comparison of gpu/gpu_model.cu with the CPU model.
+# stand-ins' GEMMs, searched before the real kernels/), run by test_cpu: test_gpu's kernel checks and
+# gpu_model_cpu_check's comparison of gpu/gpu_model.cu with the CPU model (test/test_kernel_emulator.cpp), and the
+# GPU trainer train.cu against train_cpu (test/test_train_stand_in.cpp).
 EMULATOR := $(wildcard test/kernel_emulator/*.h test/kernel_emulator/kernels/*.cuh) $(STAND_IN)
 EMULATOR_FLAGS := $(filter-out -I.,$(CXXFLAGS)) -Wno-unknown-pragmas -Itest/kernel_emulator -I.
 test_kernels_emulated: test/test_gpu_kernels.cu test/gpu_check.cuh test/kernel_emulator/test_kernels_emulated.cpp \
                        build/test/kernel_emulator/emulator.o $(EMULATOR) $(CORE_OBJ) $(HEADERS)
 	$(CXX) $(EMULATOR_FLAGS) -x c++ test/test_gpu_kernels.cu -x none test/kernel_emulator/test_kernels_emulated.cpp \
+	  build/test/kernel_emulator/emulator.o $(CORE_OBJ) -o $@ $(MPI_LIBS)
+
+train_emulated: train.cu gpu/gpu_model.cu gpu/gpu_model.h test/cpu_stand_in/nccl_comm_stand_in.cpp \
+                build/test/kernel_emulator/emulator.o $(EMULATOR) $(CORE_OBJ) $(HEADERS)
+	$(CXX) $(EMULATOR_FLAGS) -x c++ train.cu gpu/gpu_model.cu -x none test/cpu_stand_in/nccl_comm_stand_in.cpp \
 	  build/test/kernel_emulator/emulator.o $(CORE_OBJ) -o $@ $(MPI_LIBS)
 
 gpu_model_emulated_check: test/gpu_model_cpu_check.cpp gpu/gpu_model.cu gpu/gpu_model.h \
@@ -121,7 +127,7 @@ bench-cpu: deps
 
 clean:
 	rm -rf build train_cpu prepare_data test_cpu test_gpu bench_cpu bench_io bench_comm bench_gpu ep_check plot train \
-	  gpu_model_cpu_check train_stand_in test_kernels_emulated gpu_model_emulated_check
+	  gpu_model_cpu_check train_stand_in test_kernels_emulated gpu_model_emulated_check train_emulated
 
 # GPU trainer: CUDA code compiled with nvcc for Hopper (sm_90a, plus PTX for newer GPUs), linked with the shared
 # host code. It builds anywhere the toolkit is; running it needs a GPU.

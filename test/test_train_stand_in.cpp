@@ -29,6 +29,7 @@
 //     checkpoint: byte-identical files (copies only, no arithmetic).
 //   - BF16: loss within 2e-2 of the FP32 run at every step [4e-3; "a few %"], its own resume as above, and the
 //     validation loss of a checkpoint within 1e-2 of FP32 [6e-6] (test_gpu's BF16 loss bound).
+// And ./train_emulated, train.cu on the real kernels through the kernel emulator: 6 steps against train_cpu.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -39,6 +40,7 @@
 #include <sstream>
 #include <string>
 #include <sys/wait.h>
+#include <thread>
 #include <vector>
 
 #include "test/test_helpers.h"
@@ -259,6 +261,28 @@ TEST_CASE("train_stand_in --dtype bf16: trains near fp32, resumes its own checkp
     printf("train_stand_in: --eval-only val_loss %.6f (bf16) vs %.6f (fp32)\n", val_loss_of(eval_bf16),
            val_loss_of(eval_fp32));
     CHECK_REL(val_loss_of(eval_bf16), val_loss_of(eval_fp32), 1e-2);
+}
+
+// ./train_emulated: train.cu on the real kernels, run by the kernel emulator (test/kernel_emulator/; the GEMMs are
+// still the stand-ins'), for the first 6 steps of the common run. fp32 against train_cpu: steps 1-2 within 1e-4
+// (test_gpu_train.cu's bound for ./train on a GPU: the kernels sum in their own order), steps 3-6 the same curve;
+// bf16 (tensor-core attention, BF16 GEMM inputs) within 2e-2 of fp32 at every step.
+TEST_CASE("train_emulated (train.cu on the real kernels, emulated) follows train_cpu in fp32, and fp32 in bf16") {
+    const std::string six = " --config small --data 'data/default/train_*.bin' --steps 6 --seq 64 --lr 3e-3 "
+                            "--warmup 5 --seed 7 --batch 4 --log ";
+    Job fp32, bf16;  // about 25 s each: at once, on two cores
+    std::thread bf16_run([&] { bf16 = sh("emu_bf16", "./train_emulated --dtype bf16" + six + log_of("emu_bf16")); });
+    fp32 = sh("emu_fp32", "./train_emulated --dtype fp32" + six + log_of("emu_fp32"));
+    bf16_run.join();
+    const Job cpu = sh("emu_cpu", "./train_cpu" + six + log_of("emu_cpu"));
+    INFO(fp32.out << bf16.out << cpu.out);
+    REQUIRE(fp32.status == 0);
+    REQUIRE(bf16.status == 0);
+    REQUIRE(cpu.status == 0);
+    check_logs("emulated fp32 vs train_cpu, steps 1-2 (loss, grad norm)", "emu_fp32", "emu_cpu", {"loss", "grad_norm"},
+               1, 2, 1e-4);
+    check_logs("emulated fp32 vs train_cpu, steps 3-6 (loss)", "emu_fp32", "emu_cpu", {"loss"}, 3, 6, 1e-2);
+    check_logs("emulated bf16 vs emulated fp32, steps 1-6 (loss)", "emu_bf16", "emu_fp32", {"loss"}, 1, 6, 2e-2);
 }
 
 TEST_CASE("train_stand_in under mpirun: EP 2 (and DP 2) with batch 2 per rank matches one rank with batch 4") {
