@@ -17,6 +17,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <cuda_bf16.h>
@@ -436,6 +437,32 @@ static void test_rope(const CpuMLA& m, Rng& rng, const std::string& shape) {
           columns(dkv_a, kr + dr, 0, kr), 0);
 }
 
+// The attention kernels in one precision on q, k (N*H, dqk), kv (N*H, dn + dv: v at column dn) and dO: the forward,
+// then the backward from its o and lse. Outputs poisoned first; dkv starts as dkv0, whose k_nope columns must come
+// back untouched.
+struct GpuAttention {
+    std::vector<float> o, lse, dq, dk, dkv;
+};
+static GpuAttention gpu_attention(gpu::Precision precision, const std::vector<float>& q, const std::vector<float>& k,
+                                  const std::vector<float>& kv, const std::vector<float>& d_out,
+                                  const std::vector<float>& dkv0, int B, int T, int H, int dn, int dqk, int dv,
+                                  float scale) {
+    const int64_t N = (int64_t)B * T, ld = dn + dv;
+    Dev<float> d_q(q), d_k(k), d_kv(kv), d_o(N * H * dv), d_lse((int64_t)B * H * T);
+    Dev<float> d_dout(d_out), d_dq(N * H * dqk), d_dk(N * H * dqk), d_dkv(dkv0);
+    Dev<float> scratch(gpu::attention_backward_scratch_floats(B, T, H));
+    d_o.poison();
+    d_lse.poison();
+    d_dq.poison();
+    d_dk.poison();
+    scratch.poison();
+    gpu::attention_forward(d_o.ptr, d_lse.ptr, d_q.ptr, d_k.ptr, d_kv.ptr + dn, ld, B, T, H, dqk, dv, scale, precision,
+                           0);
+    gpu::attention_backward(d_dq.ptr, d_dk.ptr, d_dkv.ptr + dn, scratch.ptr, d_dout.ptr, d_q.ptr, d_k.ptr,
+                            d_kv.ptr + dn, ld, d_o.ptr, d_lse.ptr, B, T, H, dqk, dv, scale, precision, 0);
+    return {d_o.get(), d_lse.get(), d_dq.get(), d_dk.get(), d_dkv.get()};
+}
+
 // The core on the CPU's q_heads, k_heads and kv (v inside kv at offset dn, as in the trainer). Tolerance 1e-5 for
 // o and the gradients (expected errors ~1e-6, up to ~3e-6 for the sharp case): the scores are dot products over dqk
 // terms with another FMA association; P = exp(s - L) carries their rounding, ~u |s| relative for |s| up to ~30;
@@ -448,13 +475,6 @@ static void test_attention_core(const CpuMLA& m, Rng& rng, const std::string& sh
     const int64_t dqk = c.qk_head_dim(), dv = c.v_head_dim, ld = dn + dv;
     const float scale = attention_softmax_scale(c);
     const MLAActs& a = m.a;
-    Dev<float> d_q(host_copy(a.q_heads, N * H * dqk)), d_k(host_copy(a.k_heads, N * H * dqk));
-    Dev<float> d_kv(host_copy(a.kv, N * H * ld)), d_o(N * H * dv), d_lse(B * H * T);
-    d_o.poison();
-    d_lse.poison();
-    gpu::attention_forward(d_o.ptr, d_lse.ptr, d_q.ptr, d_k.ptr, d_kv.ptr + dn, ld, (int)B, (int)T, (int)H, (int)dqk,
-                           (int)dv, scale, gpu::Precision::FP32, 0);
-    check("attention_forward o " + shape, d_o.get(), host_copy(a.o, N * H * dv), 1e-5);
     std::vector<float> lse(B * H * T);
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++)
@@ -472,43 +492,29 @@ static void test_attention_core(const CpuMLA& m, Rng& rng, const std::string& sh
                 for (int64_t j = 0; j <= i; j++) sum += std::exp(s[j] - mx);
                 lse[(b * H + h) * T + i] = (float)(mx + std::log(sum));
             }
-    check("attention_forward lse " + shape, d_lse.get(), lse, 1e-5);
-
     const std::vector<float> d_out = randn(N * H * dv, rng);
     std::vector<float> dq(N * H * dqk), dk(N * H * dqk), dkv_cpu(N * H * ld);
     attention_backward(c, a, d_out.data(), dq.data(), dk.data(), dkv_cpu.data(), (int)B, (int)T);
-    const std::vector<float> dv_heads = columns(dkv_cpu, ld, dn, ld);
     const std::vector<float> dkv0 = poisoned_columns(N * H, ld, dn, ld, rng);
-    Dev<float> d_dout(d_out), d_dq(N * H * dqk), d_dk(N * H * dqk), d_dkv(dkv0);
-    Dev<float> scratch(gpu::attention_backward_scratch_floats((int)B, (int)T, (int)H));
-    d_dq.poison();
-    d_dk.poison();
-    scratch.poison();
-    gpu::attention_backward(d_dq.ptr, d_dk.ptr, d_dkv.ptr + dn, scratch.ptr, d_dout.ptr, d_q.ptr, d_k.ptr,
-                            d_kv.ptr + dn, ld, d_o.ptr, d_lse.ptr, (int)B, (int)T, (int)H, (int)dqk, (int)dv, scale,
-                            gpu::Precision::FP32, 0);
-    const std::vector<float> got_dkv = d_dkv.get();
-    check("attention_backward dq_heads " + shape, d_dq.get(), dq, 1e-5);
-    check("attention_backward dk_heads " + shape, d_dk.get(), dk, 1e-5);
-    check("attention_backward dv (in dkv) " + shape, columns(got_dkv, ld, dn, ld), dv_heads, 1e-5);
-    check("attention_backward dkv k_nope part untouched " + shape, columns(got_dkv, ld, 0, dn),
-          columns(dkv0, ld, 0, dn), 0);
 
+    auto run = [&] {
+        return gpu_attention(gpu::Precision::FP32, host_copy(a.q_heads, N * H * dqk), host_copy(a.k_heads, N * H * dqk),
+                             host_copy(a.kv, N * H * ld), d_out, dkv0, (int)B, (int)T, (int)H, (int)dn, (int)dqk,
+                             (int)dv, scale);
+    };
+    const GpuAttention got = run();
+    check("attention_forward o " + shape, got.o, host_copy(a.o, N * H * dv), 1e-5);
+    check("attention_forward lse " + shape, got.lse, lse, 1e-5);
+    check("attention_backward dq_heads " + shape, got.dq, dq, 1e-5);
+    check("attention_backward dk_heads " + shape, got.dk, dk, 1e-5);
+    check("attention_backward dv (in dkv) " + shape, columns(got.dkv, ld, dn, ld), columns(dkv_cpu, ld, dn, ld), 1e-5);
+    check("attention_backward dkv k_nope part untouched " + shape, columns(got.dkv, ld, 0, dn),
+          columns(dkv0, ld, 0, dn), 0);
     // deterministic: a second run gives the same bits (no atomics; every sum in a fixed order)
-    std::vector<float> first = d_dq.get(), second;
-    const std::vector<float> first_dk = d_dk.get();
-    first.insert(first.end(), first_dk.begin(), first_dk.end());
-    first.insert(first.end(), got_dkv.begin(), got_dkv.end());
-    d_dq.poison();
-    d_dk.poison();
-    scratch.poison();
-    CUDA_CHECK(cudaMemcpy(d_dkv.ptr, dkv0.data(), dkv0.size() * sizeof(float), cudaMemcpyHostToDevice));
-    gpu::attention_backward(d_dq.ptr, d_dk.ptr, d_dkv.ptr + dn, scratch.ptr, d_dout.ptr, d_q.ptr, d_k.ptr,
-                            d_kv.ptr + dn, ld, d_o.ptr, d_lse.ptr, (int)B, (int)T, (int)H, (int)dqk, (int)dv, scale,
-                            gpu::Precision::FP32, 0);
-    for (const std::vector<float>& part : {d_dq.get(), d_dk.get(), d_dkv.get()})
-        second.insert(second.end(), part.begin(), part.end());
-    check("attention_backward rerun bit-identical " + shape, second, first, 0);
+    const GpuAttention again = run();
+    for (auto [name, first, second] : {std::tuple{"o", &got.o, &again.o}, std::tuple{"dq", &got.dq, &again.dq},
+                                       std::tuple{"dk", &got.dk, &again.dk}, std::tuple{"dkv", &got.dkv, &again.dkv}})
+        check(std::string("attention rerun bit-identical ") + name + " " + shape, *second, *first, 0);
 }
 
 // The tensor-core kernels (Precision::BF16, kernels/attention_bf16.cuh) against a double-precision computation on
@@ -568,27 +574,15 @@ static void test_attention_bf16(const CpuMLA& m, Rng& rng, const std::string& sh
     for (size_t i = 0; i < dq.size(); i++) dq[i] = (float)dq_acc[i], dk[i] = (float)dk_acc[i];
     for (size_t i = 0; i < dv_heads.size(); i++) dv_heads[i] = (float)dv_acc[i];
 
-    Dev<float> d_q(q), d_k(k), d_kv(kv), d_o(N * H * dv), d_lse(B * H * T);
-    d_o.poison();
-    d_lse.poison();
-    gpu::attention_forward(d_o.ptr, d_lse.ptr, d_q.ptr, d_k.ptr, d_kv.ptr + dn, ld, (int)B, (int)T, (int)H, (int)dqk,
-                           (int)dv, (float)scale, gpu::Precision::BF16, 0);
-    check("attention_forward bf16 o " + shape, d_o.get(), o, 1e-2);
-    check("attention_forward bf16 lse " + shape, d_lse.get(), lse, 1e-2);
     const std::vector<float> dkv0 = poisoned_columns(N * H, ld, dn, ld, rng);
-    Dev<float> d_dout(d_out), d_dq(N * H * dqk), d_dk(N * H * dqk), d_dkv(dkv0);
-    Dev<float> scratch(gpu::attention_backward_scratch_floats((int)B, (int)T, (int)H));
-    d_dq.poison();
-    d_dk.poison();
-    scratch.poison();
-    gpu::attention_backward(d_dq.ptr, d_dk.ptr, d_dkv.ptr + dn, scratch.ptr, d_dout.ptr, d_q.ptr, d_k.ptr,
-                            d_kv.ptr + dn, ld, d_o.ptr, d_lse.ptr, (int)B, (int)T, (int)H, (int)dqk, (int)dv,
-                            (float)scale, gpu::Precision::BF16, 0);
-    const std::vector<float> got_dkv = d_dkv.get();
-    check("attention_backward bf16 dq_heads " + shape, d_dq.get(), dq, 1e-2);
-    check("attention_backward bf16 dk_heads " + shape, d_dk.get(), dk, 1e-2);
-    check("attention_backward bf16 dv (in dkv) " + shape, columns(got_dkv, ld, dn, ld), dv_heads, 1e-2);
-    check("attention_backward bf16 dkv k_nope part untouched " + shape, columns(got_dkv, ld, 0, dn),
+    const GpuAttention got = gpu_attention(gpu::Precision::BF16, q, k, kv, d_out, dkv0, (int)B, (int)T, (int)H, (int)dn,
+                                           (int)dqk, (int)dv, (float)scale);
+    check("attention_forward bf16 o " + shape, got.o, o, 1e-2);
+    check("attention_forward bf16 lse " + shape, got.lse, lse, 1e-2);
+    check("attention_backward bf16 dq_heads " + shape, got.dq, dq, 1e-2);
+    check("attention_backward bf16 dk_heads " + shape, got.dk, dk, 1e-2);
+    check("attention_backward bf16 dv (in dkv) " + shape, columns(got.dkv, ld, dn, ld), dv_heads, 1e-2);
+    check("attention_backward bf16 dkv k_nope part untouched " + shape, columns(got.dkv, ld, 0, dn),
           columns(dkv0, ld, 0, dn), 0);
 }
 
