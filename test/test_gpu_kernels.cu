@@ -469,6 +469,14 @@ static GpuAttention gpu_attention(gpu::Precision precision, const std::vector<fl
 // the sums over up to T keys (or queries) run in the CPU's order, but the forward rescales by a running max and
 // divides at the end, and the backward uses D = dO.o instead of sum_j P dP. The log-sum-exp against a double
 // computation, 1e-5 (the float scores' rounding, relative to max |L|).
+// deterministic: a second run gives the same bits (no atomics; every sum in a fixed order)
+static void check_rerun(const GpuAttention& first, const GpuAttention& second, const std::string& what,
+                        const std::string& shape) {
+    for (auto [name, a, b] : {std::tuple{"o", &first.o, &second.o}, std::tuple{"dq", &first.dq, &second.dq},
+                              std::tuple{"dk", &first.dk, &second.dk}, std::tuple{"dkv", &first.dkv, &second.dkv}})
+        check("attention rerun bit-identical " + what + name + " " + shape, *b, *a, 0);
+}
+
 static void test_attention_core(const CpuMLA& m, Rng& rng, const std::string& shape) {
     const Config& c = m.c;
     const int64_t B = m.B, T = m.T, N = B * T, H = c.num_attention_heads, dn = c.qk_nope_head_dim;
@@ -510,11 +518,7 @@ static void test_attention_core(const CpuMLA& m, Rng& rng, const std::string& sh
     check("attention_backward dv (in dkv) " + shape, columns(got.dkv, ld, dn, ld), columns(dkv_cpu, ld, dn, ld), 1e-5);
     check("attention_backward dkv k_nope part untouched " + shape, columns(got.dkv, ld, 0, dn),
           columns(dkv0, ld, 0, dn), 0);
-    // deterministic: a second run gives the same bits (no atomics; every sum in a fixed order)
-    const GpuAttention again = run();
-    for (auto [name, first, second] : {std::tuple{"o", &got.o, &again.o}, std::tuple{"dq", &got.dq, &again.dq},
-                                       std::tuple{"dk", &got.dk, &again.dk}, std::tuple{"dkv", &got.dkv, &again.dkv}})
-        check(std::string("attention rerun bit-identical ") + name + " " + shape, *second, *first, 0);
+    check_rerun(got, run(), "", shape);
 }
 
 // The tensor-core kernels (Precision::BF16, kernels/attention_bf16.cuh) against a double-precision computation on
@@ -575,8 +579,11 @@ static void test_attention_bf16(const CpuMLA& m, Rng& rng, const std::string& sh
     for (size_t i = 0; i < dv_heads.size(); i++) dv_heads[i] = (float)dv_acc[i];
 
     const std::vector<float> dkv0 = poisoned_columns(N * H, ld, dn, ld, rng);
-    const GpuAttention got = gpu_attention(gpu::Precision::BF16, q, k, kv, d_out, dkv0, (int)B, (int)T, (int)H, (int)dn,
-                                           (int)dqk, (int)dv, (float)scale);
+    auto run = [&] {
+        return gpu_attention(gpu::Precision::BF16, q, k, kv, d_out, dkv0, (int)B, (int)T, (int)H, (int)dn, (int)dqk,
+                             (int)dv, (float)scale);
+    };
+    const GpuAttention got = run();
     check("attention_forward bf16 o " + shape, got.o, o, 1e-2);
     check("attention_forward bf16 lse " + shape, got.lse, lse, 1e-2);
     check("attention_backward bf16 dq_heads " + shape, got.dq, dq, 1e-2);
@@ -584,15 +591,18 @@ static void test_attention_bf16(const CpuMLA& m, Rng& rng, const std::string& sh
     check("attention_backward bf16 dv (in dkv) " + shape, columns(got.dkv, ld, dn, ld), dv_heads, 1e-2);
     check("attention_backward bf16 dkv k_nope part untouched " + shape, columns(got.dkv, ld, 0, dn),
           columns(dkv0, ld, 0, dn), 0);
+    check_rerun(got, run(), "bf16 ", shape);
 }
 
 // Tiny dims; T around the 64-row tile (63, 64, 65, 130); YaRN; a sharp softmax (scores of std ~6: few keys per row);
-// head dims over 256 (two column slabs per block); DeepSeek-V3's head dims (dqk 192 = 128 + 64, dv 128).
+// head dims over 256 (two column slabs per block; FP32 only); DeepSeek-V3's head dims (dqk 192 = 128 + 64, dv 128);
+// and head dims that take each of the BF16 kernels' fragment counts (4, 8, 12, 16: up to 64, 128, 192, 256 wide).
 static void test_attention(Rng& rng) {
     for (AttnCase tc : {AttnCase{2, 17, 3, 8, 4, 8, 1.5f, false}, AttnCase{1, 63, 2, 16, 8, 16, 1.5f, false},
                         AttnCase{2, 64, 1, 8, 4, 8, 1.5f, true}, AttnCase{1, 65, 2, 12, 6, 20, 1.5f, false},
                         AttnCase{2, 130, 2, 16, 8, 16, 2.5f, true}, AttnCase{1, 70, 1, 256, 64, 300, 1.5f, false},
-                        AttnCase{1, 256, 2, 128, 64, 128, 1.5f, false}}) {
+                        AttnCase{1, 256, 2, 128, 64, 128, 1.5f, false}, AttnCase{1, 70, 1, 192, 64, 256, 1.5f, false},
+                        AttnCase{2, 80, 1, 96, 32, 192, 1.5f, false}, AttnCase{1, 100, 2, 96, 32, 64, 1.5f, false}}) {
         const std::string shape = fmt("(B=%d T=%d H=%d dqk=%d dv=%d%s%s)", tc.B, tc.T, tc.H, tc.dn + tc.dr, tc.dv,
                                       tc.yarn ? " yarn" : "", tc.weight_scale > 2 ? " sharp" : "");
         const CpuMLA m(tc, rng);
