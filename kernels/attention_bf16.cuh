@@ -11,7 +11,8 @@
 // rows 16w..16w+15. The tiles of the other side (64 keys, or 64 queries) stream through shared memory, converted
 // to BF16 with the head dims zero-padded to multiples of 16. Products are warp-level 16 x 16 x 16 wmma tiles
 // (<mma.h>): for each streamed tile a warp computes its 16 x 64 strip of scores into a per-warp FP32 buffer,
-// its lanes apply the mask and the softmax there (lane l: row l / 2, columns 32 (l % 2) ..+31), write P (or dS) as
+// its lanes apply the mask and the softmax there (lane l: row l / 2, columns l % 2 + 2t: the two lanes of a row
+// interleave, so a warp's accesses hit 16 different banks, not 8), write P (or dS) as
 // BF16, and the warp multiplies that strip into its output accumulators, which stay in registers across tiles
 // (one 16 x 16 fragment per 16 output columns: the NF template parameter, so at most 16).
 // The forward's online softmax must rescale its accumulators by a per-row factor, but a fragment's element-to-row
@@ -89,12 +90,12 @@ __device__ inline T* attn_bf16_region(unsigned char* base, int64_t offset) {
 
 // dst (64 x attn_bf16_ld(width)) = rows 0..rows-1 of src (row r at src + r * stride), columns < width, as BF16;
 // zeros in the padding rows and columns. All threads of the block.
+// A warp per row at a time, its lanes over consecutive columns (coalesced).
 __device__ inline void attn_bf16_load(__nv_bfloat16* dst, const float* src, int64_t stride, int rows, int width) {
-    const int padded = attn_bf16_pad(width), ld = attn_bf16_ld(width);
-    for (int idx = threadIdx.x; idx < ATTN_BF16_ROWS * padded; idx += ATTN_BF16_THREADS) {
-        const int r = idx / padded, e = idx % padded;
-        dst[r * ld + e] = __float2bfloat16_rn(r < rows && e < width ? src[r * stride + e] : 0.0f);
-    }
+    const int padded = attn_bf16_pad(width), ld = attn_bf16_ld(width), warps = ATTN_BF16_THREADS / 32;
+    for (int r = threadIdx.x / 32; r < ATTN_BF16_ROWS; r += warps)
+        for (int e = threadIdx.x % 32; e < padded; e += 32)
+            dst[r * ld + e] = __float2bfloat16_rn(r < rows && e < width ? src[r * stride + e] : 0.0f);
 }
 
 // strip (16 x 64, ld ATTN_BF16_STRIP_LD) = A_w B^T: A_w the warp's 16 rows of a (ld lda), B the 64 rows of b
@@ -189,7 +190,7 @@ static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
 #pragma unroll
     for (int f = 0; f < NF; f++) wmma::fill_fragment(acc[f], 0.0f);
 
-    const int r = lane / 2, c0 = (lane % 2) * 32, i = i0 + warp * 16 + r;  // this lane's softmax row and columns
+    const int r = lane / 2, c0 = lane % 2, i = i0 + warp * 16 + r;  // this lane's softmax row and columns
     for (int kt = 0; kt <= qt; kt++) {
         const int j0 = kt * ATTN_BF16_ROWS, k_rows = T - j0 < ATTN_BF16_ROWS ? T - j0 : ATTN_BF16_ROWS;
         __syncthreads();  // every warp is done with the previous K and V
@@ -199,7 +200,7 @@ static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
         attn_bf16_strip(strip, q_s + warp * 16 * ldq, ldq, k_s, ldq, dqk16);
         __syncwarp();
         float tile_max = -INFINITY;
-        for (int c = c0; c < c0 + 32; c++) {
+        for (int c = c0; c < ATTN_BF16_ROWS; c += 2) {
             const bool counted = j0 + c <= i && i < T;
             const float s = counted ? strip[r * ATTN_BF16_STRIP_LD + c] * scale : -INFINITY;
             strip[r * ATTN_BF16_STRIP_LD + c] = s;
@@ -209,7 +210,7 @@ static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
         const float m_old = m_s[r], m_new = fmaxf(m_old, tile_max);
         const float ref = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing counted yet: exp(-inf) = 0
         float sum = 0.0f;
-        for (int c = c0; c < c0 + 32; c++) {
+        for (int c = c0; c < ATTN_BF16_ROWS; c += 2) {
             const __nv_bfloat16 p = __float2bfloat16_rn(expf(strip[r * ATTN_BF16_STRIP_LD + c] - ref));
             p_s[r * ATTN_BF16_P_LD + c] = p;
             sum += __bfloat162float(p);
@@ -223,9 +224,11 @@ static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
             corr_s[r] = correction;
         }
         __syncwarp();
+        float row_correction[FragC::num_elements];  // of each fragment element's row
+        for (int e = 0; e < FragC::num_elements; e++) row_correction[e] = corr_s[(int)row_of.x[e]];
 #pragma unroll
         for (int f = 0; f < NF; f++)
-            for (int e = 0; e < acc[f].num_elements; e++) acc[f].x[e] *= corr_s[(int)row_of.x[e]];
+            for (int e = 0; e < FragC::num_elements; e++) acc[f].x[e] *= row_correction[e];
         attn_bf16_accumulate(acc, p_s, v_s, ldv, frags);
     }
     attn_bf16_write(o + (seq * T * H + h) * dv, (int64_t)H * dv, acc, frags, strip, l_s, i0, T, dv);
@@ -259,7 +262,7 @@ static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
     FragC acc[NF];
 #pragma unroll
     for (int f = 0; f < NF; f++) wmma::fill_fragment(acc[f], 0.0f);
-    const int r = lane / 2, c0 = (lane % 2) * 32, i = i0 + warp * 16 + r;
+    const int r = lane / 2, c0 = lane % 2, i = i0 + warp * 16 + r;
     const float row_lse = i < T ? lse[bh * T + i] : 0.0f, row_d = i < T ? D[bh * T + i] : 0.0f;
 
     for (int kt = 0; kt <= qt; kt++) {
@@ -271,7 +274,7 @@ static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
         attn_bf16_strip(s_strip, q_s + warp * 16 * ldq, ldq, k_s, ldq, attn_bf16_pad(dqk));
         attn_bf16_strip(dp_strip, do_s + warp * 16 * ldv, ldv, v_s, ldv, attn_bf16_pad(dv));
         __syncwarp();
-        for (int c = c0; c < c0 + 32; c++) {
+        for (int c = c0; c < ATTN_BF16_ROWS; c += 2) {
             const bool counted = j0 + c <= i && i < T;
             const float p = counted ? expf(s_strip[r * ATTN_BF16_STRIP_LD + c] * scale - row_lse) : 0.0f;
             ds_s[r * ATTN_BF16_P_LD + c] = __float2bfloat16_rn(p * (dp_strip[r * ATTN_BF16_STRIP_LD + c] - row_d) * scale);
@@ -313,7 +316,7 @@ static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
     FragC acc[NF];
 #pragma unroll
     for (int f = 0; f < NF; f++) wmma::fill_fragment(acc[f], 0.0f);
-    const int r = lane / 2, c0 = (lane % 2) * 32, j = j0 + warp * 16 + r;  // this lane's key and query columns
+    const int r = lane / 2, c0 = lane % 2, j = j0 + warp * 16 + r;  // this lane's key and query columns
 
     for (int qt = kt; qt < q_tiles; qt++) {
         const int i0 = qt * ATTN_BF16_ROWS, q_rows = T - i0 < ATTN_BF16_ROWS ? T - i0 : ATTN_BF16_ROWS;
@@ -328,7 +331,7 @@ static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
         attn_bf16_strip(s_strip, k_s + warp * 16 * ldq, ldq, q_s, ldq, attn_bf16_pad(dqk));  // S^T
         if (is_dk) attn_bf16_strip(dp_strip, v_s + warp * 16 * ldv, ldv, do_s, ldv, attn_bf16_pad(dv));  // dP^T
         __syncwarp();
-        for (int c = c0; c < c0 + 32; c++) {
+        for (int c = c0; c < ATTN_BF16_ROWS; c += 2) {
             const int i = i0 + c;
             const bool counted = j <= i && i < T;
             const float p = counted ? expf(s_strip[r * ATTN_BF16_STRIP_LD + c] * scale - col_lse[c]) : 0.0f;
