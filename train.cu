@@ -26,6 +26,7 @@ public:
         size_t free_before = 0, total = 0;
         CUDA_CHECK(cudaMemGetInfo(&free_before, &total));
         gpu_model_init(model_, host.config, *host.comm, precision, args.batch, args.seq);
+        model_release_grads(host);  // the gradients live on the GPU only
         size_t free_after = 0;
         CUDA_CHECK(cudaMemGetInfo(&free_after, &total));
         peak_ = gpu_peak_flops(prop);

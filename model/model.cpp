@@ -22,6 +22,11 @@ void model_init(Model& m, const Config& c, Comm* comm) {
     m.B = m.T = 0;
 }
 
+void model_release_grads(Model& m) {
+    std::vector<float>().swap(m.grads);
+    m.g = ModelWeights{};
+}
+
 // Each tensor (each expert, for stacked experts) draws from its own stream, seeded by the run's seed and its name,
 // so the initial weights are the same whatever the expert-parallel layout. The streams are independent, so they
 // are filled in parallel with the same values for any thread count.

@@ -70,6 +70,9 @@ struct Model {
 
 // Table and zeroed buffers. With comm (default: one process), the routed experts are split over its EP group.
 void model_init(Model& m, const Config& c, Comm* comm = nullptr);
+// For a backend that keeps its own gradients (the GPU's): frees the host gradient buffer (4 bytes a parameter) and
+// clears m.g. model_backward, model_zero_grads and model_reduce_grads are not for such a model.
+void model_release_grads(Model& m);
 void model_init_weights(Model& m, uint64_t seed);          // N(0, initializer_range) matrices, norms 1, biases 0
 // Forward over B sequences of T tokens. targets == nullptr: logits only (no losses, no MTP).
 // training: add this batch's expert loads to expert_counts (evaluation and sampling must not).
