@@ -235,14 +235,18 @@ ExpertScratch expert_scratch_of(const GpuModel& m) {
     return carve_expert_scratch(ar, m.config, m.comm->ep_size, m.expert_scratch_rows);
 }
 
-// The largest activation operand a BF16 GEMM casts, for the routed experts' R rows: rows x max(K, N) of any GEMM.
-int64_t cast_elements(const Config& c, int64_t N, int64_t R) {
+// The largest operands BF16 GEMMs cast, for N tokens and the routed experts' R rows: inputs (rows x K of every
+// GEMM: x, the MTP block's concatenation, the LoRA latents, the attention output, the FFN intermediates) and
+// output gradients (rows x N: the logits' among them, by far the largest with a big vocabulary).
+gpu::MatmulCasts cast_elements(const Config& c, int64_t N, int64_t R) {
     const int64_t d = c.hidden_size, H = c.num_attention_heads, width = std::max<int64_t>(
         c.intermediate_size, (int64_t)c.n_shared_experts * c.moe_intermediate_size);
-    const int64_t cols = std::max<int64_t>({c.vocab_size, 2 * d, H * c.qk_head_dim(),
-                                            H * (c.qk_nope_head_dim + c.v_head_dim), width,
-                                            (int64_t)c.kv_lora_rank + c.qk_rope_head_dim, c.q_lora_rank});
-    return std::max(N * cols, R * std::max<int64_t>(d, c.moe_intermediate_size));
+    const int64_t expert_rows = R * std::max<int64_t>(d, c.moe_intermediate_size);
+    const int64_t input_cols = std::max<int64_t>({2 * d, c.q_lora_rank, c.kv_lora_rank, H * c.v_head_dim, width});
+    const int64_t grad_cols = std::max<int64_t>({c.vocab_size, d, H * c.qk_head_dim(),
+                                                 H * (c.qk_nope_head_dim + c.v_head_dim), width,
+                                                 (int64_t)c.kv_lora_rank + c.qk_rope_head_dim, c.q_lora_rank});
+    return {std::max(N * input_cols, expert_rows), std::max(N * grad_cols, expert_rows)};
 }
 
 int64_t bytes_of(const std::function<void(ByteArena&)>& carve) {
@@ -610,7 +614,7 @@ void allocate(GpuModel& m, const Config& c, Comm& comm, gpu::Precision p, int B,
     m.scratch = device_alloc(m.scratch_bytes, "the backward's buffers");
     m.norm_slots = static_cast<double*>(
         device_alloc((int64_t)(m.table.tensors.size() + gpu::grad_norm_scratch_doubles(total)) * 8, "the norms"));
-    gpu::matmul_create(m.matmul, m.stream, p == gpu::Precision::BF16 ? cast_elements(c, N, 0) : 0);
+    gpu::matmul_create(m.matmul, m.stream, p == gpu::Precision::BF16 ? cast_elements(c, N, 0) : gpu::MatmulCasts{});
     m.expert_counts.assign(c.num_blocks(), {});
     for (int l = 0; l < c.num_blocks(); l++)
         if (c.is_moe_layer(l)) {
@@ -680,7 +684,7 @@ GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, gpu::Precision p, in
                                       : 0;
     plan.scratch = bytes_of([&](ByteArena& ar) { carve_scratch(ar, c, B, T); }) +
                    (int64_t)(build_param_table(c, ep_size).tensors.size() + gpu::grad_norm_scratch_doubles(total)) * 8 +
-                   gpu::matmul_memory_bytes(p == gpu::Precision::BF16 ? cast_elements(c, N, R) : 0);
+                   gpu::matmul_memory_bytes(p == gpu::Precision::BF16 ? cast_elements(c, N, R) : gpu::MatmulCasts{});
     return plan;
 }
 

@@ -40,8 +40,8 @@
 // or 4-byte (FP32) aligned and the kernels found are slower ones: model widths should be multiples of 8.
 //
 // Algorithms: cublasLtMatmulAlgoGetHeuristic with the workspace size and the minimum alignments of A, B, C, D
-// computed from the actual pointers (a tensor inside the one big parameter buffer, or an expert's rows, is not
-// 256-byte aligned, cuBLASLt's default assumption). The first choice is cached with its descriptors, keyed by
+// computed from the actual pointers (cuBLASLt assumes 256 bytes unless told: the FP32 tensors of the parameter
+// buffer start on 256 bytes, but their BF16 copies on 128, and an expert's rows or a cast of a group anywhere). The first choice is cached with its descriptors, keyed by
 // precision, transposes, m, n, k, the ld's and the alignments, so the heuristic runs once per shape. The routed
 // experts' row counts change every step, so their keys miss until the counts seen cover the spread of the
 // routing: about 9 GEMM shapes per expert size times a few hundred row counts when balanced, a few thousand
@@ -52,7 +52,8 @@
 // device-side grouped GEMM (CUTLASS grouped / cuBLAS grouped-batched with device pointers) would avoid that sync
 // and the per-group launches. BF16 casts of the activation operands are done once for all groups.
 //
-// Every cuBLASLt call is checked with CUBLAS_CHECK (status name, file, line, call; exit), as CUDA_CHECK.
+// Every cuBLASLt call is checked: with CUBLAS_CHECK (status name, file, line, call; exit), as CUDA_CHECK, and the
+// heuristic and the multiply itself with a report of the whole problem (site, shapes, layouts, alignments).
 #pragma once
 #include <array>
 #include <cstdint>
@@ -94,13 +95,19 @@ struct MatmulPlan {
 // {bf16, transa, transb, m, n, k, lda, ldb, ldd, align A, align B, align C/D}
 using MatmulKey = std::array<int64_t, 12>;
 
+// Sizes (elements) of a Matmul's two BF16 cast buffers: cast_a holds a GEMM's input (rows x K), cast_b its output
+// gradient (rows x N). 0 and 0: an FP32-only Matmul, without buffers.
+struct MatmulCasts {
+    int64_t inputs = 0, output_grads = 0;
+};
+
 struct Matmul {  // one per stream
     cublasLtHandle_t handle = nullptr;
     cudaStream_t stream = nullptr;
     void* workspace = nullptr;
     size_t workspace_bytes = 0;
     __nv_bfloat16 *cast_a = nullptr, *cast_b = nullptr;  // BF16 casts of the activation operands
-    int64_t cast_capacity = 0;                           // elements each
+    MatmulCasts cast_capacity;
     std::map<MatmulKey, MatmulPlan> cache;
 };
 
@@ -122,8 +129,8 @@ inline void cast_to_bf16(__nv_bfloat16* out, const float* in, int64_t n, cudaStr
 // ---------------------------------------------------------------------------------------------------------------
 // Setup
 
-inline int64_t matmul_memory_bytes(int64_t max_cast_elements) {
-    return (int64_t)MATMUL_WORKSPACE_BYTES + 2 * max_cast_elements * (int64_t)sizeof(__nv_bfloat16);
+inline int64_t matmul_memory_bytes(MatmulCasts casts) {
+    return (int64_t)MATMUL_WORKSPACE_BYTES + (casts.inputs + casts.output_grads) * (int64_t)sizeof(__nv_bfloat16);
 }
 
 inline void matmul_clear_cache(Matmul& mm) {
@@ -149,7 +156,7 @@ inline void matmul_destroy(Matmul& mm) {
     mm.workspace = nullptr;
     mm.workspace_bytes = 0;
     mm.cast_a = mm.cast_b = nullptr;
-    mm.cast_capacity = 0;
+    mm.cast_capacity = MatmulCasts{};
 }
 
 // cudaMalloc that throws on failure (clearing the error), after freeing what mm already holds
@@ -163,35 +170,38 @@ inline void matmul_alloc(Matmul& mm, void** ptr, size_t bytes, const char* what)
     }
 }
 
-// max_cast_elements: the largest activation operand (rows x cols) any BF16 call will cast; 0 for FP32-only use.
-inline void matmul_create(Matmul& mm, cudaStream_t stream, int64_t max_cast_elements) {
+// The two cast buffers (a Matmul without them, casts {0, 0}, serves FP32 GEMMs only)
+inline void matmul_alloc_casts(Matmul& mm, MatmulCasts casts) {
+    matmul_alloc(mm, (void**)&mm.cast_a, (size_t)casts.inputs * sizeof(__nv_bfloat16), "the BF16 GEMM input casts");
+    matmul_alloc(mm, (void**)&mm.cast_b, (size_t)casts.output_grads * sizeof(__nv_bfloat16),
+                 "the BF16 GEMM output-gradient casts");
+    mm.cast_capacity = casts;
+}
+
+// casts: the largest input and output gradient any BF16 call will cast; {0, 0} for FP32-only use.
+inline void matmul_create(Matmul& mm, cudaStream_t stream, MatmulCasts casts) {
+    if (mm.handle || mm.workspace) matmul_destroy(mm);
     mm = Matmul{};
     mm.stream = stream;
     CUBLAS_CHECK(cublasLtCreate(&mm.handle));
     matmul_alloc(mm, &mm.workspace, MATMUL_WORKSPACE_BYTES, "the cuBLASLt workspace");
     mm.workspace_bytes = MATMUL_WORKSPACE_BYTES;
-    if (max_cast_elements > 0) {
-        const size_t bytes = (size_t)max_cast_elements * sizeof(__nv_bfloat16);
-        matmul_alloc(mm, (void**)&mm.cast_a, bytes, "the BF16 GEMM operand casts");
-        matmul_alloc(mm, (void**)&mm.cast_b, bytes, "the BF16 GEMM operand casts");
-        mm.cast_capacity = max_cast_elements;
-    }
+    if (casts.inputs > 0 || casts.output_grads > 0) matmul_alloc_casts(mm, casts);
 }
 
-// Grows the two cast buffers to max_cast_elements each (the routed experts' rows grow with the routing). A Matmul
-// created for FP32 only (capacity 0) never casts and stays without buffers. Waits for mm's stream first: queued
-// casts and GEMMs may still read the old buffers. Throws as matmul_create.
-inline void matmul_reserve(Matmul& mm, int64_t max_cast_elements) {
-    if (mm.cast_capacity == 0 || max_cast_elements <= mm.cast_capacity) return;
+// Grows the cast buffers to at least casts (the routed experts' rows grow with the routing). A Matmul created for
+// FP32 only never casts and stays without buffers. Waits for mm's stream first: queued casts and GEMMs may still
+// read the old buffers. Throws as matmul_create.
+inline void matmul_reserve(Matmul& mm, MatmulCasts casts) {
+    const MatmulCasts have = mm.cast_capacity;
+    if (have.inputs + have.output_grads == 0 || (casts.inputs <= have.inputs && casts.output_grads <= have.output_grads))
+        return;
     CUDA_CHECK(cudaStreamSynchronize(mm.stream));
     CUDA_CHECK(cudaFree(mm.cast_a));
     CUDA_CHECK(cudaFree(mm.cast_b));
     mm.cast_a = mm.cast_b = nullptr;
-    mm.cast_capacity = 0;
-    const size_t bytes = (size_t)max_cast_elements * sizeof(__nv_bfloat16);
-    matmul_alloc(mm, (void**)&mm.cast_a, bytes, "the BF16 GEMM operand casts");
-    matmul_alloc(mm, (void**)&mm.cast_b, bytes, "the BF16 GEMM operand casts");
-    mm.cast_capacity = max_cast_elements;
+    mm.cast_capacity = MatmulCasts{};
+    matmul_alloc_casts(mm, {std::max(casts.inputs, have.inputs), std::max(casts.output_grads, have.output_grads)});
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -224,6 +234,15 @@ inline void matmul_lt(Matmul& mm, const MatmulSite& site, bool bf16, bool ta, bo
     const uint32_t align_a = matmul_pointer_alignment(A), align_b = matmul_pointer_alignment(B),
                    align_d = matmul_pointer_alignment(D);
     const MatmulKey key{bf16, ta, tb, m, n, k, lda, ldb, ldd, align_a, align_b, align_d};
+    auto fail = [&](const char* what, cublasStatus_t status) {  // the whole problem, for a report
+        fprintf(stderr,
+                "cuBLASLt: %s (%s) for %s (M=%ld K=%ld N=%ld, %s inputs): column-major m=%ld n=%ld k=%ld op(A)=%c "
+                "op(B)=%c ld %ld/%ld/%ld, alignment A %u B %u D %u bytes; CUBLASLT_LOG_LEVEL=2 says more\n",
+                what, cublasLtGetStatusName(status), site.name, (long)site.M, (long)site.K, (long)site.N,
+                bf16 ? "BF16" : "FP32", (long)m, (long)n, (long)k, ta ? 'T' : 'N', tb ? 'T' : 'N', (long)lda,
+                (long)ldb, (long)ldd, align_a, align_b, align_d);
+        exit(1);
+    };
     auto it = mm.cache.find(key);
     if (it == mm.cache.end()) {
         if (mm.cache.size() >= MATMUL_CACHE_MAX) matmul_clear_cache(mm);
@@ -256,33 +275,30 @@ inline void matmul_lt(Matmul& mm, const MatmulSite& site, bool bf16, bool ta, bo
             cublasLtMatmulAlgoGetHeuristic(mm.handle, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &found);
         CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
         if (status == CUBLAS_STATUS_NOT_SUPPORTED ||
-            (status == CUBLAS_STATUS_SUCCESS && (found == 0 || result.state != CUBLAS_STATUS_SUCCESS))) {
-            fprintf(stderr,
-                    "cuBLASLt: no algorithm for %s (M=%ld K=%ld N=%ld, %s inputs): column-major m=%ld n=%ld k=%ld "
-                    "op(A)=%c op(B)=%c ld %ld/%ld/%ld, alignment A %u B %u D %u bytes\n",
-                    site.name, (long)site.M, (long)site.K, (long)site.N, bf16 ? "BF16" : "FP32", (long)m, (long)n,
-                    (long)k, ta ? 'T' : 'N', tb ? 'T' : 'N', (long)lda, (long)ldb, (long)ldd, align_a, align_b,
-                    align_d);
-            exit(1);
-        }
-        CUBLAS_CHECK(status);
+            (status == CUBLAS_STATUS_SUCCESS && (found == 0 || result.state != CUBLAS_STATUS_SUCCESS)))
+            fail("no algorithm", status == CUBLAS_STATUS_SUCCESS ? result.state : status);
+        if (status != CUBLAS_STATUS_SUCCESS) fail("the heuristic failed", status);
         p.algo = result.algo;
         it = mm.cache.emplace(key, p).first;
     }
     const MatmulPlan& p = it->second;
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    CUBLAS_CHECK(cublasLtMatmul(mm.handle, p.desc, &alpha, A, p.a, B, p.b, &beta, D, p.d, D, p.d, &p.algo,
-                                mm.workspace, mm.workspace_bytes, mm.stream));
+    const cublasStatus_t status = cublasLtMatmul(mm.handle, p.desc, &alpha, A, p.a, B, p.b, &beta, D, p.d, D, p.d,
+                                                 &p.algo, mm.workspace, mm.workspace_bytes, mm.stream);
+    if (status != CUBLAS_STATUS_SUCCESS) fail("cublasLtMatmul failed", status);
 }
 
-// Casts n floats into one of mm's BF16 buffers; exceeding the capacity is an internal error (the caller sized it).
-inline const __nv_bfloat16* matmul_cast(Matmul& mm, __nv_bfloat16* buffer, const float* src, int64_t n,
+// Casts n floats into one of mm's BF16 buffers (the input's or the output gradient's); exceeding its capacity is an
+// internal error (the caller sized it).
+inline const __nv_bfloat16* matmul_cast(Matmul& mm, bool output_grad, const float* src, int64_t n,
                                         const MatmulSite& site, const char* operand) {
-    if (n > mm.cast_capacity || buffer == nullptr) {
+    __nv_bfloat16* buffer = output_grad ? mm.cast_b : mm.cast_a;
+    const int64_t capacity = output_grad ? mm.cast_capacity.output_grads : mm.cast_capacity.inputs;
+    if (n > capacity || buffer == nullptr) {
         fprintf(stderr,
                 "internal error: %s (M=%ld K=%ld N=%ld): the BF16 cast of %s needs %ld elements, the Matmul holds "
                 "%ld\n",
-                site.name, (long)site.M, (long)site.K, (long)site.N, operand, (long)n, (long)mm.cast_capacity);
+                site.name, (long)site.M, (long)site.K, (long)site.N, operand, (long)n, (long)capacity);
         exit(1);
     }
     cast_to_bf16(buffer, src, n, mm.stream);
@@ -313,7 +329,7 @@ inline void matmul_forward(Matmul& mm, float* out, const float* inp, const float
     if (M == 0) return;
     const MatmulSite s{"matmul_forward", M, K, N};
     if (W16) {
-        const __nv_bfloat16* inp16 = matmul_cast(mm, mm.cast_a, inp, M * K, s, "inp");
+        const __nv_bfloat16* inp16 = matmul_cast(mm, false, inp, M * K, s, "inp");
         matmul_gemm_forward(mm, s, true, out, inp16, W16, M, K, N, accumulate);
     } else {
         matmul_gemm_forward(mm, s, false, out, inp, W, M, K, N, accumulate);
@@ -326,9 +342,9 @@ inline void matmul_backward(Matmul& mm, float* dinp, float* dW, const float* dou
     if (M == 0) return;
     const MatmulSite s{"matmul_backward", M, K, N};
     if (W16) {
-        const __nv_bfloat16* dout16 = matmul_cast(mm, mm.cast_b, dout, M * N, s, "dout");
+        const __nv_bfloat16* dout16 = matmul_cast(mm, true, dout, M * N, s, "dout");
         if (dinp) matmul_gemm_dinp(mm, s, true, dinp, dout16, W16, M, K, N, accumulate_dinp);
-        const __nv_bfloat16* inp16 = matmul_cast(mm, mm.cast_a, inp, M * K, s, "inp");
+        const __nv_bfloat16* inp16 = matmul_cast(mm, false, inp, M * K, s, "inp");
         matmul_gemm_dW(mm, s, true, dW, dout16, inp16, M, K, N);
     } else {
         if (dinp) matmul_gemm_dinp(mm, s, false, dinp, dout, W, M, K, N, accumulate_dinp);
@@ -359,7 +375,7 @@ inline void grouped_matmul_forward(Matmul& mm, float* out, const float* inp, con
     const MatmulSite s{"grouped_matmul_forward", offsets[G] - offsets[0], K, N};
     const int64_t first = grouped_first_row(s, offsets, G), rows = offsets[G] - first;
     if (rows == 0) return;
-    const __nv_bfloat16* inp16 = W16 ? matmul_cast(mm, mm.cast_a, inp + first * K, rows * K, s, "inp") : nullptr;
+    const __nv_bfloat16* inp16 = W16 ? matmul_cast(mm, false, inp + first * K, rows * K, s, "inp") : nullptr;
     for (int64_t g = 0; g < G; g++) {
         const int64_t r0 = offsets[g], M = offsets[g + 1] - r0;
         if (M == 0) continue;
@@ -381,8 +397,8 @@ inline void grouped_matmul_backward(Matmul& mm, float* dinp, float* dW, const fl
     if (rows == 0) return;
     const __nv_bfloat16 *dout16 = nullptr, *inp16 = nullptr;
     if (W16) {
-        dout16 = matmul_cast(mm, mm.cast_b, dout + first * N, rows * N, s, "dout");
-        inp16 = matmul_cast(mm, mm.cast_a, inp + first * K, rows * K, s, "inp");
+        dout16 = matmul_cast(mm, true, dout + first * N, rows * N, s, "dout");
+        inp16 = matmul_cast(mm, false, inp + first * K, rows * K, s, "inp");
     }
     for (int64_t g = 0; g < G; g++) {
         const int64_t r0 = offsets[g], M = offsets[g + 1] - r0;

@@ -284,7 +284,7 @@ double measure_gemms(const Config& c, const Options& o, cudaStream_t stream) {
     fill_uniform(W, 2, -1.0f, 1.0f, stream);
     gpu::cast_to_bf16(W16.ptr, W.ptr, max_w, stream);
     gpu::Matmul mm;
-    gpu::matmul_create(mm, stream, max_inp);
+    gpu::matmul_create(mm, stream, gpu::MatmulCasts{max_inp, max_out});
 
     printf("\n%-19s %6s %6s %6s %9s %9s %9s %10s\n", "GEMM, BF16 inputs", "M", "K", "N", "fwd ms", "fwd TF/s",
            "cast ms", "GEMM TF/s");

@@ -162,17 +162,19 @@ void matmul_test_dense(gpu::Matmul& mm, Rng& rng, int64_t M, int64_t K, int64_t 
     matmul_check("matmul_backward dW += (dinp nullptr) " + shape, bf16, d_dW.get(), ref.dW, ref_r.dW);
 }
 
+// Groups of counts rows from row `first` on (the rows before it belong to no group and must stay untouched).
 void matmul_test_grouped(gpu::Matmul& mm, Rng& rng, const std::vector<int64_t>& counts, int64_t K, int64_t N,
-                         bool bf16) {
+                         bool bf16, int64_t first = 0) {
     const int64_t G = (int64_t)counts.size();
-    std::vector<int64_t> offsets{0};
+    std::vector<int64_t> offsets{first};
     std::string rows;
     for (int64_t c : counts) {
         offsets.push_back(offsets.back() + c);
         rows += (rows.empty() ? "" : ",") + std::to_string(c);
     }
     const int64_t R = offsets.back();
-    const std::string shape = fmt("(%s rows %s K=%ld N=%ld)", bf16 ? "bf16" : "fp32", rows.c_str(), K, N);
+    const std::string shape = fmt("(%s rows %s K=%ld N=%ld", bf16 ? "bf16" : "fp32", rows.c_str(), K, N) +
+                              (first > 0 ? fmt(" from row %ld)", first) : ")");
     const std::vector<float> inp = randn(R * K, rng), W = randn(G * N * K, rng), dout = randn(R * N, rng);
     const std::vector<float> dW0 = randn(G * N * K, rng);
     const MatmulRef ref = matmul_cpu(inp, W, dout, dW0, offsets, K, N);
@@ -183,10 +185,15 @@ void matmul_test_grouped(gpu::Matmul& mm, Rng& rng, const std::vector<int64_t>& 
     MatmulW16 W16(d_W.p, W.size(), 0);
     const __nv_bfloat16* w16 = bf16 ? W16.w.p : nullptr;
 
-    d_out.poison();
+    auto poisoned_from_first = [&](int64_t width) {  // NaN in the groups' rows, zeros (as in ref) before them
+        std::vector<float> v(R * width, NAN);
+        std::fill(v.begin(), v.begin() + first * width, 0.0f);
+        return v;
+    };
+    d_out.set(poisoned_from_first(N));
     gpu::grouped_matmul_forward(mm, d_out.p, d_inp.p, d_W.p, w16, offsets.data(), G, K, N);
     matmul_check("grouped_matmul_forward out = " + shape, bf16, d_out.get(), ref.out, ref_r.out);
-    d_dinp.poison();
+    d_dinp.set(poisoned_from_first(K));
     gpu::grouped_matmul_backward(mm, d_dinp.p, d_dW.p, d_dout.p, d_inp.p, d_W.p, w16, offsets.data(), G, K, N);
     matmul_check("grouped_matmul_backward dinp = " + shape, bf16, d_dinp.get(), ref.dinp, ref_r.dinp);
     matmul_check("grouped_matmul_backward dW += " + shape, bf16, d_dW.get(), ref.dW, ref_r.dW);
@@ -236,23 +243,29 @@ void test_matmul(Rng& rng) {
     const Case odd{37, 129, 67, 0}, odd_unaligned{37, 129, 67, 1}, realistic{512, 1024, 768, 0};
 
     gpu::Matmul mm;
-    gpu::matmul_create(mm, 0, 0);  // FP32 only: no cast buffers, and matmul_reserve leaves it so
-    gpu::matmul_reserve(mm, 1 << 20);
-    check("matmul_reserve on an FP32-only Matmul: cast capacity", std::vector<int64_t>{mm.cast_capacity},
-          std::vector<int64_t>{0}, 0);
-    for (Case tc : {odd, odd_unaligned, realistic, Case{1, 7, 3, 1}, Case{5, 1, 2, 0}})
+    gpu::matmul_create(mm, 0, gpu::MatmulCasts{});  // FP32 only: no cast buffers, and matmul_reserve leaves it so
+    gpu::matmul_reserve(mm, {1 << 20, 1 << 20});
+    check("matmul_reserve on an FP32-only Matmul: cast capacity",
+          std::vector<int64_t>{mm.cast_capacity.inputs, mm.cast_capacity.output_grads}, std::vector<int64_t>{0, 0},
+          0);
+    // K = 0 (out = 0) and N = 0 (dinp = 0): no products, the outputs still written
+    for (Case tc : {odd, odd_unaligned, realistic, Case{1, 7, 3, 1}, Case{5, 1, 2, 0}, Case{5, 0, 3, 0},
+                    Case{4, 6, 0, 0}})
         matmul_test_dense(mm, rng, tc.M, tc.K, tc.N, tc.offset, false);
     matmul_test_grouped(mm, rng, {0, 1, 37, 0, 200, 5, 1, 64}, 129, 67, false);
     matmul_test_grouped(mm, rng, {130, 0, 3, 1}, 256, 96, false);
     matmul_test_grouped(mm, rng, {0, 0, 0}, 64, 32, false);
+    matmul_test_grouped(mm, rng, {3, 0, 40}, 129, 67, false, 5);
     gpu::matmul_destroy(mm);
 
-    gpu::matmul_create(mm, 0, 308 * 129);  // the largest cast below until the reserve: the first grouped inp
+    // the largest casts below until the reserve: the first grouped case's inp and dout (308 rows)
+    gpu::matmul_create(mm, 0, gpu::MatmulCasts{308 * 129, 308 * 67});
     for (Case tc : {odd, odd_unaligned}) matmul_test_dense(mm, rng, tc.M, tc.K, tc.N, tc.offset, true);
     matmul_test_grouped(mm, rng, {0, 1, 37, 0, 200, 5, 1, 64}, 129, 67, true);
     matmul_test_grouped(mm, rng, {130, 0, 3, 1}, 256, 96, true);
     matmul_test_grouped(mm, rng, {0, 0, 0}, 64, 32, true);
-    gpu::matmul_reserve(mm, realistic.M * realistic.K);  // grows the cast buffers (inp is the larger operand)
+    matmul_test_grouped(mm, rng, {3, 0, 40}, 129, 67, true, 5);
+    gpu::matmul_reserve(mm, {realistic.M * realistic.K, realistic.M * realistic.N});  // grows both cast buffers
     matmul_test_dense(mm, rng, realistic.M, realistic.K, realistic.N, realistic.offset, true);
     gpu::matmul_destroy(mm);
 }

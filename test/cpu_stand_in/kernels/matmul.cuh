@@ -22,12 +22,18 @@ namespace gpu {
 
 constexpr size_t MATMUL_WORKSPACE_BYTES = size_t(32) << 20;
 
+// Sizes (elements) of a Matmul's two BF16 cast buffers: cast_a holds a GEMM's input (rows x K), cast_b its output
+// gradient (rows x N). 0 and 0: an FP32-only Matmul, without buffers.
+struct MatmulCasts {
+    int64_t inputs = 0, output_grads = 0;
+};
+
 struct Matmul {  // one per stream
     cudaStream_t stream = nullptr;
     void* workspace = nullptr;
     size_t workspace_bytes = 0;
     __nv_bfloat16 *cast_a = nullptr, *cast_b = nullptr;  // BF16 casts of the activation operands
-    int64_t cast_capacity = 0;                           // elements each
+    MatmulCasts cast_capacity;
 };
 
 // out (n) = in (n) rounded to the nearest BF16, ties to even
@@ -41,8 +47,8 @@ inline void cast_to_bf16(__nv_bfloat16* out, const float* in, int64_t n, cudaStr
     });
 }
 
-inline int64_t matmul_memory_bytes(int64_t max_cast_elements) {
-    return (int64_t)MATMUL_WORKSPACE_BYTES + 2 * max_cast_elements * (int64_t)sizeof(__nv_bfloat16);
+inline int64_t matmul_memory_bytes(MatmulCasts casts) {
+    return (int64_t)MATMUL_WORKSPACE_BYTES + (casts.inputs + casts.output_grads) * (int64_t)sizeof(__nv_bfloat16);
 }
 
 inline void matmul_destroy(Matmul& mm) {
@@ -60,40 +66,45 @@ inline void matmul_alloc(Matmul& mm, void** ptr, size_t bytes, const char* what)
     }
 }
 
-// max_cast_elements: the largest activation operand any BF16 call will cast; 0 for FP32-only use.
-inline void matmul_create(Matmul& mm, cudaStream_t stream, int64_t max_cast_elements) {
+inline void matmul_alloc_casts(Matmul& mm, MatmulCasts casts) {
+    matmul_alloc(mm, (void**)&mm.cast_a, (size_t)casts.inputs * sizeof(__nv_bfloat16), "the BF16 GEMM input casts");
+    matmul_alloc(mm, (void**)&mm.cast_b, (size_t)casts.output_grads * sizeof(__nv_bfloat16),
+                 "the BF16 GEMM output-gradient casts");
+    mm.cast_capacity = casts;
+}
+
+// casts: the largest input and output gradient any BF16 call will cast; {0, 0} for FP32-only use.
+inline void matmul_create(Matmul& mm, cudaStream_t stream, MatmulCasts casts) {
+    if (mm.workspace) matmul_destroy(mm);
     mm = Matmul{};
     mm.stream = stream;
     matmul_alloc(mm, &mm.workspace, MATMUL_WORKSPACE_BYTES, "the cuBLASLt workspace");
     mm.workspace_bytes = MATMUL_WORKSPACE_BYTES;
-    if (max_cast_elements > 0) {
-        const size_t bytes = (size_t)max_cast_elements * sizeof(__nv_bfloat16);
-        matmul_alloc(mm, (void**)&mm.cast_a, bytes, "the BF16 GEMM operand casts");
-        matmul_alloc(mm, (void**)&mm.cast_b, bytes, "the BF16 GEMM operand casts");
-        mm.cast_capacity = max_cast_elements;
-    }
+    if (casts.inputs > 0 || casts.output_grads > 0) matmul_alloc_casts(mm, casts);
 }
 
-// Grows the two cast buffers (a Matmul created for FP32 only never casts and stays without them).
-inline void matmul_reserve(Matmul& mm, int64_t max_cast_elements) {
-    if (mm.cast_capacity == 0 || max_cast_elements <= mm.cast_capacity) return;
+// Grows the cast buffers to at least casts (a Matmul created for FP32 only never casts and stays without them).
+inline void matmul_reserve(Matmul& mm, MatmulCasts casts) {
+    const MatmulCasts have = mm.cast_capacity;
+    if (have.inputs + have.output_grads == 0 || (casts.inputs <= have.inputs && casts.output_grads <= have.output_grads))
+        return;
     CUDA_CHECK(cudaStreamSynchronize(mm.stream));
     CUDA_CHECK(cudaFree(mm.cast_a));
     CUDA_CHECK(cudaFree(mm.cast_b));
     mm.cast_a = mm.cast_b = nullptr;
-    mm.cast_capacity = 0;
-    const size_t bytes = (size_t)max_cast_elements * sizeof(__nv_bfloat16);
-    matmul_alloc(mm, (void**)&mm.cast_a, bytes, "the BF16 GEMM operand casts");
-    matmul_alloc(mm, (void**)&mm.cast_b, bytes, "the BF16 GEMM operand casts");
-    mm.cast_capacity = max_cast_elements;
+    mm.cast_capacity = MatmulCasts{};
+    matmul_alloc_casts(mm, {std::max(casts.inputs, have.inputs), std::max(casts.output_grads, have.output_grads)});
 }
 
-// The real matmul_cast: n elements into one of mm's buffers; beyond the capacity is an internal error.
-inline const __nv_bfloat16* matmul_cast(Matmul& mm, __nv_bfloat16* buffer, const float* src, int64_t n,
-                                        const char* site, const char* operand) {
-    if (n > mm.cast_capacity || buffer == nullptr)
+// The real matmul_cast: n elements into the input's or the output gradient's buffer; beyond its capacity is an
+// internal error.
+inline const __nv_bfloat16* matmul_cast(Matmul& mm, bool output_grad, const float* src, int64_t n, const char* site,
+                                        const char* operand) {
+    __nv_bfloat16* buffer = output_grad ? mm.cast_b : mm.cast_a;
+    const int64_t capacity = output_grad ? mm.cast_capacity.output_grads : mm.cast_capacity.inputs;
+    if (n > capacity || buffer == nullptr)
         stand_in::violation(std::string(site) + ": the BF16 cast of " + operand + " needs " + std::to_string(n) +
-                            " elements, the Matmul holds " + std::to_string(mm.cast_capacity));
+                            " elements, the Matmul holds " + std::to_string(capacity));
     cast_to_bf16(buffer, src, n, mm.stream);
     return buffer;
 }
@@ -116,7 +127,7 @@ inline void matmul_forward(Matmul& mm, float* out, const float* inp, const float
     const __nv_bfloat16* inp16 = nullptr;
     if (W16) {
         dev(W16, N * K, "matmul_forward W16");
-        inp16 = matmul_cast(mm, mm.cast_a, inp, M * K, "matmul_forward", "inp");
+        inp16 = matmul_cast(mm, false, inp, M * K, "matmul_forward", "inp");
     }
     launch(mm.stream, [=] {
         std::vector<float> product(M * N);
@@ -143,8 +154,8 @@ inline void matmul_backward(Matmul& mm, float* dinp, float* dW, const float* dou
     const __nv_bfloat16 *dout16 = nullptr, *inp16 = nullptr;
     if (W16) {
         dev(W16, N * K, "matmul_backward W16");
-        dout16 = matmul_cast(mm, mm.cast_b, dout, M * N, "matmul_backward", "dout");
-        inp16 = matmul_cast(mm, mm.cast_a, inp, M * K, "matmul_backward", "inp");
+        dout16 = matmul_cast(mm, true, dout, M * N, "matmul_backward", "dout");
+        inp16 = matmul_cast(mm, false, inp, M * K, "matmul_backward", "inp");
     }
     launch(mm.stream, [=] {
         if (W16)
@@ -179,7 +190,7 @@ inline void grouped_matmul_forward(Matmul& mm, float* out, const float* inp, con
     const __nv_bfloat16* inp16 = nullptr;
     if (W16) {
         dev(W16, G * N * K, "grouped_matmul_forward W16");
-        inp16 = matmul_cast(mm, mm.cast_a, inp + first * K, rows * K, "grouped_matmul_forward", "inp");
+        inp16 = matmul_cast(mm, false, inp + first * K, rows * K, "grouped_matmul_forward", "inp");
     }
     launch(mm.stream, [=] {
         for (int64_t g = 0; g < G; g++) {
@@ -212,8 +223,8 @@ inline void grouped_matmul_backward(Matmul& mm, float* dinp, float* dW, const fl
     const __nv_bfloat16 *dout16 = nullptr, *inp16 = nullptr;
     if (W16) {
         dev(W16, G * N * K, "grouped_matmul_backward W16");
-        dout16 = matmul_cast(mm, mm.cast_b, dout + first * N, rows * N, "grouped_matmul_backward", "dout");
-        inp16 = matmul_cast(mm, mm.cast_a, inp + first * K, rows * K, "grouped_matmul_backward", "inp");
+        dout16 = matmul_cast(mm, true, dout + first * N, rows * N, "grouped_matmul_backward", "dout");
+        inp16 = matmul_cast(mm, false, inp + first * K, rows * K, "grouped_matmul_backward", "inp");
     }
     launch(mm.stream, [=] {
         for (int64_t g = 0; g < G; g++) {
