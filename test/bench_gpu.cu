@@ -29,6 +29,9 @@
 //      read once, every output written once: the compulsory traffic, counted beside each call) / time = GB/s, and
 //      that as % of the measured copy rate. "<70%" marks those under the target; a kernel whose implementation
 //      makes several passes over its data (rmsnorm_backward, cross-entropy) shows that here as a lower %.
+//   5. the attention kernels alone on the preset's shapes, in both precisions (BF16: the tensor-core kernels of
+//      kernels/attention_bf16.cuh; FP32: kernels/attention.cuh's): ms and TFLOP/s counted as the model counts them
+//      (forward B H T^2 (dqk + dv): the causal half of the 2 T^2 (dqk + dv) of QK^T and PV; backward twice that).
 // Weights from model_init_weights (N(0, initializer_range) matrices, norms 1), tokens uniformly random:
 // the router then spreads the rows evenly, the balanced case.
 #include <algorithm>
@@ -52,6 +55,7 @@
 #include "comm/comm.h"
 #include "gpu/gpu_model.h"
 #include "kernels/adamw.cuh"
+#include "kernels/attention.cuh"
 #include "kernels/cross_entropy.cuh"
 #include "kernels/cuda_check.cuh"
 #include "kernels/elementwise.cuh"
@@ -68,6 +72,7 @@
 #include "model/params.h"
 #include "model/plan.h"
 #include "model/rng.h"
+#include "model/rope.h"
 
 namespace {
 
@@ -613,6 +618,38 @@ void print_kernels(const std::vector<KernelResult>& results, double copy_gbs) {
            100.0 * MEMORY_BOUND_TARGET, copy_gbs);
 }
 
+// ---- 5. attention alone ---------------------------------------------------------------------------------------
+
+void bench_attention(const Config& c, const Options& o, cudaStream_t s) {
+    const int B = o.B, T = o.T, H = c.num_attention_heads, dn = c.qk_nope_head_dim, dqk = c.qk_head_dim();
+    const int dv = c.v_head_dim;
+    const int64_t N = (int64_t)B * T, ld = dn + dv;
+    DeviceArray<float> q(N * H * dqk), k(N * H * dqk), kv(N * H * ld), out(N * H * dv), lse((int64_t)B * H * T);
+    DeviceArray<float> dout(N * H * dv), dq(N * H * dqk), dk(N * H * dqk), dkv(N * H * ld);
+    DeviceArray<float> scratch(gpu::attention_backward_scratch_floats(B, T, H));
+    fill_uniform(q, 21, -1.0f, 1.0f, s);
+    fill_uniform(k, 22, -1.0f, 1.0f, s);
+    fill_uniform(kv, 23, -1.0f, 1.0f, s);
+    fill_uniform(dout, 24, -1.0f, 1.0f, s);
+    const float scale = attention_softmax_scale(c);
+    const double forward_flops = (double)B * H * T * T * (dqk + dv);
+    printf("\n%-22s %-24s %10s %10s %10s %10s\n", "attention kernels", "shape", "fwd ms", "fwd TF/s", "bwd ms",
+           "bwd TF/s");
+    for (gpu::Precision p : {gpu::Precision::BF16, gpu::Precision::FP32}) {
+        const double fwd = time_ms(s, [&] {
+            gpu::attention_forward(out.ptr, lse.ptr, q.ptr, k.ptr, kv.ptr + dn, ld, B, T, H, dqk, dv, scale, p, s);
+        });
+        const double bwd = time_ms(s, [&] {
+            gpu::attention_backward(dq.ptr, dk.ptr, dkv.ptr + dn, scratch.ptr, dout.ptr, q.ptr, k.ptr, kv.ptr + dn, ld,
+                                    out.ptr, lse.ptr, B, T, H, dqk, dv, scale, p, s);
+        });
+        const std::string shape = dims({B, T, H}) + " x " + std::to_string(dqk) + "/" + std::to_string(dv);
+        printf("%-22s %-24s %10.2f %10.1f %10.2f %10.1f\n",
+               gpu::attention_on_tensor_cores(p, dqk, dv) ? "bf16 (tensor cores)" : "fp32 (CUDA cores)",
+               shape.c_str(), fwd, forward_flops / (fwd * 1e-3) / 1e12, bwd, 2 * forward_flops / (bwd * 1e-3) / 1e12);
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -676,6 +713,7 @@ int main(int argc, char** argv) {
         bench_model(c, o, prop, ceil);
 
         print_kernels(bench_kernels(c, o, stream), ceil.copy_gbs);
+        bench_attention(c, o, stream);
         CUDA_CHECK(cudaStreamDestroy(stream));
     } catch (const std::exception& e) {
         fprintf(stderr, "bench_gpu: %s\n", e.what());
