@@ -1,5 +1,5 @@
-// The kernel emulator (test/kernel_emulator/): first the emulator itself (indices, collectives, the errors it must
-// report, a missing __syncthreads it must expose), then what it is for: the real kernels against the CPU reference
+// The kernel emulator (test/kernel_emulator/): first the emulator itself (indices, collectives, shared memory, the
+// errors it must report, a missing __syncthreads it must expose), then what it is for: the real kernels against the CPU reference
 // (./test_kernels_emulated) and gpu/gpu_model.cu on the real kernels against the CPU model
 // (./gpu_model_emulated_check), each in two thread orders.
 #include <doctest/doctest.h>
@@ -115,6 +115,24 @@ TEST_CASE("kernel emulator: shuffles, ballots, __syncthreads_count and dynamic s
         CHECK((unsigned)ballots[t] == every_third);
         CHECK(counts[t] == 13);  // t = 0, 5, ..., 60
         CHECK(shared_ok[t] == 1);
+    }
+}
+
+TEST_CASE("kernel emulator: shared memory, static and dynamic, starts as NaN bytes in every block") {
+    std::vector<int> seen_static(2), seen_dynamic(2);
+    emulate("forward", dim3(2), dim3(32), 16, [&] {
+        __shared__ int flag;
+        int* dynamic = reinterpret_cast<int*>(emulator::dynamic_shared_memory());
+        if (threadIdx.x == 0) {
+            seen_static[blockIdx.x] = flag;  // what the previous block left must not show
+            seen_dynamic[blockIdx.x] = dynamic[3];
+            flag = 7;
+            dynamic[3] = 7;
+        }
+    });
+    for (int b = 0; b < 2; b++) {
+        CHECK(seen_static[b] == -1);
+        CHECK(seen_dynamic[b] == -1);
     }
 }
 

@@ -13,6 +13,12 @@
 #include <string>
 #include <vector>
 
+// The linker's bounds of the section holding every static __shared__ variable (emulator.h); null without any.
+extern "C" {
+extern unsigned char __start_emulator_shared[] __attribute__((weak));
+extern unsigned char __stop_emulator_shared[] __attribute__((weak));
+}
+
 namespace emulator {
 namespace {
 
@@ -218,6 +224,7 @@ void run_block(Block& b, Order order) {
     b.block_phase = 0;
     std::fill(b.warp_phase.begin(), b.warp_phase.end(), 0);
     std::fill(b.dynamic_shared, b.dynamic_shared + b.dynamic_shared_bytes, (unsigned char)0xFF);
+    if (__start_emulator_shared) std::fill(__start_emulator_shared, __stop_emulator_shared, (unsigned char)0xFF);
     for (;;) {
         for (int k = 0; k < warps; k++) {
             const int w = order == Order::reverse ? warps - 1 - k : k;

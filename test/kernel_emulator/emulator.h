@@ -15,10 +15,10 @@
 // What throws std::logic_error (through the synchronising call): a block of 0 or more than 1024 threads, a grid
 // beyond CUDA's limits, more than 227 KiB of dynamic shared memory, a __syncthreads that not every thread of the
 // block reaches (some wait elsewhere, or exited), a warp collective that not all 32 lanes reach, a partial mask.
-// Not modelled: timing and the memory model between blocks (no kernel here waits for another block); the device's
-// math functions (the host's expf etc. stand in; the device's are within 2 ulp, which test_gpu's tolerances cover);
-// static __shared__ arrays persist from block to block instead of starting undefined (dynamic shared memory is
-// refilled with NaN bytes for every block).
+// Shared memory, static and dynamic, is filled with NaN bytes before every block: a read of shared memory the block
+// has not written shows. Not modelled: timing and the memory model between blocks (no kernel here waits for another
+// block); the device's math functions (the host's expf etc. stand in; the device's are within 2 ulp, which
+// test_gpu's tolerances cover).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -33,8 +33,9 @@
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __align__(n) alignas(n)
-// One block runs at a time, so a function's static variable is that block's shared memory.
-#define __shared__ static
+// One block runs at a time, so a function's static variable is that block's shared memory. They are all placed in
+// one linker section, which the scheduler fills with NaN bytes before every block (shared memory starts undefined).
+#define __shared__ static __attribute__((section("emulator_shared")))
 
 struct uint3 {
     unsigned x, y, z;
