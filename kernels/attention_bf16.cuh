@@ -235,27 +235,42 @@ static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
     if (lane < 16 && i0 + warp * 16 + lane < T) lse[bh * T + i0 + warp * 16 + lane] = m_s[lane] + logf(l_s[lane]);
 }
 
+// The backward kernels' shared memory: the block's own two tiles (dqk wide, then dv wide: Q and dO for dq, K and V
+// for dk/dv), the two streamed ones (the other pair), this warp's BF16 P / dS strip and FP32 S and dP strips, and
+// the per-row floats.
+struct AttnBf16BackwardSmem {
+    __nv_bfloat16 *own_qk, *own_v, *streamed_qk, *streamed_v, *p;
+    float *s_strip, *dp_strip, *stats;
+};
+__device__ inline AttnBf16BackwardSmem attn_bf16_backward_smem(int dqk, int dv) {
+    unsigned char* smem = dynamic_shared<unsigned char>();
+    const AttnBf16Smem lay = attn_bf16_smem(dqk, dv, dqk, dv, 2);
+    const int warp = threadIdx.x / 32;
+    AttnBf16BackwardSmem b;
+    b.own_qk = attn_bf16_region<__nv_bfloat16>(smem, lay.tile[0]);
+    b.own_v = attn_bf16_region<__nv_bfloat16>(smem, lay.tile[1]);
+    b.streamed_qk = attn_bf16_region<__nv_bfloat16>(smem, lay.tile[2]);
+    b.streamed_v = attn_bf16_region<__nv_bfloat16>(smem, lay.tile[3]);
+    b.p = attn_bf16_region<__nv_bfloat16>(smem, lay.p) + warp * 16 * ATTN_BF16_P_LD;
+    b.s_strip = attn_bf16_region<float>(smem, lay.strip) + warp * 16 * ATTN_BF16_STRIP_LD;
+    b.dp_strip = b.s_strip + 4 * 16 * ATTN_BF16_STRIP_LD;
+    b.stats = attn_bf16_region<float>(smem, lay.stats);
+    return b;
+}
+
 // grid (B*H, query tiles counted from the last); NF >= attn_bf16_pad(dqk) / 16
 template <int NF>
 static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
     attention_backward_dq_bf16_kernel(float* dq, const float* dout, const float* q, const float* k, const float* v,
                                       int64_t v_ld, const float* lse, const float* D, int T, int H, int dqk, int dv,
                                       float scale) {
-    unsigned char* smem = dynamic_shared<unsigned char>();
-    const AttnBf16Smem lay = attn_bf16_smem(dqk, dv, dqk, dv, 2);
+    const auto [q_s, do_s, k_s, v_s, ds_s, s_strip, dp_strip, stats] = attn_bf16_backward_smem(dqk, dv);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t bh = blockIdx.x, seq = bh / H, h = bh % H;
     const int qt = gridDim.y - 1 - blockIdx.y, i0 = qt * ATTN_BF16_ROWS;
     const int q_rows = T - i0 < ATTN_BF16_ROWS ? T - i0 : ATTN_BF16_ROWS;
     const int64_t qk_stride = (int64_t)H * dqk, v_stride = (int64_t)H * v_ld, o_stride = (int64_t)H * dv;
     const int ldq = attn_bf16_ld(dqk), ldv = attn_bf16_ld(dv);
-    __nv_bfloat16* q_s = attn_bf16_region<__nv_bfloat16>(smem, lay.tile[0]);
-    __nv_bfloat16* do_s = attn_bf16_region<__nv_bfloat16>(smem, lay.tile[1]);
-    __nv_bfloat16* k_s = attn_bf16_region<__nv_bfloat16>(smem, lay.tile[2]);
-    __nv_bfloat16* v_s = attn_bf16_region<__nv_bfloat16>(smem, lay.tile[3]);
-    float* s_strip = attn_bf16_region<float>(smem, lay.strip) + warp * 16 * ATTN_BF16_STRIP_LD;
-    float* dp_strip = s_strip + 4 * 16 * ATTN_BF16_STRIP_LD;
-    __nv_bfloat16* ds_s = attn_bf16_region<__nv_bfloat16>(smem, lay.p) + warp * 16 * ATTN_BF16_P_LD;
 
     attn_bf16_load(q_s, q + ((seq * T + i0) * H + h) * dqk, qk_stride, q_rows, dqk);
     attn_bf16_load(do_s, dout + ((seq * T + i0) * H + h) * dv, o_stride, q_rows, dv);
@@ -292,8 +307,8 @@ static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
     attention_backward_dkdv_bf16_kernel(float* dk, float* dv_out, const float* dout, const float* q, const float* k,
                                         const float* v, int64_t v_ld, const float* lse, const float* D, int T, int H,
                                         int dqk, int dv, float scale) {
-    unsigned char* smem = dynamic_shared<unsigned char>();
-    const AttnBf16Smem lay = attn_bf16_smem(dqk, dv, dqk, dv, 2);
+    const auto [k_s, v_s, q_s, do_s, p_s, s_strip, dp_strip, col_lse] = attn_bf16_backward_smem(dqk, dv);
+    float* col_d = col_lse + ATTN_BF16_ROWS;  // col_lse, col_d: of the streamed tile's 64 queries
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t bh = blockIdx.x, seq = bh / H, h = bh % H;
     const int kt = blockIdx.y, j0 = kt * ATTN_BF16_ROWS, q_tiles = gridDim.y;
@@ -301,15 +316,6 @@ static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
     const bool is_dk = blockIdx.z == 0;  // the same for the whole block
     const int64_t qk_stride = (int64_t)H * dqk, v_stride = (int64_t)H * v_ld, o_stride = (int64_t)H * dv;
     const int ldq = attn_bf16_ld(dqk), ldv = attn_bf16_ld(dv);
-    __nv_bfloat16* k_s = attn_bf16_region<__nv_bfloat16>(smem, lay.tile[0]);
-    __nv_bfloat16* v_s = attn_bf16_region<__nv_bfloat16>(smem, lay.tile[1]);
-    __nv_bfloat16* q_s = attn_bf16_region<__nv_bfloat16>(smem, lay.tile[2]);
-    __nv_bfloat16* do_s = attn_bf16_region<__nv_bfloat16>(smem, lay.tile[3]);
-    float* s_strip = attn_bf16_region<float>(smem, lay.strip) + warp * 16 * ATTN_BF16_STRIP_LD;
-    float* dp_strip = s_strip + 4 * 16 * ATTN_BF16_STRIP_LD;
-    __nv_bfloat16* p_s = attn_bf16_region<__nv_bfloat16>(smem, lay.p) + warp * 16 * ATTN_BF16_P_LD;
-    float* col_lse = attn_bf16_region<float>(smem, lay.stats);  // of the streamed tile's 64 queries
-    float* col_d = col_lse + ATTN_BF16_ROWS;
 
     attn_bf16_load(k_s, k + ((seq * T + j0) * H + h) * dqk, qk_stride, k_rows, dqk);
     attn_bf16_load(v_s, v + ((seq * T + j0) * H + h) * v_ld, v_stride, k_rows, dv);
