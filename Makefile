@@ -143,10 +143,15 @@ build/gpu/%.o: gpu/%.cu $(GPU_HEADERS)
 train: train.cu build/gpu/gpu_model.o build/comm/nccl_comm.o $(CORE_OBJ) $(GPU_HEADERS)
 	$(NVCC) $(NVFLAGS) train.cu build/gpu/gpu_model.o build/comm/nccl_comm.o $(CORE_OBJ) -o $@ $(GPU_LIBS)
 
-# GPU tests: every kernel, the GEMMs, the whole step and the trainers against the CPU reference
-TEST_GPU_SRC := test/test_gpu.cu test/test_gpu_kernels.cu test/test_gpu_matmul.cu test/test_gpu_train.cu
-test_gpu: $(TEST_GPU_SRC) build/gpu/gpu_model.o $(CORE_OBJ) $(GPU_HEADERS) test/gpu_check.cuh
-	$(NVCC) $(NVFLAGS) $(TEST_GPU_SRC) build/gpu/gpu_model.o $(CORE_OBJ) -o $@ $(GPU_LIBS)
+# GPU tests: every kernel, the GEMMs, the whole step and the trainers against the CPU reference (one object per
+# file, so make -j compiles them at once)
+TEST_GPU_OBJ := $(patsubst %.cu,build/%.o,test/test_gpu.cu test/test_gpu_kernels.cu test/test_gpu_matmul.cu \
+                  test/test_gpu_train.cu)
+build/test/%.o: test/%.cu $(GPU_HEADERS) test/gpu_check.cuh test/random_model.h
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+test_gpu: $(TEST_GPU_OBJ) build/gpu/gpu_model.o $(CORE_OBJ)
+	$(NVCC) $(NVFLAGS) $^ -o $@ $(GPU_LIBS)
 
 test-gpu: deps
 	$(MAKE) -j$(THREADS) train_cpu train test_gpu data
