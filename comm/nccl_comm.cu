@@ -18,6 +18,9 @@
 
 namespace {
 
+// An empty kernel: cudaFuncGetAttributes on it fails when this binary holds no code the chosen GPU can run.
+__global__ void build_probe_kernel() {}
+
 class NcclComm : public Comm {
 public:
     NcclComm(int ep, const char* program) : program_(program), use_mpi_(launched_by_mpi()) {
@@ -48,6 +51,15 @@ public:
         dp_size = world / ep;
         dp_rank = rank / ep;
         check_cuda(cudaSetDevice(local_rank), "cudaSetDevice");
+        cudaFuncAttributes probe;
+        if (cudaFuncGetAttributes(&probe, build_probe_kernel) != cudaSuccess) {
+            (void)cudaGetLastError();
+            cudaDeviceProp prop;
+            check_cuda(cudaGetDeviceProperties(&prop, local_rank), "cudaGetDeviceProperties");
+            const std::string sm = std::to_string(prop.major) + std::to_string(prop.minor);
+            abort("this build has no code for GPU " + std::to_string(local_rank) + " (" + prop.name + ", sm_" + sm +
+                  "): add -gencode arch=compute_" + sm + ",code=sm_" + sm + " to NVFLAGS in the Makefile and rebuild");
+        }
         check_cuda(cudaStreamCreate(&stream_), "cudaStreamCreate");
         ncclUniqueId id;
         if (rank == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
