@@ -55,7 +55,8 @@ using FragBT = wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::c
 using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 
 __host__ __device__ inline int attn_bf16_pad(int d) { return (d + 15) / 16 * 16; }
-__host__ __device__ inline int attn_bf16_ld(int d) { return attn_bf16_pad(d) + 8; }  // row stride in shared memory (BF16 elements)
+// row stride in shared memory (BF16 elements)
+__host__ __device__ inline int attn_bf16_ld(int d) { return attn_bf16_pad(d) + 8; }
 
 // Shared memory layout of one block. Offsets in bytes from the (128-byte aligned) base; every region starts on a
 // 128-byte boundary. tiles: the number of 64-row BF16 tiles (widths w0..w3, 0 for none); strips: FP32 strips
@@ -167,7 +168,8 @@ static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
     const int qt = gridDim.y - 1 - blockIdx.y, i0 = qt * ATTN_BF16_ROWS;
     const int q_rows = T - i0 < ATTN_BF16_ROWS ? T - i0 : ATTN_BF16_ROWS;
     const int64_t qk_stride = (int64_t)H * dqk, v_stride = (int64_t)H * v_ld;
-    const int ldq = attn_bf16_ld(dqk), ldv = attn_bf16_ld(dv), dqk16 = attn_bf16_pad(dqk), frags = attn_bf16_pad(dv) / 16;
+    const int ldq = attn_bf16_ld(dqk), ldv = attn_bf16_ld(dv), dqk16 = attn_bf16_pad(dqk);
+    const int frags = attn_bf16_pad(dv) / 16;
     __nv_bfloat16* q_s = attn_bf16_region<__nv_bfloat16>(smem, lay.tile[0]);
     __nv_bfloat16* k_s = attn_bf16_region<__nv_bfloat16>(smem, lay.tile[1]);
     __nv_bfloat16* v_s = attn_bf16_region<__nv_bfloat16>(smem, lay.tile[2]);
@@ -292,7 +294,8 @@ static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
         for (int c = c0; c < ATTN_BF16_ROWS; c += 2) {
             const bool counted = j0 + c <= i && i < T;
             const float p = counted ? expf(s_strip[r * ATTN_BF16_STRIP_LD + c] * scale - row_lse) : 0.0f;
-            ds_s[r * ATTN_BF16_P_LD + c] = __float2bfloat16_rn(p * (dp_strip[r * ATTN_BF16_STRIP_LD + c] - row_d) * scale);
+            const float dp = dp_strip[r * ATTN_BF16_STRIP_LD + c];
+            ds_s[r * ATTN_BF16_P_LD + c] = __float2bfloat16_rn(p * (dp - row_d) * scale);
         }
         __syncwarp();
         attn_bf16_accumulate(acc, ds_s, k_s, ldq, attn_bf16_pad(dqk) / 16);

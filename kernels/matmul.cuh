@@ -40,12 +40,13 @@
 // or 4-byte (FP32) aligned and the kernels found are slower ones: model widths should be multiples of 8.
 //
 // Algorithms: cublasLtMatmulAlgoGetHeuristic with the workspace size and the minimum alignments of A, B, C, D
-// computed from the actual pointers (cuBLASLt assumes 256 bytes unless told: the FP32 tensors of the parameter
-// buffer start on 256 bytes, but their BF16 copies on 128, and an expert's rows or a cast of a group anywhere). The first choice is cached with its descriptors, keyed by
-// precision, transposes, m, n, k, the ld's and the alignments, so the heuristic runs once per shape. The routed
-// experts' row counts change every step, so their keys miss until the counts seen cover the spread of the
-// routing: about 9 GEMM shapes per expert size times a few hundred row counts when balanced, a few thousand
-// entries of a few hundred bytes. The cache is cleared if it ever reaches MATMUL_CACHE_MAX entries.
+// computed from the actual pointers (cuBLASLt assumes 256 bytes unless told: the FP32 tensors of the parameter buffer
+// start on 256 bytes, but their BF16 copies on 128, and an expert's rows or a cast of a group anywhere). The first
+// choice is cached with its descriptors, keyed by precision, transposes, m, n, k, the ld's and the alignments, so the
+// heuristic runs once per shape. The routed experts' row counts change every step, so their keys miss until the
+// counts seen cover the spread of the routing: about 9 GEMM shapes per expert size times a few hundred row counts
+// when balanced, a few thousand entries of a few hundred bytes. The cache is cleared if it ever reaches
+// MATMUL_CACHE_MAX entries.
 //
 // Grouped: each group is one cuBLASLt call, which takes its m/n/k from the host, so the group sizes (offsets)
 // must be on the host: the trainer copies the expert counts to the host once per MoE layer (one sync). A
@@ -194,8 +195,8 @@ inline void matmul_create(Matmul& mm, cudaStream_t stream, MatmulCasts casts) {
 // read the old buffers. Throws as matmul_create.
 inline void matmul_reserve(Matmul& mm, MatmulCasts casts) {
     const MatmulCasts have = mm.cast_capacity;
-    if (have.inputs + have.output_grads == 0 || (casts.inputs <= have.inputs && casts.output_grads <= have.output_grads))
-        return;
+    const bool fp32_only = have.inputs + have.output_grads == 0;
+    if (fp32_only || (casts.inputs <= have.inputs && casts.output_grads <= have.output_grads)) return;
     CUDA_CHECK(cudaStreamSynchronize(mm.stream));
     CUDA_CHECK(cudaFree(mm.cast_a));
     CUDA_CHECK(cudaFree(mm.cast_b));

@@ -3,18 +3,20 @@
 // gpu/gpu_model.cu on real kernels: see the Makefile's *_emulated targets). It is a test tool, not a CPU backend:
 // it is slow, and it says nothing about speed.
 //
-// How it runs a launch: the blocks one after another; the threads of a block as fibers (ucontext) on one OS thread,
-// one at a time, each running until it reaches a barrier (__syncthreads, a warp shuffle or vote, __syncwarp) or
-// exits. A barrier opens when every thread it waits for has arrived. So each thread runs from barrier to barrier
-// as if alone: the GPU's independent thread scheduling in its strictest form. A kernel that needs a __syncthreads
-// it lacks (a shared-memory write read by another thread), or that relies on the lanes of a warp running in lock
-// step, reads the wrong values in one of the two orders the emulator offers (threads and blocks ascending, or
-// descending with EMULATOR_ORDER=reverse); the tests run both.
+// How it runs a launch: the blocks one after another; the threads of a block as fibers (emulator.cpp) on one OS
+// thread, one at a time, each running until it reaches a barrier (__syncthreads, a warp shuffle or vote,
+// __syncwarp) or exits. A barrier opens when every thread it waits for has arrived. So each thread runs from barrier
+// to barrier as if alone: the GPU's independent thread scheduling in its strictest form. A kernel that needs a
+// __syncthreads it lacks (a shared-memory write read by another thread), or that relies on the lanes of a warp
+// running in lock step, reads the wrong values in some order of the threads: EMULATOR_ORDER=forward (ascending),
+// reverse, or warps (one warp runs ahead of the others); the tests run forward and warps. The warp matrix functions
+// (wmma) are in mma.h.
 // Stream order, device memory and its checks are the CPU stand-ins' (test/cpu_stand_in/stand_in.h): a launch runs
 // when its stream is synchronised, device memory is host memory filled with NaN bytes when allocated.
 // What throws std::logic_error (through the synchronising call): a block of 0 or more than 1024 threads, a grid
 // beyond CUDA's limits, more than 227 KiB of dynamic shared memory, a __syncthreads that not every thread of the
-// block reaches (some wait elsewhere, or exited), a warp collective that not all 32 lanes reach, a partial mask.
+// block reaches (some wait elsewhere, or exited), a warp collective that not all 32 lanes reach, a partial mask, a
+// wmma tile pointer or leading dimension the hardware refuses.
 // Shared memory, static and dynamic, is filled with NaN bytes before every block: a read of shared memory the block
 // has not written shows. Not modelled: timing and the memory model between blocks (no kernel here waits for another
 // block); the device's math functions (the host's expf etc. stand in; the device's are within 2 ulp, which
@@ -95,19 +97,8 @@ inline void __syncwarp(unsigned mask = 0xffffffffu) { emulator::warp_collective(
 template <typename T>
 inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
     emulator::check_width(width);
-    return emulator::from_bits<T>(emulator::warp_collective(mask, emulator::to_bits(v))[(emulator::lane() ^ lane_mask) % 32]);
-}
-template <typename T>
-inline T __shfl_sync(unsigned mask, T v, int src_lane, int width = 32) {
-    emulator::check_width(width);
-    return emulator::from_bits<T>(emulator::warp_collective(mask, emulator::to_bits(v))[src_lane % 32]);
-}
-template <typename T>
-inline T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
-    emulator::check_width(width);
     const uint64_t* all = emulator::warp_collective(mask, emulator::to_bits(v));
-    const unsigned src = emulator::lane() + delta;
-    return src < 32 ? emulator::from_bits<T>(all[src]) : v;
+    return emulator::from_bits<T>(all[(emulator::lane() ^ lane_mask) % 32]);
 }
 inline unsigned __ballot_sync(unsigned mask, int predicate) {
     const uint64_t* all = emulator::warp_collective(mask, predicate != 0);

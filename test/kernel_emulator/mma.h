@@ -1,13 +1,15 @@
 // Kernel emulator (see emulator.h): the warp matrix functions of CUDA's <mma.h> (nvcuda::wmma) for 16 x 16 x 16
 // tiles with BF16 inputs and FP32 accumulators, the ones kernels/ uses.
 // CUDA leaves the mapping of a tile's elements to the fragments of the 32 lanes unspecified: a kernel may only load,
-// store, fill and multiply fragments, and apply the same operation to every element. So here every lane holds the
-// whole tile (element (r, c) at x[r * 16 + c]) and does the whole product itself: each lane ends with what the
+// store, fill and multiply fragments, apply the same operation to every element, or learn each element's place
+// from a fragment loaded from a known matrix (attention_bf16.cuh's row-index fragment). So here every lane holds
+// the whole tile (element (r, c) at x[r * 16 + c]) and does the whole product itself: each lane ends with what the
 // warp as a whole holds on the GPU. A store writes only the lane's share, as on the GPU each lane writes its own
 // elements: a lane that reads the stored tile before a __syncwarp reads stale values. The share is element (r, c)
 // by lane 4 (r % 8) + (c % 8) / 2 (the accumulator layout PTX documents for mma.sync's m16n8 tiles), so the usual
-// loops over a tile (element lane + 32 k, or rows per lane) cross lanes. The products of BF16 values are exact in float and summed in k order (the tensor
-// cores' order and rounding inside a 16-term sum differ; tests allow for BF16's precision, far coarser).
+// loops over a tile (element lane + 32 k, or rows per lane) cross lanes. The products of BF16 values are exact in
+// float and summed in k order (the tensor cores' order and rounding inside a 16-term sum differ; tests allow for
+// BF16's precision, far coarser).
 // Checked as on the GPU (std::logic_error): a pointer not 32-byte aligned, a leading dimension not a multiple of
 // 16 bytes.
 #pragma once

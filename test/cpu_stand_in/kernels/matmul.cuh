@@ -86,8 +86,8 @@ inline void matmul_create(Matmul& mm, cudaStream_t stream, MatmulCasts casts) {
 // Grows the cast buffers to at least casts (a Matmul created for FP32 only never casts and stays without them).
 inline void matmul_reserve(Matmul& mm, MatmulCasts casts) {
     const MatmulCasts have = mm.cast_capacity;
-    if (have.inputs + have.output_grads == 0 || (casts.inputs <= have.inputs && casts.output_grads <= have.output_grads))
-        return;
+    const bool fp32_only = have.inputs + have.output_grads == 0;
+    if (fp32_only || (casts.inputs <= have.inputs && casts.output_grads <= have.output_grads)) return;
     CUDA_CHECK(cudaStreamSynchronize(mm.stream));
     CUDA_CHECK(cudaFree(mm.cast_a));
     CUDA_CHECK(cudaFree(mm.cast_b));

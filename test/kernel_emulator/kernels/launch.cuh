@@ -13,7 +13,8 @@ template <typename... Params, typename... Args>
 inline void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
                           Args... args) {
     const std::tuple<Params...> params(args...);  // converted to the kernel's parameter types now, as CUDA does
-    stand_in::launch(stream, [=] { emulator::run_grid(grid, block, shared_bytes, [&] { std::apply(kernel, params); }); });
+    stand_in::launch(stream,
+                     [=] { emulator::run_grid(grid, block, shared_bytes, [&] { std::apply(kernel, params); }); });
 }
 
 template <typename T>
