@@ -4,7 +4,6 @@
 
 #include <cstdlib>
 #include <fstream>
-#include <sstream>
 #include <string>
 
 #include "model/checkpoint.h"
@@ -17,13 +16,6 @@ std::string make_temp_dir() {
     char pattern[] = "/tmp/moe_ckpt_XXXXXX";
     REQUIRE(mkdtemp(pattern) != nullptr);
     return pattern;
-}
-
-std::string slurp(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
 }
 
 int run(const std::string& cmd) { return system((cmd + " > /dev/null 2>&1").c_str()); }

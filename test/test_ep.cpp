@@ -5,7 +5,6 @@
 
 #include <chrono>
 #include <cstdlib>
-#include <fstream>
 #include <sstream>
 #include <string>
 #include <sys/wait.h>
@@ -86,13 +85,6 @@ struct Job {
     double seconds;
     std::string out, err;
 };
-
-std::string slurp(const std::string& path) {
-    std::ifstream f(path);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-}
 
 // mpirun as root on an oversubscribed machine; a 120 s timeout turns a hang into a failure.
 Job mpirun(int ranks, const std::string& args) {

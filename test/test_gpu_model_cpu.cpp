@@ -4,34 +4,21 @@
 #include <doctest/doctest.h>
 
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 #include <string>
-#include <sys/wait.h>
 
 #include "test/test_helpers.h"
 
 namespace {
 
-struct Run {
-    int status;
-    std::string out;
-};
-
-// The command's stdout and stderr; a 300 s timeout turns a hang into a failure.
-Run run(const std::string& cmd) {
-    const std::string path = test_path("gpu_model_cpu_check.txt");
-    const int rc = system(("OMP_NUM_THREADS=1 timeout 300 " + cmd + " > " + path + " 2>&1").c_str());
-    std::ifstream f(path);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return {WIFEXITED(rc) ? WEXITSTATUS(rc) : 128, ss.str()};
+// The command's status and output, within 300 s, one OpenMP thread
+CommandResult run(const std::string& cmd) {
+    return run_logged("env OMP_NUM_THREADS=1 " + cmd, "gpu_model_cpu_check.txt", 300);
 }
 
 }  // namespace
 
 TEST_CASE("gpu model on the CPU: one process matches the CPU model (losses, gradients, AdamW, sampling, BF16)") {
-    Run r = run("./gpu_model_cpu_check");
+    CommandResult r = run("./gpu_model_cpu_check");
     INFO(r.out);
     CHECK(r.status == 0);
     CHECK(r.out.find("failed, ok") != std::string::npos);
@@ -39,7 +26,7 @@ TEST_CASE("gpu model on the CPU: one process matches the CPU model (losses, grad
 
 TEST_CASE("gpu model on the CPU: EP=2, EP=4 and EP=2 x DP=2 under mpirun match one process") {
     for (auto [ranks, ep] : {std::pair<int, int>{2, 2}, {4, 4}, {4, 2}}) {
-        Run r = run("env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np " +
+        CommandResult r = run("env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np " +
                     std::to_string(ranks) + " ./gpu_model_cpu_check --ep " + std::to_string(ep));
         INFO("ranks " << ranks << " ep " << ep << "\n" << r.out);
         CHECK(r.status == 0);

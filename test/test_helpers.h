@@ -1,5 +1,5 @@
-// Shared helpers for the CPU tests: a relative CHECK, a scratch directory of this process for the files tests write
-// (and, from random_model.h, random weights and batches).
+// Shared helpers for the CPU tests: a relative CHECK, a scratch directory of this process for the files tests write,
+// reading a whole file, running a program with its output kept (and, from random_model.h, random weights and batches).
 #pragma once
 #include <doctest/doctest.h>
 
@@ -8,9 +8,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <system_error>
+#include <sys/wait.h>
 #include <vector>
 
 #include "model/model.h"
@@ -51,3 +54,23 @@ inline const std::string& test_dir() {
 
 // NAME inside test_dir(): test_path("log.jsonl") is $TMPDIR/moe_test_XXXXXX/log.jsonl.
 inline std::string test_path(const std::string& name) { return test_dir() + "/" + name; }
+
+// The whole file as bytes ("" when it cannot be read).
+inline std::string slurp(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
+
+// A shell command run under `timeout seconds` (a hang becomes a failure, status 124), its stdout and stderr kept in
+// test_path(log): the exit status (128 when killed by a signal) and that output.
+struct CommandResult {
+    int status;
+    std::string out;
+};
+inline CommandResult run_logged(const std::string& cmd, const std::string& log, int seconds) {
+    const std::string path = test_path(log);
+    const int rc = system(("timeout " + std::to_string(seconds) + " " + cmd + " > " + path + " 2>&1").c_str());
+    return {WIFEXITED(rc) ? WEXITSTATUS(rc) : 128, slurp(path)};
+}

@@ -11,7 +11,6 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 #include <string>
 
 #include "comm/comm.h"
@@ -28,13 +27,6 @@ std::string temp_dir() {
 }
 
 void remove_dir(const std::string& dir) { REQUIRE(system(("rm -rf '" + dir + "'").c_str()) == 0); }
-
-std::string slurp(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-}
 
 void spit(const std::string& path, const std::string& text) {
     std::ofstream f(path, std::ios::binary);

@@ -5,11 +5,8 @@
 #include <doctest/doctest.h>
 
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 #include <stdexcept>
 #include <string>
-#include <sys/wait.h>
 #include <thread>
 #include <vector>
 
@@ -46,25 +43,15 @@ void block_sums(std::vector<int>& out, bool with_first_sync) {
     }
 }
 
-struct Run {
-    int status;
-    std::string out;
-};
-
-// The command's stdout and stderr; a 300 s timeout turns a hang into a failure.
-Run run(const std::string& cmd, const std::string& log) {
-    const std::string path = test_path(log);
-    const int rc = system(("OMP_NUM_THREADS=1 timeout 300 " + cmd + " > " + path + " 2>&1").c_str());
-    std::ifstream f(path);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return {WIFEXITED(rc) ? WEXITSTATUS(rc) : 128, ss.str()};
+// The command's status and output, within 300 s, one OpenMP thread
+CommandResult run(const std::string& cmd, const std::string& log) {
+    return run_logged("env OMP_NUM_THREADS=1 " + cmd, log, 300);
 }
 
 // The program in the forward and the warps order at once (two processes: this machine has two cores).
 void run_both_orders(const std::string& program) {
     const char* orders[2] = {"forward", "warps"};
-    Run runs[2];
+    CommandResult runs[2];
     std::thread second([&] { runs[1] = run("env EMULATOR_ORDER=warps " + program, "emulated_warps.txt"); });
     runs[0] = run("env EMULATOR_ORDER=forward " + program, "emulated_forward.txt");
     second.join();
@@ -176,7 +163,7 @@ TEST_CASE("kernel emulator: the real kernels match the CPU reference (test_gpu's
 
 TEST_CASE("kernel emulator: gpu_model.cu on the real kernels matches the CPU model, alone and with EP=2") {
     run_both_orders("./gpu_model_emulated_check");
-    Run r = run("env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np 2 "
+    CommandResult r = run("env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np 2 "
                 "./gpu_model_emulated_check --ep 2",
                 "emulated_ep2.txt");
     INFO(r.out);

@@ -37,9 +37,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <initializer_list>
-#include <sstream>
 #include <string>
-#include <sys/wait.h>
 #include <thread>
 #include <vector>
 
@@ -47,24 +45,9 @@
 
 namespace {
 
-struct Job {
-    int status;
-    std::string out;
-};
-
-std::string slurp(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-}
-
-// The command's stdout and stderr (in test_path("stand_in_NAME.txt")); a 120 s timeout turns a hang into a failure.
-Job sh(const std::string& name, const std::string& cmd) {
-    const std::string path = test_path("stand_in_" + name + ".txt");
-    const int rc = system(("timeout 120 " + cmd + " > " + path + " 2>&1").c_str());
-    return {WIFEXITED(rc) ? WEXITSTATUS(rc) : 128, slurp(path)};
-}
+// The command's status and output (kept in test_path("stand_in_NAME.txt")), within 120 s.
+using Job = CommandResult;
+Job sh(const std::string& name, const std::string& cmd) { return run_logged(cmd, "stand_in_" + name + ".txt", 120); }
 
 std::string dir(const std::string& name) { return test_path("stand_in_" + name); }
 std::string log_of(const std::string& name) { return test_path("stand_in_" + name + ".jsonl"); }
