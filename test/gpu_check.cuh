@@ -12,18 +12,22 @@
 
 inline int passed = 0, failed = 0;
 
-// A device copy of a host vector (or n uninitialised values), freed on scope exit.
+// A device copy of a host vector (or n uninitialised values), freed on scope exit. It starts `offset` elements into
+// its allocation: offset 1 gives a pointer only sizeof(T)-aligned, like a tensor inside the one big parameter buffer.
 template <typename T>
 struct Dev {
+    T* allocation = nullptr;
     T* ptr = nullptr;
     size_t n = 0;
-    explicit Dev(size_t count) : n(count) { CUDA_CHECK(cudaMalloc(&ptr, (n > 0 ? n : 1) * sizeof(T))); }
-    explicit Dev(const std::vector<T>& h) : Dev(h.size()) {
-        CUDA_CHECK(cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+    explicit Dev(size_t count, size_t offset = 0) : n(count) {
+        CUDA_CHECK(cudaMalloc(&allocation, (n + offset > 0 ? n + offset : 1) * sizeof(T)));
+        ptr = allocation + offset;
     }
-    ~Dev() { CUDA_CHECK(cudaFree(ptr)); }
+    explicit Dev(const std::vector<T>& h, size_t offset = 0) : Dev(h.size(), offset) { set(h); }
+    ~Dev() { CUDA_CHECK(cudaFree(allocation)); }
     Dev(const Dev&) = delete;
     Dev& operator=(const Dev&) = delete;
+    void set(const std::vector<T>& h) { CUDA_CHECK(cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice)); }
     void poison() { CUDA_CHECK(cudaMemset(ptr, 0xFF, n * sizeof(T))); }
     std::vector<T> get() const {
         std::vector<T> h(n);

@@ -65,27 +65,6 @@ std::vector<float> matmul_plus(const std::vector<float>& a, const std::vector<fl
     return c;
 }
 
-// A device copy of a host vector placed `offset` elements into its allocation: offset 1 gives a pointer that is
-// only 4-byte (FP32) or 2-byte (BF16) aligned, like a tensor inside the one big parameter buffer.
-template <typename T>
-struct DevAt {
-    Dev<T> buf;
-    size_t n;
-    T* p;
-    DevAt(size_t count, size_t offset) : buf(count + offset), n(count), p(buf.ptr + offset) {}
-    DevAt(const std::vector<T>& h, size_t offset) : DevAt(h.size(), offset) { set(h); }
-    void set(const std::vector<T>& h) {
-        CUDA_CHECK(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-    }
-    void poison() { CUDA_CHECK(cudaMemset(p, 0xFF, n * sizeof(T))); }
-    std::vector<T> get() const {
-        std::vector<T> h(n);
-        CUDA_CHECK(cudaDeviceSynchronize());
-        CUDA_CHECK(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-        return h;
-    }
-};
-
 // The CPU reference over groups (one group [0, M) for the dense GEMMs): out = inp W_g^T, dinp = dout W_g (both
 // overwritten), dW_g = dW0_g + dout^T inp.
 struct MatmulRef {
@@ -118,8 +97,8 @@ void matmul_check(const std::string& name, bool bf16, const std::vector<float>& 
 
 // The BF16 copy of W, made on the device by the cast under test (checked exactly in matmul_test_cast).
 struct MatmulW16 {
-    DevAt<__nv_bfloat16> w;
-    MatmulW16(const float* W, size_t n, size_t offset) : w(n, offset) { gpu::cast_to_bf16(w.p, W, (int64_t)n, 0); }
+    Dev<__nv_bfloat16> w;
+    MatmulW16(const float* W, size_t n, size_t offset) : w(n, offset) { gpu::cast_to_bf16(w.ptr, W, (int64_t)n, 0); }
 };
 
 void matmul_test_dense(gpu::Matmul& mm, Rng& rng, int64_t M, int64_t K, int64_t N, size_t offset, bool bf16) {
@@ -132,33 +111,33 @@ void matmul_test_dense(gpu::Matmul& mm, Rng& rng, int64_t M, int64_t K, int64_t 
     const MatmulRef ref_r = bf16 ? matmul_cpu(matmul_bf16_round(inp), matmul_bf16_round(W), matmul_bf16_round(dout),
                                               dW0, offsets, K, N)
                                  : ref;
-    DevAt<float> d_inp(inp, offset), d_W(W, offset), d_dout(dout, offset);
-    DevAt<float> d_out(M * N, offset), d_dinp(M * K, offset), d_dW(dW0, offset);
-    MatmulW16 W16(d_W.p, W.size(), offset);
-    const __nv_bfloat16* w16 = bf16 ? W16.w.p : nullptr;
+    Dev<float> d_inp(inp, offset), d_W(W, offset), d_dout(dout, offset);
+    Dev<float> d_out(M * N, offset), d_dinp(M * K, offset), d_dW(dW0, offset);
+    MatmulW16 W16(d_W.ptr, W.size(), offset);
+    const __nv_bfloat16* w16 = bf16 ? W16.w.ptr : nullptr;
 
     d_out.poison();
-    gpu::matmul_forward(mm, d_out.p, d_inp.p, d_W.p, w16, M, K, N, false);
+    gpu::matmul_forward(mm, d_out.ptr, d_inp.ptr, d_W.ptr, w16, M, K, N, false);
     matmul_check("matmul_forward out = " + shape, bf16, d_out.get(), ref.out, ref_r.out);
     d_out.set(out0);
-    gpu::matmul_forward(mm, d_out.p, d_inp.p, d_W.p, w16, M, K, N, true);
+    gpu::matmul_forward(mm, d_out.ptr, d_inp.ptr, d_W.ptr, w16, M, K, N, true);
     matmul_check("matmul_forward out += " + shape, bf16, d_out.get(), matmul_plus(out0, ref.out),
                  matmul_plus(out0, ref_r.out));
 
     d_dinp.poison();
-    gpu::matmul_backward(mm, d_dinp.p, d_dW.p, d_dout.p, d_inp.p, d_W.p, w16, M, K, N, false);
+    gpu::matmul_backward(mm, d_dinp.ptr, d_dW.ptr, d_dout.ptr, d_inp.ptr, d_W.ptr, w16, M, K, N, false);
     matmul_check("matmul_backward dinp = " + shape, bf16, d_dinp.get(), ref.dinp, ref_r.dinp);
     matmul_check("matmul_backward dW += " + shape, bf16, d_dW.get(), ref.dW, ref_r.dW);
 
     d_dinp.set(dinp0);
     d_dW.set(dW0);
-    gpu::matmul_backward(mm, d_dinp.p, d_dW.p, d_dout.p, d_inp.p, d_W.p, w16, M, K, N, true);
+    gpu::matmul_backward(mm, d_dinp.ptr, d_dW.ptr, d_dout.ptr, d_inp.ptr, d_W.ptr, w16, M, K, N, true);
     matmul_check("matmul_backward dinp += " + shape, bf16, d_dinp.get(), matmul_plus(dinp0, ref.dinp),
                  matmul_plus(dinp0, ref_r.dinp));
     matmul_check("matmul_backward dW += (with dinp +=) " + shape, bf16, d_dW.get(), ref.dW, ref_r.dW);
 
     d_dW.set(dW0);
-    gpu::matmul_backward(mm, nullptr, d_dW.p, d_dout.p, d_inp.p, d_W.p, w16, M, K, N, false);
+    gpu::matmul_backward(mm, nullptr, d_dW.ptr, d_dout.ptr, d_inp.ptr, d_W.ptr, w16, M, K, N, false);
     matmul_check("matmul_backward dW += (dinp nullptr) " + shape, bf16, d_dW.get(), ref.dW, ref_r.dW);
 }
 
@@ -181,9 +160,9 @@ void matmul_test_grouped(gpu::Matmul& mm, Rng& rng, const std::vector<int64_t>& 
     const MatmulRef ref_r = bf16 ? matmul_cpu(matmul_bf16_round(inp), matmul_bf16_round(W), matmul_bf16_round(dout),
                                               dW0, offsets, K, N)
                                  : ref;
-    DevAt<float> d_inp(inp, 0), d_W(W, 0), d_dout(dout, 0), d_out(R * N, 0), d_dinp(R * K, 0), d_dW(dW0, 0);
-    MatmulW16 W16(d_W.p, W.size(), 0);
-    const __nv_bfloat16* w16 = bf16 ? W16.w.p : nullptr;
+    Dev<float> d_inp(inp), d_W(W), d_dout(dout), d_out(R * N), d_dinp(R * K), d_dW(dW0);
+    MatmulW16 W16(d_W.ptr, W.size(), 0);
+    const __nv_bfloat16* w16 = bf16 ? W16.w.ptr : nullptr;
 
     auto poisoned_from_first = [&](int64_t width) {  // NaN in the groups' rows, zeros (as in ref) before them
         std::vector<float> v(R * width, NAN);
@@ -191,10 +170,10 @@ void matmul_test_grouped(gpu::Matmul& mm, Rng& rng, const std::vector<int64_t>& 
         return v;
     };
     d_out.set(poisoned_from_first(N));
-    gpu::grouped_matmul_forward(mm, d_out.p, d_inp.p, d_W.p, w16, offsets.data(), G, K, N);
+    gpu::grouped_matmul_forward(mm, d_out.ptr, d_inp.ptr, d_W.ptr, w16, offsets.data(), G, K, N);
     matmul_check("grouped_matmul_forward out = " + shape, bf16, d_out.get(), ref.out, ref_r.out);
     d_dinp.set(poisoned_from_first(K));
-    gpu::grouped_matmul_backward(mm, d_dinp.p, d_dW.p, d_dout.p, d_inp.p, d_W.p, w16, offsets.data(), G, K, N);
+    gpu::grouped_matmul_backward(mm, d_dinp.ptr, d_dW.ptr, d_dout.ptr, d_inp.ptr, d_W.ptr, w16, offsets.data(), G, K, N);
     matmul_check("grouped_matmul_backward dinp = " + shape, bf16, d_dinp.get(), ref.dinp, ref_r.dinp);
     matmul_check("grouped_matmul_backward dW += " + shape, bf16, d_dW.get(), ref.dW, ref_r.dW);
 }
@@ -221,10 +200,10 @@ void matmul_test_cast(Rng& rng) {
         }
         memcpy(&in[i], &u, sizeof u);
     }
-    DevAt<float> d_in(in, 0);
-    DevAt<__nv_bfloat16> d_out(n, 0);
+    Dev<float> d_in(in);
+    Dev<__nv_bfloat16> d_out(n);
     d_out.poison();
-    gpu::cast_to_bf16(d_out.p, d_in.p, n, 0);
+    gpu::cast_to_bf16(d_out.ptr, d_in.ptr, n, 0);
     const std::vector<__nv_bfloat16> got16 = d_out.get();
     std::vector<uint16_t> got(n), want(n);
     for (int64_t i = 0; i < n; i++) {
