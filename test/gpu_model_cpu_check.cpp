@@ -112,10 +112,7 @@ void check_grads(const std::string& name, const std::vector<float>& got, const M
 
 void check_counts(const std::string& name, const std::vector<std::vector<int64_t>>& got,
                   const std::vector<std::vector<int64_t>>& want) {
-    int64_t total = 0;
-    for (const auto& layer : want)
-        for (int64_t n : layer) total += n;
-    report(name, got == want, "rows counted " + std::to_string(total));
+    report(name, got == want, "rows counted " + std::to_string(total_assignments(want)));
 }
 
 // Runs body; a thrown error (a stand-in's contract violation, or the model's own) is one failed check.
@@ -326,9 +323,7 @@ void check_bf16(const std::string& tag, const Config& c, int B, int T, uint64_t 
         got_sq += (double)grads[i] * grads[i];
         want_sq += (double)cpu.grads[i] * cpu.grads[i];
     }
-    int64_t assignments = 0;
-    for (const auto& layer : cpu.expert_counts)
-        for (int64_t n : layer) assignments += n;
+    const int64_t assignments = total_assignments(cpu.expert_counts);
     const int64_t moved = moved_assignments(gm.expert_counts, cpu.expert_counts);
     report(tag + " expert counts: assignments that changed experts", moved <= bf16_max_moved(assignments),
            fmt("%.0f of %.0f moved", (double)moved, (double)assignments));

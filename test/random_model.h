@@ -52,6 +52,12 @@ inline std::vector<int32_t> random_routing(int64_t N, int64_t k, int64_t E, Rng&
 // emulator (plain B=3 T=70: 3 of 420 assignments moved, 1 - cosine = 6.3e-3), ~2e-3 of cosine each. So the
 // gradient's cosine with the CPU's must be >= 0.999 with the same routing (the GEMMs' and attention's rounding
 // alone) less 3e-3 per moved assignment; and at most 1% of the assignments (plus one) may move: a bug moves many.
+inline int64_t total_assignments(const std::vector<std::vector<int64_t>>& counts) {
+    int64_t total = 0;
+    for (const auto& layer : counts)
+        for (int64_t n : layer) total += n;
+    return total;
+}
 inline int64_t moved_assignments(const std::vector<std::vector<int64_t>>& got,
                                  const std::vector<std::vector<int64_t>>& want) {
     int64_t distance = 0;

@@ -100,9 +100,7 @@ void compare_step(const std::string& name, const Config& c, gpu::Precision preci
                 worst_name = t.name;
             }
         }
-        int64_t assignments = 0;
-        for (const auto& layer : cpu.expert_counts)
-            for (int64_t n : layer) assignments += n;
+        const int64_t assignments = total_assignments(cpu.expert_counts);
         const int64_t moved = moved_assignments(gm.expert_counts, cpu.expert_counts);
         const double cosine = dot / sqrt(got_sq * want_sq), norm_ratio = sqrt(got_sq / want_sq);
         const bool ok = moved <= bf16_max_moved(assignments) && cosine >= bf16_min_cosine(moved) &&
