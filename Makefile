@@ -97,15 +97,17 @@ train_stand_in: train.cu gpu/gpu_model.cu gpu/gpu_model.h test/cpu_stand_in/nccl
 	$(CXX) $(filter-out -I.,$(CXXFLAGS)) -Itest/cpu_stand_in -I. -x c++ train.cu gpu/gpu_model.cu -x none \
 	  test/cpu_stand_in/nccl_comm_stand_in.cpp $(CORE_OBJ) -o $@ $(MPI_LIBS)
 
-# The real kernels on the CPU, through the kernel emulator (test/kernel_emulator/: the emulated launch, the CPU
-# stand-ins' GEMMs, searched before the real kernels/), run by test_cpu: test_gpu's kernel checks and
-# gpu_model_cpu_check's comparison of gpu/gpu_model.cu with the CPU model (test/test_kernel_emulator.cpp), and the
-# GPU trainer train.cu against train_cpu (test/test_train_stand_in.cpp).
+# The real kernels on the CPU, through the kernel emulator (test/kernel_emulator/: the emulated launch, searched
+# before the real kernels/, and a CPU model of cuBLASLt under the real kernels/matmul.cuh), run by test_cpu:
+# test_gpu's kernel and GEMM checks and gpu_model_cpu_check's comparison of gpu/gpu_model.cu with the CPU model
+# (test/test_kernel_emulator.cpp), and the GPU trainer train.cu against train_cpu (test/test_train_stand_in.cpp).
 EMULATOR := $(wildcard test/kernel_emulator/*.h test/kernel_emulator/kernels/*.cuh) $(STAND_IN)
 EMULATOR_FLAGS := $(filter-out -I.,$(CXXFLAGS)) -Wno-unknown-pragmas -Itest/kernel_emulator -I.
-test_kernels_emulated: test/test_gpu_kernels.cu test/gpu_check.cuh test/kernel_emulator/test_kernels_emulated.cpp \
-                       build/test/kernel_emulator/emulator.o $(EMULATOR) $(CORE_OBJ) $(HEADERS)
-	$(CXX) $(EMULATOR_FLAGS) -x c++ test/test_gpu_kernels.cu -x none test/kernel_emulator/test_kernels_emulated.cpp \
+test_kernels_emulated: test/test_gpu_kernels.cu test/test_gpu_matmul.cu test/gpu_check.cuh \
+                       test/kernel_emulator/test_kernels_emulated.cpp build/test/kernel_emulator/emulator.o $(EMULATOR) \
+                       $(CORE_OBJ) $(HEADERS)
+	$(CXX) $(EMULATOR_FLAGS) -x c++ test/test_gpu_kernels.cu test/test_gpu_matmul.cu -x none \
+	  test/kernel_emulator/test_kernels_emulated.cpp \
 	  build/test/kernel_emulator/emulator.o $(CORE_OBJ) -o $@ $(MPI_LIBS)
 
 train_emulated: train.cu gpu/gpu_model.cu gpu/gpu_model.h test/cpu_stand_in/nccl_comm_stand_in.cpp \

@@ -49,13 +49,25 @@
 // MATMUL_CACHE_MAX entries.
 //
 // Grouped: each group is one cuBLASLt call, which takes its m/n/k from the host, so the group sizes (offsets)
-// must be on the host: the trainer copies the expert counts to the host once per MoE layer (one sync). A
-// device-side grouped GEMM (CUTLASS grouped / cuBLAS grouped-batched with device pointers) would avoid that sync
-// and the per-group launches. BF16 casts of the activation operands are done once for all groups.
+// must be on the host: the trainer copies the expert counts to the host once per MoE layer (one sync). One expert's
+// GEMM is small for the GPU: at DeepSeek-V2-Lite shapes and 8K tokens, 768 rows x 1408 x 2048, about 66 output
+// tiles of 128 x 128 for 132 SMs. So the groups are spread round-robin over MATMUL_LANES streams ("lanes": the
+// caller's stream and MATMUL_LANES - 1 of the Matmul's own), where they run concurrently and fill the SMs. The
+// lanes wait on an event for the casts queued before them (fork) and the caller's stream waits for every lane at
+// the end (join), so a grouped call is ordered on the caller's stream like any other. Each lane has its own slice
+// of the workspace (concurrent cuBLASLt calls must not share one). The results are the same bits as on one stream:
+// the same algorithm per shape, and each group writes only its own rows and its own dW_g. `group_lanes` = 1 runs
+// the groups in order on the caller's stream (the benchmark compares the two). A device-side grouped GEMM
+// (CUTLASS grouped, or cuBLAS grouped-batched) would also avoid the sync and the per-group launches. BF16 casts of
+// the activation operands are done once for all groups.
+//
+// On a machine without a GPU, the kernel emulator runs this file as it is against the CPU reference, with a CPU model
+// of cuBLASLt's documented semantics (test/kernel_emulator/cublasLt.h): the mapping, casts, groups and lanes.
 //
 // Every cuBLASLt call is checked: with CUBLAS_CHECK (status name, file, line, call; exit), as CUDA_CHECK, and the
 // heuristic and the multiply itself with a report of the whole problem (site, shapes, layouts, alignments).
 #pragma once
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstdio>
@@ -83,7 +95,8 @@
 
 namespace gpu {
 
-constexpr size_t MATMUL_WORKSPACE_BYTES = size_t(32) << 20;  // what cuBLASLt recommends for Hopper
+constexpr size_t MATMUL_WORKSPACE_BYTES = size_t(32) << 20;  // per lane: what cuBLASLt recommends for Hopper
+constexpr int MATMUL_LANES = 4;                                // streams a grouped GEMM spreads its groups over
 constexpr size_t MATMUL_CACHE_MAX = 1 << 15;
 constexpr int MATMUL_CAST_THREADS = 256;
 
@@ -104,9 +117,12 @@ struct MatmulCasts {
 
 struct Matmul {  // one per stream
     cublasLtHandle_t handle = nullptr;
-    cudaStream_t stream = nullptr;
-    void* workspace = nullptr;
+    cudaStream_t stream = nullptr;        // the caller's: every call is ordered on it
+    void* workspace = nullptr;            // MATMUL_LANES slices of workspace_bytes, slice i for lane i
     size_t workspace_bytes = 0;
+    std::array<cudaStream_t, MATMUL_LANES> lanes{};       // lanes[0] = stream; the others created by matmul_create
+    std::array<cudaEvent_t, MATMUL_LANES> lane_events{};  // [0]: the casts are queued (fork); [i]: lane i done (join)
+    int group_lanes = MATMUL_LANES;                       // lanes a grouped call uses, 1 to MATMUL_LANES
     __nv_bfloat16 *cast_a = nullptr, *cast_b = nullptr;  // BF16 casts of the activation operands
     MatmulCasts cast_capacity;
     std::map<MatmulKey, MatmulPlan> cache;
@@ -131,7 +147,7 @@ inline void cast_to_bf16(__nv_bfloat16* out, const float* in, int64_t n, cudaStr
 // Setup
 
 inline int64_t matmul_memory_bytes(MatmulCasts casts) {
-    return (int64_t)MATMUL_WORKSPACE_BYTES + (casts.inputs + casts.output_grads) * (int64_t)sizeof(__nv_bfloat16);
+    return (int64_t)MATMUL_LANES * (int64_t)MATMUL_WORKSPACE_BYTES + (casts.inputs + casts.output_grads) * (int64_t)sizeof(__nv_bfloat16);
 }
 
 inline void matmul_clear_cache(Matmul& mm) {
@@ -151,13 +167,12 @@ inline void matmul_destroy(Matmul& mm) {
     CUDA_CHECK(cudaFree(mm.workspace));
     CUDA_CHECK(cudaFree(mm.cast_a));
     CUDA_CHECK(cudaFree(mm.cast_b));
+    for (int i = 1; i < MATMUL_LANES; i++)
+        if (mm.lanes[i]) CUDA_CHECK(cudaStreamDestroy(mm.lanes[i]));
+    for (cudaEvent_t e : mm.lane_events)
+        if (e) CUDA_CHECK(cudaEventDestroy(e));
     if (mm.handle) CUBLAS_CHECK(cublasLtDestroy(mm.handle));
-    mm.handle = nullptr;
-    mm.stream = nullptr;
-    mm.workspace = nullptr;
-    mm.workspace_bytes = 0;
-    mm.cast_a = mm.cast_b = nullptr;
-    mm.cast_capacity = MatmulCasts{};
+    mm = Matmul{};
 }
 
 // cudaMalloc that throws on failure (clearing the error), after freeing what mm already holds
@@ -183,9 +198,11 @@ inline void matmul_alloc_casts(Matmul& mm, MatmulCasts casts) {
 inline void matmul_create(Matmul& mm, cudaStream_t stream, MatmulCasts casts) {
     if (mm.handle || mm.workspace) matmul_destroy(mm);
     mm = Matmul{};
-    mm.stream = stream;
+    mm.stream = mm.lanes[0] = stream;
+    for (int i = 1; i < MATMUL_LANES; i++) CUDA_CHECK(cudaStreamCreateWithFlags(&mm.lanes[i], cudaStreamNonBlocking));
+    for (cudaEvent_t& e : mm.lane_events) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     CUBLAS_CHECK(cublasLtCreate(&mm.handle));
-    matmul_alloc(mm, &mm.workspace, MATMUL_WORKSPACE_BYTES, "the cuBLASLt workspace");
+    matmul_alloc(mm, &mm.workspace, MATMUL_LANES * MATMUL_WORKSPACE_BYTES, "the cuBLASLt workspaces");
     mm.workspace_bytes = MATMUL_WORKSPACE_BYTES;
     if (casts.inputs > 0 || casts.output_grads > 0) matmul_alloc_casts(mm, casts);
 }
@@ -220,16 +237,17 @@ struct MatmulSite {
     int64_t M, K, N;
 };
 
-// D (m, n, ld ldd, FP32) (=|+=) op(A) (m, k) op(B) (k, n). A, B FP32 or (bf16) BF16; stored shapes
-// A: ta ? (k, m) : (m, k), B: tb ? (n, k) : (k, n), column-major with the given ld.
-inline void matmul_lt(Matmul& mm, const MatmulSite& site, bool bf16, bool ta, bool tb, int64_t m, int64_t n,
+// D (m, n, ld ldd, FP32) (=|+=) op(A) (m, k) op(B) (k, n), queued on lane `lane`. A, B FP32 or (bf16) BF16;
+// stored shapes A: ta ? (k, m) : (m, k), B: tb ? (n, k) : (k, n), column-major with the given ld.
+inline void matmul_lt(Matmul& mm, int lane, const MatmulSite& site, bool bf16, bool ta, bool tb, int64_t m, int64_t n,
                       int64_t k, const void* A, int64_t lda, const void* B, int64_t ldb, float* D, int64_t ldd,
                       bool accumulate) {
     if (m == 0 || n == 0) return;
+    const cudaStream_t stream = mm.lanes[lane];
     if (k == 0) {  // an empty sum: D = 0, or D unchanged
         if (!accumulate)
             CUDA_CHECK(cudaMemset2DAsync(D, (size_t)ldd * sizeof(float), 0, (size_t)m * sizeof(float), (size_t)n,
-                                         mm.stream));
+                                         stream));
         return;
     }
     const uint32_t align_a = matmul_pointer_alignment(A), align_b = matmul_pointer_alignment(B),
@@ -284,8 +302,9 @@ inline void matmul_lt(Matmul& mm, const MatmulSite& site, bool bf16, bool ta, bo
     }
     const MatmulPlan& p = it->second;
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    void* workspace = (char*)mm.workspace + (size_t)lane * mm.workspace_bytes;
     const cublasStatus_t status = cublasLtMatmul(mm.handle, p.desc, &alpha, A, p.a, B, p.b, &beta, D, p.d, D, p.d,
-                                                 &p.algo, mm.workspace, mm.workspace_bytes, mm.stream);
+                                                 &p.algo, workspace, mm.workspace_bytes, stream);
     if (status != CUBLAS_STATUS_SUCCESS) fail("cublasLtMatmul failed", status);
 }
 
@@ -306,19 +325,19 @@ inline const __nv_bfloat16* matmul_cast(Matmul& mm, bool output_grad, const floa
     return buffer;
 }
 
-// The three products on row-major operands (see the mapping at the top). A, B point at FP32 or BF16 data as bf16
-// says; D is always FP32.
-inline void matmul_gemm_forward(Matmul& mm, const MatmulSite& s, bool bf16, float* out, const void* inp,
+// The three products on row-major operands (see the mapping at the top), on lane `lane`. A, B point at FP32 or BF16
+// data as bf16 says; D is always FP32.
+inline void matmul_gemm_forward(Matmul& mm, int lane, const MatmulSite& s, bool bf16, float* out, const void* inp,
                                 const void* W, int64_t M, int64_t K, int64_t N, bool accumulate) {
-    matmul_lt(mm, s, bf16, /*ta*/ true, /*tb*/ false, N, M, K, W, K, inp, K, out, N, accumulate);
+    matmul_lt(mm, lane, s, bf16, /*ta*/ true, /*tb*/ false, N, M, K, W, K, inp, K, out, N, accumulate);
 }
-inline void matmul_gemm_dinp(Matmul& mm, const MatmulSite& s, bool bf16, float* dinp, const void* dout,
+inline void matmul_gemm_dinp(Matmul& mm, int lane, const MatmulSite& s, bool bf16, float* dinp, const void* dout,
                              const void* W, int64_t M, int64_t K, int64_t N, bool accumulate) {
-    matmul_lt(mm, s, bf16, false, false, K, M, N, W, K, dout, N, dinp, K, accumulate);
+    matmul_lt(mm, lane, s, bf16, false, false, K, M, N, W, K, dout, N, dinp, K, accumulate);
 }
-inline void matmul_gemm_dW(Matmul& mm, const MatmulSite& s, bool bf16, float* dW, const void* dout,
+inline void matmul_gemm_dW(Matmul& mm, int lane, const MatmulSite& s, bool bf16, float* dW, const void* dout,
                            const void* inp, int64_t M, int64_t K, int64_t N) {
-    matmul_lt(mm, s, bf16, false, true, K, N, M, inp, K, dout, N, dW, K, /*accumulate*/ true);
+    matmul_lt(mm, lane, s, bf16, false, true, K, N, M, inp, K, dout, N, dW, K, /*accumulate*/ true);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -331,9 +350,9 @@ inline void matmul_forward(Matmul& mm, float* out, const float* inp, const float
     const MatmulSite s{"matmul_forward", M, K, N};
     if (W16) {
         const __nv_bfloat16* inp16 = matmul_cast(mm, false, inp, M * K, s, "inp");
-        matmul_gemm_forward(mm, s, true, out, inp16, W16, M, K, N, accumulate);
+        matmul_gemm_forward(mm, 0, s, true, out, inp16, W16, M, K, N, accumulate);
     } else {
-        matmul_gemm_forward(mm, s, false, out, inp, W, M, K, N, accumulate);
+        matmul_gemm_forward(mm, 0, s, false, out, inp, W, M, K, N, accumulate);
     }
 }
 
@@ -344,12 +363,12 @@ inline void matmul_backward(Matmul& mm, float* dinp, float* dW, const float* dou
     const MatmulSite s{"matmul_backward", M, K, N};
     if (W16) {
         const __nv_bfloat16* dout16 = matmul_cast(mm, true, dout, M * N, s, "dout");
-        if (dinp) matmul_gemm_dinp(mm, s, true, dinp, dout16, W16, M, K, N, accumulate_dinp);
+        if (dinp) matmul_gemm_dinp(mm, 0, s, true, dinp, dout16, W16, M, K, N, accumulate_dinp);
         const __nv_bfloat16* inp16 = matmul_cast(mm, false, inp, M * K, s, "inp");
-        matmul_gemm_dW(mm, s, true, dW, dout16, inp16, M, K, N);
+        matmul_gemm_dW(mm, 0, s, true, dW, dout16, inp16, M, K, N);
     } else {
-        if (dinp) matmul_gemm_dinp(mm, s, false, dinp, dout, W, M, K, N, accumulate_dinp);
-        matmul_gemm_dW(mm, s, false, dW, dout, inp, M, K, N);
+        if (dinp) matmul_gemm_dinp(mm, 0, s, false, dinp, dout, W, M, K, N, accumulate_dinp);
+        matmul_gemm_dW(mm, 0, s, false, dW, dout, inp, M, K, N);
     }
 }
 
@@ -368,6 +387,24 @@ inline int64_t grouped_first_row(const MatmulSite& s, const int64_t* offsets, in
     return offsets[0];
 }
 
+// Runs group(g, lane) for every nonempty group g, round-robin over the lanes: lanes 1.. first wait for what is
+// queued on the caller's stream (the casts), and the caller's stream then waits for them.
+template <typename GroupCall>
+inline void grouped_on_lanes(Matmul& mm, const int64_t* offsets, int64_t G, GroupCall&& group) {
+    int64_t nonempty = 0;
+    for (int64_t g = 0; g < G; g++) nonempty += offsets[g + 1] > offsets[g];
+    const int lanes = (int)std::max<int64_t>(1, std::min<int64_t>({mm.group_lanes, MATMUL_LANES, nonempty}));
+    if (lanes > 1) CUDA_CHECK(cudaEventRecord(mm.lane_events[0], mm.stream));
+    for (int i = 1; i < lanes; i++) CUDA_CHECK(cudaStreamWaitEvent(mm.lanes[i], mm.lane_events[0], 0));
+    int64_t next = 0;
+    for (int64_t g = 0; g < G; g++)
+        if (offsets[g + 1] > offsets[g]) group(g, (int)(next++ % lanes));
+    for (int i = 1; i < lanes; i++) {
+        CUDA_CHECK(cudaEventRecord(mm.lane_events[i], mm.lanes[i]));
+        CUDA_CHECK(cudaStreamWaitEvent(mm.stream, mm.lane_events[i], 0));
+    }
+}
+
 // out rows [offsets[g], offsets[g+1]) (=) inp rows @ W_g^T, W (G, N, K); W16 likewise or nullptr. offsets: host.
 inline void grouped_matmul_forward(Matmul& mm, float* out, const float* inp, const float* W,
                                    const __nv_bfloat16* W16, const int64_t* offsets, int64_t G, int64_t K,
@@ -377,15 +414,15 @@ inline void grouped_matmul_forward(Matmul& mm, float* out, const float* inp, con
     const int64_t first = grouped_first_row(s, offsets, G), rows = offsets[G] - first;
     if (rows == 0) return;
     const __nv_bfloat16* inp16 = W16 ? matmul_cast(mm, false, inp + first * K, rows * K, s, "inp") : nullptr;
-    for (int64_t g = 0; g < G; g++) {
+    grouped_on_lanes(mm, offsets, G, [&](int64_t g, int lane) {
         const int64_t r0 = offsets[g], M = offsets[g + 1] - r0;
-        if (M == 0) continue;
         const MatmulSite sg{"grouped_matmul_forward (one group)", M, K, N};
         if (W16)
-            matmul_gemm_forward(mm, sg, true, out + r0 * N, inp16 + (r0 - first) * K, W16 + g * N * K, M, K, N, false);
+            matmul_gemm_forward(mm, lane, sg, true, out + r0 * N, inp16 + (r0 - first) * K, W16 + g * N * K, M, K, N,
+                                false);
         else
-            matmul_gemm_forward(mm, sg, false, out + r0 * N, inp + r0 * K, W + g * N * K, M, K, N, false);
-    }
+            matmul_gemm_forward(mm, lane, sg, false, out + r0 * N, inp + r0 * K, W + g * N * K, M, K, N, false);
+    });
 }
 
 // Per group g: dinp rows (=) dout rows @ W_g;  dW_g (N, K) += dout rows^T @ inp rows. offsets: host.
@@ -401,20 +438,20 @@ inline void grouped_matmul_backward(Matmul& mm, float* dinp, float* dW, const fl
         dout16 = matmul_cast(mm, true, dout + first * N, rows * N, s, "dout");
         inp16 = matmul_cast(mm, false, inp + first * K, rows * K, s, "inp");
     }
-    for (int64_t g = 0; g < G; g++) {
+    grouped_on_lanes(mm, offsets, G, [&](int64_t g, int lane) {
         const int64_t r0 = offsets[g], M = offsets[g + 1] - r0;
-        if (M == 0) continue;
         const MatmulSite sg{"grouped_matmul_backward (one group)", M, K, N};
         float* dW_g = dW + g * N * K;
         if (W16) {
             const __nv_bfloat16 *dout_g = dout16 + (r0 - first) * N, *inp_g = inp16 + (r0 - first) * K;
-            if (dinp) matmul_gemm_dinp(mm, sg, true, dinp + r0 * K, dout_g, W16 + g * N * K, M, K, N, false);
-            matmul_gemm_dW(mm, sg, true, dW_g, dout_g, inp_g, M, K, N);
+            if (dinp) matmul_gemm_dinp(mm, lane, sg, true, dinp + r0 * K, dout_g, W16 + g * N * K, M, K, N, false);
+            matmul_gemm_dW(mm, lane, sg, true, dW_g, dout_g, inp_g, M, K, N);
         } else {
-            if (dinp) matmul_gemm_dinp(mm, sg, false, dinp + r0 * K, dout + r0 * N, W + g * N * K, M, K, N, false);
-            matmul_gemm_dW(mm, sg, false, dW_g, dout + r0 * N, inp + r0 * K, M, K, N);
+            if (dinp)
+                matmul_gemm_dinp(mm, lane, sg, false, dinp + r0 * K, dout + r0 * N, W + g * N * K, M, K, N, false);
+            matmul_gemm_dW(mm, lane, sg, false, dW_g, dout + r0 * N, inp + r0 * K, M, K, N);
         }
-    }
+    });
 }
 
 }  // namespace gpu

@@ -64,7 +64,6 @@
 #include "kernels/permute.cuh"
 #include "kernels/rmsnorm.cuh"
 #include "kernels/rope.cuh"
-#include "test/random_model.h"
 #include "kernels/swiglu.cuh"
 #include "model/config.h"
 #include "model/model.h"
@@ -73,6 +72,7 @@
 #include "model/plan.h"
 #include "model/rng.h"
 #include "model/rope.h"
+#include "test/random_model.h"
 
 namespace {
 
@@ -269,15 +269,28 @@ struct GemmShape {
     int64_t M, K, N;
 };
 
+// One row of the GEMM table: fwd = the call as the model makes it (the cast of the FP32 input, then the GEMMs),
+// GEMM = fwd minus the cast alone. Returns the GEMM rate in TFLOP/s.
+double gemm_row(const char* what, int64_t M, int64_t K, int64_t N, double ms, double cast_ms) {
+    const double flops = 2.0 * M * N * K, gemm_ms = std::max(ms - cast_ms, 1e-6);
+    printf("%-22s %6ld %6ld %6ld %9.3f %9.1f %9.3f %10.1f\n", what, (long)M, (long)K, (long)N, ms,
+           flops / (ms * 1e-3) / 1e12, cast_ms, flops / (gemm_ms * 1e-3) / 1e12);
+    return flops / (gemm_ms * 1e-3) / 1e12;
+}
+
 double measure_gemms(const Config& c, const Options& o, cudaStream_t stream) {
-    const int64_t tokens = (int64_t)o.B * o.T;
-    const int64_t expert_rows = std::max<int64_t>(1, tokens * c.num_experts_per_tok / c.n_routed_experts);
+    const int64_t tokens = (int64_t)o.B * o.T, E = c.n_routed_experts;
+    const int64_t expert_rows = std::max<int64_t>(1, tokens * c.num_experts_per_tok / E);
     const std::vector<GemmShape> shapes = {
         {"square", 8192, 8192, 8192},
         {"dense FFN up", tokens, c.hidden_size, c.intermediate_size},
         {"one expert's gate", expert_rows, c.hidden_size, c.moe_intermediate_size},
     };
-    int64_t max_inp = 0, max_w = 0, max_out = 0;
+    // the gate GEMMs of all routed experts of one MoE layer, each with the balanced share of rows
+    const GemmShape experts{"experts' gate", E * expert_rows, c.hidden_size, c.moe_intermediate_size};
+    std::vector<int64_t> offsets(E + 1);
+    for (int64_t e = 0; e <= E; e++) offsets[e] = e * expert_rows;
+    int64_t max_inp = experts.M * experts.K, max_w = E * experts.N * experts.K, max_out = experts.M * experts.N;
     for (const GemmShape& s : shapes) {
         max_inp = std::max(max_inp, s.M * s.K);
         max_w = std::max(max_w, s.N * s.K);
@@ -290,23 +303,31 @@ double measure_gemms(const Config& c, const Options& o, cudaStream_t stream) {
     gpu::cast_to_bf16(W16.ptr, W.ptr, max_w, stream);
     gpu::Matmul mm;
     gpu::matmul_create(mm, stream, gpu::MatmulCasts{max_inp, max_out});
+    auto cast_ms = [&](int64_t n) { return time_ms(stream, [&] { gpu::cast_to_bf16(inp16.ptr, inp.ptr, n, stream); }); };
 
-    printf("\n%-19s %6s %6s %6s %9s %9s %9s %10s\n", "GEMM, BF16 inputs", "M", "K", "N", "fwd ms", "fwd TF/s",
+    printf("\n%-22s %6s %6s %6s %9s %9s %9s %10s\n", "GEMM, BF16 inputs", "M", "K", "N", "fwd ms", "fwd TF/s",
            "cast ms", "GEMM TF/s");
     double best = 0.0;
     for (const GemmShape& s : shapes) {
         const double ms = time_ms(stream, [&] {
             gpu::matmul_forward(mm, out.ptr, inp.ptr, W.ptr, W16.ptr, s.M, s.K, s.N, false);
         });
-        const double cast_ms = time_ms(stream, [&] { gpu::cast_to_bf16(inp16.ptr, inp.ptr, s.M * s.K, stream); });
-        const double flops = 2.0 * s.M * s.N * s.K;
-        const double gemm_ms = std::max(ms - cast_ms, 1e-6);
-        printf("%-19s %6ld %6ld %6ld %9.3f %9.1f %9.3f %10.1f\n", s.what.c_str(), (long)s.M, (long)s.K, (long)s.N,
-               ms, flops / (ms * 1e-3) / 1e12, cast_ms, flops / (gemm_ms * 1e-3) / 1e12);
-        best = std::max(best, flops / (gemm_ms * 1e-3) / 1e12);
+        best = std::max(best, gemm_row(s.what.c_str(), s.M, s.K, s.N, ms, cast_ms(s.M * s.K)));
+    }
+    const double experts_cast_ms = cast_ms(experts.M * experts.K);
+    for (int lanes : {1, gpu::MATMUL_LANES}) {
+        mm.group_lanes = lanes;
+        const double ms = time_ms(stream, [&] {
+            gpu::grouped_matmul_forward(mm, out.ptr, inp.ptr, W.ptr, W16.ptr, offsets.data(), E, experts.K, experts.N);
+        });
+        char what[64];
+        snprintf(what, sizeof what, "%ld experts, %d lane%s", (long)E, lanes, lanes > 1 ? "s" : "");
+        gemm_row(what, experts.M, experts.K, experts.N, ms, experts_cast_ms);
     }
     printf("fwd = gpu::matmul_forward (the FP32 input cast to BF16, then the cuBLASLt GEMM, as in the model); "
-           "GEMM = fwd minus the cast\n");
+           "GEMM = fwd minus the cast.\nexperts: gpu::grouped_matmul_forward over %ld experts of %ld rows each, the "
+           "groups on one stream, then spread over %d (the model's setting)\n",
+           (long)E, (long)expert_rows, gpu::MATMUL_LANES);
     gpu::matmul_destroy(mm);
     return best;
 }

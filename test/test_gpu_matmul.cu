@@ -178,6 +178,50 @@ void matmul_test_grouped(gpu::Matmul& mm, Rng& rng, const std::vector<int64_t>& 
     matmul_check("grouped_matmul_backward dW += " + shape, bf16, d_dW.get(), ref.dW, ref_r.dW);
 }
 
+// A grouped call spread over the lanes (streams) gives the same bits as the same call on one stream: the groups
+// are the same cuBLASLt calls, each writing its own rows and its own dW_g. The results are read the way the model
+// reads them: copied on the caller's stream, which alone is synchronised. So a missing fork (a lane reading a cast
+// before it is written) or join (the caller's stream not waiting for a lane) shows up as a difference or as the
+// NaN the outputs are poisoned with (always on the emulator, whose streams run only when synchronised).
+void matmul_test_lanes(gpu::Matmul& mm, Rng& rng, bool bf16) {
+    const int64_t G = 24, K = 128, N = 96;
+    std::vector<int64_t> offsets{0};
+    for (int64_t g = 0; g < G; g++) offsets.push_back(offsets.back() + (g % 5 == 3 ? 0 : 16 + 11 * g));
+    const int64_t R = offsets.back();
+    gpu::matmul_reserve(mm, {R * K, R * N});
+    const std::vector<float> inp = randn(R * K, rng), W = randn(G * N * K, rng), dout = randn(R * N, rng);
+    const std::vector<float> dW0 = randn(G * N * K, rng);
+    Dev<float> d_inp(inp), d_W(W), d_dout(dout), d_out(R * N), d_dinp(R * K), d_dW(dW0);
+    Dev<float> seen_out(R * N), seen_dinp(R * K), seen_dW(G * N * K);
+    MatmulW16 W16(d_W.ptr, W.size(), 0);
+    const __nv_bfloat16* w16 = bf16 ? W16.w.ptr : nullptr;
+    auto copy_on_stream = [&](Dev<float>& dst, const Dev<float>& src) {
+        CUDA_CHECK(cudaMemcpyAsync(dst.ptr, src.ptr, src.n * sizeof(float), cudaMemcpyDeviceToDevice, mm.stream));
+    };
+    std::vector<float> out[2], dinp[2], dW[2];
+    for (int run = 0; run < 2; run++) {
+        mm.group_lanes = run == 0 ? 1 : gpu::MATMUL_LANES;
+        d_out.poison();
+        d_dinp.poison();
+        d_dW.set(dW0);
+        gpu::grouped_matmul_forward(mm, d_out.ptr, d_inp.ptr, d_W.ptr, w16, offsets.data(), G, K, N);
+        gpu::grouped_matmul_backward(mm, d_dinp.ptr, d_dW.ptr, d_dout.ptr, d_inp.ptr, d_W.ptr, w16, offsets.data(), G,
+                                     K, N);
+        copy_on_stream(seen_out, d_out);
+        copy_on_stream(seen_dinp, d_dinp);
+        copy_on_stream(seen_dW, d_dW);
+        CUDA_CHECK(cudaStreamSynchronize(mm.stream));
+        out[run] = seen_out.get();
+        dinp[run] = seen_dinp.get();
+        dW[run] = seen_dW.get();
+    }
+    mm.group_lanes = gpu::MATMUL_LANES;
+    const std::string shape = fmt("(%s, %ld groups, %ld rows)", bf16 ? "bf16" : "fp32", G, R);
+    check(fmt("grouped out, %d lanes = 1 lane ", gpu::MATMUL_LANES) + shape, out[1], out[0], 0);
+    check(fmt("grouped dinp, %d lanes = 1 lane ", gpu::MATMUL_LANES) + shape, dinp[1], dinp[0], 0);
+    check(fmt("grouped dW, %d lanes = 1 lane ", gpu::MATMUL_LANES) + shape, dW[1], dW[0], 0);
+}
+
 // Every kind of float: Gaussians over the whole exponent range (subnormals and overflow to Inf included), raw
 // random bit patterns, exact ties (to even both ways), zeros, infinities, NaN.
 void matmul_test_cast(Rng& rng) {
@@ -235,6 +279,7 @@ void test_matmul(Rng& rng) {
     matmul_test_grouped(mm, rng, {130, 0, 3, 1}, 256, 96, false);
     matmul_test_grouped(mm, rng, {0, 0, 0}, 64, 32, false);
     matmul_test_grouped(mm, rng, {3, 0, 40}, 129, 67, false, 5);
+    matmul_test_lanes(mm, rng, false);
     gpu::matmul_destroy(mm);
 
     // the largest casts below until the reserve: the first grouped case's inp and dout (308 rows)
@@ -246,5 +291,6 @@ void test_matmul(Rng& rng) {
     matmul_test_grouped(mm, rng, {3, 0, 40}, 129, 67, true, 5);
     gpu::matmul_reserve(mm, {realistic.M * realistic.K, realistic.M * realistic.N});  // grows both cast buffers
     matmul_test_dense(mm, rng, realistic.M, realistic.K, realistic.N, realistic.offset, true);
+    matmul_test_lanes(mm, rng, true);
     gpu::matmul_destroy(mm);
 }

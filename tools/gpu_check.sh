@@ -56,6 +56,7 @@ timeout 300 ./bench_gpu > "$out/bench.txt" 2>&1
 cat "$out/bench.txt"
 status "make bench" "$(grep -E 'model TFLOP/s|MFU' "$out/bench.txt" | head -2 | tr -s ' ' | tr '\n' ';')"
 status "attention kernels" "$(grep -E '^(bf16|fp32) \((tensor|CUDA) cores\)' "$out/bench.txt" | tr -s ' ' | tr '\n' ';')"
+status "expert GEMMs" "$(grep -E '^[0-9]+ experts, [0-9]+ lanes?' "$out/bench.txt" | tr -s ' ' | tr '\n' ';')"
 timeout 90 ./bench_comm > "$out/bench_comm.txt" 2>&1
 cat "$out/bench_comm.txt"
 echo

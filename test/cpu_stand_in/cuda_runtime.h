@@ -1,6 +1,6 @@
 // CPU stand-in (see stand_in.h): the part of the CUDA runtime API that gpu/gpu_model.cu, gpu/gpu_model.h,
-// kernels/cuda_check.cuh and train.cu use, on host memory. Streams queue their work (stand_in.h); events are
-// dummies that time nothing (every region lasts 0 ms).
+// kernels/cuda_check.cuh and train.cu use, on host memory. Streams queue their work (stand_in.h); events order it
+// between streams but time nothing (every region lasts 0 ms).
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -18,8 +18,12 @@ enum cudaMemcpyKind {
     cudaMemcpyDefault = 4
 };
 typedef CUstream_st* cudaStream_t;
-struct CUevent_st {};
+struct CUevent_st {  // where the last record was made: a stream and its position
+    CUstream_st* stream = nullptr;
+    int64_t position = 0;
+};
 typedef CUevent_st* cudaEvent_t;
+constexpr unsigned cudaStreamNonBlocking = 1, cudaEventDisableTiming = 2;
 struct cudaDeviceProp {
     char name[256] = "CPU stand-in";
     size_t totalGlobalMem = size_t(16) << 30;
@@ -87,7 +91,7 @@ inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cud
 }
 inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
     stand_in_check_copy(dst, src, bytes, kind, "cudaMemcpy");
-    stand_in::drain_all();
+    stand_in::drain_blocking();
     memcpy(dst, src, bytes);
     return cudaSuccess;
 }
@@ -98,18 +102,32 @@ inline cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStrea
 }
 inline cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
     stand_in::check_range(dst, (int64_t)bytes, "cudaMemset");
-    stand_in::drain_all();
+    stand_in::drain_blocking();
     memset(dst, value, bytes);
     return cudaSuccess;
 }
 
-inline cudaError_t cudaStreamCreate(cudaStream_t* s) {
+// height rows of width bytes, pitch bytes apart
+inline cudaError_t cudaMemset2DAsync(void* dst, size_t pitch, int value, size_t width, size_t height,
+                                     cudaStream_t stream = nullptr) {
+    if (width == 0 || height == 0) return cudaSuccess;
+    stand_in::check_range(dst, (int64_t)((height - 1) * pitch + width), "cudaMemset2DAsync");
+    stand_in::launch(stream, [=] {
+        for (size_t r = 0; r < height; r++) memset((char*)dst + r * pitch, value, width);
+    });
+    return cudaSuccess;
+}
+
+inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
     *s = new CUstream_st;
+    (*s)->blocking = (flags & cudaStreamNonBlocking) == 0;
     stand_in::streams().push_back(*s);
     return cudaSuccess;
 }
+inline cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, 0); }
+// Waits for the device first: no queued work (a wait on one of its events included) outlives the stream.
 inline cudaError_t cudaStreamDestroy(cudaStream_t s) {
-    stand_in::drain(s);
+    stand_in::drain_all();
     auto& all = stand_in::streams();
     for (size_t i = 0; i < all.size(); i++)
         if (all[i] == s) all.erase(all.begin() + i);
@@ -129,12 +147,26 @@ inline cudaError_t cudaEventCreate(cudaEvent_t* e) {
     *e = new CUevent_st;
     return cudaSuccess;
 }
+inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) { return cudaEventCreate(e); }
 inline cudaError_t cudaEventDestroy(cudaEvent_t e) {
     delete e;
     return cudaSuccess;
 }
-inline cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t = nullptr) { return cudaSuccess; }
-inline cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr) {
+    CUstream_st& q = stand_in::stream_or_default(s);
+    *e = CUevent_st{&q, q.done + (int64_t)q.pending.size()};
+    return cudaSuccess;
+}
+// Work queued on s after this waits for the work queued on the event's stream before its record.
+inline cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned = 0) {
+    const CUevent_st at = *e;
+    if (at.stream) stand_in::launch(s, [at] { stand_in::drain_until(*at.stream, at.position); });
+    return cudaSuccess;
+}
+inline cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+    if (e->stream) stand_in::drain_until(*e->stream, e->position);
+    return cudaSuccess;
+}
 inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) {
     *ms = 0.0f;
     return cudaSuccess;

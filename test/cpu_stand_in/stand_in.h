@@ -21,13 +21,18 @@
 //     cudaDeviceSynchronize, the synchronous cudaMemcpy, cudaFree), as if the GPU were slow. A host read of a
 //     device-to-host copy, or a Comm call on device buffers, that is not preceded by the synchronisation it needs
 //     sees stale data. Async host<->device copies behave as with pinned host memory (the copy happens in stream
-//     order, not at the call), the strict case.
+//     order, not at the call), the strict case. Between streams only events order work, as on the GPU: a
+//     cudaStreamWaitEvent runs, when its stream reaches it, the recording stream's work up to the record. The
+//     synchronous cudaMemcpy and cudaMemset wait, like CUDA's legacy default stream, for the default stream and the
+//     blocking streams only, not for those created with cudaStreamNonBlocking; the device-wide synchronisations run
+//     the streams newest first, so work that should wait for an older stream's and does not runs too early.
 // The BF16 mode's GEMMs round their operands to BF16 and multiply in FP32, so that path runs too (it is checked
 // only loosely: the real cuBLASLt sums in another order).
 #pragma once
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <initializer_list>
 #include <iterator>
@@ -36,9 +41,12 @@
 #include <string>
 #include <vector>
 
-// A stream: the work queued on it, run in order when it is synchronised.
+// A stream: the work queued on it, run in order when it is synchronised. done counts the work run so far, so
+// done + pending.size() is the position of the next work queued (what an event records).
 struct CUstream_st {
-    std::vector<std::function<void()>> pending;
+    std::deque<std::function<void()>> pending;
+    int64_t done = 0;
+    bool blocking = true;  // false: created with cudaStreamNonBlocking (the synchronous copies do not wait for it)
 };
 
 namespace stand_in {
@@ -116,15 +124,28 @@ inline std::vector<CUstream_st*>& streams() {  // every created stream, for the 
     static std::vector<CUstream_st*> all{&default_stream()};
     return all;
 }
-inline void launch(CUstream_st* s, std::function<void()> work) { (s ? s : &default_stream())->pending.push_back(std::move(work)); }
-inline void drain(CUstream_st* s) {
-    CUstream_st& q = s ? *s : default_stream();
-    std::vector<std::function<void()>> work;
-    work.swap(q.pending);
-    for (auto& w : work) w();
+inline CUstream_st& stream_or_default(CUstream_st* s) { return s ? *s : default_stream(); }
+inline void launch(CUstream_st* s, std::function<void()> work) { stream_or_default(s).pending.push_back(std::move(work)); }
+// Runs q's work until `position` items have run (or none is left).
+inline void drain_until(CUstream_st& q, int64_t position) {
+    while (q.done < position && !q.pending.empty()) {
+        std::function<void()> work = std::move(q.pending.front());
+        q.pending.pop_front();
+        q.done++;
+        work();
+    }
 }
-inline void drain_all() {
-    for (CUstream_st* s : streams()) drain(s);
+// Runs the work queued on s now (not what that work queues).
+inline void drain(CUstream_st* s) {
+    CUstream_st& q = stream_or_default(s);
+    drain_until(q, q.done + (int64_t)q.pending.size());
+}
+inline void drain_all() {  // newest stream first (see the top)
+    for (size_t i = streams().size(); i-- > 0;) drain(streams()[i]);
+}
+inline void drain_blocking() {  // what a synchronous copy waits for: the default stream and the blocking streams
+    for (size_t i = streams().size(); i-- > 0;)
+        if (streams()[i]->blocking) drain(streams()[i]);
 }
 // After a failed check: forget the queued work (it may point at buffers of the abandoned model).
 inline void discard_all() {

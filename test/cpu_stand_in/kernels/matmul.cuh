@@ -5,8 +5,8 @@
 //             overwritten (=), dW_g +=.
 // Precision::BF16 (W16 given): the activation operands are cast into the Matmul's two cast buffers (their
 // capacity checked, as the real matmul_cast does), the weights read from W16, and the product runs in FP32 on the
-// BF16 values. The real one also allocates a cuBLASLt workspace: so does this one, so the allocations add up to
-// matmul_memory_bytes.
+// BF16 values. The real one also allocates cuBLASLt workspaces (one per lane: the streams its grouped calls spread
+// over): so does this one, so the allocations add up to matmul_memory_bytes. The groups run in order here.
 #pragma once
 #include <cstdint>
 #include <cstdio>
@@ -21,6 +21,7 @@
 namespace gpu {
 
 constexpr size_t MATMUL_WORKSPACE_BYTES = size_t(32) << 20;
+constexpr int MATMUL_LANES = 4;
 
 // Sizes (elements) of a Matmul's two BF16 cast buffers: cast_a holds a GEMM's input (rows x K), cast_b its output
 // gradient (rows x N). 0 and 0: an FP32-only Matmul, without buffers.
@@ -48,7 +49,7 @@ inline void cast_to_bf16(__nv_bfloat16* out, const float* in, int64_t n, cudaStr
 }
 
 inline int64_t matmul_memory_bytes(MatmulCasts casts) {
-    return (int64_t)MATMUL_WORKSPACE_BYTES + (casts.inputs + casts.output_grads) * (int64_t)sizeof(__nv_bfloat16);
+    return (int64_t)MATMUL_LANES * (int64_t)MATMUL_WORKSPACE_BYTES + (casts.inputs + casts.output_grads) * (int64_t)sizeof(__nv_bfloat16);
 }
 
 inline void matmul_destroy(Matmul& mm) {
@@ -78,7 +79,7 @@ inline void matmul_create(Matmul& mm, cudaStream_t stream, MatmulCasts casts) {
     if (mm.workspace) matmul_destroy(mm);
     mm = Matmul{};
     mm.stream = stream;
-    matmul_alloc(mm, &mm.workspace, MATMUL_WORKSPACE_BYTES, "the cuBLASLt workspace");
+    matmul_alloc(mm, &mm.workspace, MATMUL_LANES * MATMUL_WORKSPACE_BYTES, "the cuBLASLt workspaces");
     mm.workspace_bytes = MATMUL_WORKSPACE_BYTES;
     if (casts.inputs > 0 || casts.output_grads > 0) matmul_alloc_casts(mm, casts);
 }
