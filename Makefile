@@ -102,7 +102,9 @@ train_stand_in: train.cu gpu/gpu_model.cu gpu/gpu_model.h test/cpu_stand_in/nccl
 # test_gpu's kernel and GEMM checks and gpu_model_cpu_check's comparison of gpu/gpu_model.cu with the CPU model
 # (test/test_kernel_emulator.cpp), and the GPU trainer train.cu against train_cpu (test/test_train_stand_in.cpp).
 EMULATOR := $(wildcard test/kernel_emulator/*.h test/kernel_emulator/kernels/*.cuh) $(STAND_IN)
-EMULATOR_FLAGS := $(filter-out -I.,$(CXXFLAGS)) -Wno-unknown-pragmas -Itest/kernel_emulator -I.
+# -fno-strict-aliasing: the kernels read shared memory through other types (BF16 pairs as 32-bit words), as CUDA
+# code does
+EMULATOR_FLAGS := $(filter-out -I.,$(CXXFLAGS)) -fno-strict-aliasing -Wno-unknown-pragmas -Itest/kernel_emulator -I.
 test_kernels_emulated: test/test_gpu_kernels.cu test/test_gpu_matmul.cu test/gpu_check.cuh \
                        test/kernel_emulator/test_kernels_emulated.cpp build/test/kernel_emulator/emulator.o $(EMULATOR) \
                        $(CORE_OBJ) $(HEADERS)

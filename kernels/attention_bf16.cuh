@@ -7,86 +7,61 @@
 // softmax statistics, the log-sum-exp, D and every accumulator are FP32. The forward normalises by the sum of the
 // rounded P, so o is exactly the weighted mean of the rounded P it multiplied.
 //
-// Design. A block has 4 warps and one 64-row tile (queries for the forward and dq, keys for dk/dv); warp w owns
-// rows 16w..16w+15. The tiles of the other side (64 keys, or 64 queries) stream through shared memory, converted
-// to BF16 with the head dims zero-padded to multiples of 16. Products are warp-level 16 x 16 x 16 wmma tiles
-// (<mma.h>): for each streamed tile a warp computes its 16 x 64 strip of scores into a per-warp FP32 buffer,
-// its lanes apply the mask and the softmax there (lane l: row l / 2, columns l % 2 + 2t: the two lanes of a row
-// interleave, so a warp's accesses hit 16 different banks, not 8), write P (or dS) as
-// BF16, and the warp multiplies that strip into its output accumulators, which stay in registers across tiles
-// (one 16 x 16 fragment per 16 output columns: the NF template parameter, so at most 16).
-// The forward's online softmax must rescale its accumulators by a per-row factor, but a fragment's element-to-row
-// mapping is unspecified: each warp loads a tile whose entry (r, c) is r into an accumulator fragment once; element
-// i of any accumulator fragment then lies in row row_of.x[i].
+// Design: FlashAttention-2's structure on mma.sync (kernels/mma_sync.cuh: 16 x 8 x 16 products, whose fragment
+// layout is documented). A block has 4 warps and one 64-row tile (queries for the forward and dq, keys for dk/dv);
+// warp w owns rows 16w..16w+15. The tiles of the other side (64 keys, or 64 queries) stream through shared memory,
+// converted to BF16 with the head dims zero-padded to multiples of 16. Per streamed tile a warp computes its
+// 16 x 64 scores as eight 16 x 8 accumulator tiles in registers (lane g = lane / 4, t = lane % 4 holds rows g and
+// g + 8, columns 8n + 2t and 8n + 2t + 1 of tile n), masks them and applies the softmax there (a row's maximum and
+// sum over the 4 lanes that hold it: two xor shuffles), rounds P (or dS) to BF16 straight into the A fragments of
+// the next product (the accumulator layout of two adjacent tiles is the A layout of their 16 x 16 slice), and
+// accumulates into its output tiles, which stay in registers across the streamed tiles (NT tiles of 8 columns:
+// the template parameter).
 //   forward:  block (b, h, query tile): S = Q K^T, online softmax, O += P V; at the end o = O / l, L = m + log l.
 //   backward: D by attention.cuh's kernel; dq: block (b, h, query tile): S, dP = dO V^T, dS = P (dP - D) scale,
-//             dq += dS K; dk/dv: block (b, h, key tile, z): transposed strips S^T = K Q^T (and dP^T = V dO^T for
-//             dk), dv += P^T dO (z = 1) or dk += dS^T Q (z = 0). No atomics: deterministic.
+//             dq += dS K; dk/dv: block (b, h, key tile, z): S^T = K Q^T (and dP^T = V dO^T for dk), dv += P^T dO
+//             (z = 1) or dk += dS^T Q (z = 0). No atomics: deterministic.
+// Operands from shared memory: A fragments, and B fragments whose k runs along the stored rows (K in Q K^T, V in
+// dO V^T, Q in K Q^T, dO in V dO^T), are 32-bit loads of two adjacent BF16; B fragments whose k runs down the rows
+// (V in P V, K in dS K, dO in P^T dO, Q in dS^T Q) take two 16-bit loads per register. Row strides are the padded
+// width + 8 BF16, a skew that spreads a fragment load's 32 lanes over 32 banks.
 // Masks as in attention.cuh: (i, j) counts iff j <= i < T; padding rows and columns are zeros in shared memory.
 //
-// Shared memory (dynamic; > 48 KiB, so launch_kernel raises the kernel's limit): the block's own tile(s), the
-// streamed tile(s), and per warp a 16 x 64 FP32 strip (two for the backward's S and dP) and a 16 x 64 BF16 strip.
-// Row strides are the padded width + 8 BF16 (+ 4 floats): multiples of 16 bytes as wmma requires, and a skew
-// against bank conflicts. For DeepSeek-V3's dims (192, 128): forward ~97 KB (2 blocks per SM), dq/dkdv ~131 KB.
+// Shared memory (dynamic; > 48 KiB, so launch_kernel raises the kernel's limit): the forward's Q, K and V tiles,
+// 69 KB at DeepSeek-V3's head dims (192, 128), 3 blocks per SM; the backward's four tiles and the streamed tile's
+// L and D, 87 KB, 2 blocks per SM.
 //
-// Performance work left: this is wmma with synchronous loads and one 64-row tile per 4 warps; FA2/FA3-level speed
-// needs mma.sync (or wgmma) with register-resident P, cp.async/TMA double buffering, 128-row tiles, and BF16
-// storage of q, k, v so the loads move half the bytes.
+// Performance work left: the loads are synchronous and convert FP32 to BF16 (BF16 storage of q, k, v would halve
+// their bytes and allow cp.async / TMA double buffering); ldmatrix for the fragments; 128-row tiles with 8 warps;
+// wgmma (FlashAttention-3).
 #pragma once
 #include <cstdint>
 
 #include <cuda_bf16.h>
-#include <mma.h>
 
 #include "kernels/common.cuh"
+#include "kernels/mma_sync.cuh"
 
 namespace gpu {
 
 constexpr int ATTN_BF16_ROWS = 64;      // rows of the block's tile, and of each streamed tile
 constexpr int ATTN_BF16_THREADS = 128;  // 4 warps x 16 rows
 constexpr int ATTN_BF16_MAX_DIM = 256;  // head dims above this take the FP32 kernels
-constexpr int ATTN_BF16_STRIP_LD = ATTN_BF16_ROWS + 4;  // floats per row of a warp's score strip
-constexpr int ATTN_BF16_P_LD = ATTN_BF16_ROWS + 8;      // BF16 per row of a warp's P / dS strip
-
-namespace wmma = nvcuda::wmma;
-using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major>;
-using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major>;
-using FragBT = wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major>;  // B^T stored by rows
-using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 
 __host__ __device__ inline int attn_bf16_pad(int d) { return (d + 15) / 16 * 16; }
 // row stride in shared memory (BF16 elements)
 __host__ __device__ inline int attn_bf16_ld(int d) { return attn_bf16_pad(d) + 8; }
-
-// Shared memory layout of one block. Offsets in bytes from the (128-byte aligned) base; every region starts on a
-// 128-byte boundary. tiles: the number of 64-row BF16 tiles (widths w0..w3, 0 for none); strips: FP32 strips
-// per warp.
-struct AttnBf16Smem {
-    int64_t tile[4], strip, p, row_of, stats, bytes;
-};
-__host__ __device__ inline int64_t attn_bf16_align(int64_t b) { return (b + 127) / 128 * 128; }
-__host__ __device__ inline AttnBf16Smem attn_bf16_smem(int w0, int w1, int w2, int w3, int strips) {
-    AttnBf16Smem s{};
-    int64_t at = 0;
-    const int widths[4] = {w0, w1, w2, w3};
-    for (int t = 0; t < 4; t++) {
-        s.tile[t] = at;
-        if (widths[t] > 0) at = attn_bf16_align(at + (int64_t)ATTN_BF16_ROWS * attn_bf16_ld(widths[t]) * 2);
-    }
-    s.strip = at;
-    at = attn_bf16_align(at + (int64_t)strips * 4 * 16 * ATTN_BF16_STRIP_LD * 4);
-    s.p = at;
-    at = attn_bf16_align(at + (int64_t)4 * 16 * ATTN_BF16_P_LD * 2);
-    s.row_of = at;
-    at = attn_bf16_align(at + 16 * 16 * 4);
-    s.stats = at;  // per-row floats: 3 x 64 (forward m, l, correction; backward L and D of the streamed tile)
-    s.bytes = attn_bf16_align(at + 3 * ATTN_BF16_ROWS * 4);
-    return s;
+// bytes of a 64-row tile of width d: 128 (pad + 8), so every tile after another starts 128-byte aligned
+__host__ __device__ inline int64_t attn_bf16_tile_bytes(int d) {
+    return (int64_t)ATTN_BF16_ROWS * attn_bf16_ld(d) * (int64_t)sizeof(__nv_bfloat16);
 }
-
-template <typename T>
-__device__ inline T* attn_bf16_region(unsigned char* base, int64_t offset) {
-    return reinterpret_cast<T*>(base + offset);
+// forward: Q, K (dqk wide), V (dv wide)
+__host__ __device__ inline int64_t attn_bf16_forward_bytes(int dqk, int dv) {
+    return 2 * attn_bf16_tile_bytes(dqk) + attn_bf16_tile_bytes(dv);
+}
+// backward: the own pair (dqk, dv wide), the streamed pair, then 2 x 64 floats
+__host__ __device__ inline int64_t attn_bf16_backward_bytes(int dqk, int dv) {
+    return 2 * (attn_bf16_tile_bytes(dqk) + attn_bf16_tile_bytes(dv)) + 2 * ATTN_BF16_ROWS * (int64_t)sizeof(float);
 }
 
 // dst (64 x attn_bf16_ld(width)) = rows 0..rows-1 of src (row r at src + r * stride), columns < width, as BF16;
@@ -99,188 +74,229 @@ __device__ inline void attn_bf16_load(__nv_bfloat16* dst, const float* src, int6
             dst[r * ld + e] = __float2bfloat16_rn(r < rows && e < width ? src[r * stride + e] : 0.0f);
 }
 
-// strip (16 x 64, ld ATTN_BF16_STRIP_LD) = A_w B^T: A_w the warp's 16 rows of a (ld lda), B the 64 rows of b
-// (ld ldb), both `len` (a multiple of 16) wide. One warp.
-__device__ inline void attn_bf16_strip(float* strip, const __nv_bfloat16* a, int lda, const __nv_bfloat16* b, int ldb,
-                                       int len) {
-    for (int j = 0; j < ATTN_BF16_ROWS / 16; j++) {
-        FragC s;
-        wmma::fill_fragment(s, 0.0f);
-        for (int e = 0; e < len; e += 16) {
-            FragA fa;
-            FragBT fb;
-            wmma::load_matrix_sync(fa, a + e, lda);
-            wmma::load_matrix_sync(fb, b + j * 16 * ldb + e, ldb);
-            wmma::mma_sync(s, fa, fb, s);
+// ---- fragments (layouts in kernels/mma_sync.cuh) ----------------------------------------------------------------
+
+// two adjacent BF16 at p (4-byte aligned) as one register, the first in the low half
+__device__ inline uint32_t attn_bf16_pair(const __nv_bfloat16* p) { return *reinterpret_cast<const uint32_t*>(p); }
+__device__ inline uint32_t attn_bf16_pack(__nv_bfloat16 lo, __nv_bfloat16 hi) {
+    return (uint32_t)*reinterpret_cast<const uint16_t*>(&lo) | (uint32_t)*reinterpret_cast<const uint16_t*>(&hi) << 16;
+}
+__device__ inline float attn_bf16_round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
+// a = the A fragment of rows r0..r0+15, columns c0..c0+15 of a row-major tile x (ld elements)
+__device__ inline void attn_bf16_frag_a(uint32_t (&a)[4], const __nv_bfloat16* x, int ld, int r0, int c0) {
+    const int lane = threadIdx.x % 32;
+    const __nv_bfloat16* p = x + (r0 + lane / 4) * ld + c0 + 2 * (lane % 4);
+    a[0] = attn_bf16_pair(p);
+    a[1] = attn_bf16_pair(p + 8 * ld);
+    a[2] = attn_bf16_pair(p + 8);
+    a[3] = attn_bf16_pair(p + 8 * ld + 8);
+}
+// b = the B fragment of B[kk][n] = x[n0 + n][k0 + kk] (B = a 16-column slice of x, transposed)
+__device__ inline void attn_bf16_frag_b_rows(uint32_t (&b)[2], const __nv_bfloat16* x, int ld, int n0, int k0) {
+    const int lane = threadIdx.x % 32;
+    const __nv_bfloat16* p = x + (n0 + lane / 4) * ld + k0 + 2 * (lane % 4);
+    b[0] = attn_bf16_pair(p);
+    b[1] = attn_bf16_pair(p + 8);
+}
+// b = the B fragment of B[kk][n] = x[k0 + kk][n0 + n] (B = a 16 x 8 block of x as it is)
+__device__ inline void attn_bf16_frag_b_cols(uint32_t (&b)[2], const __nv_bfloat16* x, int ld, int k0, int n0) {
+    const int lane = threadIdx.x % 32;
+    const __nv_bfloat16* p = x + (k0 + 2 * (lane % 4)) * ld + n0 + lane / 4;
+    b[0] = attn_bf16_pack(p[0], p[ld]);
+    b[1] = attn_bf16_pack(p[8 * ld], p[9 * ld]);
+}
+
+// s[n] = the warp's 16 x 8 tile n (n < 8) of A B^T: A rows r0..r0+15 of a (ld lda), B rows 0..63 of b (ld ldb),
+// both `len` (a multiple of 16) wide.
+__device__ inline void attn_bf16_scores(float (&s)[8][4], const __nv_bfloat16* a, int lda, int r0,
+                                        const __nv_bfloat16* b, int ldb, int len) {
+#pragma unroll
+    for (int n = 0; n < 8; n++)
+        for (int e = 0; e < 4; e++) s[n][e] = 0.0f;
+    for (int k0 = 0; k0 < len; k0 += 16) {
+        uint32_t fa[4];
+        attn_bf16_frag_a(fa, a, lda, r0, k0);
+#pragma unroll
+        for (int n = 0; n < 8; n++) {
+            uint32_t fb[2];
+            attn_bf16_frag_b_rows(fb, b, ldb, 8 * n, k0);
+            mma_bf16_16816(s[n], fa, fb);
         }
-        wmma::store_matrix_sync(strip + j * 16, s, ATTN_BF16_STRIP_LD, wmma::mem_row_major);
     }
 }
 
-// acc[f] += P (16 x 64, the warp's BF16 strip) times columns 16f..16f+15 of the 64 rows of v (ld ldv). One warp.
-template <int NF>
-__device__ inline void attn_bf16_accumulate(FragC (&acc)[NF], const __nv_bfloat16* p, const __nv_bfloat16* v, int ldv,
-                                            int frags) {
-    FragA fp[ATTN_BF16_ROWS / 16];
+// p = the warp's 16 x 64 tile s as BF16 A fragments: slice kk (columns 16kk..16kk+15) from tiles 2kk and 2kk+1.
+__device__ inline void attn_bf16_to_a(uint32_t (&p)[4][4], const float (&s)[8][4]) {
+    auto pack = [](float lo, float hi) { return attn_bf16_pack(__float2bfloat16_rn(lo), __float2bfloat16_rn(hi)); };
 #pragma unroll
-    for (int k = 0; k < ATTN_BF16_ROWS / 16; k++) wmma::load_matrix_sync(fp[k], p + k * 16, ATTN_BF16_P_LD);
+    for (int kk = 0; kk < 4; kk++) {
+        p[kk][0] = pack(s[2 * kk][0], s[2 * kk][1]);
+        p[kk][1] = pack(s[2 * kk][2], s[2 * kk][3]);
+        p[kk][2] = pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        p[kk][3] = pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+}
+
+// acc[n] (n < tiles <= NT) += p (the warp's 16 x 64, as A fragments) times columns 8n..8n+7 of rows 0..63 of x.
+template <int NT>
+__device__ inline void attn_bf16_accumulate(float (&acc)[NT][4], const uint32_t (&p)[4][4], const __nv_bfloat16* x,
+                                            int ld, int tiles) {
 #pragma unroll
-    for (int f = 0; f < NF; f++) {
-        if (f >= frags) break;
+    for (int n = 0; n < NT; n++) {
+        if (n >= tiles) break;
 #pragma unroll
-        for (int k = 0; k < ATTN_BF16_ROWS / 16; k++) {
-            FragB fv;
-            wmma::load_matrix_sync(fv, v + k * 16 * ldv + f * 16, ldv);
-            wmma::mma_sync(acc[f], fp[k], fv, acc[f]);
+        for (int kk = 0; kk < 4; kk++) {
+            uint32_t fb[2];
+            attn_bf16_frag_b_cols(fb, x, ld, 16 * kk, 8 * n);
+            mma_bf16_16816(acc[n], p[kk], fb);
         }
     }
 }
 
-// Writes acc / divisor[row] (rows 16w + r of the tile, r < 16) to out rows row0 + 16w + r below T (row n at
-// out + n * row_stride), columns below width, through the warp's FP32 strip. One warp; divisor may be null (1).
-template <int NF>
-__device__ inline void attn_bf16_write(float* out, int64_t row_stride, FragC (&acc)[NF], int frags, float* strip,
-                                       const float* divisor, int row0, int T, int width) {
+template <int NT>
+__device__ inline void attn_bf16_zero(float (&acc)[NT][4]) {
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+        for (int e = 0; e < 4; e++) acc[n][e] = 0.0f;
+}
+
+// The warp's rows of acc (16w + g and 16w + g + 8 of the tile at row0) to out (row r at out + r * row_stride),
+// rows below T, columns below width, divided by div_lo and div_hi (the two rows').
+template <int NT>
+__device__ inline void attn_bf16_write(float* out, int64_t row_stride, const float (&acc)[NT][4], int tiles, int row0,
+                                       int T, int width, float div_lo, float div_hi) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int row_lo = row0 + warp * 16 + lane / 4;
 #pragma unroll
-    for (int f = 0; f < NF; f++) {
-        if (f >= frags) break;
-        wmma::store_matrix_sync(strip, acc[f], ATTN_BF16_STRIP_LD, wmma::mem_row_major);
-        __syncwarp();
-        for (int idx = lane; idx < 16 * 16; idx += 32) {
-            const int r = idx / 16, c = idx % 16, row = row0 + warp * 16 + r, col = f * 16 + c;
-            if (row < T && col < width)
-                out[row * row_stride + col] = strip[r * ATTN_BF16_STRIP_LD + c] / (divisor ? divisor[r] : 1.0f);
+    for (int n = 0; n < NT; n++) {
+        if (n >= tiles) break;
+        for (int e = 0; e < 4; e++) {
+            const int row = row_lo + (e / 2) * 8, col = 8 * n + 2 * (lane % 4) + e % 2;
+            if (row < T && col < width) out[row * row_stride + col] = acc[n][e] / (e < 2 ? div_lo : div_hi);
         }
-        __syncwarp();
     }
 }
 
-// grid (B*H, query tiles counted from the last), ATTN_BF16_THREADS threads; NF >= attn_bf16_pad(dv) / 16
-template <int NF>
+// Column c of score tile n in this lane's element e: 8n + 2t + e % 2 (row: g, or g + 8 for e >= 2).
+__device__ inline int attn_bf16_col(int n, int e) { return 8 * n + 2 * (threadIdx.x % 4) + e % 2; }
+
+// ---- kernels -----------------------------------------------------------------------------------------------------
+
+// grid (B*H, query tiles counted from the last), ATTN_BF16_THREADS threads; NT * 8 >= attn_bf16_pad(dv)
+template <int NT>
 static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
     attention_forward_bf16_kernel(float* o, float* lse, const float* q, const float* k, const float* v, int64_t v_ld,
                                   int T, int H, int dqk, int dv, float scale) {
     unsigned char* smem = dynamic_shared<unsigned char>();
-    const AttnBf16Smem lay = attn_bf16_smem(dqk, dqk, dv, 0, 1);
+    __nv_bfloat16* q_s = reinterpret_cast<__nv_bfloat16*>(smem);
+    __nv_bfloat16* k_s = reinterpret_cast<__nv_bfloat16*>(smem + attn_bf16_tile_bytes(dqk));
+    __nv_bfloat16* v_s = reinterpret_cast<__nv_bfloat16*>(smem + 2 * attn_bf16_tile_bytes(dqk));
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t bh = blockIdx.x, seq = bh / H, h = bh % H;
     const int qt = gridDim.y - 1 - blockIdx.y, i0 = qt * ATTN_BF16_ROWS;
     const int q_rows = T - i0 < ATTN_BF16_ROWS ? T - i0 : ATTN_BF16_ROWS;
     const int64_t qk_stride = (int64_t)H * dqk, v_stride = (int64_t)H * v_ld;
-    const int ldq = attn_bf16_ld(dqk), ldv = attn_bf16_ld(dv), dqk16 = attn_bf16_pad(dqk);
-    const int frags = attn_bf16_pad(dv) / 16;
-    __nv_bfloat16* q_s = attn_bf16_region<__nv_bfloat16>(smem, lay.tile[0]);
-    __nv_bfloat16* k_s = attn_bf16_region<__nv_bfloat16>(smem, lay.tile[1]);
-    __nv_bfloat16* v_s = attn_bf16_region<__nv_bfloat16>(smem, lay.tile[2]);
-    float* strip = attn_bf16_region<float>(smem, lay.strip) + warp * 16 * ATTN_BF16_STRIP_LD;
-    __nv_bfloat16* p_s = attn_bf16_region<__nv_bfloat16>(smem, lay.p) + warp * 16 * ATTN_BF16_P_LD;
-    float* row_index = attn_bf16_region<float>(smem, lay.row_of);
-    float* m_s = attn_bf16_region<float>(smem, lay.stats) + warp * 16;  // running max, sum, last correction
-    float* l_s = m_s + ATTN_BF16_ROWS;
-    float* corr_s = l_s + ATTN_BF16_ROWS;
+    const int ldq = attn_bf16_ld(dqk), ldv = attn_bf16_ld(dv), tiles = attn_bf16_pad(dv) / 8;
 
     attn_bf16_load(q_s, q + ((seq * T + i0) * H + h) * dqk, qk_stride, q_rows, dqk);
-    for (int idx = threadIdx.x; idx < 256; idx += ATTN_BF16_THREADS) row_index[idx] = (float)(idx / 16);
-    if (lane < 16) {
-        m_s[lane] = -INFINITY;
-        l_s[lane] = 0.0f;
-    }
-    __syncthreads();
-    FragC row_of, acc[NF];
-    wmma::load_matrix_sync(row_of, row_index, 16, wmma::mem_row_major);
-#pragma unroll
-    for (int f = 0; f < NF; f++) wmma::fill_fragment(acc[f], 0.0f);
+    float acc[NT][4];
+    attn_bf16_zero(acc);
+    const int i_lo = i0 + warp * 16 + lane / 4, i_hi = i_lo + 8;  // this lane's two query rows
+    float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
 
-    const int r = lane / 2, c0 = lane % 2, i = i0 + warp * 16 + r;  // this lane's softmax row and columns
     for (int kt = 0; kt <= qt; kt++) {
         const int j0 = kt * ATTN_BF16_ROWS, k_rows = T - j0 < ATTN_BF16_ROWS ? T - j0 : ATTN_BF16_ROWS;
         __syncthreads();  // every warp is done with the previous K and V
         attn_bf16_load(k_s, k + ((seq * T + j0) * H + h) * dqk, qk_stride, k_rows, dqk);
         attn_bf16_load(v_s, v + ((seq * T + j0) * H + h) * v_ld, v_stride, k_rows, dv);
         __syncthreads();
-        attn_bf16_strip(strip, q_s + warp * 16 * ldq, ldq, k_s, ldq, dqk16);
-        __syncwarp();
-        float tile_max = -INFINITY;
-        for (int c = c0; c < ATTN_BF16_ROWS; c += 2) {
-            const bool counted = j0 + c <= i && i < T;
-            const float s = counted ? strip[r * ATTN_BF16_STRIP_LD + c] * scale : -INFINITY;
-            strip[r * ATTN_BF16_STRIP_LD + c] = s;
-            tile_max = fmaxf(tile_max, s);
-        }
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-        const float m_old = m_s[r], m_new = fmaxf(m_old, tile_max);
-        const float ref = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing counted yet: exp(-inf) = 0
-        float sum = 0.0f;
-        for (int c = c0; c < ATTN_BF16_ROWS; c += 2) {
-            const __nv_bfloat16 p = __float2bfloat16_rn(expf(strip[r * ATTN_BF16_STRIP_LD + c] - ref));
-            p_s[r * ATTN_BF16_P_LD + c] = p;
-            sum += __bfloat162float(p);
-        }
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        const float correction = expf(m_old - ref);
-        __syncwarp();  // both lanes of the row have read m_s[r]
-        if (lane % 2 == 0) {
-            l_s[r] = l_s[r] * correction + sum;
-            m_s[r] = m_new;
-            corr_s[r] = correction;
-        }
-        __syncwarp();
-        float row_correction[FragC::num_elements];  // of each fragment element's row
-        for (int e = 0; e < FragC::num_elements; e++) row_correction[e] = corr_s[(int)row_of.x[e]];
+        float s[8][4];
+        attn_bf16_scores(s, q_s, ldq, warp * 16, k_s, ldq, attn_bf16_pad(dqk));
+        float max_lo = -INFINITY, max_hi = -INFINITY;
 #pragma unroll
-        for (int f = 0; f < NF; f++)
-            for (int e = 0; e < FragC::num_elements; e++) acc[f].x[e] *= row_correction[e];
-        attn_bf16_accumulate(acc, p_s, v_s, ldv, frags);
+        for (int n = 0; n < 8; n++)
+            for (int e = 0; e < 4; e++) {
+                const int i = e < 2 ? i_lo : i_hi, j = j0 + attn_bf16_col(n, e);
+                s[n][e] = j <= i && i < T ? s[n][e] * scale : -INFINITY;
+                if (e < 2) max_lo = fmaxf(max_lo, s[n][e]);
+                else max_hi = fmaxf(max_hi, s[n][e]);
+            }
+        for (int offset = 1; offset <= 2; offset *= 2) {  // over the 4 lanes of each row
+            max_lo = fmaxf(max_lo, __shfl_xor_sync(0xffffffffu, max_lo, offset));
+            max_hi = fmaxf(max_hi, __shfl_xor_sync(0xffffffffu, max_hi, offset));
+        }
+        const float new_lo = fmaxf(m_lo, max_lo), new_hi = fmaxf(m_hi, max_hi);
+        const float ref_lo = new_lo == -INFINITY ? 0.0f : new_lo;  // a row with nothing counted yet: exp(-inf) = 0
+        const float ref_hi = new_hi == -INFINITY ? 0.0f : new_hi;
+        float sum_lo = 0.0f, sum_hi = 0.0f;
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+            for (int e = 0; e < 4; e++) {
+                s[n][e] = attn_bf16_round(expf(s[n][e] - (e < 2 ? ref_lo : ref_hi)));  // P, as P V will see it
+                if (e < 2) sum_lo += s[n][e];
+                else sum_hi += s[n][e];
+            }
+        for (int offset = 1; offset <= 2; offset *= 2) {
+            sum_lo += __shfl_xor_sync(0xffffffffu, sum_lo, offset);
+            sum_hi += __shfl_xor_sync(0xffffffffu, sum_hi, offset);
+        }
+        const float corr_lo = expf(m_lo - ref_lo), corr_hi = expf(m_hi - ref_hi);
+        l_lo = l_lo * corr_lo + sum_lo;
+        l_hi = l_hi * corr_hi + sum_hi;
+        m_lo = new_lo;
+        m_hi = new_hi;
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+            for (int e = 0; e < 4; e++) acc[n][e] *= e < 2 ? corr_lo : corr_hi;
+        uint32_t p[4][4];
+        attn_bf16_to_a(p, s);
+        attn_bf16_accumulate(acc, p, v_s, ldv, tiles);
     }
-    attn_bf16_write(o + (seq * T * H + h) * dv, (int64_t)H * dv, acc, frags, strip, l_s, i0, T, dv);
-    if (lane < 16 && i0 + warp * 16 + lane < T) lse[bh * T + i0 + warp * 16 + lane] = m_s[lane] + logf(l_s[lane]);
+    attn_bf16_write(o + (seq * T * H + h) * dv, (int64_t)H * dv, acc, tiles, i0, T, dv, l_lo, l_hi);
+    if (lane % 4 == 0) {
+        if (i_lo < T) lse[bh * T + i_lo] = m_lo + logf(l_lo);
+        if (i_hi < T) lse[bh * T + i_hi] = m_hi + logf(l_hi);
+    }
 }
 
 // The backward kernels' shared memory: the block's own two tiles (dqk wide, then dv wide: Q and dO for dq, K and V
-// for dk/dv), the two streamed ones (the other pair), this warp's BF16 P / dS strip and FP32 S and dP strips, and
-// the per-row floats.
+// for dk/dv), the two streamed ones (the other pair), and 2 x 64 floats.
 struct AttnBf16BackwardSmem {
-    __nv_bfloat16 *own_qk, *own_v, *streamed_qk, *streamed_v, *p;
-    float *s_strip, *dp_strip, *stats;
+    __nv_bfloat16 *own_qk, *own_v, *streamed_qk, *streamed_v;
+    float* stats;
 };
 __device__ inline AttnBf16BackwardSmem attn_bf16_backward_smem(int dqk, int dv) {
     unsigned char* smem = dynamic_shared<unsigned char>();
-    const AttnBf16Smem lay = attn_bf16_smem(dqk, dv, dqk, dv, 2);
-    const int warp = threadIdx.x / 32;
-    AttnBf16BackwardSmem b;
-    b.own_qk = attn_bf16_region<__nv_bfloat16>(smem, lay.tile[0]);
-    b.own_v = attn_bf16_region<__nv_bfloat16>(smem, lay.tile[1]);
-    b.streamed_qk = attn_bf16_region<__nv_bfloat16>(smem, lay.tile[2]);
-    b.streamed_v = attn_bf16_region<__nv_bfloat16>(smem, lay.tile[3]);
-    b.p = attn_bf16_region<__nv_bfloat16>(smem, lay.p) + warp * 16 * ATTN_BF16_P_LD;
-    b.s_strip = attn_bf16_region<float>(smem, lay.strip) + warp * 16 * ATTN_BF16_STRIP_LD;
-    b.dp_strip = b.s_strip + 4 * 16 * ATTN_BF16_STRIP_LD;
-    b.stats = attn_bf16_region<float>(smem, lay.stats);
-    return b;
+    const int64_t qk = attn_bf16_tile_bytes(dqk), vv = attn_bf16_tile_bytes(dv);
+    return AttnBf16BackwardSmem{reinterpret_cast<__nv_bfloat16*>(smem), reinterpret_cast<__nv_bfloat16*>(smem + qk),
+                                reinterpret_cast<__nv_bfloat16*>(smem + qk + vv),
+                                reinterpret_cast<__nv_bfloat16*>(smem + 2 * qk + vv),
+                                reinterpret_cast<float*>(smem + 2 * (qk + vv))};
 }
 
-// grid (B*H, query tiles counted from the last); NF >= attn_bf16_pad(dqk) / 16
-template <int NF>
+// grid (B*H, query tiles counted from the last); NT * 8 >= attn_bf16_pad(dqk)
+template <int NT>
 static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
     attention_backward_dq_bf16_kernel(float* dq, const float* dout, const float* q, const float* k, const float* v,
                                       int64_t v_ld, const float* lse, const float* D, int T, int H, int dqk, int dv,
                                       float scale) {
-    const auto [q_s, do_s, k_s, v_s, ds_s, s_strip, dp_strip, stats] = attn_bf16_backward_smem(dqk, dv);
+    const AttnBf16BackwardSmem sm = attn_bf16_backward_smem(dqk, dv);
+    __nv_bfloat16 *q_s = sm.own_qk, *do_s = sm.own_v, *k_s = sm.streamed_qk, *v_s = sm.streamed_v;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t bh = blockIdx.x, seq = bh / H, h = bh % H;
     const int qt = gridDim.y - 1 - blockIdx.y, i0 = qt * ATTN_BF16_ROWS;
     const int q_rows = T - i0 < ATTN_BF16_ROWS ? T - i0 : ATTN_BF16_ROWS;
     const int64_t qk_stride = (int64_t)H * dqk, v_stride = (int64_t)H * v_ld, o_stride = (int64_t)H * dv;
-    const int ldq = attn_bf16_ld(dqk), ldv = attn_bf16_ld(dv);
+    const int ldq = attn_bf16_ld(dqk), ldv = attn_bf16_ld(dv), tiles = attn_bf16_pad(dqk) / 8;
 
     attn_bf16_load(q_s, q + ((seq * T + i0) * H + h) * dqk, qk_stride, q_rows, dqk);
     attn_bf16_load(do_s, dout + ((seq * T + i0) * H + h) * dv, o_stride, q_rows, dv);
-    FragC acc[NF];
-#pragma unroll
-    for (int f = 0; f < NF; f++) wmma::fill_fragment(acc[f], 0.0f);
-    const int r = lane / 2, c0 = lane % 2, i = i0 + warp * 16 + r;
-    const float row_lse = i < T ? lse[bh * T + i] : 0.0f, row_d = i < T ? D[bh * T + i] : 0.0f;
+    float acc[NT][4];
+    attn_bf16_zero(acc);
+    const int i_lo = i0 + warp * 16 + lane / 4, i_hi = i_lo + 8;
+    const float lse_lo = i_lo < T ? lse[bh * T + i_lo] : 0.0f, lse_hi = i_hi < T ? lse[bh * T + i_hi] : 0.0f;
+    const float d_lo = i_lo < T ? D[bh * T + i_lo] : 0.0f, d_hi = i_hi < T ? D[bh * T + i_hi] : 0.0f;
 
     for (int kt = 0; kt <= qt; kt++) {
         const int j0 = kt * ATTN_BF16_ROWS, k_rows = T - j0 < ATTN_BF16_ROWS ? T - j0 : ATTN_BF16_ROWS;
@@ -288,30 +304,32 @@ static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
         attn_bf16_load(k_s, k + ((seq * T + j0) * H + h) * dqk, qk_stride, k_rows, dqk);
         attn_bf16_load(v_s, v + ((seq * T + j0) * H + h) * v_ld, v_stride, k_rows, dv);
         __syncthreads();
-        attn_bf16_strip(s_strip, q_s + warp * 16 * ldq, ldq, k_s, ldq, attn_bf16_pad(dqk));
-        attn_bf16_strip(dp_strip, do_s + warp * 16 * ldv, ldv, v_s, ldv, attn_bf16_pad(dv));
-        __syncwarp();
-        for (int c = c0; c < ATTN_BF16_ROWS; c += 2) {
-            const bool counted = j0 + c <= i && i < T;
-            const float p = counted ? expf(s_strip[r * ATTN_BF16_STRIP_LD + c] * scale - row_lse) : 0.0f;
-            const float dp = dp_strip[r * ATTN_BF16_STRIP_LD + c];
-            ds_s[r * ATTN_BF16_P_LD + c] = __float2bfloat16_rn(p * (dp - row_d) * scale);
-        }
-        __syncwarp();
-        attn_bf16_accumulate(acc, ds_s, k_s, ldq, attn_bf16_pad(dqk) / 16);
+        float s[8][4], dp[8][4];
+        attn_bf16_scores(s, q_s, ldq, warp * 16, k_s, ldq, attn_bf16_pad(dqk));
+        attn_bf16_scores(dp, do_s, ldv, warp * 16, v_s, ldv, attn_bf16_pad(dv));
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+            for (int e = 0; e < 4; e++) {
+                const int i = e < 2 ? i_lo : i_hi, j = j0 + attn_bf16_col(n, e);
+                const float p = j <= i && i < T ? expf(s[n][e] * scale - (e < 2 ? lse_lo : lse_hi)) : 0.0f;
+                s[n][e] = p * (dp[n][e] - (e < 2 ? d_lo : d_hi)) * scale;  // dS
+            }
+        uint32_t ds[4][4];
+        attn_bf16_to_a(ds, s);
+        attn_bf16_accumulate(acc, ds, k_s, ldq, tiles);
     }
-    attn_bf16_write(dq + (seq * T * H + h) * dqk, qk_stride, acc, attn_bf16_pad(dqk) / 16, s_strip, nullptr, i0, T,
-                    dqk);
+    attn_bf16_write(dq + (seq * T * H + h) * dqk, qk_stride, acc, tiles, i0, T, dqk, 1.0f, 1.0f);
 }
 
-// grid (B*H, key tiles, 2): z = 0 writes dk, z = 1 writes dv; NF >= attn_bf16_pad(max(dqk, dv)) / 16
-template <int NF>
+// grid (B*H, key tiles, 2): z = 0 writes dk, z = 1 writes dv; NT * 8 >= attn_bf16_pad(max(dqk, dv))
+template <int NT>
 static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
     attention_backward_dkdv_bf16_kernel(float* dk, float* dv_out, const float* dout, const float* q, const float* k,
                                         const float* v, int64_t v_ld, const float* lse, const float* D, int T, int H,
                                         int dqk, int dv, float scale) {
-    const auto [k_s, v_s, q_s, do_s, p_s, s_strip, dp_strip, col_lse] = attn_bf16_backward_smem(dqk, dv);
-    float* col_d = col_lse + ATTN_BF16_ROWS;  // col_lse, col_d: of the streamed tile's 64 queries
+    const AttnBf16BackwardSmem sm = attn_bf16_backward_smem(dqk, dv);
+    __nv_bfloat16 *k_s = sm.own_qk, *v_s = sm.own_v, *q_s = sm.streamed_qk, *do_s = sm.streamed_v;
+    float *col_lse = sm.stats, *col_d = sm.stats + ATTN_BF16_ROWS;  // of the streamed tile's 64 queries
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t bh = blockIdx.x, seq = bh / H, h = bh % H;
     const int kt = blockIdx.y, j0 = kt * ATTN_BF16_ROWS, q_tiles = gridDim.y;
@@ -319,13 +337,13 @@ static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
     const bool is_dk = blockIdx.z == 0;  // the same for the whole block
     const int64_t qk_stride = (int64_t)H * dqk, v_stride = (int64_t)H * v_ld, o_stride = (int64_t)H * dv;
     const int ldq = attn_bf16_ld(dqk), ldv = attn_bf16_ld(dv);
+    const int tiles = attn_bf16_pad(is_dk ? dqk : dv) / 8;
 
     attn_bf16_load(k_s, k + ((seq * T + j0) * H + h) * dqk, qk_stride, k_rows, dqk);
     attn_bf16_load(v_s, v + ((seq * T + j0) * H + h) * v_ld, v_stride, k_rows, dv);
-    FragC acc[NF];
-#pragma unroll
-    for (int f = 0; f < NF; f++) wmma::fill_fragment(acc[f], 0.0f);
-    const int r = lane / 2, c0 = lane % 2, j = j0 + warp * 16 + r;  // this lane's key and query columns
+    float acc[NT][4];
+    attn_bf16_zero(acc);
+    const int j_lo = j0 + warp * 16 + lane / 4, j_hi = j_lo + 8;  // this lane's two keys
 
     for (int qt = kt; qt < q_tiles; qt++) {
         const int i0 = qt * ATTN_BF16_ROWS, q_rows = T - i0 < ATTN_BF16_ROWS ? T - i0 : ATTN_BF16_ROWS;
@@ -337,42 +355,46 @@ static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
             col_d[c] = i0 + c < T ? D[bh * T + i0 + c] : 0.0f;
         }
         __syncthreads();
-        attn_bf16_strip(s_strip, k_s + warp * 16 * ldq, ldq, q_s, ldq, attn_bf16_pad(dqk));  // S^T
-        if (is_dk) attn_bf16_strip(dp_strip, v_s + warp * 16 * ldv, ldv, do_s, ldv, attn_bf16_pad(dv));  // dP^T
-        __syncwarp();
-        for (int c = c0; c < ATTN_BF16_ROWS; c += 2) {
-            const int i = i0 + c;
-            const bool counted = j <= i && i < T;
-            const float p = counted ? expf(s_strip[r * ATTN_BF16_STRIP_LD + c] * scale - col_lse[c]) : 0.0f;
-            const float val = is_dk ? p * (dp_strip[r * ATTN_BF16_STRIP_LD + c] - col_d[c]) * scale : p;
-            p_s[r * ATTN_BF16_P_LD + c] = __float2bfloat16_rn(val);  // dS^T or P^T
-        }
-        __syncwarp();
+        float st[8][4], dpt[8][4];
+        attn_bf16_scores(st, k_s, ldq, warp * 16, q_s, ldq, attn_bf16_pad(dqk));                // S^T
+        if (is_dk) attn_bf16_scores(dpt, v_s, ldv, warp * 16, do_s, ldv, attn_bf16_pad(dv));  // dP^T
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+            for (int e = 0; e < 4; e++) {
+                const int c = attn_bf16_col(n, e), i = i0 + c, j = e < 2 ? j_lo : j_hi;
+                const float p = j <= i && i < T ? expf(st[n][e] * scale - col_lse[c]) : 0.0f;
+                st[n][e] = is_dk ? p * (dpt[n][e] - col_d[c]) * scale : p;  // dS^T or P^T
+            }
+        uint32_t pa[4][4];
+        attn_bf16_to_a(pa, st);
         if (is_dk)
-            attn_bf16_accumulate(acc, p_s, q_s, ldq, attn_bf16_pad(dqk) / 16);
+            attn_bf16_accumulate(acc, pa, q_s, ldq, tiles);
         else
-            attn_bf16_accumulate(acc, p_s, do_s, ldv, attn_bf16_pad(dv) / 16);
+            attn_bf16_accumulate(acc, pa, do_s, ldv, tiles);
     }
     if (is_dk)
-        attn_bf16_write(dk + (seq * T * H + h) * dqk, qk_stride, acc, attn_bf16_pad(dqk) / 16, s_strip, nullptr, j0,
-                        T, dqk);
+        attn_bf16_write(dk + (seq * T * H + h) * dqk, qk_stride, acc, tiles, j0, T, dqk, 1.0f, 1.0f);
     else
-        attn_bf16_write(dv_out + (seq * T * H + h) * v_ld, v_stride, acc, attn_bf16_pad(dv) / 16, s_strip, nullptr,
-                        j0, T, dv);
+        attn_bf16_write(dv_out + (seq * T * H + h) * v_ld, v_stride, acc, tiles, j0, T, dv, 1.0f, 1.0f);
 }
 
 // The launches behind attention_forward / attention_backward for Precision::BF16, with dqk, dv <=
-// ATTN_BF16_MAX_DIM. The fragment count is a template parameter (accumulators in registers): one instance per
-// 64 columns of head dim.
+// ATTN_BF16_MAX_DIM. The accumulator tile count is a template parameter (the accumulators live in registers): one
+// instance per 64 columns of head dim.
+inline int attn_bf16_tile_class(int width) {  // 8, 16, 24 or 32 tiles of 8 columns
+    const int tiles = attn_bf16_pad(width) / 8;
+    return tiles <= 8 ? 8 : tiles <= 16 ? 16 : tiles <= 24 ? 24 : 32;
+}
+
 inline void attention_forward_bf16(float* o, float* lse, const float* q, const float* k, const float* v, int64_t v_ld,
                                    int B, int T, int H, int dqk, int dv, float scale, cudaStream_t stream) {
     const dim3 grid((unsigned)((int64_t)B * H), (unsigned)ceil_div(T, ATTN_BF16_ROWS));
-    const size_t bytes = (size_t)attn_bf16_smem(dqk, dqk, dv, 0, 1).bytes;
-    const int frags = attn_bf16_pad(dv) / 16;
-    auto kernel = frags <= 4 ? attention_forward_bf16_kernel<4>
-                  : frags <= 8 ? attention_forward_bf16_kernel<8>
-                  : frags <= 12 ? attention_forward_bf16_kernel<12>
-                                : attention_forward_bf16_kernel<16>;
+    const size_t bytes = (size_t)attn_bf16_forward_bytes(dqk, dv);
+    const int nt = attn_bf16_tile_class(dv);
+    auto kernel = nt == 8    ? attention_forward_bf16_kernel<8>
+                  : nt == 16 ? attention_forward_bf16_kernel<16>
+                  : nt == 24 ? attention_forward_bf16_kernel<24>
+                             : attention_forward_bf16_kernel<32>;
     launch_kernel(kernel, grid, ATTN_BF16_THREADS, bytes, stream, o, lse, q, k, v, v_ld, T, H, dqk, dv, scale);
 }
 
@@ -380,16 +402,16 @@ inline void attention_backward_bf16(float* dq, float* dk, float* dv_out, const f
                                     const float* q, const float* k, const float* v, int64_t v_ld, const float* lse,
                                     int B, int T, int H, int dqk, int dv, float scale, cudaStream_t stream) {
     const unsigned bh = (unsigned)((int64_t)B * H), tiles = (unsigned)ceil_div(T, ATTN_BF16_ROWS);
-    const size_t bytes = (size_t)attn_bf16_smem(dqk, dv, dqk, dv, 2).bytes;
-    const int dq_frags = attn_bf16_pad(dqk) / 16, kv_frags = attn_bf16_pad(dqk > dv ? dqk : dv) / 16;
-    auto dq_kernel = dq_frags <= 4 ? attention_backward_dq_bf16_kernel<4>
-                     : dq_frags <= 8 ? attention_backward_dq_bf16_kernel<8>
-                     : dq_frags <= 12 ? attention_backward_dq_bf16_kernel<12>
-                                      : attention_backward_dq_bf16_kernel<16>;
-    auto kv_kernel = kv_frags <= 4 ? attention_backward_dkdv_bf16_kernel<4>
-                     : kv_frags <= 8 ? attention_backward_dkdv_bf16_kernel<8>
-                     : kv_frags <= 12 ? attention_backward_dkdv_bf16_kernel<12>
-                                      : attention_backward_dkdv_bf16_kernel<16>;
+    const size_t bytes = (size_t)attn_bf16_backward_bytes(dqk, dv);
+    const int dq_nt = attn_bf16_tile_class(dqk), kv_nt = attn_bf16_tile_class(dqk > dv ? dqk : dv);
+    auto dq_kernel = dq_nt == 8    ? attention_backward_dq_bf16_kernel<8>
+                     : dq_nt == 16 ? attention_backward_dq_bf16_kernel<16>
+                     : dq_nt == 24 ? attention_backward_dq_bf16_kernel<24>
+                                   : attention_backward_dq_bf16_kernel<32>;
+    auto kv_kernel = kv_nt == 8    ? attention_backward_dkdv_bf16_kernel<8>
+                     : kv_nt == 16 ? attention_backward_dkdv_bf16_kernel<16>
+                     : kv_nt == 24 ? attention_backward_dkdv_bf16_kernel<24>
+                                   : attention_backward_dkdv_bf16_kernel<32>;
     launch_kernel(dq_kernel, dim3(bh, tiles), ATTN_BF16_THREADS, bytes, stream, dq, dout, q, k, v, v_ld, lse, D, T, H,
                   dqk, dv, scale);
     launch_kernel(kv_kernel, dim3(bh, tiles, 2), ATTN_BF16_THREADS, bytes, stream, dk, dv_out, dout, q, k, v, v_ld, lse,

@@ -594,10 +594,52 @@ static void test_attention_bf16(const CpuMLA& m, Rng& rng, const std::string& sh
     check_rerun(got, run(), "bf16 ", shape);
 }
 
+// One mma.sync with its fragments built from row-major A (16 x 16), B (16 x 8, k x n) and C (16 x 8) by the layout
+// kernels/mma_sync.cuh states, and D written back by it: the layout the BF16 attention kernels rely on, checked
+// against the tensor cores themselves (on the emulator, against its reading of the PTX ISA).
+static __global__ void mma_layout_kernel(float* d, const __nv_bfloat16* a, const __nv_bfloat16* b) {
+    const int g = threadIdx.x / 4, t = threadIdx.x % 4;
+    const uint32_t fa[4] = {gpu::attn_bf16_pack(a[g * 16 + 2 * t], a[g * 16 + 2 * t + 1]),
+                            gpu::attn_bf16_pack(a[(g + 8) * 16 + 2 * t], a[(g + 8) * 16 + 2 * t + 1]),
+                            gpu::attn_bf16_pack(a[g * 16 + 2 * t + 8], a[g * 16 + 2 * t + 9]),
+                            gpu::attn_bf16_pack(a[(g + 8) * 16 + 2 * t + 8], a[(g + 8) * 16 + 2 * t + 9])};
+    const uint32_t fb[2] = {gpu::attn_bf16_pack(b[2 * t * 8 + g], b[(2 * t + 1) * 8 + g]),
+                            gpu::attn_bf16_pack(b[(2 * t + 8) * 8 + g], b[(2 * t + 9) * 8 + g])};
+    float* at[4] = {d + g * 8 + 2 * t, d + g * 8 + 2 * t + 1, d + (g + 8) * 8 + 2 * t, d + (g + 8) * 8 + 2 * t + 1};
+    float acc[4];
+    for (int e = 0; e < 4; e++) acc[e] = *at[e];
+    gpu::mma_bf16_16816(acc, fa, fb);
+    for (int e = 0; e < 4; e++) *at[e] = acc[e];
+}
+
+// D = C + A B against the host in double. Products of BF16 values are exact in FP32; a sum of 16 of them and C
+// differs by FP32 roundoff (the tensor cores may truncate: ~17 u of the largest term, ~1e-6 of D's scale);
+// tolerance 1e-5. A wrong element in the layout is an error of order 1.
+static void test_mma_layout(Rng& rng) {
+    std::vector<__nv_bfloat16> a(16 * 16), b(16 * 8);
+    std::vector<double> a_val(a.size()), b_val(b.size());
+    for (size_t i = 0; i < a.size(); i++) a[i] = __float2bfloat16_rn(rng.normal()), a_val[i] = __bfloat162float(a[i]);
+    for (size_t i = 0; i < b.size(); i++) b[i] = __float2bfloat16_rn(rng.normal()), b_val[i] = __bfloat162float(b[i]);
+    const std::vector<float> c = randn(16 * 8, rng);
+    std::vector<float> want(16 * 8);
+    for (int r = 0; r < 16; r++)
+        for (int n = 0; n < 8; n++) {
+            double sum = c[r * 8 + n];
+            for (int k = 0; k < 16; k++) sum += a_val[r * 16 + k] * b_val[k * 8 + n];
+            want[r * 8 + n] = (float)sum;
+        }
+    Dev<__nv_bfloat16> d_a(a), d_b(b);
+    Dev<float> d_d(c);
+    gpu::launch_kernel(mma_layout_kernel, 1, 32, 0, 0, d_d.ptr, d_a.ptr, d_b.ptr);
+    check("mma.sync m16n8k16 bf16 fragment layout: D = C + A B", d_d.get(), want, 1e-5);
+}
+
 // Tiny dims; T around the 64-row tile (63, 64, 65, 130); YaRN; a sharp softmax (scores of std ~6: few keys per row);
 // head dims over 256 (two column slabs per block; FP32 only); DeepSeek-V3's head dims (dqk 192 = 128 + 64, dv 128);
-// and head dims that take each of the BF16 kernels' fragment counts (4, 8, 12, 16: up to 64, 128, 192, 256 wide).
+// and head dims that take each of the BF16 kernels' accumulator counts (8, 16, 24, 32 tiles: up to 64, 128, 192,
+// 256 wide).
 static void test_attention(Rng& rng) {
+    test_mma_layout(rng);
     for (AttnCase tc : {AttnCase{2, 17, 3, 8, 4, 8, 1.5f, false}, AttnCase{1, 63, 2, 16, 8, 16, 1.5f, false},
                         AttnCase{2, 64, 1, 8, 4, 8, 1.5f, true}, AttnCase{1, 65, 2, 12, 6, 20, 1.5f, false},
                         AttnCase{2, 130, 2, 16, 8, 16, 2.5f, true}, AttnCase{1, 70, 1, 256, 64, 300, 1.5f, false},

@@ -9,16 +9,16 @@
 // to barrier as if alone: the GPU's independent thread scheduling in its strictest form. A kernel that needs a
 // __syncthreads it lacks (a shared-memory write read by another thread), or that relies on the lanes of a warp
 // running in lock step, reads the wrong values in some order of the threads: EMULATOR_ORDER=forward (ascending),
-// reverse, or warps (one warp runs ahead of the others); the tests run forward and warps. The warp matrix functions
-// (wmma) are in mma.h; cuBLASLt, under the real kernels/matmul.cuh, is a CPU model of its documented semantics
-// (cublasLt.h).
+// reverse, or warps (one warp runs ahead of the others); the tests run forward and warps. The tensor-core product
+// (mma.sync) is a warp collective in kernels/mma_sync.cuh; cuBLASLt, under the real kernels/matmul.cuh, is a CPU
+// model of its documented semantics (cublasLt.h).
 // Stream order, device memory and its checks are the CPU stand-ins' (test/cpu_stand_in/stand_in.h): a launch runs
 // when its stream is synchronised, streams are ordered only by events, device memory is host memory filled with
 // NaN bytes when allocated.
 // What throws std::logic_error (through the synchronising call): a block of 0 or more than 1024 threads, a grid
 // beyond CUDA's limits, more than 227 KiB of dynamic shared memory, a __syncthreads that not every thread of the
-// block reaches (some wait elsewhere, or exited), a warp collective that not all 32 lanes reach, a partial mask, a
-// wmma tile pointer or leading dimension the hardware refuses.
+// block reaches (some wait elsewhere, or exited), a warp collective (an mma.sync included) that not all 32 lanes
+// reach, a partial mask.
 // Shared memory, static and dynamic, is filled with NaN bytes before every block: a read of shared memory the block
 // has not written shows. Not modelled: timing and the memory model between blocks (no kernel here waits for another
 // block); the device's math functions (the host's expf etc. stand in; the device's are within 2 ulp, which
