@@ -112,10 +112,10 @@ test_kernels_emulated: test/test_gpu_kernels.cu test/test_gpu_matmul.cu test/gpu
 	  test/kernel_emulator/test_kernels_emulated.cpp \
 	  build/test/kernel_emulator/emulator.o $(CORE_OBJ) -o $@ $(MPI_LIBS)
 
-train_emulated: train.cu gpu/gpu_model.cu gpu/gpu_model.h test/cpu_stand_in/nccl_comm_stand_in.cpp \
+train_emulated: train.cu gpu/gpu_model.cu gpu/gpu_model.h comm/nccl_comm.cu \
                 build/test/kernel_emulator/emulator.o $(EMULATOR) $(CORE_OBJ) $(HEADERS)
-	$(CXX) $(EMULATOR_FLAGS) -x c++ train.cu gpu/gpu_model.cu -x none test/cpu_stand_in/nccl_comm_stand_in.cpp \
-	  build/test/kernel_emulator/emulator.o $(CORE_OBJ) -o $@ $(MPI_LIBS)
+	$(CXX) $(EMULATOR_FLAGS) $(MPI_CFLAGS) -DOMPI_SKIP_MPICXX=1 -x c++ train.cu gpu/gpu_model.cu comm/nccl_comm.cu \
+	  -x none build/test/kernel_emulator/emulator.o $(CORE_OBJ) -o $@ $(MPI_LIBS)
 
 gpu_model_emulated_check: test/gpu_model_cpu_check.cpp gpu/gpu_model.cu gpu/gpu_model.h \
                           build/test/kernel_emulator/emulator.o $(EMULATOR) $(CORE_OBJ) $(HEADERS)

@@ -172,8 +172,34 @@ inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) {
     return cudaSuccess;
 }
 
+// One GPU, or STAND_IN_GPUS of them (the emulated NCCL runs take one per rank, as train.cu requires).
 inline cudaError_t cudaGetDeviceCount(int* n) {
-    *n = 1;
+    const char* gpus = getenv("STAND_IN_GPUS");
+    *n = gpus ? atoi(gpus) : 1;
+    return cudaSuccess;
+}
+
+// Device memory is what cudaMalloc returned (a registered allocation); anything else is unregistered host memory.
+enum cudaMemoryType { cudaMemoryTypeUnregistered = 0, cudaMemoryTypeHost = 1, cudaMemoryTypeDevice = 2 };
+struct cudaPointerAttributes {
+    cudaMemoryType type;
+    int device;
+};
+inline cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attr, const void* p) {
+    const std::map<uintptr_t, size_t>& live = stand_in::memory().live;
+    auto it = live.upper_bound((uintptr_t)p);
+    const bool device = it != live.begin() && (uintptr_t)p < std::prev(it)->first + std::prev(it)->second;
+    *attr = cudaPointerAttributes{device ? cudaMemoryTypeDevice : cudaMemoryTypeUnregistered, 0};
+    return cudaSuccess;
+}
+
+// Every function "has code for the device".
+struct cudaFuncAttributes {
+    int maxThreadsPerBlock = 1024;
+};
+template <typename F>
+inline cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attr, F*) {
+    *attr = cudaFuncAttributes{};
     return cudaSuccess;
 }
 inline cudaError_t cudaGetDevice(int* d) {

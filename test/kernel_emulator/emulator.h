@@ -11,7 +11,7 @@
 // running in lock step, reads the wrong values in some order of the threads: EMULATOR_ORDER=forward (ascending),
 // reverse, or warps (one warp runs ahead of the others); the tests run forward and warps. The tensor-core product
 // (mma.sync) is a warp collective in kernels/mma_sync.cuh; cuBLASLt, under the real kernels/matmul.cuh, is a CPU
-// model of its documented semantics (cublasLt.h).
+// model of its documented semantics (cublasLt.h); NCCL, under the real comm/nccl_comm.cu, is done with MPI (nccl.h).
 // Stream order, device memory and its checks are the CPU stand-ins' (test/cpu_stand_in/stand_in.h): a launch runs
 // when its stream is synchronised, streams are ordered only by events, device memory is host memory filled with
 // NaN bytes when allocated.
