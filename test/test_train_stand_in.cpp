@@ -250,16 +250,19 @@ TEST_CASE("train_stand_in --dtype bf16: trains near fp32, resumes its own checkp
 // with the real NCCL Comm (comm/nccl_comm.cu over the emulator's NCCL, which is MPI), for the first 6 steps of the
 // common run. fp32 against train_cpu: steps 1-2 within 1e-4 (test_gpu_train.cu's bound for ./train on a GPU: the
 // kernels sum in their own order), steps 3-6 the same curve; bf16 (tensor-core attention, BF16 GEMM inputs) within
-// 2e-2 of fp32 at every step. Under mpirun with --ep 2 and batch 2 per rank against one rank with batch 4: steps 1-2
-// within 1e-5 (the distributed bound above), steps 3-6 the same curve; and 2 ranks on a host with one GPU: one clear
-// line, a non-zero exit.
+// 2e-2 of fp32 at every step. Under mpirun on 4 ranks, EP 2 x DP 2 with batch 1 per rank, against one rank with
+// batch 4: steps 1-2 within 1e-5 (the distributed bound above), steps 3-6 the same curve, and the step-6
+// checkpoints (the 4-rank one gathered through NCCL) give train_cpu the same validation loss within 1e-5 (the
+// weights differ by the steps' roundoff only, ~1e-8 of the losses). 2 ranks on a host with one GPU: one clear line,
+// a non-zero exit.
 TEST_CASE("train_emulated (train.cu on the real kernels, emulated) follows train_cpu in fp32 and bf16, and with EP 2") {
     const std::string six = " --config small --data 'data/default/train_*.bin' --steps 6 --seq 64 --lr 3e-3 "
                             "--warmup 5 --seed 7 --log ";
     Job fp32, bf16;  // about 25 s each: at once, on two cores
     std::thread bf16_run(
         [&] { bf16 = sh("emu_bf16", "./train_emulated --dtype bf16 --batch 4" + six + log_of("emu_bf16")); });
-    fp32 = sh("emu_fp32", "./train_emulated --dtype fp32 --batch 4" + six + log_of("emu_fp32"));
+    fp32 = sh("emu_fp32", "rm -rf " + dir("emu_fp32") + " && ./train_emulated --dtype fp32 --batch 4 " +
+                              "--checkpoint-every 6 --checkpoint-dir " + dir("emu_fp32") + six + log_of("emu_fp32"));
     bf16_run.join();
     const Job cpu = sh("emu_cpu", "./train_cpu --batch 4" + six + log_of("emu_cpu"));
     INFO(fp32.out << bf16.out << cpu.out);
@@ -271,14 +274,27 @@ TEST_CASE("train_emulated (train.cu on the real kernels, emulated) follows train
     check_logs("emulated fp32 vs train_cpu, steps 3-6 (loss)", "emu_fp32", "emu_cpu", {"loss"}, 3, 6, 1e-2);
     check_logs("emulated bf16 vs emulated fp32, steps 1-6 (loss)", "emu_bf16", "emu_fp32", {"loss"}, 1, 6, 2e-2);
 
-    const std::string ep2_args = " --dtype fp32 --ep 2 --batch 2" + six + log_of("emu_ep2");
-    const Job ep2 = sh("emu_ep2", "env STAND_IN_GPUS=2 " + MPIRUN + "./train_emulated" + ep2_args);
-    INFO(ep2.out);
-    REQUIRE(ep2.status == 0);
-    CHECK(ep2.out.find("2 rank(s) (EP 2 x DP 1)") != std::string::npos);
-    check_logs("emulated NCCL EP 2 vs 1 rank, steps 1-2 (loss, grad norm)", "emu_ep2", "emu_fp32",
+    const std::string ep2_args = " --dtype fp32 --ep 2 --batch 1 --checkpoint-every 6 --checkpoint-dir " +
+                                 dir("emu_ep2dp2") + six + log_of("emu_ep2dp2");
+    std::string mpirun4 = MPIRUN;
+    mpirun4.replace(mpirun4.find("-np 2"), 5, "-np 4");
+    const Job ep2dp2 = sh("emu_ep2dp2", "rm -rf " + dir("emu_ep2dp2") + " && env STAND_IN_GPUS=4 " + mpirun4 +
+                                            "./train_emulated" + ep2_args);
+    INFO(ep2dp2.out);
+    REQUIRE(ep2dp2.status == 0);
+    CHECK(ep2dp2.out.find("4 rank(s) (EP 2 x DP 2)") != std::string::npos);
+    check_logs("emulated NCCL EP 2 x DP 2 vs 1 rank, steps 1-2 (loss, grad norm)", "emu_ep2dp2", "emu_fp32",
                {"loss", "grad_norm"}, 1, 2, 1e-5);
-    check_logs("emulated NCCL EP 2 vs 1 rank, steps 3-6 (loss)", "emu_ep2", "emu_fp32", {"loss"}, 3, 6, 1e-2);
+    check_logs("emulated NCCL EP 2 x DP 2 vs 1 rank, steps 3-6 (loss)", "emu_ep2dp2", "emu_fp32", {"loss"}, 3, 6, 1e-2);
+    const std::string val = " --batch 4 --seq 64 --val 'data/default/val_*.bin' --eval-batches 4 --eval-only --resume";
+    const Job val_one = sh("emu_val_one", "./train_cpu" + val + " --checkpoint-dir " + dir("emu_fp32"));
+    const Job val_four = sh("emu_val_four", "./train_cpu" + val + " --checkpoint-dir " + dir("emu_ep2dp2"));
+    INFO(val_one.out << val_four.out);
+    REQUIRE(val_one.status == 0);
+    REQUIRE(val_four.status == 0);
+    printf("train_stand_in: val_loss of the emulated step-6 checkpoints: %.6f (4 ranks) vs %.6f (1 rank)\n",
+           val_loss_of(val_four), val_loss_of(val_one));
+    CHECK_REL(val_loss_of(val_four), val_loss_of(val_one), 1e-5);
     const Job crowded = sh("emu_crowded", MPIRUN + "./train_emulated" + ep2_args);
     INFO(crowded.out);
     CHECK(crowded.status != 0);
