@@ -23,7 +23,7 @@ HEADERS  := $(wildcard model/*.h data/*.h comm/*.h tools/*.h trainer/*.h kernels
 
 .PHONY: all deps deps-run data run test test-gpu bench-cpu bench-io bench-comm bench clean
 
-all: train_cpu prepare_data test_cpu ep_check gpu_model_cpu_check train_stand_in test_kernels_emulated \
+all: train_cpu prepare_data test_cpu ep_check gpu_model_cpu_check train_stand_in test_gpu_emulated \
      gpu_model_emulated_check train_emulated \
      $(if $(wildcard tools/plot_main.cpp),plot)
 
@@ -105,12 +105,12 @@ EMULATOR := $(wildcard test/kernel_emulator/*.h test/kernel_emulator/kernels/*.c
 # -fno-strict-aliasing: the kernels read shared memory through other types (BF16 pairs as 32-bit words), as CUDA
 # code does
 EMULATOR_FLAGS := $(filter-out -I.,$(CXXFLAGS)) -fno-strict-aliasing -Wno-unknown-pragmas -Itest/kernel_emulator -I.
-test_kernels_emulated: test/test_gpu_kernels.cu test/test_gpu_matmul.cu test/gpu_check.cuh \
-                       test/kernel_emulator/test_kernels_emulated.cpp build/test/kernel_emulator/emulator.o $(EMULATOR) \
-                       $(CORE_OBJ) $(HEADERS)
-	$(CXX) $(EMULATOR_FLAGS) -x c++ test/test_gpu_kernels.cu test/test_gpu_matmul.cu -x none \
-	  test/kernel_emulator/test_kernels_emulated.cpp \
-	  build/test/kernel_emulator/emulator.o $(CORE_OBJ) -o $@ $(MPI_LIBS)
+test_gpu_emulated: test/test_gpu_kernels.cu test/test_gpu_matmul.cu test/test_gpu_train.cu test/gpu_check.cuh \
+                   gpu/gpu_model.cu gpu/gpu_model.h test/kernel_emulator/test_gpu_emulated.cpp \
+                   build/test/kernel_emulator/emulator.o $(EMULATOR) $(CORE_OBJ) $(HEADERS)
+	$(CXX) $(EMULATOR_FLAGS) -x c++ test/test_gpu_kernels.cu test/test_gpu_matmul.cu test/test_gpu_train.cu \
+	  gpu/gpu_model.cu -x none test/kernel_emulator/test_gpu_emulated.cpp build/test/kernel_emulator/emulator.o \
+	  $(CORE_OBJ) -o $@ $(MPI_LIBS)
 
 train_emulated: train.cu gpu/gpu_model.cu gpu/gpu_model.h comm/nccl_comm.cu \
                 build/test/kernel_emulator/emulator.o $(EMULATOR) $(CORE_OBJ) $(HEADERS)
@@ -131,7 +131,7 @@ bench-cpu: deps
 
 clean:
 	rm -rf build train_cpu prepare_data test_cpu test_gpu bench_cpu bench_io bench_comm bench_gpu ep_check plot train \
-	  gpu_model_cpu_check train_stand_in test_kernels_emulated gpu_model_emulated_check train_emulated
+	  gpu_model_cpu_check train_stand_in test_gpu_emulated gpu_model_emulated_check train_emulated
 
 # GPU trainer: CUDA code compiled with nvcc for Hopper (sm_90a, plus PTX for newer GPUs), linked with the shared
 # host code. It builds anywhere the toolkit is; running it needs a GPU.

@@ -1,6 +1,6 @@
 // The kernel checks of test_gpu (make test-gpu; test/test_gpu.cu): every kernel of kernels/ against the CPU
 // reference of model/ and comm/ (DESIGN §5). The same checks run on the CPU in test_cpu, through the kernel emulator
-// (test/kernel_emulator/: ./test_kernels_emulated).
+// (test/kernel_emulator/: ./test_gpu_emulated).
 // Fresh random inputs (model/rng.h, never zeros); outputs are poisoned first (0xFF bytes: NaN for floats, -1 for
 // integers), so a value the kernel forgets to write fails; accumulated outputs start from random values instead.
 // Error: max_i |gpu_i - cpu_i| / max_i |cpu_i|, relative to the tensor's scale (a per-element relative error
@@ -654,7 +654,7 @@ static void test_attention(Rng& rng) {
     }
 }
 
-// Every kernel check above, in order (test_gpu, and the kernel emulator's test_kernels_emulated)
+// Every kernel check above, in order (test_gpu, and the kernel emulator's test_gpu_emulated)
 void test_kernels(Rng& rng) {
     test_embedding(rng);
     test_rmsnorm(rng);

@@ -1,6 +1,6 @@
 // The kernel emulator (test/kernel_emulator/): first the emulator itself (indices, collectives, shared memory, the
 // errors it must report, a missing __syncthreads it must expose), then what it is for: the real kernels against the CPU reference
-// (./test_kernels_emulated) and gpu/gpu_model.cu on the real kernels against the CPU model
+// (./test_gpu_emulated) and gpu/gpu_model.cu on the real kernels against the CPU model
 // (./gpu_model_emulated_check), each in two thread orders.
 #include <doctest/doctest.h>
 
@@ -158,7 +158,7 @@ TEST_CASE("kernel emulator: misuse is reported, not run") {
 }
 
 TEST_CASE("kernel emulator: the real kernels match the CPU reference (test_gpu's kernel checks)") {
-    run_both_orders("./test_kernels_emulated");
+    run_both_orders("./test_gpu_emulated");
 }
 
 TEST_CASE("kernel emulator: gpu_model.cu on the real kernels matches the CPU model, alone and with EP=2") {
