@@ -51,15 +51,15 @@
 // Grouped: each group is one cuBLASLt call, which takes its m/n/k from the host, so the group sizes (offsets)
 // must be on the host: the trainer copies the expert counts to the host once per MoE layer (one sync). One expert's
 // GEMM is small for the GPU: at DeepSeek-V2-Lite shapes and 8K tokens, 768 rows x 1408 x 2048, about 66 output
-// tiles of 128 x 128 for 132 SMs. So the groups are spread round-robin over MATMUL_LANES streams ("lanes": the
-// caller's stream and MATMUL_LANES - 1 of the Matmul's own), where they run concurrently and fill the SMs. The
-// lanes wait on an event for the casts queued before them (fork) and the caller's stream waits for every lane at
-// the end (join), so a grouped call is ordered on the caller's stream like any other. Each lane has its own slice
-// of the workspace (concurrent cuBLASLt calls must not share one). The results are the same bits as on one stream:
-// the same algorithm per shape, and each group writes only its own rows and its own dW_g. `group_lanes` = 1 runs
-// the groups in order on the caller's stream (the benchmark compares the two). A device-side grouped GEMM
-// (CUTLASS grouped, or cuBLAS grouped-batched) would also avoid the sync and the per-group launches. BF16 casts of
-// the activation operands are done once for all groups.
+// tiles of 128 x 128 for 132 SMs. So the groups are spread over MATMUL_LANES streams ("lanes": the caller's stream
+// and MATMUL_LANES - 1 of the Matmul's own; the largest group first, onto the least loaded lane), where they run
+// concurrently and fill the SMs. The lanes wait on an event for the casts queued before them (fork) and the
+// caller's stream waits for every lane at the end (join), so a grouped call is ordered on the caller's stream like
+// any other. Each lane has its own slice of the workspace (concurrent cuBLASLt calls must not share one). The
+// results are the same bits as on one stream: the same algorithm per shape, and each group writes only its own
+// rows and its own dW_g. `group_lanes` = 1 runs every group on the caller's stream (the benchmark compares the
+// two). A device-side grouped GEMM (CUTLASS grouped, or cuBLAS grouped-batched) would also avoid the sync and the
+// per-group launches. BF16 casts of the activation operands are done once for all groups.
 //
 // On a machine without a GPU, the kernel emulator runs this file as it is against the CPU reference, with a CPU model
 // of cuBLASLt's documented semantics (test/kernel_emulator/cublasLt.h): the mapping, casts, groups and lanes.
@@ -75,6 +75,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include <cublasLt.h>
 #include <cuda_bf16.h>
@@ -147,7 +148,8 @@ inline void cast_to_bf16(__nv_bfloat16* out, const float* in, int64_t n, cudaStr
 // Setup
 
 inline int64_t matmul_memory_bytes(MatmulCasts casts) {
-    return (int64_t)MATMUL_LANES * (int64_t)MATMUL_WORKSPACE_BYTES + (casts.inputs + casts.output_grads) * (int64_t)sizeof(__nv_bfloat16);
+    const int64_t workspaces = (int64_t)MATMUL_LANES * (int64_t)MATMUL_WORKSPACE_BYTES;
+    return workspaces + (casts.inputs + casts.output_grads) * (int64_t)sizeof(__nv_bfloat16);
 }
 
 inline void matmul_clear_cache(Matmul& mm) {
@@ -387,18 +389,27 @@ inline int64_t grouped_first_row(const MatmulSite& s, const int64_t* offsets, in
     return offsets[0];
 }
 
-// Runs group(g, lane) for every nonempty group g, round-robin over the lanes: lanes 1.. first wait for what is
-// queued on the caller's stream (the casts), and the caller's stream then waits for them.
+// Runs group(g, lane) for every nonempty group g: the largest first, each on the lane with the fewest rows so far
+// (the routing is rarely balanced). Lanes 1.. first wait for what is queued on the caller's stream (the casts), and
+// the caller's stream then waits for them.
 template <typename GroupCall>
 inline void grouped_on_lanes(Matmul& mm, const int64_t* offsets, int64_t G, GroupCall&& group) {
-    int64_t nonempty = 0;
-    for (int64_t g = 0; g < G; g++) nonempty += offsets[g + 1] > offsets[g];
-    const int lanes = (int)std::max<int64_t>(1, std::min<int64_t>({mm.group_lanes, MATMUL_LANES, nonempty}));
+    std::vector<int64_t> order;  // the nonempty groups, largest first (ties in group order)
+    for (int64_t g = 0; g < G; g++)
+        if (offsets[g + 1] > offsets[g]) order.push_back(g);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) {
+        return offsets[x + 1] - offsets[x] > offsets[y + 1] - offsets[y];
+    });
+    const int64_t most = std::min<int64_t>({mm.group_lanes, MATMUL_LANES, (int64_t)order.size()});
+    const int lanes = (int)std::max<int64_t>(1, most);
     if (lanes > 1) CUDA_CHECK(cudaEventRecord(mm.lane_events[0], mm.stream));
     for (int i = 1; i < lanes; i++) CUDA_CHECK(cudaStreamWaitEvent(mm.lanes[i], mm.lane_events[0], 0));
-    int64_t next = 0;
-    for (int64_t g = 0; g < G; g++)
-        if (offsets[g + 1] > offsets[g]) group(g, (int)(next++ % lanes));
+    std::array<int64_t, MATMUL_LANES> rows{};
+    for (int64_t g : order) {
+        const int lane = (int)(std::min_element(rows.begin(), rows.begin() + lanes) - rows.begin());
+        rows[lane] += offsets[g + 1] - offsets[g];
+        group(g, lane);
+    }
     for (int i = 1; i < lanes; i++) {
         CUDA_CHECK(cudaEventRecord(mm.lane_events[i], mm.lanes[i]));
         CUDA_CHECK(cudaStreamWaitEvent(mm.stream, mm.lane_events[i], 0));
