@@ -64,23 +64,38 @@ __host__ __device__ inline int64_t attn_bf16_backward_bytes(int dqk, int dv) {
     return 2 * (attn_bf16_tile_bytes(dqk) + attn_bf16_tile_bytes(dv)) + 2 * ATTN_BF16_ROWS * (int64_t)sizeof(float);
 }
 
+// two BF16 as one register, the first in the low half (the fragments' packing, kernels/mma_sync.cuh)
+__device__ inline uint32_t attn_bf16_pack(__nv_bfloat16 lo, __nv_bfloat16 hi) {
+    return (uint32_t)*reinterpret_cast<const uint16_t*>(&lo) | (uint32_t)*reinterpret_cast<const uint16_t*>(&hi) << 16;
+}
+
 // dst (64 x attn_bf16_ld(width)) = rows 0..rows-1 of src (row r at src + r * stride), columns < width, as BF16;
 // zeros in the padding rows and columns. All threads of the block.
-// A warp per row at a time, its lanes over consecutive columns (coalesced).
+// A warp per row at a time, its lanes over consecutive columns (coalesced): 4 columns per lane (a 16-byte load, an
+// 8-byte store) when every row starts 16-byte aligned and width is a multiple of 4 (DeepSeek's dims), else one.
 __device__ inline void attn_bf16_load(__nv_bfloat16* dst, const float* src, int64_t stride, int rows, int width) {
     const int padded = attn_bf16_pad(width), ld = attn_bf16_ld(width), warps = ATTN_BF16_THREADS / 32;
+    const int lane = threadIdx.x % 32;
+    if (width % 4 == 0 && stride % 4 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0) {
+        for (int r = threadIdx.x / 32; r < ATTN_BF16_ROWS; r += warps)
+            for (int e = 4 * lane; e < padded; e += 4 * 32) {  // e < width: all four columns are (width % 4 == 0)
+                const float4 x = r < rows && e < width ? *reinterpret_cast<const float4*>(src + r * stride + e)
+                                                       : float4{0.0f, 0.0f, 0.0f, 0.0f};
+                const uint2 pairs{attn_bf16_pack(__float2bfloat16_rn(x.x), __float2bfloat16_rn(x.y)),
+                                  attn_bf16_pack(__float2bfloat16_rn(x.z), __float2bfloat16_rn(x.w))};
+                *reinterpret_cast<uint2*>(dst + r * ld + e) = pairs;  // 8-byte aligned: ld is a multiple of 8, e of 4
+            }
+        return;
+    }
     for (int r = threadIdx.x / 32; r < ATTN_BF16_ROWS; r += warps)
-        for (int e = threadIdx.x % 32; e < padded; e += 32)
+        for (int e = lane; e < padded; e += 32)
             dst[r * ld + e] = __float2bfloat16_rn(r < rows && e < width ? src[r * stride + e] : 0.0f);
 }
 
 // ---- fragments (layouts in kernels/mma_sync.cuh) ----------------------------------------------------------------
 
-// two adjacent BF16 at p (4-byte aligned) as one register, the first in the low half
+// two adjacent BF16 at p (4-byte aligned) as one register
 __device__ inline uint32_t attn_bf16_pair(const __nv_bfloat16* p) { return *reinterpret_cast<const uint32_t*>(p); }
-__device__ inline uint32_t attn_bf16_pack(__nv_bfloat16 lo, __nv_bfloat16 hi) {
-    return (uint32_t)*reinterpret_cast<const uint16_t*>(&lo) | (uint32_t)*reinterpret_cast<const uint16_t*>(&hi) << 16;
-}
 __device__ inline float attn_bf16_round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
 // a = the A fragment of rows r0..r0+15, columns c0..c0+15 of a row-major tile x (ld elements)

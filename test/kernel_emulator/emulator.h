@@ -44,6 +44,12 @@
 struct uint3 {
     unsigned x, y, z;
 };
+struct alignas(16) float4 {  // CUDA's vector types the kernels use
+    float x, y, z, w;
+};
+struct alignas(8) uint2 {
+    unsigned x, y;
+};
 struct dim3 {
     unsigned x, y, z;
     constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
