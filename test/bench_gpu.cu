@@ -15,8 +15,11 @@
 //      the cuBLASLt BF16 GEMM rate through gpu::matmul_forward with a BF16 weight copy (TFLOP/s = 2 M N K / time,
 //      best of 3 runs after warm-up) on a square 8192^3 product, the dense FFN's up projection (M = B*T, K 2048,
 //      N 10944) and one routed expert's gate projection (M = B*T*6/64, K 2048, N 1408). matmul_forward casts the
-//      FP32 activation operand to BF16 first, as every GEMM of the model does: "incl. cast" is what the model gets,
-//      "GEMM" subtracts that cast's time (measured alone) and is the tensor-core ceiling.
+//      FP32 activation operand to BF16 first, as every GEMM of the model does: "fwd" (the cast included) is what
+//      the model gets, "GEMM" subtracts that cast's time (measured alone) and is the tensor-core ceiling. Then the
+//      gate projections of all 64 experts (768 rows each) in one gpu::grouped_matmul_forward, with its groups on
+//      one stream and spread over gpu::MATMUL_LANES (the model's setting): what running the small expert GEMMs
+//      concurrently gains.
 //   2. the training step: 2 warm-up steps, then S timed ones of zero_grads, forward, backward, grad norm, AdamW
 //      (the trainer's step without data loading, one GPU, no NCCL): tokens/s, ms/step (wall clock), model TFLOP/s
 //      = tokens/s x model_flops_per_token(c, T) (Megatron-style: 6 x active params + causal attention) and MFU
@@ -303,7 +306,9 @@ double measure_gemms(const Config& c, const Options& o, cudaStream_t stream) {
     gpu::cast_to_bf16(W16.ptr, W.ptr, max_w, stream);
     gpu::Matmul mm;
     gpu::matmul_create(mm, stream, gpu::MatmulCasts{max_inp, max_out});
-    auto cast_ms = [&](int64_t n) { return time_ms(stream, [&] { gpu::cast_to_bf16(inp16.ptr, inp.ptr, n, stream); }); };
+    auto cast_ms = [&](int64_t n) {
+        return time_ms(stream, [&] { gpu::cast_to_bf16(inp16.ptr, inp.ptr, n, stream); });
+    };
 
     printf("\n%-22s %6s %6s %6s %9s %9s %9s %10s\n", "GEMM, BF16 inputs", "M", "K", "N", "fwd ms", "fwd TF/s",
            "cast ms", "GEMM TF/s");

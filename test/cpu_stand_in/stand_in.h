@@ -125,7 +125,9 @@ inline std::vector<CUstream_st*>& streams() {  // every created stream, for the 
     return all;
 }
 inline CUstream_st& stream_or_default(CUstream_st* s) { return s ? *s : default_stream(); }
-inline void launch(CUstream_st* s, std::function<void()> work) { stream_or_default(s).pending.push_back(std::move(work)); }
+inline void launch(CUstream_st* s, std::function<void()> work) {
+    stream_or_default(s).pending.push_back(std::move(work));
+}
 // Runs q's work until `position` items have run (or none is left).
 inline void drain_until(CUstream_st& q, int64_t position) {
     while (q.done < position && !q.pending.empty()) {
