@@ -186,9 +186,7 @@ struct cudaPointerAttributes {
     int device;
 };
 inline cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attr, const void* p) {
-    const std::map<uintptr_t, size_t>& live = stand_in::memory().live;
-    auto it = live.upper_bound((uintptr_t)p);
-    const bool device = it != live.begin() && (uintptr_t)p < std::prev(it)->first + std::prev(it)->second;
+    const bool device = stand_in::allocation_of(p) != stand_in::memory().live.end();
     *attr = cudaPointerAttributes{device ? cudaMemoryTypeDevice : cudaMemoryTypeUnregistered, 0};
     return cudaSuccess;
 }

@@ -64,15 +64,20 @@ inline Memory& memory() {
 
 [[noreturn]] inline void violation(const std::string& what) { throw std::logic_error("contract violation: " + what); }
 
+// The live allocation (base, bytes) that holds address p, or memory().live.end().
+inline std::map<uintptr_t, size_t>::const_iterator allocation_of(const void* p) {
+    const std::map<uintptr_t, size_t>& live = memory().live;
+    auto it = live.upper_bound((uintptr_t)p);
+    if (it == live.begin() || (uintptr_t)p >= std::prev(it)->first + std::prev(it)->second) return live.end();
+    return std::prev(it);
+}
+
 // Throws unless [p, p + bytes) lies inside one live allocation. what names the launcher and the argument.
 inline void check_range(const void* p, int64_t bytes, const std::string& what) {
     if (bytes <= 0) return;
     if (!p) violation(what + ": null pointer for " + std::to_string(bytes) + " bytes");
-    const std::map<uintptr_t, size_t>& live = memory().live;
-    auto it = live.upper_bound((uintptr_t)p);
-    if (it == live.begin() || (uintptr_t)p >= std::prev(it)->first + std::prev(it)->second)
-        violation(what + ": not device memory (" + std::to_string(bytes) + " bytes)");
-    --it;
+    const auto it = allocation_of(p);
+    if (it == memory().live.end()) violation(what + ": not device memory (" + std::to_string(bytes) + " bytes)");
     const uintptr_t offset = (uintptr_t)p - it->first;
     if (offset + (uintptr_t)bytes > it->second)
         violation(what + ": bytes [" + std::to_string(offset) + ", " + std::to_string(offset + bytes) +
