@@ -69,8 +69,8 @@ __device__ inline uint32_t attn_bf16_pack(__nv_bfloat16 lo, __nv_bfloat16 hi) {
     return (uint32_t)*reinterpret_cast<const uint16_t*>(&lo) | (uint32_t)*reinterpret_cast<const uint16_t*>(&hi) << 16;
 }
 
-// dst (64 x attn_bf16_ld(width)) = rows 0..rows-1 of src (row r at src + r * stride), columns < width, as BF16;
-// zeros in the padding rows and columns. All threads of the block.
+// dst (64 x attn_bf16_ld(width)) = rows 0..min(rows, 64)-1 of src (row r at src + r * stride; rows: those left
+// before T), columns < width, as BF16; zeros in the padding rows and columns. All threads of the block.
 // A warp per row at a time, its lanes over consecutive columns (coalesced): 4 columns per lane (a 16-byte load, an
 // 8-byte store) when every row starts 16-byte aligned and width is a multiple of 4 (DeepSeek's dims), else one.
 __device__ inline void attn_bf16_load(__nv_bfloat16* dst, const float* src, int64_t stride, int rows, int width) {
@@ -210,21 +210,20 @@ static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t bh = blockIdx.x, seq = bh / H, h = bh % H;
     const int qt = gridDim.y - 1 - blockIdx.y, i0 = qt * ATTN_BF16_ROWS;
-    const int q_rows = T - i0 < ATTN_BF16_ROWS ? T - i0 : ATTN_BF16_ROWS;
     const int64_t qk_stride = (int64_t)H * dqk, v_stride = (int64_t)H * v_ld;
     const int ldq = attn_bf16_ld(dqk), ldv = attn_bf16_ld(dv), tiles = attn_bf16_pad(dv) / 8;
 
-    attn_bf16_load(q_s, q + ((seq * T + i0) * H + h) * dqk, qk_stride, q_rows, dqk);
+    attn_bf16_load(q_s, q + ((seq * T + i0) * H + h) * dqk, qk_stride, T - i0, dqk);
     float acc[NT][4];
     attn_bf16_zero(acc);
     const int i_lo = i0 + warp * 16 + lane / 4, i_hi = i_lo + 8;  // this lane's two query rows
     float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
 
     for (int kt = 0; kt <= qt; kt++) {
-        const int j0 = kt * ATTN_BF16_ROWS, k_rows = T - j0 < ATTN_BF16_ROWS ? T - j0 : ATTN_BF16_ROWS;
+        const int j0 = kt * ATTN_BF16_ROWS;
         __syncthreads();  // every warp is done with the previous K and V
-        attn_bf16_load(k_s, k + ((seq * T + j0) * H + h) * dqk, qk_stride, k_rows, dqk);
-        attn_bf16_load(v_s, v + ((seq * T + j0) * H + h) * v_ld, v_stride, k_rows, dv);
+        attn_bf16_load(k_s, k + ((seq * T + j0) * H + h) * dqk, qk_stride, T - j0, dqk);
+        attn_bf16_load(v_s, v + ((seq * T + j0) * H + h) * v_ld, v_stride, T - j0, dv);
         __syncthreads();
         float s[8][4];
         attn_bf16_scores(s, q_s, ldq, warp * 16, k_s, ldq, attn_bf16_pad(dqk));
@@ -301,12 +300,11 @@ static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t bh = blockIdx.x, seq = bh / H, h = bh % H;
     const int qt = gridDim.y - 1 - blockIdx.y, i0 = qt * ATTN_BF16_ROWS;
-    const int q_rows = T - i0 < ATTN_BF16_ROWS ? T - i0 : ATTN_BF16_ROWS;
     const int64_t qk_stride = (int64_t)H * dqk, v_stride = (int64_t)H * v_ld, o_stride = (int64_t)H * dv;
     const int ldq = attn_bf16_ld(dqk), ldv = attn_bf16_ld(dv), tiles = attn_bf16_pad(dqk) / 8;
 
-    attn_bf16_load(q_s, q + ((seq * T + i0) * H + h) * dqk, qk_stride, q_rows, dqk);
-    attn_bf16_load(do_s, dout + ((seq * T + i0) * H + h) * dv, o_stride, q_rows, dv);
+    attn_bf16_load(q_s, q + ((seq * T + i0) * H + h) * dqk, qk_stride, T - i0, dqk);
+    attn_bf16_load(do_s, dout + ((seq * T + i0) * H + h) * dv, o_stride, T - i0, dv);
     float acc[NT][4];
     attn_bf16_zero(acc);
     const int i_lo = i0 + warp * 16 + lane / 4, i_hi = i_lo + 8;
@@ -314,10 +312,10 @@ static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
     const float d_lo = i_lo < T ? D[bh * T + i_lo] : 0.0f, d_hi = i_hi < T ? D[bh * T + i_hi] : 0.0f;
 
     for (int kt = 0; kt <= qt; kt++) {
-        const int j0 = kt * ATTN_BF16_ROWS, k_rows = T - j0 < ATTN_BF16_ROWS ? T - j0 : ATTN_BF16_ROWS;
+        const int j0 = kt * ATTN_BF16_ROWS;
         __syncthreads();
-        attn_bf16_load(k_s, k + ((seq * T + j0) * H + h) * dqk, qk_stride, k_rows, dqk);
-        attn_bf16_load(v_s, v + ((seq * T + j0) * H + h) * v_ld, v_stride, k_rows, dv);
+        attn_bf16_load(k_s, k + ((seq * T + j0) * H + h) * dqk, qk_stride, T - j0, dqk);
+        attn_bf16_load(v_s, v + ((seq * T + j0) * H + h) * v_ld, v_stride, T - j0, dv);
         __syncthreads();
         float s[8][4], dp[8][4];
         attn_bf16_scores(s, q_s, ldq, warp * 16, k_s, ldq, attn_bf16_pad(dqk));
@@ -348,23 +346,22 @@ static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t bh = blockIdx.x, seq = bh / H, h = bh % H;
     const int kt = blockIdx.y, j0 = kt * ATTN_BF16_ROWS, q_tiles = gridDim.y;
-    const int k_rows = T - j0 < ATTN_BF16_ROWS ? T - j0 : ATTN_BF16_ROWS;
     const bool is_dk = blockIdx.z == 0;  // the same for the whole block
     const int64_t qk_stride = (int64_t)H * dqk, v_stride = (int64_t)H * v_ld, o_stride = (int64_t)H * dv;
     const int ldq = attn_bf16_ld(dqk), ldv = attn_bf16_ld(dv);
     const int tiles = attn_bf16_pad(is_dk ? dqk : dv) / 8;
 
-    attn_bf16_load(k_s, k + ((seq * T + j0) * H + h) * dqk, qk_stride, k_rows, dqk);
-    attn_bf16_load(v_s, v + ((seq * T + j0) * H + h) * v_ld, v_stride, k_rows, dv);
+    attn_bf16_load(k_s, k + ((seq * T + j0) * H + h) * dqk, qk_stride, T - j0, dqk);
+    attn_bf16_load(v_s, v + ((seq * T + j0) * H + h) * v_ld, v_stride, T - j0, dv);
     float acc[NT][4];
     attn_bf16_zero(acc);
     const int j_lo = j0 + warp * 16 + lane / 4, j_hi = j_lo + 8;  // this lane's two keys
 
     for (int qt = kt; qt < q_tiles; qt++) {
-        const int i0 = qt * ATTN_BF16_ROWS, q_rows = T - i0 < ATTN_BF16_ROWS ? T - i0 : ATTN_BF16_ROWS;
+        const int i0 = qt * ATTN_BF16_ROWS;
         __syncthreads();
-        attn_bf16_load(q_s, q + ((seq * T + i0) * H + h) * dqk, qk_stride, q_rows, dqk);
-        attn_bf16_load(do_s, dout + ((seq * T + i0) * H + h) * dv, o_stride, q_rows, dv);
+        attn_bf16_load(q_s, q + ((seq * T + i0) * H + h) * dqk, qk_stride, T - i0, dqk);
+        attn_bf16_load(do_s, dout + ((seq * T + i0) * H + h) * dv, o_stride, T - i0, dv);
         for (int c = threadIdx.x; c < ATTN_BF16_ROWS; c += ATTN_BF16_THREADS) {
             col_lse[c] = i0 + c < T ? lse[bh * T + i0 + c] : 0.0f;
             col_d[c] = i0 + c < T ? D[bh * T + i0 + c] : 0.0f;
