@@ -24,7 +24,7 @@ HEADERS  := $(wildcard model/*.h data/*.h comm/*.h tools/*.h trainer/*.h kernels
 .PHONY: all deps deps-run data run test test-gpu bench-cpu bench-io bench-comm bench clean
 
 all: train_cpu prepare_data test_cpu ep_check gpu_model_cpu_check train_stand_in test_gpu_emulated \
-     gpu_model_emulated_check train_emulated \
+     gpu_model_emulated_check train_emulated bench_gpu_emulated bench_comm_emulated \
      $(if $(wildcard tools/plot_main.cpp),plot)
 
 build/%.o: %.cpp $(HEADERS)
@@ -105,22 +105,36 @@ EMULATOR := $(wildcard test/kernel_emulator/*.h test/kernel_emulator/kernels/*.c
 # -fno-strict-aliasing: the kernels read shared memory through other types (BF16 pairs as 32-bit words), as CUDA
 # code does
 EMULATOR_FLAGS := $(filter-out -I.,$(CXXFLAGS)) -fno-strict-aliasing -Wno-unknown-pragmas -Itest/kernel_emulator -I.
+# the model and the NCCL Comm on the emulator, compiled once for the programs below
+EMULATED_OBJ := build/emulated/gpu_model.o build/test/kernel_emulator/emulator.o
+build/emulated/gpu_model.o: gpu/gpu_model.cu gpu/gpu_model.h $(EMULATOR) $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMULATOR_FLAGS) -x c++ -c $< -o $@
+build/emulated/nccl_comm.o: comm/nccl_comm.cu $(EMULATOR) $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMULATOR_FLAGS) $(MPI_CFLAGS) -DOMPI_SKIP_MPICXX=1 -x c++ -c $< -o $@
+
 test_gpu_emulated: test/test_gpu_kernels.cu test/test_gpu_matmul.cu test/test_gpu_train.cu test/gpu_check.cuh \
-                   gpu/gpu_model.cu gpu/gpu_model.h test/kernel_emulator/test_gpu_emulated.cpp \
-                   build/test/kernel_emulator/emulator.o $(EMULATOR) $(CORE_OBJ) $(HEADERS)
+                   test/kernel_emulator/test_gpu_emulated.cpp $(EMULATED_OBJ) $(EMULATOR) $(CORE_OBJ) $(HEADERS)
 	$(CXX) $(EMULATOR_FLAGS) -x c++ test/test_gpu_kernels.cu test/test_gpu_matmul.cu test/test_gpu_train.cu \
-	  gpu/gpu_model.cu -x none test/kernel_emulator/test_gpu_emulated.cpp build/test/kernel_emulator/emulator.o \
+	  -x none test/kernel_emulator/test_gpu_emulated.cpp $(EMULATED_OBJ) $(CORE_OBJ) -o $@ $(MPI_LIBS)
+
+train_emulated: train.cu build/emulated/nccl_comm.o $(EMULATED_OBJ) $(EMULATOR) $(CORE_OBJ) $(HEADERS)
+	$(CXX) $(EMULATOR_FLAGS) -x c++ train.cu -x none build/emulated/nccl_comm.o $(EMULATED_OBJ) $(CORE_OBJ) -o $@ \
+	  $(MPI_LIBS)
+
+gpu_model_emulated_check: test/gpu_model_cpu_check.cpp $(EMULATED_OBJ) $(EMULATOR) $(CORE_OBJ) $(HEADERS)
+	$(CXX) $(EMULATOR_FLAGS) test/gpu_model_cpu_check.cpp $(EMULATED_OBJ) $(CORE_OBJ) -o $@ $(MPI_LIBS)
+
+# make bench's and make bench-comm's programs on the emulator, run by test_cpu on small shapes (bench_gpu --smoke;
+# bench_comm under mpirun, through the NCCL model): every line of the benchmarks runs before a GPU session does.
+bench_gpu_emulated: test/bench_gpu.cu $(EMULATED_OBJ) $(EMULATOR) $(CORE_OBJ) $(HEADERS)
+	$(CXX) $(EMULATOR_FLAGS) -x c++ test/bench_gpu.cu -x none $(EMULATED_OBJ) $(CORE_OBJ) -o $@ $(MPI_LIBS)
+
+bench_comm_emulated: test/bench_comm.cu build/emulated/nccl_comm.o $(EMULATED_OBJ) $(EMULATOR) $(CORE_OBJ) $(HEADERS)
+	$(CXX) $(EMULATOR_FLAGS) $(MPI_CFLAGS) -DOMPI_SKIP_MPICXX=1 -x c++ test/bench_comm.cu -x none \
+	  build/emulated/nccl_comm.o $(EMULATED_OBJ) \
 	  $(CORE_OBJ) -o $@ $(MPI_LIBS)
-
-train_emulated: train.cu gpu/gpu_model.cu gpu/gpu_model.h comm/nccl_comm.cu \
-                build/test/kernel_emulator/emulator.o $(EMULATOR) $(CORE_OBJ) $(HEADERS)
-	$(CXX) $(EMULATOR_FLAGS) $(MPI_CFLAGS) -DOMPI_SKIP_MPICXX=1 -x c++ train.cu gpu/gpu_model.cu comm/nccl_comm.cu \
-	  -x none build/test/kernel_emulator/emulator.o $(CORE_OBJ) -o $@ $(MPI_LIBS)
-
-gpu_model_emulated_check: test/gpu_model_cpu_check.cpp gpu/gpu_model.cu gpu/gpu_model.h \
-                          build/test/kernel_emulator/emulator.o $(EMULATOR) $(CORE_OBJ) $(HEADERS)
-	$(CXX) $(EMULATOR_FLAGS) -x c++ gpu/gpu_model.cu -x none test/gpu_model_cpu_check.cpp \
-	  build/test/kernel_emulator/emulator.o $(CORE_OBJ) -o $@ $(MPI_LIBS)
 
 bench_cpu: build/test/bench_cpu.o $(CORE_OBJ)
 	$(CXX) $(CXXFLAGS) $^ -o $@ $(MPI_LIBS)
@@ -131,7 +145,8 @@ bench-cpu: deps
 
 clean:
 	rm -rf build train_cpu prepare_data test_cpu test_gpu bench_cpu bench_io bench_comm bench_gpu ep_check plot train \
-	  gpu_model_cpu_check train_stand_in test_gpu_emulated gpu_model_emulated_check train_emulated
+	  gpu_model_cpu_check train_stand_in test_gpu_emulated gpu_model_emulated_check train_emulated bench_gpu_emulated \
+	  bench_comm_emulated
 
 # GPU trainer: CUDA code compiled with nvcc for Hopper (sm_90a, plus PTX for newer GPUs), linked with the shared
 # host code. It builds anywhere the toolkit is; running it needs a GPU.

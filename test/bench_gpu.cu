@@ -1,14 +1,18 @@
 // make bench: the GPU trainer's speed on one GPU, with the device's own ceilings measured in the same run as the
 // denominators. A benchmark, not a test: it asserts nothing about the timings.
-//   usage: ./bench_gpu [--layers N] [--batch B] [--seq T] [--steps S] [--dtype bf16|fp32]
+//   usage: ./bench_gpu [--config NAME|PATH] [--layers N] [--batch B] [--seq T] [--steps S] [--dtype bf16|fp32]
+//          ./bench_gpu --smoke
 //
 // The bench preset: DeepSeek-V2-Lite's per-layer shapes (load_config("deepseek-v2-lite"): d 2048, 16 MLA heads,
 // 64 routed experts of width 1408 with 6 per token, 2 shared experts, vocabulary 102400) with num_hidden_layers
 // cut to the largest L <= 27 whose gpu_memory_plan fits in 90% of the free GPU memory (the FP32 master weights,
 // gradients and AdamW moments of all 27 layers alone are 250 GB). B = 2 sequences of T = 4096 tokens: V2-Lite
 // was trained at 4K context, and 8K tokens per micro-batch is a realistic per-GPU batch for it (the routed experts
-// then get 8192 x 6 / 64 = 768 rows each, GEMMs large enough to run near the tensor cores' rate). --layers,
-// --batch, --seq, --dtype override the preset for experiments (--layers skips the fit).
+// then get 8192 x 6 / 64 = 768 rows each, GEMMs large enough to run near the tensor cores' rate). --config,
+// --layers, --batch, --seq, --dtype override the preset for experiments (--layers skips the fit).
+// --smoke runs every part once on small shapes (config small, 1 layer, 1 x 64 tokens, 1 MiB copy, 128^3 square
+// GEMM, 64K-value optimizer tensor, one timed call per figure): a check that the benchmark runs end to end, which
+// `make test` makes on the kernel emulator (./bench_gpu_emulated); its figures mean nothing.
 //
 // What it prints, in order:
 //   1. ceilings: device-to-device cudaMemcpyAsync of 1 GiB (GB/s counting bytes read + written, best of 10), and
@@ -80,7 +84,6 @@
 namespace {
 
 constexpr double GiB = 1073741824.0;
-constexpr int MAX_LAYERS = 27;               // DeepSeek-V2-Lite's
 constexpr double GPU_MEMORY_SHARE = 0.90;    // of the free memory the model may plan for
 constexpr double HOST_MEMORY_SHARE = 0.80;   // of the host's RAM the host copy may take (12 bytes per parameter)
 constexpr double MEMORY_BOUND_TARGET = 0.70; // of the copy rate
@@ -88,17 +91,39 @@ constexpr int WARMUP_STEPS = 2;
 constexpr uint64_t SEED = 1337;
 
 struct Options {
+    std::string config = "deepseek-v2-lite";
     int layers = 0;  // 0: the largest that fits
     int B = 2, T = 4096, steps = 5;
     gpu::Precision precision = gpu::Precision::BF16;
+    // the sizes of the ceilings' and the optimizer kernels' buffers, and how each figure is timed (time_ms)
+    int64_t copy_bytes = (int64_t)1 << 30, square = 8192, optimizer_values = (int64_t)1 << 28;
+    int iters = 0, trials = 3, copy_trials = 10;
+    bool smoke = false;
 };
+
+// Every part once, on small shapes: see the header comment.
+Options smoke_options() {
+    Options o;
+    o.smoke = true;
+    o.config = "small";
+    o.layers = 1;
+    o.B = 1;
+    o.T = 64;
+    o.steps = 1;
+    o.copy_bytes = (int64_t)1 << 20;
+    o.square = 128;
+    o.optimizer_values = (int64_t)1 << 16;
+    o.iters = o.trials = o.copy_trials = 1;
+    return o;
+}
 
 [[noreturn]] void usage(const char* problem) {
     if (problem) fprintf(stderr, "bench_gpu: %s\n", problem);
     fprintf(problem ? stderr : stdout,
-            "usage: ./bench_gpu [--layers N] [--batch B] [--seq T] [--steps S] [--dtype bf16|fp32]\n"
-            "  defaults: the largest N <= %d that fits, B 2, T 4096, S 5, bf16 (DeepSeek-V2-Lite shapes)\n",
-            MAX_LAYERS);
+            "usage: ./bench_gpu [--config NAME|PATH] [--layers N] [--batch B] [--seq T] [--steps S] "
+            "[--dtype bf16|fp32]\n"
+            "       ./bench_gpu --smoke   (every part once on small shapes: checks that it runs; no figures)\n"
+            "  defaults: deepseek-v2-lite, the most layers that fit, B 2, T 4096, S 5, bf16\n");
     exit(problem ? 2 : 0);
 }
 
@@ -110,13 +135,16 @@ int positive_int(const std::string& flag, const char* text) {
 }
 
 Options parse_options(int argc, char** argv) {
+    if (argc == 2 && std::string(argv[1]) == "--smoke") return smoke_options();
     Options o;
     for (int i = 1; i < argc; i++) {
         const std::string flag = argv[i];
         if (flag == "--help" || flag == "-h") usage(nullptr);
+        if (flag == "--smoke") usage("--smoke takes no other flags");
         if (i + 1 >= argc) usage(("missing value for " + flag).c_str());
         const char* value = argv[++i];
-        if (flag == "--layers") o.layers = positive_int(flag, value);
+        if (flag == "--config") o.config = value;
+        else if (flag == "--layers") o.layers = positive_int(flag, value);
         else if (flag == "--batch") o.B = positive_int(flag, value);
         else if (flag == "--seq") o.T = positive_int(flag, value);
         else if (flag == "--steps") o.steps = positive_int(flag, value);
@@ -184,7 +212,7 @@ struct EventPair {
 // Milliseconds of one call of f (which queues work on stream): 2 warm-up calls, then `trials` runs of `iters`
 // back-to-back calls timed with CUDA events; the best run's mean. iters 0: as many as take ~20 ms (3 to 1000).
 template <typename F>
-double time_ms(cudaStream_t stream, F&& f, int iters = 0, int trials = 3) {
+double time_ms(cudaStream_t stream, F&& f, int iters, int trials) {
     EventPair ev;
     f();
     f();
@@ -228,9 +256,8 @@ double host_bytes_needed(const Config& c) { return 12.0 * (double)build_param_ta
 // The largest layer count <= MAX_LAYERS that fits both memories, or 0; why: what limited it.
 int fit_layers(Config c, const Options& o, double free_gpu, std::string& why) {
     const double ram = host_ram_bytes();
-    const int top = std::min(MAX_LAYERS, c.num_hidden_layers);
     why = "all fit";
-    for (int L = top; L >= 1; L--) {
+    for (int L = c.num_hidden_layers; L >= 1; L--) {
         c.num_hidden_layers = L;
         const double gpu_need = (double)gpu_memory_plan(c, 1, o.precision, o.B, o.T).total();
         if (gpu_need > GPU_MEMORY_SHARE * free_gpu) {
@@ -258,12 +285,13 @@ struct Ceilings {
     double gemm_tflops = 0.0;  // the best GEMM-only rate of the shapes measured
 };
 
-double measure_copy(cudaStream_t stream) {
-    const int64_t n = (int64_t)1 << 30;  // bytes
+double measure_copy(const Options& o, cudaStream_t stream) {
+    const int64_t n = o.copy_bytes;
     DeviceArray<char> src(n), dst(n);
     CUDA_CHECK(cudaMemsetAsync(src.ptr, 1, n, stream));
     const double ms = time_ms(
-        stream, [&] { CUDA_CHECK(cudaMemcpyAsync(dst.ptr, src.ptr, n, cudaMemcpyDeviceToDevice, stream)); }, 1, 10);
+        stream, [&] { CUDA_CHECK(cudaMemcpyAsync(dst.ptr, src.ptr, n, cudaMemcpyDeviceToDevice, stream)); }, 1,
+        o.copy_trials);
     return 2.0 * n / (ms * 1e-3) / 1e9;
 }
 
@@ -285,7 +313,7 @@ double measure_gemms(const Config& c, const Options& o, cudaStream_t stream) {
     const int64_t tokens = (int64_t)o.B * o.T, E = c.n_routed_experts;
     const int64_t expert_rows = std::max<int64_t>(1, tokens * c.num_experts_per_tok / E);
     const std::vector<GemmShape> shapes = {
-        {"square", 8192, 8192, 8192},
+        {"square", o.square, o.square, o.square},
         {"dense FFN up", tokens, c.hidden_size, c.intermediate_size},
         {"one expert's gate", expert_rows, c.hidden_size, c.moe_intermediate_size},
     };
@@ -307,24 +335,28 @@ double measure_gemms(const Config& c, const Options& o, cudaStream_t stream) {
     gpu::Matmul mm;
     gpu::matmul_create(mm, stream, gpu::MatmulCasts{max_inp, max_out});
     auto cast_ms = [&](int64_t n) {
-        return time_ms(stream, [&] { gpu::cast_to_bf16(inp16.ptr, inp.ptr, n, stream); });
+        return time_ms(stream, [&] { gpu::cast_to_bf16(inp16.ptr, inp.ptr, n, stream); }, o.iters, o.trials);
     };
 
     printf("\n%-22s %6s %6s %6s %9s %9s %9s %10s\n", "GEMM, BF16 inputs", "M", "K", "N", "fwd ms", "fwd TF/s",
            "cast ms", "GEMM TF/s");
     double best = 0.0;
     for (const GemmShape& s : shapes) {
-        const double ms = time_ms(stream, [&] {
-            gpu::matmul_forward(mm, out.ptr, inp.ptr, W.ptr, W16.ptr, s.M, s.K, s.N, false);
-        });
+        const double ms = time_ms(
+            stream, [&] { gpu::matmul_forward(mm, out.ptr, inp.ptr, W.ptr, W16.ptr, s.M, s.K, s.N, false); },
+            o.iters, o.trials);
         best = std::max(best, gemm_row(s.what.c_str(), s.M, s.K, s.N, ms, cast_ms(s.M * s.K)));
     }
     const double experts_cast_ms = cast_ms(experts.M * experts.K);
     for (int lanes : {1, gpu::MATMUL_LANES}) {
         mm.group_lanes = lanes;
-        const double ms = time_ms(stream, [&] {
-            gpu::grouped_matmul_forward(mm, out.ptr, inp.ptr, W.ptr, W16.ptr, offsets.data(), E, experts.K, experts.N);
-        });
+        const double ms = time_ms(
+            stream,
+            [&] {
+                gpu::grouped_matmul_forward(mm, out.ptr, inp.ptr, W.ptr, W16.ptr, offsets.data(), E, experts.K,
+                                            experts.N);
+            },
+            o.iters, o.trials);
         char what[64];
         snprintf(what, sizeof what, "%ld experts, %d lane%s", (long)E, lanes, lanes > 1 ? "s" : "");
         gemm_row(what, experts.M, experts.K, experts.N, ms, experts_cast_ms);
@@ -470,7 +502,7 @@ std::vector<KernelResult> bench_kernels(const Config& c, const Options& o, cudaS
     const double F = 4.0, I64 = 8.0, I32 = 4.0;  // bytes of a float, an int64, an int32
     std::vector<KernelResult> out;
     auto run = [&](const std::string& name, const std::string& shape, double bytes, auto&& f) {
-        out.push_back({name, shape, bytes, time_ms(s, f)});
+        out.push_back({name, shape, bytes, time_ms(s, f, o.iters, o.trials)});
     };
     Rng rng(SEED + 1);
 
@@ -606,7 +638,7 @@ std::vector<KernelResult> bench_kernels(const Config& c, const Options& o, cudaS
             [&] { gpu::copy_columns(c_kv.ptr, kr, kv_a.ptr, kr + dr, N, kr, s); });
     }
     {  // the optimizer's passes over one large tensor (256M values, 1 GiB per buffer)
-        const int64_t n = (int64_t)1 << 28;
+        const int64_t n = o.optimizer_values;
         DeviceArray<float> p(n), g(n), m(n), v(n);
         DeviceArray<double> norm(1), norm_scratch(gpu::grad_norm_scratch_doubles(n));
         DeviceArray<__nv_bfloat16> p16(n);
@@ -662,13 +694,20 @@ void bench_attention(const Config& c, const Options& o, cudaStream_t s) {
     printf("\n%-22s %-24s %10s %10s %10s %10s\n", "attention kernels", "shape", "fwd ms", "fwd TF/s", "bwd ms",
            "bwd TF/s");
     for (gpu::Precision p : {gpu::Precision::BF16, gpu::Precision::FP32}) {
-        const double fwd = time_ms(s, [&] {
-            gpu::attention_forward(out.ptr, lse.ptr, q.ptr, k.ptr, kv.ptr + dn, ld, B, T, H, dqk, dv, scale, p, s);
-        });
-        const double bwd = time_ms(s, [&] {
-            gpu::attention_backward(dq.ptr, dk.ptr, dkv.ptr + dn, scratch.ptr, dout.ptr, q.ptr, k.ptr, kv.ptr + dn, ld,
-                                    out.ptr, lse.ptr, B, T, H, dqk, dv, scale, p, s);
-        });
+        const double fwd = time_ms(
+            s,
+            [&] {
+                gpu::attention_forward(out.ptr, lse.ptr, q.ptr, k.ptr, kv.ptr + dn, ld, B, T, H, dqk, dv, scale, p,
+                                       s);
+            },
+            o.iters, o.trials);
+        const double bwd = time_ms(
+            s,
+            [&] {
+                gpu::attention_backward(dq.ptr, dk.ptr, dkv.ptr + dn, scratch.ptr, dout.ptr, q.ptr, k.ptr,
+                                        kv.ptr + dn, ld, out.ptr, lse.ptr, B, T, H, dqk, dv, scale, p, s);
+            },
+            o.iters, o.trials);
         const std::string shape = dims({B, T, H}) + " x " + std::to_string(dqk) + "/" + std::to_string(dv);
         printf("%-22s %-24s %10.2f %10.1f %10.2f %10.1f\n",
                gpu::attention_on_tensor_cores(p, dqk, dv) ? "bf16 (tensor cores)" : "fp32 (CUDA cores)",
@@ -697,7 +736,7 @@ int main(int argc, char** argv) {
         CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
         CUDA_CHECK(cudaDriverGetVersion(&driver));
 
-        Config c = load_config("deepseek-v2-lite");
+        Config c = load_config(o.config);
         std::string limit = "set by --layers";
         const int all_layers = c.num_hidden_layers;
         if (o.layers > 0) {
@@ -720,10 +759,9 @@ int main(int argc, char** argv) {
         char date[64];
         const time_t now = time(0);
         strftime(date, sizeof date, "%Y-%m-%d %H:%M:%S", localtime(&now));
-        printf("bench_gpu | %s | %s | deepseek-v2-lite shapes, %d of %d layers (%s), batch %d x %d = %ld tokens, "
-               "%s\n",
-               prop.name, date, c.num_hidden_layers, all_layers, limit.c_str(), o.B, o.T, (long)o.B * o.T,
-               precision_name(o.precision));
+        printf("bench_gpu | %s | %s | %s shapes, %d of %d layers (%s), batch %d x %d = %ld tokens, %s%s\n",
+               prop.name, date, o.config.c_str(), c.num_hidden_layers, all_layers, limit.c_str(), o.B, o.T,
+               (long)o.B * o.T, precision_name(o.precision), o.smoke ? " (--smoke: the figures mean nothing)" : "");
         printf("device: sm_%d%d, %d SMs, %.1f GiB (%.1f free), CUDA runtime %d.%d, driver %d.%d\n", prop.major,
                prop.minor, prop.multiProcessorCount, total_bytes / GiB, free_bytes / GiB, runtime / 1000,
                (runtime % 1000) / 10, driver / 1000, (driver % 1000) / 10);
@@ -731,8 +769,9 @@ int main(int argc, char** argv) {
         cudaStream_t stream;
         CUDA_CHECK(cudaStreamCreate(&stream));
         Ceilings ceil;
-        ceil.copy_gbs = measure_copy(stream);
-        printf("\n%-34s %.1f GB/s (read + write, best of 10)\n", "device copy (cudaMemcpyAsync 1 GiB)", ceil.copy_gbs);
+        ceil.copy_gbs = measure_copy(o, stream);
+        printf("\n%-34s %.1f GB/s (read + write, best of %d)\n", "device copy (cudaMemcpyAsync)", ceil.copy_gbs,
+               o.copy_trials);
         ceil.gemm_tflops = measure_gemms(c, o, stream);
         CUDA_CHECK(cudaStreamSynchronize(stream));
 

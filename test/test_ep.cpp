@@ -88,9 +88,8 @@ struct Job {
 
 // mpirun as root on an oversubscribed machine; a 120 s timeout turns a hang into a failure.
 Job mpirun(int ranks, const std::string& args) {
-    const std::string cmd = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 timeout 120 "
-                            "mpirun --oversubscribe -np " + std::to_string(ranks) + " " + args +
-                            " > " + test_path("mpi_out.txt") + " 2> " + test_path("mpi_err.txt");
+    const std::string cmd = "timeout 120 " + mpirun_command(ranks) + args + " > " + test_path("mpi_out.txt") +
+                            " 2> " + test_path("mpi_err.txt");
     auto t0 = std::chrono::steady_clock::now();
     int rc = system(cmd.c_str());
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

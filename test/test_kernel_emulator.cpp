@@ -1,9 +1,11 @@
 // The kernel emulator (test/kernel_emulator/): first the emulator itself (indices, collectives, shared memory, the
 // errors it must report, a missing __syncthreads it must expose), then what it is for: the real kernels against the CPU reference
 // (./test_gpu_emulated) and gpu/gpu_model.cu on the real kernels against the CPU model
-// (./gpu_model_emulated_check), each in two thread orders.
+// (./gpu_model_emulated_check), each in two thread orders, and the benchmarks' programs on small shapes.
 #include <doctest/doctest.h>
 
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -163,10 +165,40 @@ TEST_CASE("kernel emulator: the real kernels match the CPU reference (test_gpu's
 
 TEST_CASE("kernel emulator: gpu_model.cu on the real kernels matches the CPU model, alone and with EP=2") {
     run_both_orders("./gpu_model_emulated_check");
-    CommandResult r = run("env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe -np 2 "
-                "./gpu_model_emulated_check --ep 2",
-                "emulated_ep2.txt");
+    CommandResult r = run(mpirun_command(2) + "./gpu_model_emulated_check --ep 2", "emulated_ep2.txt");
     INFO(r.out);
     CHECK(r.status == 0);
     CHECK(r.out.find("failed, ok") != std::string::npos);
+}
+
+// The benchmarks' programs end to end on small shapes, so that a GPU session's few minutes are not lost to a crash
+// in code that only runs there: every section printed, the smoke step's loss finite and falling (3 AdamW steps on
+// one batch), and bench_comm's own round-trip check (combine of dispatch gives x back) passed on 1 rank and on
+// 4 ranks (EP 2 x DP 2) through the NCCL model.
+TEST_CASE("kernel emulator: make bench's and make bench-comm's programs run end to end") {
+    const CommandResult bench = run("./bench_gpu_emulated --smoke", "bench_gpu_smoke.txt");
+    INFO(bench.out);
+    CHECK(bench.status == 0);
+    for (const char* section : {"device copy", "GEMM, BF16 inputs", "8 experts, 4 lanes", "training step",
+                                "region (one step)", "attention share", "memory-bound kernel", "of 20 kernels under",
+                                "bf16 (tensor cores)", "fp32 (CUDA cores)"})
+        CHECK_MESSAGE(bench.out.find(section) != std::string::npos, section);
+    double first = 0.0, last = 0.0;
+    const size_t at = bench.out.find("loss (first warm-up -> last)");
+    REQUIRE(at != std::string::npos);
+    REQUIRE(sscanf(bench.out.c_str() + at, "loss (first warm-up -> last) %lf -> %lf", &first, &last) == 2);
+    CHECK(std::isfinite(first));
+    CHECK(last < first);
+
+    const std::string comm_args = " --tokens 64 --hidden 16 --experts 8 --topk 2 --iters 2";
+    const CommandResult one = run("./bench_comm_emulated" + comm_args, "bench_comm_1.txt");
+    const CommandResult four =
+        run("env STAND_IN_GPUS=4 " + mpirun_command(4) + "./bench_comm_emulated --ep 2" + comm_args, "bench_comm_4.txt");
+    for (const CommandResult* r : {&one, &four}) {
+        INFO(r->out);
+        CHECK(r->status == 0);
+        CHECK(r->out.find("round trip combine(dispatch(x)) == x: ok") != std::string::npos);
+        CHECK(r->out.find("combine (permute + all-to-all-v + combine)") != std::string::npos);
+    }
+    CHECK(four.out.find("4 ranks (EP 2 x DP 2)") != std::string::npos);
 }

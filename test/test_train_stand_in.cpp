@@ -64,8 +64,7 @@ void copy_checkpoint(const std::string& from_run, int step, const std::string& t
 const std::string COMMON = " --config small --data 'data/default/train_*.bin' --steps 20 --seq 64 --lr 3e-3 "
                            "--warmup 5 --seed 7 --checkpoint-every 10";
 const std::string VAL = " --val 'data/default/val_*.bin' --eval-every 5 --eval-batches 4";
-const std::string MPIRUN = "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 "
-                           "mpirun --oversubscribe -np 2 ";
+const std::string MPIRUN = mpirun_command(2);
 
 // program + the common run with `batch` sequences per rank, checkpoints in dir(name), log log_of(name)
 std::string train(const std::string& program, const std::string& name, const std::string& extra, int batch = 4) {
@@ -276,10 +275,8 @@ TEST_CASE("train_emulated (train.cu on the real kernels, emulated) follows train
 
     const std::string ep2_args = " --dtype fp32 --ep 2 --batch 1 --checkpoint-every 6 --checkpoint-dir " +
                                  dir("emu_ep2dp2") + six + log_of("emu_ep2dp2");
-    std::string mpirun4 = MPIRUN;
-    mpirun4.replace(mpirun4.find("-np 2"), 5, "-np 4");
-    const Job ep2dp2 = sh("emu_ep2dp2", "rm -rf " + dir("emu_ep2dp2") + " && env STAND_IN_GPUS=4 " + mpirun4 +
-                                            "./train_emulated" + ep2_args);
+    const Job ep2dp2 = sh("emu_ep2dp2", "rm -rf " + dir("emu_ep2dp2") + " && env STAND_IN_GPUS=4 " +
+                                            mpirun_command(4) + "./train_emulated" + ep2_args);
     INFO(ep2dp2.out);
     REQUIRE(ep2dp2.status == 0);
     CHECK(ep2dp2.out.find("4 rank(s) (EP 2 x DP 2)") != std::string::npos);

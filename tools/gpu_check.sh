@@ -3,9 +3,13 @@
 # program, the benchmark and the communication benchmark, and prints a short table. Results go to $OUT (or
 # ./gpu_results) as text files, to be copied into docs/performance.md with the date and the commit.
 #   here:   bash tools/device_bundle.sh       (what the machine's image may lack, into .device/)
-#   there:  bash tools/gpu_check.sh           (device run with carry [".device"]; about 5-8 minutes on an H200)
+#   there:  bash tools/gpu_check.sh           (device run with carry [".device"], timeout_s 600)
 # The machine's image has nvcc and Python's NCCL wheel but not Debian's MPI or header-only libraries: they come
 # from .device/. If the build fails there, the binaries built here (.device/bin) are tried instead.
+# Every stage runs under a timeout cut to what is left of GPU_CHECK_SECONDS (default 540: the device call's 600 s
+# limit less a margin), so the summary prints even when a stage hangs; the stages come in the order of what the
+# session needs most: correctness, speed, communication, then compute-sanitizer's memcheck of every kernel and the
+# whole step on the small shapes of `bench_gpu --smoke`.
 set -u -o pipefail
 out=${OUT:-gpu_results}
 mkdir -p "$out"
@@ -36,10 +40,16 @@ fi
 
 status() { printf '%-20s %s\n' "$1" "$2" | tee -a "$out/summary.txt"; }
 : > "$out/summary.txt"
+deadline=${GPU_CHECK_SECONDS:-540}
+# seconds for the next stage: at most $1, and never past the deadline (at least 1: timeout 0 would mean none)
+budget() {
+    local left=$((deadline - SECONDS))
+    [ "$left" -lt "$1" ] && echo $((left > 1 ? left : 1)) || echo "$1"
+}
 targets=(train_cpu train test_gpu bench_gpu bench_comm)
 [ -d data/default ] || targets+=(data)  # the trainer checks of test_gpu train on the default data
-if make -j"$(nproc)" "${make_flags[@]}" "${targets[@]}" > "$out/build.txt" 2>&1; then
-    status "build" "ok (built here)"
+if timeout "$(budget 300)" make -j"$(nproc)" "${make_flags[@]}" "${targets[@]}" > "$out/build.txt" 2>&1; then
+    status "build" "ok (built here, ${SECONDS} s)"
 elif [ -d .device/bin ]; then
     tail -20 "$out/build.txt"
     cp .device/bin/* .
@@ -49,15 +59,20 @@ else
     status "build" "FAILED (build.txt)"
     exit 1
 fi
-timeout 420 ./test_gpu > "$out/test_gpu.txt" 2>&1
+timeout "$(budget 200)" ./test_gpu > "$out/test_gpu.txt" 2>&1
 grep -E "FAIL|^tests:|error" "$out/test_gpu.txt" | head -40
 status "make test-gpu" "$(grep '^tests:' "$out/test_gpu.txt" || echo 'no result line (crashed or timed out)')"
-timeout 300 ./bench_gpu > "$out/bench.txt" 2>&1
+timeout "$(budget 150)" ./bench_gpu > "$out/bench.txt" 2>&1
 cat "$out/bench.txt"
 status "make bench" "$(grep -E 'model TFLOP/s|MFU' "$out/bench.txt" | head -2 | tr -s ' ' | tr '\n' ';')"
 status "attention kernels" "$(grep -E '^(bf16|fp32) \((tensor|CUDA) cores\)' "$out/bench.txt" | tr -s ' ' | tr '\n' ';')"
 status "expert GEMMs" "$(grep -E '^[0-9]+ experts, [0-9]+ lanes?' "$out/bench.txt" | tr -s ' ' | tr '\n' ';')"
-timeout 90 ./bench_comm > "$out/bench_comm.txt" 2>&1
+timeout "$(budget 45)" ./bench_comm > "$out/bench_comm.txt" 2>&1
 cat "$out/bench_comm.txt"
+status "make bench-comm" "$(grep -E '^(ncclAlltoAll|dispatch|combine)' "$out/bench_comm.txt" | tr -s ' ' | tr '\n' ';')"
+sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+timeout "$(budget 120)" "$sanitizer" --tool memcheck --leak-check no ./bench_gpu --smoke > "$out/memcheck.txt" 2>&1
+status "memcheck (smoke)" "$(grep -E 'ERROR SUMMARY' "$out/memcheck.txt" || echo 'no summary (not run, crashed or timed out)')"
 echo
+echo "total ${SECONDS} s"
 cat "$out/summary.txt"

@@ -205,6 +205,11 @@ inline cudaError_t cudaGetDevice(int* d) {
     return cudaSuccess;
 }
 inline cudaError_t cudaSetDevice(int) { return cudaSuccess; }
+inline cudaError_t cudaRuntimeGetVersion(int* v) {  // "CUDA 13.0", the toolkit the project builds with
+    *v = 13000;
+    return cudaSuccess;
+}
+inline cudaError_t cudaDriverGetVersion(int* v) { return cudaRuntimeGetVersion(v); }
 inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int) {
     *p = cudaDeviceProp{};
     return cudaSuccess;

@@ -202,6 +202,26 @@ inline ncclResult_t ncclRecv(void* buf, size_t count, ncclDataType_t type, int p
     return emulated_nccl::add_transfer(false, buf, count, type, peer, comm, stream);
 }
 
+// NCCL 2.28's all-to-all: block j of in (count elements) goes to rank j, rank i's block lands in block i of out.
+// nccl.h documents no in-place form, so in == out is refused.
+inline ncclResult_t ncclAlltoAll(const void* in, void* out, size_t count, ncclDataType_t type, ncclComm_t comm,
+                                 cudaStream_t stream) {
+    const size_t bytes = count * emulated_nccl::type_bytes(type);
+    if (emulated_nccl::mpi_count(bytes) < 0) return ncclInvalidArgument;
+    stand_in::check_range(in, (int64_t)(bytes * comm->size), "ncclAlltoAll input");
+    stand_in::check_range(out, (int64_t)(bytes * comm->size), "ncclAlltoAll output");
+    if (in == out) return ncclInvalidArgument;
+    stand_in::launch(stream, [=] {
+        if (comm->mpi == MPI_COMM_NULL) {
+            memcpy(out, in, bytes);
+            return;
+        }
+        if (MPI_Alltoall(in, (int)bytes, MPI_BYTE, out, (int)bytes, MPI_BYTE, comm->mpi) != MPI_SUCCESS)
+            stand_in::violation("emulated NCCL: MPI_Alltoall failed");
+    });
+    return ncclSuccess;
+}
+
 inline ncclResult_t ncclAllReduce(const void* in, void* out, size_t count, ncclDataType_t type, ncclRedOp_t,
                                   ncclComm_t comm, cudaStream_t stream) {
     const size_t bytes = count * emulated_nccl::type_bytes(type);
