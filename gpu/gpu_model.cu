@@ -61,16 +61,23 @@ const __nv_bfloat16* bf16_of(const GpuModel& m, const float* w) {
     return m.precision == gpu::Precision::BF16 ? m.params_bf16 + (w - m.params) : nullptr;
 }
 
+// BF16 mode: copy16 = the BF16 rounding of the n floats at src, the GEMM inputs' copy (see gpu_model.h). FP32 mode
+// (copy16 nullptr): nothing.
+void keep_bf16(GpuModel& m, __nv_bfloat16* copy16, const float* src, int64_t n) {
+    if (copy16) gpu::cast_to_bf16(copy16, src, n, m.stream);
+}
+
 int64_t ffn_width(const Config& c, int layer) {
     return c.is_moe_layer(layer) ? (int64_t)c.n_shared_experts * c.moe_intermediate_size : c.intermediate_size;
 }
 
 // ---- layouts --------------------------------------------------------------------------------------------------
 
-void carve_block(ByteArena& ar, const Config& c, int layer, int B, int T, GpuBlockActs& a) {
+// bf16: whether the BF16 copies of the GEMM inputs are carved too (Precision::BF16)
+void carve_block(ByteArena& ar, const Config& c, bool bf16, int layer, int B, int T, GpuBlockActs& a) {
     const int64_t N = (int64_t)B * T, d = c.hidden_size, H = c.num_attention_heads, dqk = c.qk_head_dim();
     const int64_t qr = c.q_lora_rank, kr = c.kv_lora_rank, dr = c.qk_rope_head_dim, dn = c.qk_nope_head_dim;
-    const int64_t dv = c.v_head_dim, width = ffn_width(c, layer);
+    const int64_t dv = c.v_head_dim, width = ffn_width(c, layer), b16 = bf16 ? 1 : 0;
     a.attn_normed = ar.take<float>(N * d);
     a.attn_rstd = ar.take<float>(N);
     a.q_a = ar.take<float>(N * qr);
@@ -94,6 +101,12 @@ void carve_block(ByteArena& ar, const Config& c, int layer, int B, int T, GpuBlo
     a.ffn_u = ar.take<float>(N * width);
     a.ffn_a = ar.take<float>(N * width);
     a.ffn_out = ar.take<float>(N * d);
+    a.attn_normed16 = ar.take<__nv_bfloat16>(b16 * N * d);
+    a.q_a_normed16 = ar.take<__nv_bfloat16>(b16 * N * qr);
+    a.c_kv_normed16 = ar.take<__nv_bfloat16>(b16 * N * kr);
+    a.o16 = ar.take<__nv_bfloat16>(b16 * N * H * dv);
+    a.ffn_normed16 = ar.take<__nv_bfloat16>(b16 * N * d);
+    a.ffn_a16 = ar.take<__nv_bfloat16>(b16 * N * width);
     if (!c.is_moe_layer(layer)) return;
     const int64_t E = c.n_routed_experts, k = c.num_experts_per_tok;
     a.scores = ar.take<float>(N * E);
@@ -107,13 +120,13 @@ void carve_block(ByteArena& ar, const Config& c, int layer, int B, int T, GpuBlo
     a.rows_back = ar.take<float>(N * k * d);
 }
 
-void carve_activations(ByteArena& ar, GpuModel& m, const Config& c, int B, int T) {
+void carve_activations(ByteArena& ar, GpuModel& m, const Config& c, bool bf16, int B, int T) {
     const int64_t N = (int64_t)B * T, d = c.hidden_size, V = c.vocab_size, L = c.num_hidden_layers;
-    const int64_t mtp = c.num_nextn_predict_layers > 0 ? 1 : 0;
+    const int64_t mtp = c.num_nextn_predict_layers > 0 ? 1 : 0, b16 = bf16 ? 1 : 0;
     m.residual.assign(L + 1, nullptr);
     m.blocks.resize(c.num_blocks());
     for (float*& r : m.residual) r = ar.take<float>(N * d);
-    for (int l = 0; l < c.num_blocks(); l++) carve_block(ar, c, l, B, T, m.blocks[l]);
+    for (int l = 0; l < c.num_blocks(); l++) carve_block(ar, c, bf16, l, B, T, m.blocks[l]);
     m.final_normed = ar.take<float>(N * d);
     m.final_rstd = ar.take<float>(N);
     m.logits = ar.take<float>(N * V);
@@ -129,6 +142,9 @@ void carve_activations(ByteArena& ar, GpuModel& m, const Config& c, int B, int T
     m.mtp_normed = ar.take<float>(mtp * N * d);
     m.mtp_rstd = ar.take<float>(mtp * N);
     m.mtp_logits = ar.take<float>(mtp * N * V);
+    m.final_normed16 = ar.take<__nv_bfloat16>(b16 * N * d);
+    m.mtp_concat16 = ar.take<__nv_bfloat16>(b16 * mtp * 2 * N * d);
+    m.mtp_normed16 = ar.take<__nv_bfloat16>(b16 * mtp * N * d);
     m.rope_cos = ar.take<float>((int64_t)T * c.qk_rope_head_dim / 2);
     m.rope_sin = ar.take<float>((int64_t)T * c.qk_rope_head_dim / 2);
     m.inputs = ar.take<int32_t>(N);
@@ -208,8 +224,8 @@ struct ExpertScratch {
     float *da, *dg, *du;    // (R, I)
 };
 
-void carve_expert_rows(ByteArena& ar, const Config& c, int ep_size, int64_t R, GpuBlockActs& a) {
-    const int64_t d = c.hidden_size, I = c.moe_intermediate_size, ep = ep_size > 1 ? 1 : 0;
+void carve_expert_rows(ByteArena& ar, const Config& c, bool bf16, int ep_size, int64_t R, GpuBlockActs& a) {
+    const int64_t d = c.hidden_size, I = c.moe_intermediate_size, ep = ep_size > 1 ? 1 : 0, b16 = bf16 ? 1 : 0;
     a.expert_g = ar.take<float>(R * I);
     a.expert_u = ar.take<float>(R * I);
     a.expert_a = ar.take<float>(R * I);
@@ -217,6 +233,8 @@ void carve_expert_rows(ByteArena& ar, const Config& c, int ep_size, int64_t R, G
     a.expert_out = ar.take<float>(ep * R * d);
     a.recv_to_expert = ar.take<int64_t>(ep * R);
     a.expert_to_recv = ar.take<int64_t>(ep * R);
+    a.expert_in16 = ar.take<__nv_bfloat16>(b16 * R * d);
+    a.expert_a16 = ar.take<__nv_bfloat16>(b16 * R * I);
 }
 
 ExpertScratch carve_expert_scratch(ByteArena& ar, const Config& c, int ep_size, int64_t R) {
@@ -235,18 +253,17 @@ ExpertScratch expert_scratch_of(const GpuModel& m) {
     return carve_expert_scratch(ar, m.config, m.comm->ep_size, m.expert_scratch_rows);
 }
 
-// The largest operands BF16 GEMMs cast, for N tokens and the routed experts' R rows: inputs (rows x K of every
-// GEMM: x, the MTP block's concatenation, the LoRA latents, the attention output, the FFN intermediates) and
-// output gradients (rows x N: the logits' among them, by far the largest with a big vocabulary).
+// The largest operands the BF16 GEMM calls cast, for N tokens and the routed experts' R rows: output gradients
+// (rows x N: the logits' among them, by far the largest with a big vocabulary). No inputs: the model passes every
+// GEMM input's BF16 copy (a call that did not would stop with an internal error).
 gpu::MatmulCasts cast_elements(const Config& c, int64_t N, int64_t R) {
     const int64_t d = c.hidden_size, H = c.num_attention_heads, width = std::max<int64_t>(
         c.intermediate_size, (int64_t)c.n_shared_experts * c.moe_intermediate_size);
     const int64_t expert_rows = R * std::max<int64_t>(d, c.moe_intermediate_size);
-    const int64_t input_cols = std::max<int64_t>({2 * d, c.q_lora_rank, c.kv_lora_rank, H * c.v_head_dim, width});
     const int64_t grad_cols = std::max<int64_t>({c.vocab_size, d, H * c.qk_head_dim(),
                                                  H * (c.qk_nope_head_dim + c.v_head_dim), width,
                                                  (int64_t)c.kv_lora_rank + c.qk_rope_head_dim, c.q_lora_rank});
-    return {std::max(N * input_cols, expert_rows), std::max(N * grad_cols, expert_rows)};
+    return {0, std::max(N * grad_cols, expert_rows)};
 }
 
 int64_t bytes_of(const std::function<void(ByteArena&)>& carve) {
@@ -264,10 +281,11 @@ void ensure_expert_rows(GpuModel& m, GpuBlockActs& a, int64_t R) {
         CUDA_CHECK(cudaFree(a.expert_alloc));
         a.expert_alloc = nullptr;
         a.expert_rows = 0;
-        a.expert_alloc = device_alloc(bytes_of([&](ByteArena& ar) { carve_expert_rows(ar, c, ep, R, a); }),
+        const bool bf16 = m.precision == gpu::Precision::BF16;
+        a.expert_alloc = device_alloc(bytes_of([&](ByteArena& ar) { carve_expert_rows(ar, c, bf16, ep, R, a); }),
                                       "the routed experts' rows");
         ByteArena ar{static_cast<char*>(a.expert_alloc), 0};
-        carve_expert_rows(ar, c, ep, R, a);
+        carve_expert_rows(ar, c, bf16, ep, R, a);
         a.expert_rows = R;
     }
     if (R > m.expert_scratch_rows) {
@@ -284,19 +302,20 @@ void ensure_expert_rows(GpuModel& m, GpuBlockActs& a, int64_t R) {
 
 // ---- feed-forward ---------------------------------------------------------------------------------------------
 
-// out (M, d) = W_down (silu(W_gate x) * (W_up x)), as swiglu_ffn_forward (model/ffn.cpp)
-void ffn_forward(GpuModel& m, float* out, float* g, float* u, float* a, const float* x, const float* w_gate,
-                 const float* w_up, const float* w_down, int64_t M, int64_t d, int64_t I) {
+// out (M, d) = W_down (silu(W_gate x) * (W_up x)), as swiglu_ffn_forward (model/ffn.cpp); a16: a's BF16 copy
+void ffn_forward(GpuModel& m, float* out, float* g, float* u, float* a, __nv_bfloat16* a16, gpu::GemmInput x,
+                 const float* w_gate, const float* w_up, const float* w_down, int64_t M, int64_t d, int64_t I) {
     if (M == 0) return;
     gpu::matmul_forward(m.matmul, g, x, w_gate, bf16_of(m, w_gate), M, d, I, false);
     gpu::matmul_forward(m.matmul, u, x, w_up, bf16_of(m, w_up), M, d, I, false);
     gpu::swiglu_forward(a, g, u, M * I, m.stream);
-    gpu::matmul_forward(m.matmul, out, a, w_down, bf16_of(m, w_down), M, I, d, false);
+    keep_bf16(m, a16, a, M * I);
+    gpu::matmul_forward(m.matmul, out, {a, a16}, w_down, bf16_of(m, w_down), M, I, d, false);
 }
 
 // as swiglu_ffn_backward; da, dg, du (M, I) scratch
 void ffn_backward(GpuModel& m, float* dx, float* dw_gate, float* dw_up, float* dw_down, const float* dout,
-                  const float* g, const float* u, const float* a, const float* x, const float* w_gate,
+                  const float* g, const float* u, gpu::GemmInput a, gpu::GemmInput x, const float* w_gate,
                   const float* w_up, const float* w_down, int64_t M, int64_t d, int64_t I, bool accumulate_dx,
                   float* da, float* dg, float* du) {
     if (M == 0) return;
@@ -308,7 +327,7 @@ void ffn_backward(GpuModel& m, float* dx, float* dw_gate, float* dw_up, float* d
 
 // ---- MLA (model/mla.cpp) --------------------------------------------------------------------------------------
 
-void mla_forward(GpuModel& m, const BlockWeights& w, GpuBlockActs& a, const float* x, float* out) {
+void mla_forward(GpuModel& m, const BlockWeights& w, GpuBlockActs& a, gpu::GemmInput x, float* out) {
     const Config& c = m.config;
     const int64_t N = tokens(m), d = c.hidden_size, H = c.num_attention_heads, dn = c.qk_nope_head_dim;
     const int64_t dr = c.qk_rope_head_dim, dv = c.v_head_dim, dqk = dn + dr, qr = c.q_lora_rank, kr = c.kv_lora_rank;
@@ -316,14 +335,18 @@ void mla_forward(GpuModel& m, const BlockWeights& w, GpuBlockActs& a, const floa
     if (qr > 0) {
         gpu::matmul_forward(m.matmul, a.q_a, x, w.q_a, bf16_of(m, w.q_a), N, d, qr, false);
         gpu::rmsnorm_forward(a.q_a_normed, a.q_a_rstd, a.q_a, w.q_a_norm, N, qr, eps, m.stream);
-        gpu::matmul_forward(m.matmul, a.q, a.q_a_normed, w.q_b, bf16_of(m, w.q_b), N, qr, H * dqk, false);
+        keep_bf16(m, a.q_a_normed16, a.q_a_normed, N * qr);
+        gpu::matmul_forward(m.matmul, a.q, {a.q_a_normed, a.q_a_normed16}, w.q_b, bf16_of(m, w.q_b), N, qr, H * dqk,
+                            false);
     } else {
         gpu::matmul_forward(m.matmul, a.q, x, w.q, bf16_of(m, w.q), N, d, H * dqk, false);
     }
     gpu::matmul_forward(m.matmul, a.kv_a, x, w.kv_a, bf16_of(m, w.kv_a), N, d, kr + dr, false);
     gpu::copy_columns(a.c_kv, kr, a.kv_a, kr + dr, N, kr, m.stream);
     gpu::rmsnorm_forward(a.c_kv_normed, a.c_kv_rstd, a.c_kv, w.kv_a_norm, N, kr, eps, m.stream);
-    gpu::matmul_forward(m.matmul, a.kv, a.c_kv_normed, w.kv_b, bf16_of(m, w.kv_b), N, kr, H * (dn + dv), false);
+    keep_bf16(m, a.c_kv_normed16, a.c_kv_normed, N * kr);
+    gpu::matmul_forward(m.matmul, a.kv, {a.c_kv_normed, a.c_kv_normed16}, w.kv_b, bf16_of(m, w.kv_b), N, kr,
+                        H * (dn + dv), false);
     m.timer.mark("rope");
     gpu::rope_heads_forward(a.q_heads, a.k_heads, a.q, a.kv, a.kv_a, m.rope_cos, m.rope_sin, N, m.T, H, dn, dr, dv,
                             kr, m.stream);
@@ -331,15 +354,16 @@ void mla_forward(GpuModel& m, const BlockWeights& w, GpuBlockActs& a, const floa
     gpu::attention_forward(a.o, a.lse, a.q_heads, a.k_heads, a.kv + dn, dn + dv, m.B, m.T, (int)H, (int)dqk, (int)dv,
                            attention_softmax_scale(c), m.precision, m.stream);
     m.timer.mark("attention projections");
-    gpu::matmul_forward(m.matmul, out, a.o, w.o, bf16_of(m, w.o), N, H * dv, d, false);
+    keep_bf16(m, a.o16, a.o, N * H * dv);
+    gpu::matmul_forward(m.matmul, out, {a.o, a.o16}, w.o, bf16_of(m, w.o), N, H * dv, d, false);
 }
 
-void mla_backward(GpuModel& m, const BlockWeights& w, BlockWeights& g, const GpuBlockActs& a, const float* x,
+void mla_backward(GpuModel& m, const BlockWeights& w, BlockWeights& g, const GpuBlockActs& a, gpu::GemmInput x,
                   const float* dout, float* dx, const Scratch& s) {
     const Config& c = m.config;
     const int64_t N = tokens(m), d = c.hidden_size, H = c.num_attention_heads, dn = c.qk_nope_head_dim;
     const int64_t dr = c.qk_rope_head_dim, dv = c.v_head_dim, dqk = dn + dr, qr = c.q_lora_rank, kr = c.kv_lora_rank;
-    gpu::matmul_backward(m.matmul, s.d_o, g.o, dout, a.o, w.o, bf16_of(m, w.o), N, H * dv, d, false);
+    gpu::matmul_backward(m.matmul, s.d_o, g.o, dout, {a.o, a.o16}, w.o, bf16_of(m, w.o), N, H * dv, d, false);
     m.timer.mark("attention backward");
     gpu::attention_backward(s.dq_heads, s.dk_heads, s.dkv + dn, s.attn_d, s.d_o, a.q_heads, a.k_heads, a.kv + dn,
                             dn + dv, a.o, a.lse, m.B, m.T, (int)H, (int)dqk, (int)dv, attention_softmax_scale(c),
@@ -348,15 +372,15 @@ void mla_backward(GpuModel& m, const BlockWeights& w, BlockWeights& g, const Gpu
     gpu::rope_heads_backward(s.dq, s.dkv, s.dkv_a, s.dq_heads, s.dk_heads, m.rope_cos, m.rope_sin, N, m.T, H, dn, dr,
                              dv, kr, m.stream);
     m.timer.mark("attention projections");
-    gpu::matmul_backward(m.matmul, s.dc_kv_normed, g.kv_b, s.dkv, a.c_kv_normed, w.kv_b, bf16_of(m, w.kv_b), N, kr,
-                         H * (dn + dv), false);
+    gpu::matmul_backward(m.matmul, s.dc_kv_normed, g.kv_b, s.dkv, {a.c_kv_normed, a.c_kv_normed16}, w.kv_b,
+                         bf16_of(m, w.kv_b), N, kr, H * (dn + dv), false);
     gpu::rmsnorm_backward(s.dc_kv, g.kv_a_norm, s.dc_kv_normed, a.c_kv, w.kv_a_norm, a.c_kv_rstd, N, kr, false,
                           s.rms, m.stream);
     gpu::copy_columns(s.dkv_a, kr + dr, s.dc_kv, kr, N, kr, m.stream);
     gpu::matmul_backward(m.matmul, dx, g.kv_a, s.dkv_a, x, w.kv_a, bf16_of(m, w.kv_a), N, d, kr + dr, false);
     if (qr > 0) {
-        gpu::matmul_backward(m.matmul, s.dq_a_normed, g.q_b, s.dq, a.q_a_normed, w.q_b, bf16_of(m, w.q_b), N, qr,
-                             H * dqk, false);
+        gpu::matmul_backward(m.matmul, s.dq_a_normed, g.q_b, s.dq, {a.q_a_normed, a.q_a_normed16}, w.q_b,
+                             bf16_of(m, w.q_b), N, qr, H * dqk, false);
         gpu::rmsnorm_backward(s.dq_a, g.q_a_norm, s.dq_a_normed, a.q_a, w.q_a_norm, a.q_a_rstd, N, qr, false, s.rms,
                               m.stream);
         gpu::matmul_backward(m.matmul, dx, g.q_a, s.dq_a, x, w.q_a, bf16_of(m, w.q_a), N, d, qr, true);
@@ -421,31 +445,34 @@ void moe_route(GpuModel& m, const BlockWeights& w, GpuBlockActs& a, const float*
     }
 }
 
-double moe_forward(GpuModel& m, const BlockWeights& w, GpuBlockActs& a, const float* x, float* out, bool with_loss) {
+double moe_forward(GpuModel& m, const BlockWeights& w, GpuBlockActs& a, gpu::GemmInput x, float* out,
+                   bool with_loss) {
     const Config& c = m.config;
     const int64_t N = tokens(m), d = c.hidden_size, k = c.num_experts_per_tok, I = c.moe_intermediate_size;
     const int64_t S = (int64_t)c.n_shared_experts * I;
     const bool ep = m.comm->ep_size > 1;
     const Scratch s = scratch_of(m);
-    moe_route(m, w, a, x, s);
-    gpu::gather_forward(a.rows_sent, x, a.slot_of_row, N, (int)k, d, m.stream);
+    moe_route(m, w, a, x.fp32, s);
+    gpu::gather_forward(a.rows_sent, x.fp32, a.slot_of_row, N, (int)k, d, m.stream);
     float* expert_in = ep ? a.expert_in : a.rows_sent;
     float* expert_out = ep ? a.expert_out : a.rows_back;
     if (ep) dispatch_rows(m, a, a.rows_sent, expert_in, expert_out);
     m.timer.mark("expert GEMMs");
     const int64_t* offsets = a.dispatch.expert_offsets.data();
     const int64_t E_local = (int64_t)a.dispatch.expert_counts.size(), R = a.dispatch.received();
-    gpu::grouped_matmul_forward(m.matmul, a.expert_g, expert_in, w.expert_gate, bf16_of(m, w.expert_gate), offsets,
-                                E_local, d, I);
-    gpu::grouped_matmul_forward(m.matmul, a.expert_u, expert_in, w.expert_up, bf16_of(m, w.expert_up), offsets,
-                                E_local, d, I);
+    keep_bf16(m, a.expert_in16, expert_in, R * d);
+    gpu::grouped_matmul_forward(m.matmul, a.expert_g, {expert_in, a.expert_in16}, w.expert_gate,
+                                bf16_of(m, w.expert_gate), offsets, E_local, d, I);
+    gpu::grouped_matmul_forward(m.matmul, a.expert_u, {expert_in, a.expert_in16}, w.expert_up, bf16_of(m, w.expert_up),
+                                offsets, E_local, d, I);
     gpu::swiglu_forward(a.expert_a, a.expert_g, a.expert_u, R * I, m.stream);
-    gpu::grouped_matmul_forward(m.matmul, expert_out, a.expert_a, w.expert_down, bf16_of(m, w.expert_down), offsets,
-                                E_local, I, d);
+    keep_bf16(m, a.expert_a16, a.expert_a, R * I);
+    gpu::grouped_matmul_forward(m.matmul, expert_out, {a.expert_a, a.expert_a16}, w.expert_down,
+                                bf16_of(m, w.expert_down), offsets, E_local, I, d);
     m.timer.mark("permute");
     if (ep) combine_rows(m, a, expert_out, a.rows_back, expert_scratch_of(m).din);
     m.timer.mark("shared experts");
-    if (S > 0) ffn_forward(m, out, a.ffn_g, a.ffn_u, a.ffn_a, x, w.gate, w.up, w.down, N, d, S);
+    if (S > 0) ffn_forward(m, out, a.ffn_g, a.ffn_u, a.ffn_a, a.ffn_a16, x, w.gate, w.up, w.down, N, d, S);
     m.timer.mark("permute");
     gpu::combine_forward(out, a.rows_back, a.gate_weights, a.row_of_slot, N, (int)k, d, S > 0, m.stream);
     a.balance_loss = 0.0;
@@ -460,7 +487,7 @@ double moe_forward(GpuModel& m, const BlockWeights& w, GpuBlockActs& a, const fl
     return a.balance_loss;
 }
 
-void moe_backward(GpuModel& m, const BlockWeights& w, BlockWeights& g, GpuBlockActs& a, const float* x,
+void moe_backward(GpuModel& m, const BlockWeights& w, BlockWeights& g, GpuBlockActs& a, gpu::GemmInput x,
                   const float* dout, float* dx, float balance_scale, const Scratch& s) {
     const Config& c = m.config;
     const int64_t N = tokens(m), d = c.hidden_size, E = c.n_routed_experts, k = c.num_experts_per_tok;
@@ -476,9 +503,9 @@ void moe_backward(GpuModel& m, const BlockWeights& w, BlockWeights& g, GpuBlockA
     m.timer.mark("expert GEMMs");
     const int64_t* offsets = a.dispatch.expert_offsets.data();
     const int64_t E_local = (int64_t)a.dispatch.expert_counts.size(), R = a.dispatch.received();
-    const float* expert_in = ep ? a.expert_in : a.rows_sent;
-    gpu::grouped_matmul_backward(m.matmul, es.da, g.expert_down, dexpert_out, a.expert_a, w.expert_down,
-                                 bf16_of(m, w.expert_down), offsets, E_local, I, d);
+    const gpu::GemmInput expert_in{ep ? a.expert_in : a.rows_sent, a.expert_in16};
+    gpu::grouped_matmul_backward(m.matmul, es.da, g.expert_down, dexpert_out, {a.expert_a, a.expert_a16},
+                                 w.expert_down, bf16_of(m, w.expert_down), offsets, E_local, I, d);
     gpu::swiglu_backward(es.dg, es.du, es.da, a.expert_g, a.expert_u, R * I, m.stream);
     gpu::grouped_matmul_backward(m.matmul, dexpert_in, g.expert_gate, es.dg, expert_in, w.expert_gate,
                                  bf16_of(m, w.expert_gate), offsets, E_local, d, I);
@@ -491,13 +518,13 @@ void moe_backward(GpuModel& m, const BlockWeights& w, BlockWeights& g, GpuBlockA
     if (ep) combine_rows(m, a, dexpert_in, s.drows_sent, es.dout);
     m.timer.mark("shared experts");
     if (S > 0)
-        ffn_backward(m, dx, g.gate, g.up, g.down, dout, a.ffn_g, a.ffn_u, a.ffn_a, x, w.gate, w.up, w.down, N, d, S,
-                     false, s.ffn_da, s.ffn_dg, s.ffn_du);
+        ffn_backward(m, dx, g.gate, g.up, g.down, dout, a.ffn_g, a.ffn_u, {a.ffn_a, a.ffn_a16}, x, w.gate, w.up,
+                     w.down, N, d, S, false, s.ffn_da, s.ffn_dg, s.ffn_du);
     m.timer.mark("permute");
     gpu::gather_backward(dx, s.drows_sent, a.row_of_slot, N, (int)k, d, S > 0, m.stream);
     m.timer.mark("router");
     gpu::router_backward(s.drouter, s.dgate, a.scores, a.chosen, c, m.B, m.T, balance_scale, s.seq_counts, m.stream);
-    gpu::matmul_backward(m.matmul, dx, g.router, s.drouter, x, w.router, nullptr, N, d, E, true);
+    gpu::matmul_backward(m.matmul, dx, g.router, s.drouter, x.fp32, w.router, nullptr, N, d, E, true);
 }
 
 // ---- blocks and the model (model/model.cpp) -------------------------------------------------------------------
@@ -519,19 +546,21 @@ double block_forward(GpuModel& m, int layer, const float* h_in, float* h_out, co
     GpuBlockActs& a = m.blocks[layer];
     const int64_t N = tokens(m), d = c.hidden_size;
     m.timer.mark("attention projections");
-    mla_forward(m, w, a, a.attn_normed, a.attn_out);
+    keep_bf16(m, a.attn_normed16, a.attn_normed, N * d);
+    mla_forward(m, w, a, {a.attn_normed, a.attn_normed16}, a.attn_out);
     m.timer.mark("rmsnorm + residual");
     gpu::residual_rmsnorm_forward(a.h_mid, a.ffn_normed, a.ffn_rstd, h_in, a.attn_out, w.ffn_norm, N, d,
                                   c.rms_norm_eps, m.stream);
+    keep_bf16(m, a.ffn_normed16, a.ffn_normed, N * d);
     double balance = 0.0;
     if (c.is_moe_layer(layer)) {
-        balance = moe_forward(m, w, a, a.ffn_normed, a.ffn_out, with_loss);
+        balance = moe_forward(m, w, a, {a.ffn_normed, a.ffn_normed16}, a.ffn_out, with_loss);
         if (training)
             for (int e = 0; e < c.n_routed_experts; e++) m.expert_counts[layer][e] += a.counts_host[e];
     } else {
         m.timer.mark("dense FFN");
-        ffn_forward(m, a.ffn_out, a.ffn_g, a.ffn_u, a.ffn_a, a.ffn_normed, w.gate, w.up, w.down, N, d,
-                    c.intermediate_size);
+        ffn_forward(m, a.ffn_out, a.ffn_g, a.ffn_u, a.ffn_a, a.ffn_a16, {a.ffn_normed, a.ffn_normed16}, w.gate, w.up,
+                    w.down, N, d, c.intermediate_size);
     }
     m.timer.mark("rmsnorm + residual");
     gpu::residual_rmsnorm_forward(h_out, next.out, next.rstd, a.h_mid, a.ffn_out, next.weight, N, d,
@@ -554,11 +583,12 @@ void block_backward(GpuModel& m, int layer, const float* h_in, const float* dh_o
     GpuBlockActs& a = m.blocks[layer];
     const int64_t N = tokens(m), d = c.hidden_size;
     if (c.is_moe_layer(layer)) {
-        moe_backward(m, w, g, a, a.ffn_normed, dh_out, s.dnormed, loss_scale, s);
+        moe_backward(m, w, g, a, {a.ffn_normed, a.ffn_normed16}, dh_out, s.dnormed, loss_scale, s);
     } else {
         m.timer.mark("dense FFN");
-        ffn_backward(m, s.dnormed, g.gate, g.up, g.down, dh_out, a.ffn_g, a.ffn_u, a.ffn_a, a.ffn_normed, w.gate,
-                     w.up, w.down, N, d, c.intermediate_size, false, s.ffn_da, s.ffn_dg, s.ffn_du);
+        ffn_backward(m, s.dnormed, g.gate, g.up, g.down, dh_out, a.ffn_g, a.ffn_u, {a.ffn_a, a.ffn_a16},
+                     {a.ffn_normed, a.ffn_normed16}, w.gate, w.up, w.down, N, d, c.intermediate_size, false, s.ffn_da,
+                     s.ffn_dg, s.ffn_du);
     }
     m.timer.mark("rmsnorm + residual");
     CUDA_CHECK(cudaMemcpyAsync(s.dh_mid, dh_out, N * d * sizeof(float), cudaMemcpyDeviceToDevice, m.stream));
@@ -566,7 +596,7 @@ void block_backward(GpuModel& m, int layer, const float* h_in, const float* dh_o
                           m.stream);
     CUDA_CHECK(cudaMemcpyAsync(dh_in, s.dh_mid, N * d * sizeof(float), cudaMemcpyDeviceToDevice, m.stream));
     m.timer.mark("attention projections");
-    mla_backward(m, w, g, a, a.attn_normed, s.dh_mid, s.dnormed, s);
+    mla_backward(m, w, g, a, {a.attn_normed, a.attn_normed16}, s.dh_mid, s.dnormed, s);
     m.timer.mark("rmsnorm + residual");
     gpu::rmsnorm_backward(dh_in, g.attn_norm, s.dnormed, h_in, w.attn_norm, a.attn_rstd, N, d, true, s.rms, m.stream);
 }
@@ -609,7 +639,7 @@ void allocate(GpuModel& m, const Config& c, Comm& comm, gpu::Precision p, int B,
     m.arena_bytes = plan.activations;
     m.arena = device_alloc(m.arena_bytes, "the activations");
     ByteArena ar{static_cast<char*>(m.arena), 0};
-    carve_activations(ar, m, c, B, T);
+    carve_activations(ar, m, c, p == gpu::Precision::BF16, B, T);
     m.scratch_bytes = bytes_of([&](ByteArena& counting) { carve_scratch(counting, c, B, T); });
     m.scratch = device_alloc(m.scratch_bytes, "the backward's buffers");
     m.norm_slots = static_cast<double*>(
@@ -676,10 +706,11 @@ GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, gpu::Precision p, in
     plan.grads = total * 4;
     plan.optimizer = total * 8;
     GpuModel counting;
-    plan.activations = bytes_of([&](ByteArena& ar) { carve_activations(ar, counting, c, B, T); });
+    const bool bf16 = p == gpu::Precision::BF16;
+    plan.activations = bytes_of([&](ByteArena& ar) { carve_activations(ar, counting, c, bf16, B, T); });
     GpuBlockActs layer;
     plan.expert_rows = moe_layers > 0 ? moe_layers * bytes_of([&](ByteArena& ar) {
-                                            carve_expert_rows(ar, c, ep_size, R, layer);
+                                            carve_expert_rows(ar, c, bf16, ep_size, R, layer);
                                         }) + bytes_of([&](ByteArena& ar) { carve_expert_scratch(ar, c, ep_size, R); })
                                       : 0;
     plan.scratch = bytes_of([&](ByteArena& ar) { carve_scratch(ar, c, B, T); }) +
@@ -763,7 +794,9 @@ LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* t
         loss.balance += block_forward(m, l, m.residual[l], m.residual[l + 1], next, training, targets != nullptr);
     }
     m.timer.mark("head");
-    gpu::matmul_forward(m.matmul, m.logits, m.final_normed, m.w.head, bf16_of(m, m.w.head), N, d, V, false);
+    keep_bf16(m, m.final_normed16, m.final_normed, N * d);
+    gpu::matmul_forward(m.matmul, m.logits, {m.final_normed, m.final_normed16}, m.w.head, bf16_of(m, m.w.head), N, d,
+                        V, false);
     if (!targets) {
         sync(m);
         return m.loss = loss;
@@ -785,13 +818,16 @@ LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* t
         gpu::copy_columns(m.mtp_concat, 2 * d, m.enorm_out, d, N, d, m.stream);
         gpu::copy_columns(m.mtp_concat + d, 2 * d, m.hnorm_out, d, N, d, m.stream);
         m.timer.mark("head");
-        gpu::matmul_forward(m.matmul, m.mtp_in, m.mtp_concat, m.w.mtp_eh_proj, bf16_of(m, m.w.mtp_eh_proj), N, 2 * d,
-                            d, false);
+        keep_bf16(m, m.mtp_concat16, m.mtp_concat, N * 2 * d);
+        gpu::matmul_forward(m.matmul, m.mtp_in, {m.mtp_concat, m.mtp_concat16}, m.w.mtp_eh_proj,
+                            bf16_of(m, m.w.mtp_eh_proj), N, 2 * d, d, false);
         block_input_norm(m, (int)L, m.mtp_in);
         const NextNorm mtp_norm{m.w.mtp_norm, m.mtp_normed, m.mtp_rstd};
         loss.balance += block_forward(m, (int)L, m.mtp_in, m.mtp_out, mtp_norm, training, true);
         m.timer.mark("head");
-        gpu::matmul_forward(m.matmul, m.mtp_logits, m.mtp_normed, m.w.head, bf16_of(m, m.w.head), N, d, V, false);
+        keep_bf16(m, m.mtp_normed16, m.mtp_normed, N * d);
+        gpu::matmul_forward(m.matmul, m.mtp_logits, {m.mtp_normed, m.mtp_normed16}, m.w.head, bf16_of(m, m.w.head), N,
+                            d, V, false);
         m.timer.mark("cross-entropy");
         gpu::cross_entropy_forward_backward(m.losses, nullptr, m.mtp_logits, m.mtp_targets, N, V, 0.0f, m.stream);
         loss.mtp = sum_losses(m, N) / ((double)B * (T - 1));
@@ -808,8 +844,8 @@ void gpu_model_backward(GpuModel& m, float loss_scale) {
     m.timer.mark("cross-entropy");
     gpu::cross_entropy_forward_backward(m.losses, s.dlogits, m.logits, m.targets, N, V, loss_scale / N, m.stream);
     m.timer.mark("head");
-    gpu::matmul_backward(m.matmul, s.dfinal, m.g.head, s.dlogits, m.final_normed, m.w.head, bf16_of(m, m.w.head), N, d,
-                         V, false);
+    gpu::matmul_backward(m.matmul, s.dfinal, m.g.head, s.dlogits, {m.final_normed, m.final_normed16}, m.w.head,
+                         bf16_of(m, m.w.head), N, d, V, false);
     float* dh = s.dh;
     float* dh_prev = s.dh_prev;
     if (c.num_nextn_predict_layers > 0) {
@@ -818,15 +854,15 @@ void gpu_model_backward(GpuModel& m, float loss_scale) {
         gpu::cross_entropy_forward_backward(m.losses, s.dlogits, m.mtp_logits, m.mtp_targets, N, V, mtp_scale,
                                             m.stream);
         m.timer.mark("head");
-        gpu::matmul_backward(m.matmul, s.dmtp, m.g.head, s.dlogits, m.mtp_normed, m.w.head, bf16_of(m, m.w.head), N,
-                             d, V, false);
+        gpu::matmul_backward(m.matmul, s.dmtp, m.g.head, s.dlogits, {m.mtp_normed, m.mtp_normed16}, m.w.head,
+                             bf16_of(m, m.w.head), N, d, V, false);
         m.timer.mark("rmsnorm + residual");
         gpu::rmsnorm_backward(s.dmtp_out, m.g.mtp_norm, s.dmtp, m.mtp_out, m.w.mtp_norm, m.mtp_rstd, N, d, false,
                               s.rms, m.stream);
         block_backward(m, (int)L, m.mtp_in, s.dmtp_out, s.dmtp, loss_scale, s);
         m.timer.mark("head");
-        gpu::matmul_backward(m.matmul, s.dconcat, m.g.mtp_eh_proj, s.dmtp, m.mtp_concat, m.w.mtp_eh_proj,
-                             bf16_of(m, m.w.mtp_eh_proj), N, 2 * d, d, false);
+        gpu::matmul_backward(m.matmul, s.dconcat, m.g.mtp_eh_proj, s.dmtp, {m.mtp_concat, m.mtp_concat16},
+                             m.w.mtp_eh_proj, bf16_of(m, m.w.mtp_eh_proj), N, 2 * d, d, false);
         m.timer.mark("rmsnorm + residual");
         gpu::copy_columns(s.dhalf, d, s.dconcat + d, 2 * d, N, d, m.stream);
         gpu::rmsnorm_backward(s.dfinal, m.g.mtp_hnorm, s.dhalf, m.final_normed, m.w.mtp_hnorm, m.hnorm_rstd, N, d,

@@ -2,8 +2,9 @@
 // hand-written kernels of kernels/ and cuBLASLt GEMMs (kernels/matmul.cuh). One device buffer each for the FP32
 // master weights, the gradients and the two AdamW moments, laid out by the same ParamTable as the CPU model; with
 // Precision::BF16 the GEMMs read a BF16 working copy of the weights (refreshed after every update) and BF16 casts
-// of their activation operands, and accumulate in FP32. Everything else (norms, attention, router, softmax, the
-// optimizer) is FP32.
+// of their activation operands, and accumulate in FP32: each GEMM input is cast once, in the forward, into a BF16
+// copy kept beside it (the `16` buffers below) that every GEMM reading it uses, forward and backward; the output
+// gradients are cast by the GEMM calls. Everything else (norms, attention, router, softmax, the optimizer) is FP32.
 // Activations for B x T tokens are carved from one allocation at init; the routed experts' rows (whose number
 // depends on the routing under expert parallelism) have per-layer buffers that grow when a step needs more.
 #pragma once
@@ -42,6 +43,8 @@ struct GpuBlockActs {
     float *attn_out, *h_mid, *ffn_normed, *ffn_rstd;       // (N, d) x3, (N)
     float *ffn_g, *ffn_u, *ffn_a;                          // (N, width): the dense FFN or the shared experts
     float* ffn_out;                                        // (N, d)
+    // BF16: the copies of the GEMM inputs attn_normed, q_a_normed, c_kv_normed, o, ffn_normed, ffn_a
+    __nv_bfloat16 *attn_normed16, *q_a_normed16, *c_kv_normed16, *o16, *ffn_normed16, *ffn_a16;
     // MoE
     float *scores, *gate_weights;                          // (N, E), (N, k)
     int32_t* chosen;                                       // (N, k)
@@ -51,8 +54,9 @@ struct GpuBlockActs {
     float *expert_in = nullptr, *expert_out = nullptr;     // (R, d)
     float *expert_g = nullptr, *expert_u = nullptr, *expert_a = nullptr;  // (R, I)
     int64_t *recv_to_expert = nullptr, *expert_to_recv = nullptr;          // (R) the EP permutation and its inverse
+    __nv_bfloat16 *expert_in16 = nullptr, *expert_a16 = nullptr;          // BF16: (R, d), (R, I)
     int64_t expert_rows = 0;                               // capacity
-    void* expert_alloc = nullptr;                          // the allocation the five pointers above live in
+    void* expert_alloc = nullptr;                          // the allocation the pointers above live in
     std::vector<int64_t> counts_host;                      // (E) this rank's rows per expert, last forward
     DispatchPlan dispatch;                                 // host plan: what this rank sends, receives, computes
     double balance_loss = 0.0;
@@ -77,6 +81,7 @@ struct GpuModel {
     float *final_normed, *final_rstd, *logits, *losses;                  // (N, d), (N), (N, V), (N)
     float *next_embed, *enorm_out, *enorm_rstd, *hnorm_out, *hnorm_rstd; // MTP
     float *mtp_concat, *mtp_in, *mtp_out, *mtp_normed, *mtp_rstd, *mtp_logits;
+    __nv_bfloat16 *final_normed16, *mtp_concat16, *mtp_normed16;         // BF16: the head's and MTP's GEMM inputs
     float *rope_cos, *rope_sin;            // (T, dr/2)
     int32_t *inputs, *targets, *mtp_targets;  // (N) each, device
     // backward scratch, shared by the blocks (one block runs at a time)

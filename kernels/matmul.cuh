@@ -30,8 +30,10 @@
 //   Precision::FP32  A and B FP32: a true FP32 GEMM (CUBLAS_COMPUTE_32F, never _FAST_TF32), within FP32 roundoff
 //                    of the CPU reference (the order of the sums differs).
 //   Precision::BF16  A and B BF16 (CUDA_R_16BF): the weights come as a BF16 copy W16 the caller keeps (refreshed
-//                    after each update); the activation operands are cast here (round to nearest even) into the
-//                    two cast buffers of the Matmul, sized at create for the largest operand. Products of two BF16
+//                    after each update). An input comes with the BF16 copy the caller keeps (GemmInput: cast once
+//                    by the model for every GEMM that reads it, forward and backward), or is cast here; output
+//                    gradients are cast here. The casts here (round to nearest even) go into the two cast buffers
+//                    of the Matmul, sized at create for the largest operand. Products of two BF16
 //                    values are exact in FP32, so the only error beyond FP32 is the rounding of the inputs
 //                    (relative 2^-8 each). The FP32 master weights and gradients are untouched: dW is FP32 +=.
 // Odd sizes: no padding. cuBLASLt documents leading-dimension rules only for FP8 and int8 (multiples of 16 bytes),
@@ -59,7 +61,8 @@
 // results are the same bits as on one stream: the same algorithm per shape, and each group writes only its own
 // rows and its own dW_g. `group_lanes` = 1 runs every group on the caller's stream (the benchmark compares the
 // two). A device-side grouped GEMM (CUTLASS grouped, or cuBLAS grouped-batched) would also avoid the sync and the
-// per-group launches. BF16 casts of the activation operands are done once for all groups.
+// per-group launches. BF16 casts of the activation operands are done once for all groups (or not at all: an input's
+// copy the caller keeps).
 //
 // On a machine without a GPU, the kernel emulator runs this file as it is against the CPU reference, with a CPU model
 // of cuBLASLt's documented semantics (test/kernel_emulator/cublasLt.h): the mapping, casts, groups and lanes.
@@ -114,6 +117,15 @@ using MatmulKey = std::array<int64_t, 12>;
 // gradient (rows x N). 0 and 0: an FP32-only Matmul, without buffers.
 struct MatmulCasts {
     int64_t inputs = 0, output_grads = 0;
+};
+
+// A GEMM's input rows (M, K) as FP32, and in BF16 mode possibly their BF16 copy, laid out alike (row r at r * K),
+// made by the caller and kept: then the call reads it instead of casting the rows itself. Converts from a plain
+// const float* (no copy: the call casts).
+struct GemmInput {
+    const float* fp32;
+    const __nv_bfloat16* bf16;
+    GemmInput(const float* rows, const __nv_bfloat16* rows_bf16 = nullptr) : fp32(rows), bf16(rows_bf16) {}
 };
 
 struct Matmul {  // one per stream
@@ -177,9 +189,10 @@ inline void matmul_destroy(Matmul& mm) {
     mm = Matmul{};
 }
 
-// cudaMalloc that throws on failure (clearing the error), after freeing what mm already holds
+// cudaMalloc that throws on failure (clearing the error), after freeing what mm already holds; 0 bytes: nullptr
 inline void matmul_alloc(Matmul& mm, void** ptr, size_t bytes, const char* what) {
-    if (cudaMalloc(ptr, bytes) != cudaSuccess) {
+    *ptr = nullptr;
+    if (bytes > 0 && cudaMalloc(ptr, bytes) != cudaSuccess) {
         (void)cudaGetLastError();
         *ptr = nullptr;
         matmul_destroy(mm);
@@ -345,32 +358,38 @@ inline void matmul_gemm_dW(Matmul& mm, int lane, const MatmulSite& s, bool bf16,
 // ---------------------------------------------------------------------------------------------------------------
 // The API
 
+// The BF16 rows of inp from row `first` on (n elements): the caller's copy, or a cast into the input buffer.
+inline const __nv_bfloat16* matmul_input_bf16(Matmul& mm, const GemmInput& inp, int64_t first, int64_t K, int64_t n,
+                                              const MatmulSite& site) {
+    return inp.bf16 ? inp.bf16 + first * K : matmul_cast(mm, false, inp.fp32 + first * K, n, site, "inp");
+}
+
 // out (M, N) (=|+=) inp (M, K) @ W^T, W (N, K). W16 (BF16 copy of W) given: BF16 inputs; nullptr: FP32.
-inline void matmul_forward(Matmul& mm, float* out, const float* inp, const float* W, const __nv_bfloat16* W16,
+inline void matmul_forward(Matmul& mm, float* out, GemmInput inp, const float* W, const __nv_bfloat16* W16,
                            int64_t M, int64_t K, int64_t N, bool accumulate) {
     if (M == 0) return;
     const MatmulSite s{"matmul_forward", M, K, N};
     if (W16) {
-        const __nv_bfloat16* inp16 = matmul_cast(mm, false, inp, M * K, s, "inp");
+        const __nv_bfloat16* inp16 = matmul_input_bf16(mm, inp, 0, K, M * K, s);
         matmul_gemm_forward(mm, 0, s, true, out, inp16, W16, M, K, N, accumulate);
     } else {
-        matmul_gemm_forward(mm, 0, s, false, out, inp, W, M, K, N, accumulate);
+        matmul_gemm_forward(mm, 0, s, false, out, inp.fp32, W, M, K, N, accumulate);
     }
 }
 
 // dinp (M, K) (=|+=) dout (M, N) @ W (skipped when dinp is nullptr); dW (N, K) += dout^T @ inp.
-inline void matmul_backward(Matmul& mm, float* dinp, float* dW, const float* dout, const float* inp, const float* W,
+inline void matmul_backward(Matmul& mm, float* dinp, float* dW, const float* dout, GemmInput inp, const float* W,
                             const __nv_bfloat16* W16, int64_t M, int64_t K, int64_t N, bool accumulate_dinp) {
     if (M == 0) return;
     const MatmulSite s{"matmul_backward", M, K, N};
     if (W16) {
         const __nv_bfloat16* dout16 = matmul_cast(mm, true, dout, M * N, s, "dout");
         if (dinp) matmul_gemm_dinp(mm, 0, s, true, dinp, dout16, W16, M, K, N, accumulate_dinp);
-        const __nv_bfloat16* inp16 = matmul_cast(mm, false, inp, M * K, s, "inp");
+        const __nv_bfloat16* inp16 = matmul_input_bf16(mm, inp, 0, K, M * K, s);
         matmul_gemm_dW(mm, 0, s, true, dW, dout16, inp16, M, K, N);
     } else {
         if (dinp) matmul_gemm_dinp(mm, 0, s, false, dinp, dout, W, M, K, N, accumulate_dinp);
-        matmul_gemm_dW(mm, 0, s, false, dW, dout, inp, M, K, N);
+        matmul_gemm_dW(mm, 0, s, false, dW, dout, inp.fp32, M, K, N);
     }
 }
 
@@ -417,14 +436,14 @@ inline void grouped_on_lanes(Matmul& mm, const int64_t* offsets, int64_t G, Grou
 }
 
 // out rows [offsets[g], offsets[g+1]) (=) inp rows @ W_g^T, W (G, N, K); W16 likewise or nullptr. offsets: host.
-inline void grouped_matmul_forward(Matmul& mm, float* out, const float* inp, const float* W,
+inline void grouped_matmul_forward(Matmul& mm, float* out, GemmInput inp, const float* W,
                                    const __nv_bfloat16* W16, const int64_t* offsets, int64_t G, int64_t K,
                                    int64_t N) {
     if (G <= 0) return;
     const MatmulSite s{"grouped_matmul_forward", offsets[G] - offsets[0], K, N};
     const int64_t first = grouped_first_row(s, offsets, G), rows = offsets[G] - first;
     if (rows == 0) return;
-    const __nv_bfloat16* inp16 = W16 ? matmul_cast(mm, false, inp + first * K, rows * K, s, "inp") : nullptr;
+    const __nv_bfloat16* inp16 = W16 ? matmul_input_bf16(mm, inp, first, K, rows * K, s) : nullptr;
     grouped_on_lanes(mm, offsets, G, [&](int64_t g, int lane) {
         const int64_t r0 = offsets[g], M = offsets[g + 1] - r0;
         const MatmulSite sg{"grouped_matmul_forward (one group)", M, K, N};
@@ -432,12 +451,13 @@ inline void grouped_matmul_forward(Matmul& mm, float* out, const float* inp, con
             matmul_gemm_forward(mm, lane, sg, true, out + r0 * N, inp16 + (r0 - first) * K, W16 + g * N * K, M, K, N,
                                 false);
         else
-            matmul_gemm_forward(mm, lane, sg, false, out + r0 * N, inp + r0 * K, W + g * N * K, M, K, N, false);
+            matmul_gemm_forward(mm, lane, sg, false, out + r0 * N, inp.fp32 + r0 * K, W + g * N * K, M, K, N,
+                                false);
     });
 }
 
 // Per group g: dinp rows (=) dout rows @ W_g;  dW_g (N, K) += dout rows^T @ inp rows. offsets: host.
-inline void grouped_matmul_backward(Matmul& mm, float* dinp, float* dW, const float* dout, const float* inp,
+inline void grouped_matmul_backward(Matmul& mm, float* dinp, float* dW, const float* dout, GemmInput inp,
                                     const float* W, const __nv_bfloat16* W16, const int64_t* offsets, int64_t G,
                                     int64_t K, int64_t N) {
     if (G <= 0) return;
@@ -447,7 +467,7 @@ inline void grouped_matmul_backward(Matmul& mm, float* dinp, float* dW, const fl
     const __nv_bfloat16 *dout16 = nullptr, *inp16 = nullptr;
     if (W16) {
         dout16 = matmul_cast(mm, true, dout + first * N, rows * N, s, "dout");
-        inp16 = matmul_cast(mm, false, inp + first * K, rows * K, s, "inp");
+        inp16 = matmul_input_bf16(mm, inp, first, K, rows * K, s);
     }
     grouped_on_lanes(mm, offsets, G, [&](int64_t g, int lane) {
         const int64_t r0 = offsets[g], M = offsets[g + 1] - r0;
@@ -460,7 +480,7 @@ inline void grouped_matmul_backward(Matmul& mm, float* dinp, float* dW, const fl
         } else {
             if (dinp)
                 matmul_gemm_dinp(mm, lane, sg, false, dinp + r0 * K, dout + r0 * N, W + g * N * K, M, K, N, false);
-            matmul_gemm_dW(mm, lane, sg, false, dW_g, dout + r0 * N, inp + r0 * K, M, K, N);
+            matmul_gemm_dW(mm, lane, sg, false, dW_g, dout + r0 * N, inp.fp32 + r0 * K, M, K, N);
         }
     });
 }

@@ -222,6 +222,56 @@ void matmul_test_lanes(gpu::Matmul& mm, Rng& rng, bool bf16) {
     check(fmt("grouped dW, %d lanes = 1 lane ", gpu::MATMUL_LANES) + shape, dW[1], dW[0], 0);
 }
 
+// An input's BF16 copy kept by the caller (GemmInput) is what the BF16 calls read instead of casting the FP32 rows:
+// given the copy of other rows (inp2), every output equals the plain call's on inp2, bit for bit; given the copy of
+// inp itself, the plain call's on inp. The grouped calls start at row 5: the copy is indexed like the rows.
+void matmul_test_kept_input(gpu::Matmul& mm, Rng& rng) {
+    const int64_t K = 96, N = 40, G = 3;
+    const std::vector<int64_t> offsets{5, 20, 20, 47};
+    const int64_t R = offsets.back(), first = offsets[0];
+    const std::vector<float> inp = randn(R * K, rng), inp2 = randn(R * K, rng), W = randn(G * N * K, rng);
+    const std::vector<float> dout = randn(R * N, rng), dW0 = randn(G * N * K, rng);
+    Dev<float> d_inp(inp), d_inp2(inp2), d_W(W), d_dout(dout), d_out(R * N), d_dinp(R * K), d_dW(dW0);
+    Dev<__nv_bfloat16> inp16(R * K, 0), inp2_16(R * K, 0);
+    gpu::cast_to_bf16(inp16.ptr, d_inp.ptr, R * K, mm.stream);
+    gpu::cast_to_bf16(inp2_16.ptr, d_inp2.ptr, R * K, mm.stream);
+    MatmulW16 W16(d_W.ptr, W.size(), 0);
+    // out, dinp, dW of the dense calls (rows [0, R), W_0) and of the grouped calls (rows [first, R))
+    auto outputs = [&](gpu::GemmInput in) {
+        std::vector<std::vector<float>> got;
+        auto keep = [&](Dev<float>& d, int64_t from) {
+            const std::vector<float> all = d.get();
+            got.emplace_back(all.begin() + from, all.end());
+        };
+        d_out.poison();
+        d_dinp.poison();
+        d_dW.set(dW0);
+        gpu::matmul_forward(mm, d_out.ptr, in, d_W.ptr, W16.w.ptr, R, K, N, false);
+        gpu::matmul_backward(mm, d_dinp.ptr, d_dW.ptr, d_dout.ptr, in, d_W.ptr, W16.w.ptr, R, K, N, false);
+        keep(d_out, 0);
+        keep(d_dinp, 0);
+        keep(d_dW, 0);
+        d_out.poison();
+        d_dinp.poison();
+        d_dW.set(dW0);
+        gpu::grouped_matmul_forward(mm, d_out.ptr, in, d_W.ptr, W16.w.ptr, offsets.data(), G, K, N);
+        gpu::grouped_matmul_backward(mm, d_dinp.ptr, d_dW.ptr, d_dout.ptr, in, d_W.ptr, W16.w.ptr, offsets.data(), G,
+                                     K, N);
+        keep(d_out, first * N);
+        keep(d_dinp, first * K);
+        keep(d_dW, 0);
+        return got;
+    };
+    const char* names[6] = {"out", "dinp", "dW", "grouped out", "grouped dinp", "grouped dW"};
+    const auto plain = outputs(d_inp.ptr), plain2 = outputs(d_inp2.ptr);
+    const auto kept = outputs({d_inp.ptr, inp16.ptr}), kept_other = outputs({d_inp.ptr, inp2_16.ptr});
+    for (int i = 0; i < 6; i++) {
+        check(fmt("kept BF16 input: %s = the call that casts", names[i]), kept[i], plain[i], 0);
+        check(fmt("kept BF16 input of other rows: %s = the call on those rows", names[i]), kept_other[i], plain2[i],
+              0);
+    }
+}
+
 // Every kind of float: Gaussians over the whole exponent range (subnormals and overflow to Inf included), raw
 // random bit patterns, exact ties (to even both ways), zeros, infinities, NaN.
 void matmul_test_cast(Rng& rng) {
@@ -292,5 +342,6 @@ void test_matmul(Rng& rng) {
     gpu::matmul_reserve(mm, {realistic.M * realistic.K, realistic.M * realistic.N});  // grows both cast buffers
     matmul_test_dense(mm, rng, realistic.M, realistic.K, realistic.N, realistic.offset, true);
     matmul_test_lanes(mm, rng, true);
+    matmul_test_kept_input(mm, rng);
     gpu::matmul_destroy(mm);
 }

@@ -4,12 +4,14 @@
 //   grouped:  rows [offsets[g], offsets[g+1]) (host offsets) use W_g of W (G, N, K); the forward and dinp are
 //             overwritten (=), dW_g +=.
 // Precision::BF16 (W16 given): the activation operands are cast into the Matmul's two cast buffers (their
-// capacity checked, as the real matmul_cast does), the weights read from W16, and the product runs in FP32 on the
-// BF16 values. The real one also allocates cuBLASLt workspaces (one per lane: the streams its grouped calls spread
+// capacity checked, as the real matmul_cast does), or an input's BF16 copy comes from the caller (checked to be
+// the rounding of its FP32 rows when the product runs); the weights are read from W16, and the product runs in
+// FP32 on the BF16 values. The real one also allocates cuBLASLt workspaces (one per lane: the streams its grouped calls spread
 // over): so does this one, so the allocations add up to matmul_memory_bytes. The groups run in order here.
 #pragma once
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -27,6 +29,13 @@ constexpr int MATMUL_LANES = 4;
 // gradient (rows x N). 0 and 0: an FP32-only Matmul, without buffers.
 struct MatmulCasts {
     int64_t inputs = 0, output_grads = 0;
+};
+
+// A GEMM's input rows as FP32, and in BF16 mode possibly the caller's BF16 copy of them (see the real header).
+struct GemmInput {
+    const float* fp32;
+    const __nv_bfloat16* bf16;
+    GemmInput(const float* rows, const __nv_bfloat16* rows_bf16 = nullptr) : fp32(rows), bf16(rows_bf16) {}
 };
 
 struct Matmul {  // one per stream
@@ -61,7 +70,8 @@ inline void matmul_destroy(Matmul& mm) {
 }
 
 inline void matmul_alloc(Matmul& mm, void** ptr, size_t bytes, const char* what) {
-    if (cudaMalloc(ptr, bytes) != cudaSuccess) {
+    *ptr = nullptr;
+    if (bytes > 0 && cudaMalloc(ptr, bytes) != cudaSuccess) {
         *ptr = nullptr;
         matmul_destroy(mm);
         throw std::runtime_error(std::string("out of GPU memory for ") + what);
@@ -111,6 +121,26 @@ inline const __nv_bfloat16* matmul_cast(Matmul& mm, bool output_grad, const floa
     return buffer;
 }
 
+// The BF16 rows of inp from row `first` on (n elements): a cast into the input buffer, or the caller's copy, which
+// must then be, when the product runs, the rounding of the FP32 rows (a copy not refreshed after its rows changed,
+// or made of other rows, is a contract violation).
+inline const __nv_bfloat16* matmul_input_bf16(Matmul& mm, const GemmInput& inp, int64_t first, int64_t K, int64_t n,
+                                              const char* site) {
+    const float* rows = inp.fp32 + first * K;
+    if (!inp.bf16) return matmul_cast(mm, false, rows, n, site, "inp");
+    const __nv_bfloat16* copy = inp.bf16 + first * K;
+    dev(copy, n, std::string(site) + " inp (BF16 copy)");
+    launch(mm.stream, [=] {
+        for (int64_t i = 0; i < n; i++) {
+            const __nv_bfloat16 want = __float2bfloat16_rn(rows[i]);
+            if (memcmp(&want, &copy[i], sizeof want) != 0)
+                stand_in::violation(std::string(site) + ": the BF16 copy of inp is not the rounding of its FP32 rows "
+                                    "(element " + std::to_string(i) + ")");
+        }
+    });
+    return copy;
+}
+
 // n BF16 values as floats (read when the queued work runs)
 inline std::vector<float> stand_in_widen(const __nv_bfloat16* p, int64_t n) {
     std::vector<float> out(n);
@@ -119,17 +149,17 @@ inline std::vector<float> stand_in_widen(const __nv_bfloat16* p, int64_t n) {
 }
 
 // out (M, N) (=|+=) inp (M, K) @ W^T, W (N, K). W16 (BF16 copy of W) given: BF16 inputs; nullptr: FP32.
-inline void matmul_forward(Matmul& mm, float* out, const float* inp, const float* W, const __nv_bfloat16* W16,
+inline void matmul_forward(Matmul& mm, float* out, GemmInput inp, const float* W, const __nv_bfloat16* W16,
                            int64_t M, int64_t K, int64_t N, bool accumulate) {
     if (M == 0) return;
     dev(out, M * N, "matmul_forward out");
-    dev(inp, M * K, "matmul_forward inp");
+    dev(inp.fp32, M * K, "matmul_forward inp");
     dev(W, N * K, "matmul_forward W");
-    apart("matmul_forward", {span(out, M * N, "out")}, {span(inp, M * K, "inp"), span(W, N * K, "W")});
+    apart("matmul_forward", {span(out, M * N, "out")}, {span(inp.fp32, M * K, "inp"), span(W, N * K, "W")});
     const __nv_bfloat16* inp16 = nullptr;
     if (W16) {
         dev(W16, N * K, "matmul_forward W16");
-        inp16 = matmul_cast(mm, false, inp, M * K, "matmul_forward", "inp");
+        inp16 = matmul_input_bf16(mm, inp, 0, K, M * K, "matmul_forward");
     }
     launch(mm.stream, [=] {
         std::vector<float> product(M * N);
@@ -137,34 +167,34 @@ inline void matmul_forward(Matmul& mm, float* out, const float* inp, const float
             ::matmul_forward(product.data(), stand_in_widen(inp16, M * K).data(), stand_in_widen(W16, N * K).data(), M,
                              K, N);
         else
-            ::matmul_forward(product.data(), inp, W, M, K, N);
+            ::matmul_forward(product.data(), inp.fp32, W, M, K, N);
         for (int64_t i = 0; i < M * N; i++) out[i] = accumulate ? out[i] + product[i] : product[i];
     });
 }
 
 // dinp (M, K) (=|+=) dout (M, N) @ W (skipped when dinp is nullptr); dW (N, K) += dout^T @ inp.
-inline void matmul_backward(Matmul& mm, float* dinp, float* dW, const float* dout, const float* inp, const float* W,
+inline void matmul_backward(Matmul& mm, float* dinp, float* dW, const float* dout, GemmInput inp, const float* W,
                             const __nv_bfloat16* W16, int64_t M, int64_t K, int64_t N, bool accumulate_dinp) {
     if (M == 0) return;
     if (dinp) dev(dinp, M * K, "matmul_backward dinp");
     dev(dW, N * K, "matmul_backward dW");
     dev(dout, M * N, "matmul_backward dout");
-    dev(inp, M * K, "matmul_backward inp");
+    dev(inp.fp32, M * K, "matmul_backward inp");
     dev(W, N * K, "matmul_backward W");
     apart("matmul_backward", {span(dinp, M * K, "dinp"), span(dW, N * K, "dW")},
-          {span(dout, M * N, "dout"), span(inp, M * K, "inp"), span(W, N * K, "W")});
+          {span(dout, M * N, "dout"), span(inp.fp32, M * K, "inp"), span(W, N * K, "W")});
     const __nv_bfloat16 *dout16 = nullptr, *inp16 = nullptr;
     if (W16) {
         dev(W16, N * K, "matmul_backward W16");
         dout16 = matmul_cast(mm, true, dout, M * N, "matmul_backward", "dout");
-        inp16 = matmul_cast(mm, false, inp, M * K, "matmul_backward", "inp");
+        inp16 = matmul_input_bf16(mm, inp, 0, K, M * K, "matmul_backward");
     }
     launch(mm.stream, [=] {
         if (W16)
             ::matmul_backward(dinp, dW, stand_in_widen(dout16, M * N).data(), stand_in_widen(inp16, M * K).data(),
                               stand_in_widen(W16, N * K).data(), M, K, N, accumulate_dinp);
         else
-            ::matmul_backward(dinp, dW, dout, inp, W, M, K, N, accumulate_dinp);
+            ::matmul_backward(dinp, dW, dout, inp.fp32, W, M, K, N, accumulate_dinp);
     });
 }
 
@@ -177,7 +207,7 @@ inline std::vector<int64_t> stand_in_offsets(const char* site, const int64_t* of
 }
 
 // out rows [offsets[g], offsets[g+1]) (=) inp rows @ W_g^T, W (G, N, K); W16 likewise or nullptr. offsets: host.
-inline void grouped_matmul_forward(Matmul& mm, float* out, const float* inp, const float* W,
+inline void grouped_matmul_forward(Matmul& mm, float* out, GemmInput inp, const float* W,
                                    const __nv_bfloat16* W16, const int64_t* offsets, int64_t G, int64_t K,
                                    int64_t N) {
     if (G <= 0) return;
@@ -185,14 +215,14 @@ inline void grouped_matmul_forward(Matmul& mm, float* out, const float* inp, con
     const int64_t first = off[0], rows = off[G] - first;
     if (rows == 0) return;
     dev(out + first * N, rows * N, "grouped_matmul_forward out");
-    dev(inp + first * K, rows * K, "grouped_matmul_forward inp");
+    dev(inp.fp32 + first * K, rows * K, "grouped_matmul_forward inp");
     dev(W, G * N * K, "grouped_matmul_forward W");
     apart("grouped_matmul_forward", {span(out + first * N, rows * N, "out")},
-          {span(inp + first * K, rows * K, "inp"), span(W, G * N * K, "W")});
+          {span(inp.fp32 + first * K, rows * K, "inp"), span(W, G * N * K, "W")});
     const __nv_bfloat16* inp16 = nullptr;
     if (W16) {
         dev(W16, G * N * K, "grouped_matmul_forward W16");
-        inp16 = matmul_cast(mm, false, inp + first * K, rows * K, "grouped_matmul_forward", "inp");
+        inp16 = matmul_input_bf16(mm, inp, first, K, rows * K, "grouped_matmul_forward");
     }
     launch(mm.stream, [=] {
         for (int64_t g = 0; g < G; g++) {
@@ -202,13 +232,13 @@ inline void grouped_matmul_forward(Matmul& mm, float* out, const float* inp, con
                 ::matmul_forward(out + r0 * N, stand_in_widen(inp16 + (r0 - first) * K, M * K).data(),
                                  stand_in_widen(W16 + g * N * K, N * K).data(), M, K, N);
             else
-                ::matmul_forward(out + r0 * N, inp + r0 * K, W + g * N * K, M, K, N);
+                ::matmul_forward(out + r0 * N, inp.fp32 + r0 * K, W + g * N * K, M, K, N);
         }
     });
 }
 
 // Per group g: dinp rows (=) dout rows @ W_g;  dW_g (N, K) += dout rows^T @ inp rows. offsets: host.
-inline void grouped_matmul_backward(Matmul& mm, float* dinp, float* dW, const float* dout, const float* inp,
+inline void grouped_matmul_backward(Matmul& mm, float* dinp, float* dW, const float* dout, GemmInput inp,
                                     const float* W, const __nv_bfloat16* W16, const int64_t* offsets, int64_t G,
                                     int64_t K, int64_t N) {
     if (G <= 0) return;
@@ -218,15 +248,15 @@ inline void grouped_matmul_backward(Matmul& mm, float* dinp, float* dW, const fl
     if (dinp) dev(dinp + first * K, rows * K, "grouped_matmul_backward dinp");
     dev(dW, G * N * K, "grouped_matmul_backward dW");
     dev(dout + first * N, rows * N, "grouped_matmul_backward dout");
-    dev(inp + first * K, rows * K, "grouped_matmul_backward inp");
+    dev(inp.fp32 + first * K, rows * K, "grouped_matmul_backward inp");
     dev(W, G * N * K, "grouped_matmul_backward W");
     apart("grouped_matmul_backward", {span(dinp ? dinp + first * K : nullptr, rows * K, "dinp"), span(dW, G * N * K, "dW")},
-          {span(dout + first * N, rows * N, "dout"), span(inp + first * K, rows * K, "inp"), span(W, G * N * K, "W")});
+          {span(dout + first * N, rows * N, "dout"), span(inp.fp32 + first * K, rows * K, "inp"), span(W, G * N * K, "W")});
     const __nv_bfloat16 *dout16 = nullptr, *inp16 = nullptr;
     if (W16) {
         dev(W16, G * N * K, "grouped_matmul_backward W16");
         dout16 = matmul_cast(mm, true, dout + first * N, rows * N, "grouped_matmul_backward", "dout");
-        inp16 = matmul_cast(mm, false, inp + first * K, rows * K, "grouped_matmul_backward", "inp");
+        inp16 = matmul_input_bf16(mm, inp, first, K, rows * K, "grouped_matmul_backward");
     }
     launch(mm.stream, [=] {
         for (int64_t g = 0; g < G; g++) {
@@ -238,7 +268,8 @@ inline void grouped_matmul_backward(Matmul& mm, float* dinp, float* dW, const fl
                                   stand_in_widen(inp16 + (r0 - first) * K, M * K).data(),
                                   stand_in_widen(W16 + g * N * K, N * K).data(), M, K, N, false);
             else
-                ::matmul_backward(dinp_g, dW + g * N * K, dout + r0 * N, inp + r0 * K, W + g * N * K, M, K, N, false);
+                ::matmul_backward(dinp_g, dW + g * N * K, dout + r0 * N, inp.fp32 + r0 * K, W + g * N * K, M, K, N,
+                                  false);
         }
     });
 }
