@@ -67,6 +67,12 @@ void keep_bf16(GpuModel& m, __nv_bfloat16* copy16, const float* src, int64_t n) 
     if (copy16) gpu::cast_to_bf16(copy16, src, n, m.stream);
 }
 
+// Whether the attention runs on the tensor cores, with its inputs stored in BF16 (attention_bf16.cuh)
+bool bf16_attention(const Config& c, bool bf16) {
+    return gpu::attention_on_tensor_cores(bf16 ? gpu::Precision::BF16 : gpu::Precision::FP32, c.qk_head_dim(),
+                                          c.v_head_dim);
+}
+
 int64_t ffn_width(const Config& c, int layer) {
     return c.is_moe_layer(layer) ? (int64_t)c.n_shared_experts * c.moe_intermediate_size : c.intermediate_size;
 }
@@ -78,6 +84,7 @@ void carve_block(ByteArena& ar, const Config& c, bool bf16, int layer, int B, in
     const int64_t N = (int64_t)B * T, d = c.hidden_size, H = c.num_attention_heads, dqk = c.qk_head_dim();
     const int64_t qr = c.q_lora_rank, kr = c.kv_lora_rank, dr = c.qk_rope_head_dim, dn = c.qk_nope_head_dim;
     const int64_t dv = c.v_head_dim, width = ffn_width(c, layer), b16 = bf16 ? 1 : 0;
+    const int64_t tc = bf16_attention(c, bf16) ? 1 : 0;
     a.attn_normed = ar.take<float>(N * d);
     a.attn_rstd = ar.take<float>(N);
     a.q_a = ar.take<float>(N * qr);
@@ -89,8 +96,11 @@ void carve_block(ByteArena& ar, const Config& c, bool bf16, int layer, int B, in
     a.c_kv_rstd = ar.take<float>(N);
     a.c_kv_normed = ar.take<float>(N * kr);
     a.kv = ar.take<float>(N * H * (dn + dv));
-    a.q_heads = ar.take<float>(N * H * dqk);
-    a.k_heads = ar.take<float>(N * H * dqk);
+    a.q_heads = ar.take<float>((1 - tc) * N * H * dqk);
+    a.k_heads = ar.take<float>((1 - tc) * N * H * dqk);
+    a.q_heads16 = ar.take<__nv_bfloat16>(tc * N * H * dqk);
+    a.k_heads16 = ar.take<__nv_bfloat16>(tc * N * H * dqk);
+    a.v_heads16 = ar.take<__nv_bfloat16>(tc * N * H * dv);
     a.o = ar.take<float>(N * H * dv);
     a.lse = ar.take<float>(N * H);
     a.attn_out = ar.take<float>(N * d);
@@ -158,6 +168,7 @@ struct Scratch {
     float *dmtp, *dmtp_out, *dconcat, *dhalf, *dnext;             // MTP: (N, d), (N, d), (N, 2d), (N, d), (N, d)
     float *dnormed, *dh_mid;                                      // (N, d) per block
     float *d_o, *dq_heads, *dk_heads, *dkv, *dq, *dkv_a;          // MLA
+    __nv_bfloat16* d_o16;                                         // (N, H*dv): d_o for the tensor-core attention
     float *dc_kv_normed, *dc_kv, *dq_a_normed, *dq_a, *attn_d;
     float *ffn_da, *ffn_dg, *ffn_du;                              // (N, max width)
     float *drows_back, *drows_sent, *dgate, *drouter;             // (N*k, d) x2, (N, k), (N, E): also the router's
@@ -166,7 +177,7 @@ struct Scratch {
     float* rms;                                                   // RMSNorm dw partial sums
 };
 
-Scratch carve_scratch(ByteArena& ar, const Config& c, int B, int T) {
+Scratch carve_scratch(ByteArena& ar, const Config& c, bool bf16, int B, int T) {
     const int64_t N = (int64_t)B * T, d = c.hidden_size, V = c.vocab_size, H = c.num_attention_heads;
     const int64_t dqk = c.qk_head_dim(), dn = c.qk_nope_head_dim, dv = c.v_head_dim, dr = c.qk_rope_head_dim;
     const int64_t qr = c.q_lora_rank, kr = c.kv_lora_rank, E = c.n_routed_experts, k = c.num_experts_per_tok;
@@ -187,6 +198,7 @@ Scratch carve_scratch(ByteArena& ar, const Config& c, int B, int T) {
     s.dnormed = ar.take<float>(N * d);
     s.dh_mid = ar.take<float>(N * d);
     s.d_o = ar.take<float>(N * H * dv);
+    s.d_o16 = ar.take<__nv_bfloat16>(bf16_attention(c, bf16) ? N * H * dv : 0);
     s.dq_heads = ar.take<float>(N * H * dqk);
     s.dk_heads = ar.take<float>(N * H * dqk);
     s.dkv = ar.take<float>(N * H * (dn + dv));
@@ -213,7 +225,7 @@ Scratch carve_scratch(ByteArena& ar, const Config& c, int B, int T) {
 
 Scratch scratch_of(const GpuModel& m) {
     ByteArena ar{static_cast<char*>(m.scratch), 0};
-    return carve_scratch(ar, m.config, m.max_B, m.T);
+    return carve_scratch(ar, m.config, m.precision == gpu::Precision::BF16, m.max_B, m.T);
 }
 
 // The routed experts of one layer for R rows: forward buffers per layer (kept for the backward), and one set of
@@ -348,11 +360,20 @@ void mla_forward(GpuModel& m, const BlockWeights& w, GpuBlockActs& a, gpu::GemmI
     gpu::matmul_forward(m.matmul, a.kv, {a.c_kv_normed, a.c_kv_normed16}, w.kv_b, bf16_of(m, w.kv_b), N, kr,
                         H * (dn + dv), false);
     m.timer.mark("rope");
-    gpu::rope_heads_forward(a.q_heads, a.k_heads, a.q, a.kv, a.kv_a, m.rope_cos, m.rope_sin, N, m.T, H, dn, dr, dv,
-                            kr, m.stream);
-    m.timer.mark("attention forward");
-    gpu::attention_forward(a.o, a.lse, a.q_heads, a.k_heads, a.kv + dn, dn + dv, m.B, m.T, (int)H, (int)dqk, (int)dv,
-                           attention_softmax_scale(c), m.precision, m.stream);
+    const float scale = attention_softmax_scale(c);
+    if (bf16_attention(c, m.precision == gpu::Precision::BF16)) {
+        gpu::rope_heads_forward_bf16(a.q_heads16, a.k_heads16, a.v_heads16, a.q, a.kv, a.kv_a, m.rope_cos, m.rope_sin,
+                                     N, m.T, H, dn, dr, dv, kr, m.stream);
+        m.timer.mark("attention forward");
+        gpu::attention_forward_bf16(a.o, a.lse, a.q_heads16, a.k_heads16, a.v_heads16, dv, m.B, m.T, (int)H, (int)dqk,
+                                    (int)dv, scale, m.stream);
+    } else {
+        gpu::rope_heads_forward(a.q_heads, a.k_heads, a.q, a.kv, a.kv_a, m.rope_cos, m.rope_sin, N, m.T, H, dn, dr, dv,
+                                kr, m.stream);
+        m.timer.mark("attention forward");
+        gpu::attention_forward(a.o, a.lse, a.q_heads, a.k_heads, a.kv + dn, dn + dv, m.B, m.T, (int)H, (int)dqk,
+                               (int)dv, scale, m.stream);
+    }
     m.timer.mark("attention projections");
     keep_bf16(m, a.o16, a.o, N * H * dv);
     gpu::matmul_forward(m.matmul, out, {a.o, a.o16}, w.o, bf16_of(m, w.o), N, H * dv, d, false);
@@ -365,9 +386,16 @@ void mla_backward(GpuModel& m, const BlockWeights& w, BlockWeights& g, const Gpu
     const int64_t dr = c.qk_rope_head_dim, dv = c.v_head_dim, dqk = dn + dr, qr = c.q_lora_rank, kr = c.kv_lora_rank;
     gpu::matmul_backward(m.matmul, s.d_o, g.o, dout, {a.o, a.o16}, w.o, bf16_of(m, w.o), N, H * dv, d, false);
     m.timer.mark("attention backward");
-    gpu::attention_backward(s.dq_heads, s.dk_heads, s.dkv + dn, s.attn_d, s.d_o, a.q_heads, a.k_heads, a.kv + dn,
-                            dn + dv, a.o, a.lse, m.B, m.T, (int)H, (int)dqk, (int)dv, attention_softmax_scale(c),
-                            m.precision, m.stream);
+    const float scale = attention_softmax_scale(c);
+    if (bf16_attention(c, m.precision == gpu::Precision::BF16)) {
+        gpu::cast_to_bf16(s.d_o16, s.d_o, N * H * dv, m.stream);
+        gpu::attention_backward_bf16(s.dq_heads, s.dk_heads, s.dkv + dn, dn + dv, s.attn_d, s.d_o, s.d_o16,
+                                     a.q_heads16, a.k_heads16, a.v_heads16, dv, a.o, a.lse, m.B, m.T, (int)H, (int)dqk,
+                                     (int)dv, scale, m.stream);
+    } else {
+        gpu::attention_backward(s.dq_heads, s.dk_heads, s.dkv + dn, s.attn_d, s.d_o, a.q_heads, a.k_heads, a.kv + dn,
+                                dn + dv, a.o, a.lse, m.B, m.T, (int)H, (int)dqk, (int)dv, scale, m.stream);
+    }
     m.timer.mark("rope");
     gpu::rope_heads_backward(s.dq, s.dkv, s.dkv_a, s.dq_heads, s.dk_heads, m.rope_cos, m.rope_sin, N, m.T, H, dn, dr,
                              dv, kr, m.stream);
@@ -628,23 +656,23 @@ void allocate(GpuModel& m, const Config& c, Comm& comm, gpu::Precision p, int B,
     CUDA_CHECK(cudaStreamCreate(&m.stream));
     m.timer.stream = m.stream;
     const int64_t total = m.table.total, N = (int64_t)B * T;
+    const bool bf16 = p == gpu::Precision::BF16;
     m.params = static_cast<float*>(device_alloc(total * 4, "the parameters"));
     m.grads = static_cast<float*>(device_alloc(total * 4, "the gradients"));
     m.adam_m = static_cast<float*>(device_alloc(total * 4, "the AdamW moments"));
     m.adam_v = static_cast<float*>(device_alloc(total * 4, "the AdamW moments"));
-    if (p == gpu::Precision::BF16)
-        m.params_bf16 = static_cast<__nv_bfloat16*>(device_alloc(total * 2, "the BF16 weights"));
+    if (bf16) m.params_bf16 = static_cast<__nv_bfloat16*>(device_alloc(total * 2, "the BF16 weights"));
     m.w = map_weights(c, m.table, m.params);
     m.g = map_weights(c, m.table, m.grads);
     m.arena_bytes = plan.activations;
     m.arena = device_alloc(m.arena_bytes, "the activations");
     ByteArena ar{static_cast<char*>(m.arena), 0};
-    carve_activations(ar, m, c, p == gpu::Precision::BF16, B, T);
-    m.scratch_bytes = bytes_of([&](ByteArena& counting) { carve_scratch(counting, c, B, T); });
+    carve_activations(ar, m, c, bf16, B, T);
+    m.scratch_bytes = bytes_of([&](ByteArena& counting) { carve_scratch(counting, c, bf16, B, T); });
     m.scratch = device_alloc(m.scratch_bytes, "the backward's buffers");
     m.norm_slots = static_cast<double*>(
         device_alloc((int64_t)(m.table.tensors.size() + gpu::grad_norm_scratch_doubles(total)) * 8, "the norms"));
-    gpu::matmul_create(m.matmul, m.stream, p == gpu::Precision::BF16 ? cast_elements(c, N, 0) : gpu::MatmulCasts{});
+    gpu::matmul_create(m.matmul, m.stream, bf16 ? cast_elements(c, N, 0) : gpu::MatmulCasts{});
     m.expert_counts.assign(c.num_blocks(), {});
     for (int l = 0; l < c.num_blocks(); l++)
         if (c.is_moe_layer(l)) {
@@ -713,7 +741,7 @@ GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, gpu::Precision p, in
                                             carve_expert_rows(ar, c, bf16, ep_size, R, layer);
                                         }) + bytes_of([&](ByteArena& ar) { carve_expert_scratch(ar, c, ep_size, R); })
                                       : 0;
-    plan.scratch = bytes_of([&](ByteArena& ar) { carve_scratch(ar, c, B, T); }) +
+    plan.scratch = bytes_of([&](ByteArena& ar) { carve_scratch(ar, c, bf16, B, T); }) +
                    (int64_t)(build_param_table(c, ep_size).tensors.size() + gpu::grad_norm_scratch_doubles(total)) * 8 +
                    gpu::matmul_memory_bytes(p == gpu::Precision::BF16 ? cast_elements(c, N, R) : gpu::MatmulCasts{});
     return plan;

@@ -4,7 +4,8 @@
 // Precision::BF16 the GEMMs read a BF16 working copy of the weights (refreshed after every update) and BF16 casts
 // of their activation operands, and accumulate in FP32: each GEMM input is cast once, in the forward, into a BF16
 // copy kept beside it (the `16` buffers below) that every GEMM reading it uses, forward and backward; the output
-// gradients are cast by the GEMM calls. Everything else (norms, attention, router, softmax, the optimizer) is FP32.
+// gradients are cast by the GEMM calls. The attention, on the tensor cores, reads q, k, v and dO stored in BF16 and
+// accumulates in FP32. Everything else (norms, router, softmax, the optimizer) is FP32.
 // Activations for B x T tokens are carved from one allocation at init; the routed experts' rows (whose number
 // depends on the routing under expert parallelism) have per-layer buffers that grow when a step needs more.
 #pragma once
@@ -39,7 +40,8 @@ struct GpuBlockActs {
     float *attn_normed, *attn_rstd;                        // (N, d), (N)
     float *q_a, *q_a_rstd, *q_a_normed, *q;                // (N, q_lora), (N), (N, q_lora), (N, H*dqk)
     float *kv_a, *c_kv, *c_kv_rstd, *c_kv_normed, *kv;     // (N, kv_lora+dr), (N, kv_lora), (N), .., (N, H*(dn+dv))
-    float *q_heads, *k_heads, *o, *lse;                    // (N, H, dqk) x2, (N, H*dv), (B, H, T)
+    float *q_heads, *k_heads, *o, *lse;                    // (N, H, dqk) x2 (FP32 attention), (N, H*dv), (B, H, T)
+    __nv_bfloat16 *q_heads16, *k_heads16, *v_heads16;      // (N, H, dqk) x2, (N, H, dv): the tensor-core attention's
     float *attn_out, *h_mid, *ffn_normed, *ffn_rstd;       // (N, d) x3, (N)
     float *ffn_g, *ffn_u, *ffn_a;                          // (N, width): the dense FFN or the shared experts
     float* ffn_out;                                        // (N, d)

@@ -36,9 +36,10 @@
 // its m is finite from the first tile on. In the forward the query tiles run in reverse order (y = 0 is the last,
 // longest tile) so the longest blocks start first; the dk/dv kernel's longest tile (key tile 0) is y = 0 already.
 //
-// Precision::BF16 runs the tensor-core kernels of kernels/attention_bf16.cuh instead (same contract, BF16 products)
-// when both head dims are at most ATTN_BF16_MAX_DIM (256); this FP32 version serves --dtype fp32, wider heads, and
-// is the readable statement of the algorithm. Performance work left on it (expect a small fraction of the H200's
+// Precision::BF16 runs the tensor-core kernels of kernels/attention_bf16.cuh instead (attention_forward_bf16 and
+// attention_backward_bf16: same contract, BF16 inputs and products) when both head dims are at most
+// ATTN_BF16_MAX_DIM (256; attention_on_tensor_cores); this FP32 version serves --dtype fp32, wider heads, and is
+// the readable statement of the algorithm. Performance work left on it (expect a small fraction of the H200's
 // peak; CUDA cores only):
 //  - FA2-style: keep the Q (and dO) tile resident in shared memory or registers instead of re-streaming it for
 //    every key tile; fuse the dk and dv slabs; vector (float4) loads and cp.async double buffering of K/V chunks;
@@ -377,13 +378,10 @@ inline bool attention_on_tensor_cores(Precision precision, int dqk, int dv) {
 }
 
 // q, k (B*T, H, dqk); v strided by v_ld (see the top) -> o (B*T, H, dv), lse (B, H, T). scale: the softmax scale
-// (attention_softmax_scale of model/rope.h). precision: FP32, or BF16 products (attention_bf16.cuh).
+// (attention_softmax_scale of model/rope.h). FP32 throughout (attention_forward_bf16 for BF16).
 inline void attention_forward(float* o, float* lse, const float* q, const float* k, const float* v, int64_t v_ld,
-                              int B, int T, int H, int dqk, int dv, float scale, Precision precision,
-                              cudaStream_t stream) {
+                              int B, int T, int H, int dqk, int dv, float scale, cudaStream_t stream) {
     if ((int64_t)B * T * H == 0) return;
-    if (attention_on_tensor_cores(precision, dqk, dv))
-        return attention_forward_bf16(o, lse, q, k, v, v_ld, B, T, H, dqk, dv, scale, stream);
     const dim3 grid((unsigned)((int64_t)B * H), (unsigned)ceil_div(T, ATTN_TILE), (unsigned)ceil_div(dv, ATTN_SLAB));
     launch_kernel(attention_forward_kernel, grid, ATTN_THREADS, 0, stream, o, lse, q, k, v, v_ld, T, H, dqk, dv, scale);
 }
@@ -391,26 +389,41 @@ inline void attention_forward(float* o, float* lse, const float* q, const float*
 // floats of scratch attention_backward needs (D, one per (b, h, t))
 inline int64_t attention_backward_scratch_floats(int B, int T, int H) { return (int64_t)B * H * T; }
 
-// dout (B*T, H, dv) and the forward's inputs, o and lse -> dq, dk (B*T, H, dqk) and dv_out (strided by v_ld like v),
-// all overwritten (dv_out's other columns, e.g. k_nope's inside dkv, untouched).
-inline void attention_backward(float* dq, float* dk, float* dv_out, float* scratch, const float* dout, const float* q,
-                               const float* k, const float* v, int64_t v_ld, const float* o, const float* lse, int B,
-                               int T, int H, int dqk, int dv, float scale, Precision precision,
-                               cudaStream_t stream) {
+// D (B, H, T) into scratch: one warp per (token, head)
+inline void attention_backward_d(float* scratch, const float* dout, const float* o, int B, int T, int H, int dv,
+                                 cudaStream_t stream) {
     const int64_t rows = (int64_t)B * T * H;
-    if (rows == 0) return;
     constexpr int d_threads = 256;
     launch_kernel(attention_backward_d_kernel, (unsigned)ceil_div(rows * 32, d_threads), d_threads, 0, stream, scratch,
                   dout, o, rows, T, H, dv);
-    if (attention_on_tensor_cores(precision, dqk, dv))
-        return attention_backward_bf16(dq, dk, dv_out, scratch, dout, q, k, v, v_ld, lse, B, T, H, dqk, dv, scale,
-                                       stream);
+}
+
+// dout (B*T, H, dv) and the forward's inputs, o and lse -> dq, dk (B*T, H, dqk) and dv_out (strided by v_ld like v),
+// all overwritten (dv_out's other columns, e.g. k_nope's inside dkv, untouched). FP32 throughout.
+inline void attention_backward(float* dq, float* dk, float* dv_out, float* scratch, const float* dout, const float* q,
+                               const float* k, const float* v, int64_t v_ld, const float* o, const float* lse, int B,
+                               int T, int H, int dqk, int dv, float scale, cudaStream_t stream) {
+    if ((int64_t)B * T * H == 0) return;
+    attention_backward_d(scratch, dout, o, B, T, H, dv, stream);
     const unsigned bh = (unsigned)((int64_t)B * H), tiles = (unsigned)ceil_div(T, ATTN_TILE);
     const int dk_slabs = (int)ceil_div(dqk, ATTN_SLAB), dv_slabs = (int)ceil_div(dv, ATTN_SLAB);
     launch_kernel(attention_backward_dq_kernel, dim3(bh, tiles, dk_slabs), ATTN_THREADS, 0, stream, dq, dout, q, k, v,
                   v_ld, lse, scratch, T, H, dqk, dv, scale);
     launch_kernel(attention_backward_dkdv_kernel, dim3(bh, tiles, dk_slabs + dv_slabs), ATTN_THREADS, 0, stream, dk,
                   dv_out, dout, q, k, v, v_ld, lse, scratch, T, H, dqk, dv, scale, dk_slabs);
+}
+
+// The BF16 backward (kernels/attention_bf16.cuh): q, k, v (strided by v_ld) and dout16 (B*T, H, dv) in BF16; dout
+// (the same values in FP32) and o for D; -> dq, dk (B*T, H, dqk) and dv_out (strided by dv_ld), FP32, overwritten.
+inline void attention_backward_bf16(float* dq, float* dk, float* dv_out, int64_t dv_ld, float* scratch,
+                                    const float* dout, const __nv_bfloat16* dout16, const __nv_bfloat16* q,
+                                    const __nv_bfloat16* k, const __nv_bfloat16* v, int64_t v_ld, const float* o,
+                                    const float* lse, int B, int T, int H, int dqk, int dv, float scale,
+                                    cudaStream_t stream) {
+    if ((int64_t)B * T * H == 0) return;
+    attention_backward_d(scratch, dout, o, B, T, H, dv, stream);
+    attn_bf16_backward_tiles(dq, dk, dv_out, dv_ld, scratch, dout16, q, k, v, v_ld, lse, B, T, H, dqk, dv, scale,
+                             stream);
 }
 
 }  // namespace gpu

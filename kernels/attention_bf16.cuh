@@ -1,11 +1,14 @@
 // Causal multi-head attention core on the tensor cores: BF16 products, FP32 accumulation and softmax. The same
-// math, layouts and launch interface as kernels/attention.cuh (read its top first); attention_forward and
-// attention_backward there call these for Precision::BF16 when both head dims are at most ATTN_BF16_MAX_DIM.
+// math and layouts as kernels/attention.cuh (read its top first), for Precision::BF16 when both head dims are at
+// most ATTN_BF16_MAX_DIM (attention_on_tensor_cores there), with BF16 inputs: q, k, v (and dO for the backward)
+// are stored in BF16 by the caller (rope_heads_forward_bf16 writes q, k and v; the model casts dO), half the bytes
+// of FP32 for the tiles that every block streams again and again (each key tile is read by every query tile after
+// it), and the tiles are plain 16-byte copies into shared memory.
 //
-// Rounding: q, k, v and dO are rounded to BF16 as they are loaded into shared memory (storage stays FP32); so are
-// the probabilities P before P V, and dS before dS K and dS^T Q (the usual BF16 flash-attention recipe). The
-// softmax statistics, the log-sum-exp, D and every accumulator are FP32. The forward normalises by the sum of the
-// rounded P, so o is exactly the weighted mean of the rounded P it multiplied.
+// Rounding: q, k, v and dO are BF16 (rounded once, where they are stored); so are the probabilities P before P V,
+// and dS before dS K and dS^T Q (the usual BF16 flash-attention recipe). The softmax statistics, the log-sum-exp,
+// D (from the FP32 dO and o) and every accumulator are FP32; o, lse, dq, dk and dv are FP32. The forward
+// normalises by the sum of the rounded P, so o is exactly the weighted mean of the rounded P it multiplied.
 //
 // Design: FlashAttention-2's structure on mma.sync (kernels/mma_sync.cuh: 16 x 8 x 16 products, whose fragment
 // layout is documented). A block has 4 warps and one 64-row tile (queries for the forward and dq, keys for dk/dv);
@@ -31,11 +34,12 @@
 // 69 KB at DeepSeek-V3's head dims (192, 128), 3 blocks per SM; the backward's four tiles and the streamed tile's
 // L and D, 87 KB, 2 blocks per SM.
 //
-// Performance work left: the loads are synchronous and convert FP32 to BF16 (BF16 storage of q, k, v would halve
-// their bytes and allow cp.async / TMA double buffering); ldmatrix for the fragments; 128-row tiles with 8 warps;
-// wgmma (FlashAttention-3).
+// Performance work left: the loads are synchronous (cp.async / TMA double buffering would overlap them with the
+// products); ldmatrix for the fragments; 128-row tiles with 8 warps; wgmma (FlashAttention-3).
 #pragma once
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 
 #include <cuda_bf16.h>
 
@@ -70,26 +74,24 @@ __device__ inline uint32_t attn_bf16_pack(__nv_bfloat16 lo, __nv_bfloat16 hi) {
 }
 
 // dst (64 x attn_bf16_ld(width)) = rows 0..min(rows, 64)-1 of src (row r at src + r * stride; rows: those left
-// before T), columns < width, as BF16; zeros in the padding rows and columns. All threads of the block.
-// A warp per row at a time, its lanes over consecutive columns (coalesced): 4 columns per lane (a 16-byte load, an
-// 8-byte store) when every row starts 16-byte aligned and width is a multiple of 4 (DeepSeek's dims), else one.
-__device__ inline void attn_bf16_load(__nv_bfloat16* dst, const float* src, int64_t stride, int rows, int width) {
+// before T), columns < width; zeros in the padding rows and columns. All threads of the block.
+// A warp per row at a time, its lanes over consecutive columns (coalesced): 8 columns per lane (16-byte loads and
+// stores; every row of dst starts 16-byte aligned) when every row of src does too and width is a multiple of 8
+// (DeepSeek's dims), else one.
+__device__ inline void attn_bf16_load(__nv_bfloat16* dst, const __nv_bfloat16* src, int64_t stride, int rows,
+                                      int width) {
     const int padded = attn_bf16_pad(width), ld = attn_bf16_ld(width), warps = ATTN_BF16_THREADS / 32;
     const int lane = threadIdx.x % 32;
-    if (width % 4 == 0 && stride % 4 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0) {
+    if (width % 8 == 0 && stride % 8 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0) {
         for (int r = threadIdx.x / 32; r < ATTN_BF16_ROWS; r += warps)
-            for (int e = 4 * lane; e < padded; e += 4 * 32) {  // e < width: all four columns are (width % 4 == 0)
-                const float4 x = r < rows && e < width ? *reinterpret_cast<const float4*>(src + r * stride + e)
-                                                       : float4{0.0f, 0.0f, 0.0f, 0.0f};
-                const uint2 pairs{attn_bf16_pack(__float2bfloat16_rn(x.x), __float2bfloat16_rn(x.y)),
-                                  attn_bf16_pack(__float2bfloat16_rn(x.z), __float2bfloat16_rn(x.w))};
-                *reinterpret_cast<uint2*>(dst + r * ld + e) = pairs;  // 8-byte aligned: ld is a multiple of 8, e of 4
-            }
+            for (int e = 8 * lane; e < padded; e += 8 * 32)  // e < width: all eight columns are (width % 8 == 0)
+                *reinterpret_cast<uint4*>(dst + r * ld + e) =
+                    r < rows && e < width ? *reinterpret_cast<const uint4*>(src + r * stride + e) : uint4{0, 0, 0, 0};
         return;
     }
+    const __nv_bfloat16 zero = __float2bfloat16_rn(0.0f);
     for (int r = threadIdx.x / 32; r < ATTN_BF16_ROWS; r += warps)
-        for (int e = lane; e < padded; e += 32)
-            dst[r * ld + e] = __float2bfloat16_rn(r < rows && e < width ? src[r * stride + e] : 0.0f);
+        for (int e = lane; e < padded; e += 32) dst[r * ld + e] = r < rows && e < width ? src[r * stride + e] : zero;
 }
 
 // ---- fragments (layouts in kernels/mma_sync.cuh) ----------------------------------------------------------------
@@ -201,8 +203,8 @@ __device__ inline int attn_bf16_col(int n, int e) { return 8 * n + 2 * (threadId
 // grid (B*H, query tiles counted from the last), ATTN_BF16_THREADS threads; NT * 8 >= attn_bf16_pad(dv)
 template <int NT>
 static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
-    attention_forward_bf16_kernel(float* o, float* lse, const float* q, const float* k, const float* v, int64_t v_ld,
-                                  int T, int H, int dqk, int dv, float scale) {
+    attention_forward_bf16_kernel(float* o, float* lse, const __nv_bfloat16* q, const __nv_bfloat16* k,
+                                  const __nv_bfloat16* v, int64_t v_ld, int T, int H, int dqk, int dv, float scale) {
     unsigned char* smem = dynamic_shared<unsigned char>();
     __nv_bfloat16* q_s = reinterpret_cast<__nv_bfloat16*>(smem);
     __nv_bfloat16* k_s = reinterpret_cast<__nv_bfloat16*>(smem + attn_bf16_tile_bytes(dqk));
@@ -292,9 +294,9 @@ __device__ inline AttnBf16BackwardSmem attn_bf16_backward_smem(int dqk, int dv) 
 // grid (B*H, query tiles counted from the last); NT * 8 >= attn_bf16_pad(dqk)
 template <int NT>
 static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
-    attention_backward_dq_bf16_kernel(float* dq, const float* dout, const float* q, const float* k, const float* v,
-                                      int64_t v_ld, const float* lse, const float* D, int T, int H, int dqk, int dv,
-                                      float scale) {
+    attention_backward_dq_bf16_kernel(float* dq, const __nv_bfloat16* dout, const __nv_bfloat16* q,
+                                      const __nv_bfloat16* k, const __nv_bfloat16* v, int64_t v_ld, const float* lse,
+                                      const float* D, int T, int H, int dqk, int dv, float scale) {
     const AttnBf16BackwardSmem sm = attn_bf16_backward_smem(dqk, dv);
     __nv_bfloat16 *q_s = sm.own_qk, *do_s = sm.own_v, *k_s = sm.streamed_qk, *v_s = sm.streamed_v;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -337,9 +339,10 @@ static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
 // grid (B*H, key tiles, 2): z = 0 writes dk, z = 1 writes dv; NT * 8 >= attn_bf16_pad(max(dqk, dv))
 template <int NT>
 static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
-    attention_backward_dkdv_bf16_kernel(float* dk, float* dv_out, const float* dout, const float* q, const float* k,
-                                        const float* v, int64_t v_ld, const float* lse, const float* D, int T, int H,
-                                        int dqk, int dv, float scale) {
+    attention_backward_dkdv_bf16_kernel(float* dk, float* dv_out, int64_t dv_ld, const __nv_bfloat16* dout,
+                                        const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,
+                                        int64_t v_ld, const float* lse, const float* D, int T, int H, int dqk, int dv,
+                                        float scale) {
     const AttnBf16BackwardSmem sm = attn_bf16_backward_smem(dqk, dv);
     __nv_bfloat16 *k_s = sm.own_qk, *v_s = sm.own_v, *q_s = sm.streamed_qk, *do_s = sm.streamed_v;
     float *col_lse = sm.stats, *col_d = sm.stats + ATTN_BF16_ROWS;  // of the streamed tile's 64 queries
@@ -387,19 +390,30 @@ static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
     if (is_dk)
         attn_bf16_write(dk + (seq * T * H + h) * dqk, qk_stride, acc, tiles, j0, T, dqk, 1.0f, 1.0f);
     else
-        attn_bf16_write(dv_out + (seq * T * H + h) * v_ld, v_stride, acc, tiles, j0, T, dv, 1.0f, 1.0f);
+        attn_bf16_write(dv_out + (seq * T * H + h) * dv_ld, (int64_t)H * dv_ld, acc, tiles, j0, T, dv, 1.0f, 1.0f);
 }
 
-// The launches behind attention_forward / attention_backward for Precision::BF16, with dqk, dv <=
-// ATTN_BF16_MAX_DIM. The accumulator tile count is a template parameter (the accumulators live in registers): one
-// instance per 64 columns of head dim.
+// The accumulator tile count is a template parameter (the accumulators live in registers): one instance per 64
+// columns of head dim.
 inline int attn_bf16_tile_class(int width) {  // 8, 16, 24 or 32 tiles of 8 columns
     const int tiles = attn_bf16_pad(width) / 8;
     return tiles <= 8 ? 8 : tiles <= 16 ? 16 : tiles <= 24 ? 24 : 32;
 }
 
-inline void attention_forward_bf16(float* o, float* lse, const float* q, const float* k, const float* v, int64_t v_ld,
-                                   int B, int T, int H, int dqk, int dv, float scale, cudaStream_t stream) {
+inline void attn_bf16_check_dims(const char* name, int dqk, int dv) {
+    if (dqk > ATTN_BF16_MAX_DIM || dv > ATTN_BF16_MAX_DIM) {
+        fprintf(stderr, "internal error: %s: head dims %d / %d above %d (attention_on_tensor_cores is false)\n", name,
+                dqk, dv, ATTN_BF16_MAX_DIM);
+        exit(1);
+    }
+}
+
+// q, k (B*T, H, dqk), v (value e of (n, h) at [(n*H + h)*v_ld + e]), all BF16 -> o (B*T, H, dv), lse (B, H, T)
+inline void attention_forward_bf16(float* o, float* lse, const __nv_bfloat16* q, const __nv_bfloat16* k,
+                                   const __nv_bfloat16* v, int64_t v_ld, int B, int T, int H, int dqk, int dv,
+                                   float scale, cudaStream_t stream) {
+    if ((int64_t)B * T * H == 0) return;
+    attn_bf16_check_dims("attention_forward_bf16", dqk, dv);
     const dim3 grid((unsigned)((int64_t)B * H), (unsigned)ceil_div(T, ATTN_BF16_ROWS));
     const size_t bytes = (size_t)attn_bf16_forward_bytes(dqk, dv);
     const int nt = attn_bf16_tile_class(dv);
@@ -410,9 +424,12 @@ inline void attention_forward_bf16(float* o, float* lse, const float* q, const f
     launch_kernel(kernel, grid, ATTN_BF16_THREADS, bytes, stream, o, lse, q, k, v, v_ld, T, H, dqk, dv, scale);
 }
 
-inline void attention_backward_bf16(float* dq, float* dk, float* dv_out, const float* D, const float* dout,
-                                    const float* q, const float* k, const float* v, int64_t v_ld, const float* lse,
-                                    int B, int T, int H, int dqk, int dv, float scale, cudaStream_t stream) {
+// The dq and dk/dv kernels of attention_backward_bf16 (kernels/attention.cuh), D already computed.
+inline void attn_bf16_backward_tiles(float* dq, float* dk, float* dv_out, int64_t dv_ld, const float* D,
+                                     const __nv_bfloat16* dout, const __nv_bfloat16* q, const __nv_bfloat16* k,
+                                     const __nv_bfloat16* v, int64_t v_ld, const float* lse, int B, int T, int H,
+                                     int dqk, int dv, float scale, cudaStream_t stream) {
+    attn_bf16_check_dims("attention_backward_bf16", dqk, dv);
     const unsigned bh = (unsigned)((int64_t)B * H), tiles = (unsigned)ceil_div(T, ATTN_BF16_ROWS);
     const size_t bytes = (size_t)attn_bf16_backward_bytes(dqk, dv);
     const int dq_nt = attn_bf16_tile_class(dqk), kv_nt = attn_bf16_tile_class(dqk > dv ? dqk : dv);
@@ -426,8 +443,8 @@ inline void attention_backward_bf16(float* dq, float* dk, float* dv_out, const f
                                    : attention_backward_dkdv_bf16_kernel<32>;
     launch_kernel(dq_kernel, dim3(bh, tiles), ATTN_BF16_THREADS, bytes, stream, dq, dout, q, k, v, v_ld, lse, D, T, H,
                   dqk, dv, scale);
-    launch_kernel(kv_kernel, dim3(bh, tiles, 2), ATTN_BF16_THREADS, bytes, stream, dk, dv_out, dout, q, k, v, v_ld, lse,
-                  D, T, H, dqk, dv, scale);
+    launch_kernel(kv_kernel, dim3(bh, tiles, 2), ATTN_BF16_THREADS, bytes, stream, dk, dv_out, dv_ld, dout, q, k, v,
+                  v_ld, lse, D, T, H, dqk, dv, scale);
 }
 
 }  // namespace gpu

@@ -3,6 +3,8 @@
 //   forward:  q_heads[n,h] = [q_nope[n,h] ; R_t q_rope[n,h]],  k_heads[n,h] = [k_nope[n,h] (from kv) ; R_t k_rope[n]]
 //             with ONE rope key per token (the last dr columns of kv_a) shared by all heads; t = n mod T, and R_t
 //             rotates the interleaved pairs (x[2i], x[2i+1]) by the table row t (which carries m).
+//   BF16 forward (for the tensor-core attention): the same q_heads and k_heads rounded to BF16, and v_heads[n,h] =
+//             the v columns of kv (N, H, dv), rounded to BF16: the attention's three inputs, stored once in BF16.
 //   backward: dq[n,h] = [dq_nope ; R_t^T dq_rope];  dkv's k_nope part = dk_nope (its v part is written by the
 //             attention backward);  dkv_a's last dr columns = sum_h R_t^T dk_rope[n,h], in head order (its first
 //             kv_lora columns are the RMSNorm backward's). Since d(R x)/dx = R, the transpose carries m as well.
@@ -20,6 +22,8 @@
 // still a few flops per loaded value).
 #pragma once
 #include <cstdint>
+
+#include <cuda_bf16.h>
 
 #include "kernels/common.cuh"
 #include "model/config.h"
@@ -49,23 +53,29 @@ static __global__ void rope_table_kernel(float* cos_table, float* sin_table, Con
     }
 }
 
-// one thread per (n, h, e), e < dqk = dn + dr
-static __global__ void rope_heads_forward_kernel(float* q_heads, float* k_heads, const float* q, const float* kv,
-                                          const float* kv_a, const float* cos_table, const float* sin_table,
-                                          int64_t N, int64_t T, int64_t H, int64_t dn, int64_t dr, int64_t dv,
-                                          int64_t kr) {
-    const int64_t dqk = dn + dr, total = N * H * dqk;
+__device__ inline void rope_store(float* p, float x) { *p = x; }
+__device__ inline void rope_store(__nv_bfloat16* p, float x) { *p = __float2bfloat16_rn(x); }
+
+// one thread per (n, h, e), e < dqk = dn + dr, and with v_heads also dqk <= e < dqk + dv (v_heads' values)
+template <typename Out>
+static __global__ void rope_heads_forward_kernel(Out* q_heads, Out* k_heads, Out* v_heads, const float* q,
+                                                 const float* kv, const float* kv_a, const float* cos_table,
+                                                 const float* sin_table, int64_t N, int64_t T, int64_t H, int64_t dn,
+                                                 int64_t dr, int64_t dv, int64_t kr) {
+    const int64_t dqk = dn + dr, width = dqk + (v_heads ? dv : 0), total = N * H * width;
     for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
          idx += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t e = idx % dqk, nh = idx / dqk, n = nh / H;
+        const int64_t e = idx % width, nh = idx / width, n = nh / H, at = nh * dqk + e;
         if (e < dn) {
-            q_heads[idx] = q[idx];  // q (N, H*dqk) and q_heads (N, H, dqk) have the same layout
-            k_heads[idx] = kv[nh * (dn + dv) + e];
-        } else {
+            rope_store(q_heads + at, q[at]);  // q (N, H*dqk) and q_heads (N, H, dqk) have the same layout
+            rope_store(k_heads + at, kv[nh * (dn + dv) + e]);
+        } else if (e < dqk) {
             const int64_t r = e - dn, table = (n % T) * (dr / 2) + r / 2;
             const float co = cos_table[table], si = sin_table[table];
-            q_heads[idx] = rope_rotate_element(q + nh * dqk + dn, r, co, si, false);
-            k_heads[idx] = rope_rotate_element(kv_a + n * (kr + dr) + kr, r, co, si, false);
+            rope_store(q_heads + at, rope_rotate_element(q + nh * dqk + dn, r, co, si, false));
+            rope_store(k_heads + at, rope_rotate_element(kv_a + n * (kr + dr) + kr, r, co, si, false));
+        } else {
+            rope_store(v_heads + nh * dv + (e - dqk), kv[nh * (dn + dv) + dn + (e - dqk)]);
         }
     }
 }
@@ -118,8 +128,20 @@ inline void rope_heads_forward(float* q_heads, float* k_heads, const float* q, c
                                int64_t dn, int64_t dr, int64_t dv, int64_t kr, cudaStream_t stream) {
     const int64_t n = N * H * (dn + dr);
     if (n == 0) return;
-    launch_kernel(rope_heads_forward_kernel, grid_stride_blocks(n, ROPE_THREADS), ROPE_THREADS, 0, stream, q_heads,
-                  k_heads, q, kv, kv_a, cos_table, sin_table, N, T, H, dn, dr, dv, kr);
+    launch_kernel(rope_heads_forward_kernel<float>, grid_stride_blocks(n, ROPE_THREADS), ROPE_THREADS, 0, stream,
+                  q_heads, k_heads, (float*)nullptr, q, kv, kv_a, cos_table, sin_table, N, T, H, dn, dr, dv, kr);
+}
+
+// As rope_heads_forward, in BF16, plus the v columns of kv: -> q_heads, k_heads (N, H, dqk), v_heads (N, H, dv), the
+// inputs of attention_forward_bf16 (each value rounded once from the FP32 one).
+inline void rope_heads_forward_bf16(__nv_bfloat16* q_heads, __nv_bfloat16* k_heads, __nv_bfloat16* v_heads,
+                                    const float* q, const float* kv, const float* kv_a, const float* cos_table,
+                                    const float* sin_table, int64_t N, int64_t T, int64_t H, int64_t dn, int64_t dr,
+                                    int64_t dv, int64_t kr, cudaStream_t stream) {
+    const int64_t n = N * H * (dn + dr + dv);
+    if (n == 0) return;
+    launch_kernel(rope_heads_forward_kernel<__nv_bfloat16>, grid_stride_blocks(n, ROPE_THREADS), ROPE_THREADS, 0,
+                  stream, q_heads, k_heads, v_heads, q, kv, kv_a, cos_table, sin_table, N, T, H, dn, dr, dv, kr);
 }
 
 // dq_heads, dk_heads (N, H, dqk) -> dq (N, H*dqk) overwritten, the k_nope columns of dkv (N, H*(dn+dv))

@@ -37,8 +37,9 @@
 //      that as % of the measured copy rate. "<70%" marks those under the target; a kernel whose implementation
 //      makes several passes over its data (rmsnorm_backward, cross-entropy) shows that here as a lower %.
 //   5. the attention kernels alone on the preset's shapes, in both precisions (BF16: the tensor-core kernels of
-//      kernels/attention_bf16.cuh; FP32: kernels/attention.cuh's): ms and TFLOP/s counted as the model counts them
-//      (forward B H T^2 (dqk + dv): the causal half of the 2 T^2 (dqk + dv) of QK^T and PV; backward twice that).
+//      kernels/attention_bf16.cuh on BF16 q, k, v, dO, as the model stores them; FP32: kernels/attention.cuh's): ms
+//      and TFLOP/s counted as the model counts them (forward B H T^2 (dqk + dv): the causal half of the
+//      2 T^2 (dqk + dv) of QK^T and PV; backward twice that).
 // Weights from model_init_weights (N(0, initializer_range) matrices, norms 1), tokens uniformly random:
 // the router then spreads the rows evenly, the balanced case.
 #include <algorithm>
@@ -627,6 +628,14 @@ std::vector<KernelResult> bench_kernels(const Config& c, const Options& o, cudaS
             gpu::rope_heads_forward(q_heads.ptr, k_heads.ptr, q.ptr, kv.ptr, kv_a.ptr, cos_t.ptr, sin_t.ptr, N, T, H,
                                     dn, dr, dv, kr, s);
         });
+        // the BF16 variant the model runs with --dtype bf16: reads as above and the v columns of kv (N H dv);
+        // writes q_heads, k_heads (N H dqk each) and v_heads (N H dv) in BF16
+        DeviceArray<__nv_bfloat16> q16(N * H * dqk), k16(N * H * dqk), v16(N * H * dv);
+        run("rope_heads_forward_bf16", shape,
+            F * (N * H * dqk + N * H * dn + N * H * dv + N * dr + T * dr) + 2.0 * N * H * (2 * dqk + dv), [&] {
+                gpu::rope_heads_forward_bf16(q16.ptr, k16.ptr, v16.ptr, q.ptr, kv.ptr, kv_a.ptr, cos_t.ptr, sin_t.ptr,
+                                             N, T, H, dn, dr, dv, kr, s);
+            });
         // reads dq_heads, dk_heads (N H dqk each), the tables (T dr); writes dq (N H dqk), the k_nope columns of
         // dkv (N H dn), the rope columns of dkv_a (N dr)
         run("rope_heads_backward", shape, F * (3 * N * H * dqk + N * H * dn + N * dr + T * dr), [&] {
@@ -693,26 +702,49 @@ void bench_attention(const Config& c, const Options& o, cudaStream_t s) {
     const double forward_flops = (double)B * H * T * T * (dqk + dv);
     printf("\n%-22s %-24s %10s %10s %10s %10s\n", "attention kernels", "shape", "fwd ms", "fwd TF/s", "bwd ms",
            "bwd TF/s");
-    for (gpu::Precision p : {gpu::Precision::BF16, gpu::Precision::FP32}) {
+    const std::string shape = dims({B, T, H}) + " x " + std::to_string(dqk) + "/" + std::to_string(dv);
+    auto row = [&](const char* name, double fwd, double bwd) {
+        printf("%-22s %-24s %10.2f %10.1f %10.2f %10.1f\n", name, shape.c_str(), fwd,
+               forward_flops / (fwd * 1e-3) / 1e12, bwd, 2 * forward_flops / (bwd * 1e-3) / 1e12);
+    };
+    if (gpu::attention_on_tensor_cores(gpu::Precision::BF16, dqk, dv)) {
+        // the model's BF16 inputs: q, k, v (contiguous) and dO, cast once (not timed)
+        DeviceArray<__nv_bfloat16> q16(q.n), k16(k.n), v16(N * H * dv), dout16(dout.n);
+        gpu::cast_to_bf16(q16.ptr, q.ptr, q.n, s);
+        gpu::cast_to_bf16(k16.ptr, k.ptr, k.n, s);
+        gpu::cast_to_bf16(v16.ptr, kv.ptr, v16.n, s);  // any N*H*dv values: the timing does not depend on them
+        gpu::cast_to_bf16(dout16.ptr, dout.ptr, dout.n, s);
         const double fwd = time_ms(
             s,
             [&] {
-                gpu::attention_forward(out.ptr, lse.ptr, q.ptr, k.ptr, kv.ptr + dn, ld, B, T, H, dqk, dv, scale, p,
-                                       s);
+                gpu::attention_forward_bf16(out.ptr, lse.ptr, q16.ptr, k16.ptr, v16.ptr, dv, B, T, H, dqk, dv, scale,
+                                            s);
             },
             o.iters, o.trials);
         const double bwd = time_ms(
             s,
             [&] {
-                gpu::attention_backward(dq.ptr, dk.ptr, dkv.ptr + dn, scratch.ptr, dout.ptr, q.ptr, k.ptr,
-                                        kv.ptr + dn, ld, out.ptr, lse.ptr, B, T, H, dqk, dv, scale, p, s);
+                gpu::attention_backward_bf16(dq.ptr, dk.ptr, dkv.ptr + dn, ld, scratch.ptr, dout.ptr, dout16.ptr,
+                                             q16.ptr, k16.ptr, v16.ptr, dv, out.ptr, lse.ptr, B, T, H, dqk, dv, scale,
+                                             s);
             },
             o.iters, o.trials);
-        const std::string shape = dims({B, T, H}) + " x " + std::to_string(dqk) + "/" + std::to_string(dv);
-        printf("%-22s %-24s %10.2f %10.1f %10.2f %10.1f\n",
-               gpu::attention_on_tensor_cores(p, dqk, dv) ? "bf16 (tensor cores)" : "fp32 (CUDA cores)",
-               shape.c_str(), fwd, forward_flops / (fwd * 1e-3) / 1e12, bwd, 2 * forward_flops / (bwd * 1e-3) / 1e12);
+        row("bf16 (tensor cores)", fwd, bwd);
     }
+    const double fwd = time_ms(
+        s,
+        [&] {
+            gpu::attention_forward(out.ptr, lse.ptr, q.ptr, k.ptr, kv.ptr + dn, ld, B, T, H, dqk, dv, scale, s);
+        },
+        o.iters, o.trials);
+    const double bwd = time_ms(
+        s,
+        [&] {
+            gpu::attention_backward(dq.ptr, dk.ptr, dkv.ptr + dn, scratch.ptr, dout.ptr, q.ptr, k.ptr, kv.ptr + dn, ld,
+                                    out.ptr, lse.ptr, B, T, H, dqk, dv, scale, s);
+        },
+        o.iters, o.trials);
+    row("fp32 (CUDA cores)", fwd, bwd);
 }
 
 }  // namespace

@@ -28,6 +28,7 @@
 #include "kernels/attention.cuh"
 #include "kernels/cross_entropy.cuh"
 #include "kernels/embedding.cuh"
+#include "kernels/matmul.cuh"
 #include "kernels/permute.cuh"
 #include "kernels/rmsnorm.cuh"
 #include "kernels/rope.cuh"
@@ -370,6 +371,18 @@ struct CpuMLA {
 
 static std::vector<float> host_copy(const float* p, int64_t n) { return std::vector<float>(p, p + n); }
 
+// x rounded to BF16 (round to nearest even, as __float2bfloat16_rn), as floats
+static std::vector<float> bf16_rounded(const std::vector<float>& x) {
+    std::vector<float> r(x.size());
+    for (size_t i = 0; i < x.size(); i++) r[i] = __bfloat162float(__float2bfloat16_rn(x[i]));
+    return r;
+}
+static std::vector<float> widened(const std::vector<__nv_bfloat16>& x) {
+    std::vector<float> r(x.size());
+    for (size_t i = 0; i < x.size(); i++) r[i] = __bfloat162float(x[i]);
+    return r;
+}
+
 // columns [c0, c1) of each row of a (rows, width) matrix
 static std::vector<float> columns(const std::vector<float>& m, int64_t width, int64_t c0, int64_t c1) {
     std::vector<float> out;
@@ -415,6 +428,21 @@ static void test_rope(const CpuMLA& m, Rng& rng, const std::string& shape) {
     check("rope_heads_forward q_heads " + shape, d_q_heads.get(), host_copy(a.q_heads, N * H * dqk), 1e-6);
     check("rope_heads_forward k_heads " + shape, d_k_heads.get(), host_copy(a.k_heads, N * H * dqk), 1e-6);
 
+    // BF16: the same values rounded once, and v. Tolerance 4e-3, one BF16 ulp of the largest value (2^-8): an FP32
+    // value within 1e-6 of the CPU's can round to the neighbouring BF16; v is a copy, rounded from the same floats.
+    Dev<__nv_bfloat16> q16(N * H * dqk), k16(N * H * dqk), v16(N * H * dv);
+    q16.poison();
+    k16.poison();
+    v16.poison();
+    gpu::rope_heads_forward_bf16(q16.ptr, k16.ptr, v16.ptr, d_q.ptr, d_kv.ptr, d_kv_a.ptr, cpu_cos.ptr, cpu_sin.ptr, N,
+                                 T, H, dn, dr, dv, kr, 0);
+    check("rope_heads_forward_bf16 q_heads " + shape, widened(q16.get()),
+          bf16_rounded(host_copy(a.q_heads, N * H * dqk)), 4e-3);
+    check("rope_heads_forward_bf16 k_heads " + shape, widened(k16.get()),
+          bf16_rounded(host_copy(a.k_heads, N * H * dqk)), 4e-3);
+    check("rope_heads_forward_bf16 v_heads " + shape, widened(v16.get()),
+          bf16_rounded(columns(host_copy(a.kv, N * H * (dn + dv)), dn + dv, dn, dn + dv)), 0);
+
     // backward against model/mla.cpp's heads_backward
     const std::vector<float> dq_heads = randn(N * H * dqk, rng), dk_heads = randn(N * H * dqk, rng);
     const std::vector<float> dkv0 = poisoned_columns(N * H, dn + dv, 0, dn, rng);
@@ -437,18 +465,19 @@ static void test_rope(const CpuMLA& m, Rng& rng, const std::string& shape) {
           columns(dkv_a, kr + dr, 0, kr), 0);
 }
 
-// The attention kernels in one precision on q, k (N*H, dqk), kv (N*H, dn + dv: v at column dn) and dO: the forward,
-// then the backward from its o and lse. Outputs poisoned first; dkv starts as dkv0, whose k_nope columns must come
-// back untouched.
+// The attention kernels on q, k (N*H, dqk), kv (N*H, dn + dv: v at column dn) and dO: the forward, then the backward
+// from its o and lse; dv lands in dkv at column dn. Outputs poisoned first; dkv starts as dkv0, whose k_nope columns
+// must come back untouched. FP32: v read inside kv, as the trainer does. BF16: q, k, v and dO cast to BF16 on the
+// device; v either contiguous (N*H, dv), as the trainer stores it, or read inside the cast of kv (v_in_kv).
 struct GpuAttention {
     std::vector<float> o, lse, dq, dk, dkv;
 };
 static GpuAttention gpu_attention(gpu::Precision precision, const std::vector<float>& q, const std::vector<float>& k,
                                   const std::vector<float>& kv, const std::vector<float>& d_out,
                                   const std::vector<float>& dkv0, int B, int T, int H, int dn, int dqk, int dv,
-                                  float scale) {
+                                  float scale, bool v_in_kv = false) {
     const int64_t N = (int64_t)B * T, ld = dn + dv;
-    Dev<float> d_q(q), d_k(k), d_kv(kv), d_o(N * H * dv), d_lse((int64_t)B * H * T);
+    Dev<float> d_q(q), d_k(k), d_kv(kv), d_v(columns(kv, ld, dn, ld)), d_o(N * H * dv), d_lse((int64_t)B * H * T);
     Dev<float> d_dout(d_out), d_dq(N * H * dqk), d_dk(N * H * dqk), d_dkv(dkv0);
     Dev<float> scratch(gpu::attention_backward_scratch_floats(B, T, H));
     d_o.poison();
@@ -456,10 +485,21 @@ static GpuAttention gpu_attention(gpu::Precision precision, const std::vector<fl
     d_dq.poison();
     d_dk.poison();
     scratch.poison();
-    gpu::attention_forward(d_o.ptr, d_lse.ptr, d_q.ptr, d_k.ptr, d_kv.ptr + dn, ld, B, T, H, dqk, dv, scale, precision,
-                           0);
-    gpu::attention_backward(d_dq.ptr, d_dk.ptr, d_dkv.ptr + dn, scratch.ptr, d_dout.ptr, d_q.ptr, d_k.ptr,
-                            d_kv.ptr + dn, ld, d_o.ptr, d_lse.ptr, B, T, H, dqk, dv, scale, precision, 0);
+    if (precision == gpu::Precision::FP32) {
+        gpu::attention_forward(d_o.ptr, d_lse.ptr, d_q.ptr, d_k.ptr, d_kv.ptr + dn, ld, B, T, H, dqk, dv, scale, 0);
+        gpu::attention_backward(d_dq.ptr, d_dk.ptr, d_dkv.ptr + dn, scratch.ptr, d_dout.ptr, d_q.ptr, d_k.ptr,
+                                d_kv.ptr + dn, ld, d_o.ptr, d_lse.ptr, B, T, H, dqk, dv, scale, 0);
+        return {d_o.get(), d_lse.get(), d_dq.get(), d_dk.get(), d_dkv.get()};
+    }
+    Dev<__nv_bfloat16> q16(q.size()), k16(k.size()), kv16(kv.size()), v16(N * H * dv), dout16(d_out.size());
+    for (auto [to, from] : {std::pair{&q16, &d_q}, std::pair{&k16, &d_k}, std::pair{&kv16, &d_kv},
+                            std::pair{&v16, &d_v}, std::pair{&dout16, &d_dout}})
+        gpu::cast_to_bf16(to->ptr, from->ptr, (int64_t)from->n, 0);
+    const __nv_bfloat16* v = v_in_kv ? kv16.ptr + dn : v16.ptr;
+    const int64_t v_ld = v_in_kv ? ld : dv;
+    gpu::attention_forward_bf16(d_o.ptr, d_lse.ptr, q16.ptr, k16.ptr, v, v_ld, B, T, H, dqk, dv, scale, 0);
+    gpu::attention_backward_bf16(d_dq.ptr, d_dk.ptr, d_dkv.ptr + dn, ld, scratch.ptr, d_dout.ptr, dout16.ptr, q16.ptr,
+                                 k16.ptr, v, v_ld, d_o.ptr, d_lse.ptr, B, T, H, dqk, dv, scale, 0);
     return {d_o.get(), d_lse.get(), d_dq.get(), d_dk.get(), d_dkv.get()};
 }
 
@@ -469,7 +509,8 @@ static GpuAttention gpu_attention(gpu::Precision precision, const std::vector<fl
 // the sums over up to T keys (or queries) run in the CPU's order, but the forward rescales by a running max and
 // divides at the end, and the backward uses D = dO.o instead of sum_j P dP. The log-sum-exp against a double
 // computation, 1e-5 (the float scores' rounding, relative to max |L|).
-// deterministic: a second run gives the same bits (no atomics; every sum in a fixed order)
+// deterministic: a second run gives the same bits (no atomics; every sum in a fixed order). For BF16 the second run
+// reads v inside kv (another stride, the same values): the same bits too.
 static void check_rerun(const GpuAttention& first, const GpuAttention& second, const std::string& what,
                         const std::string& shape) {
     for (auto [name, a, b] : {std::tuple{"o", &first.o, &second.o}, std::tuple{"dq", &first.dq, &second.dq},
@@ -521,9 +562,9 @@ static void test_attention_core(const CpuMLA& m, Rng& rng, const std::string& sh
     check_rerun(got, run(), "", shape);
 }
 
-// The tensor-core kernels (Precision::BF16, kernels/attention_bf16.cuh) against a double-precision computation on
-// the BF16-rounded q, k, v and dO (what the kernels multiply), so what is measured is the kernels' own rounding: P
-// and dS are rounded to BF16 before their products (2^-9 relative each), and the scores' and products' FP32 sums.
+// The tensor-core kernels (kernels/attention_bf16.cuh) against a double-precision computation on the BF16-rounded
+// q, k, v and dO (what the kernels are given), so what is measured is the kernels' own rounding: P and dS are
+// rounded to BF16 before their products (2^-9 relative each), and the scores' and products' FP32 sums.
 // With random signs these errors add up like the values themselves, so relative to each output's largest entry they
 // stay near 2^-9 = 2e-3; tolerance 1e-2. D is dO . o in FP32 on unrounded dO, as in the kernels.
 static void test_attention_bf16(const CpuMLA& m, Rng& rng, const std::string& shape) {
@@ -579,11 +620,11 @@ static void test_attention_bf16(const CpuMLA& m, Rng& rng, const std::string& sh
     for (size_t i = 0; i < dv_heads.size(); i++) dv_heads[i] = (float)dv_acc[i];
 
     const std::vector<float> dkv0 = poisoned_columns(N * H, ld, dn, ld, rng);
-    auto run = [&] {
+    auto run = [&](bool v_in_kv) {
         return gpu_attention(gpu::Precision::BF16, q, k, kv, d_out, dkv0, (int)B, (int)T, (int)H, (int)dn, (int)dqk,
-                             (int)dv, (float)scale);
+                             (int)dv, (float)scale, v_in_kv);
     };
-    const GpuAttention got = run();
+    const GpuAttention got = run(false);
     check("attention_forward bf16 o " + shape, got.o, o, 1e-2);
     check("attention_forward bf16 lse " + shape, got.lse, lse, 1e-2);
     check("attention_backward bf16 dq_heads " + shape, got.dq, dq, 1e-2);
@@ -591,7 +632,7 @@ static void test_attention_bf16(const CpuMLA& m, Rng& rng, const std::string& sh
     check("attention_backward bf16 dv (in dkv) " + shape, columns(got.dkv, ld, dn, ld), dv_heads, 1e-2);
     check("attention_backward bf16 dkv k_nope part untouched " + shape, columns(got.dkv, ld, 0, dn),
           columns(dkv0, ld, 0, dn), 0);
-    check_rerun(got, run(), "bf16 ", shape);
+    check_rerun(got, run(true), "bf16 (v inside kv) ", shape);
 }
 
 // One mma.sync with its fragments built from row-major A (16 x 16), B (16 x 8, k x n) and C (16 x 8) by the layout

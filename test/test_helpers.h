@@ -66,8 +66,8 @@ inline std::string slurp(const std::string& path) {
 // The start of a command line that runs a program on `ranks` MPI ranks: as root, oversubscribed (this VM's 2 cores
 // run 4 ranks), one OpenMP thread per rank.
 inline std::string mpirun_command(int ranks) {
-    return "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 mpirun --oversubscribe -np " +
-           std::to_string(ranks) + " ";
+    return "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 "
+           "mpirun --oversubscribe -np " + std::to_string(ranks) + " ";
 }
 
 // A shell command run under `timeout seconds` (a hang becomes a failure, status 124), its stdout and stderr kept in

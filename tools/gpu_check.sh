@@ -72,7 +72,8 @@ cat "$out/bench_comm.txt"
 status "make bench-comm" "$(grep -E '^(ncclAlltoAll|dispatch|combine)' "$out/bench_comm.txt" | tr -s ' ' | tr '\n' ';')"
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 timeout "$(budget 120)" "$sanitizer" --tool memcheck --leak-check no ./bench_gpu --smoke > "$out/memcheck.txt" 2>&1
-status "memcheck (smoke)" "$(grep -E 'ERROR SUMMARY' "$out/memcheck.txt" || echo 'no summary (not run, crashed or timed out)')"
+status "memcheck (smoke)" \
+    "$(grep -E 'ERROR SUMMARY' "$out/memcheck.txt" || echo 'no summary (not run, crashed or timed out)')"
 echo
 echo "total ${SECONDS} s"
 cat "$out/summary.txt"

@@ -44,11 +44,8 @@
 struct uint3 {
     unsigned x, y, z;
 };
-struct alignas(16) float4 {  // CUDA's vector types the kernels use
-    float x, y, z, w;
-};
-struct alignas(8) uint2 {
-    unsigned x, y;
+struct alignas(16) uint4 {  // CUDA's vector types the kernels use
+    unsigned x, y, z, w;
 };
 struct dim3 {
     unsigned x, y, z;

@@ -6,8 +6,8 @@
 // Precision::BF16 (W16 given): the activation operands are cast into the Matmul's two cast buffers (their
 // capacity checked, as the real matmul_cast does), or an input's BF16 copy comes from the caller (checked to be
 // the rounding of its FP32 rows when the product runs); the weights are read from W16, and the product runs in
-// FP32 on the BF16 values. The real one also allocates cuBLASLt workspaces (one per lane: the streams its grouped calls spread
-// over): so does this one, so the allocations add up to matmul_memory_bytes. The groups run in order here.
+// FP32 on the BF16 values. The real one also allocates cuBLASLt workspaces (one per lane: the streams its grouped
+// calls spread over): so does this one, so the allocations add up to matmul_memory_bytes. The groups run in order.
 #pragma once
 #include <cstdint>
 #include <cstdio>
@@ -251,7 +251,8 @@ inline void grouped_matmul_backward(Matmul& mm, float* dinp, float* dW, const fl
     dev(inp.fp32 + first * K, rows * K, "grouped_matmul_backward inp");
     dev(W, G * N * K, "grouped_matmul_backward W");
     apart("grouped_matmul_backward", {span(dinp ? dinp + first * K : nullptr, rows * K, "dinp"), span(dW, G * N * K, "dW")},
-          {span(dout + first * N, rows * N, "dout"), span(inp.fp32 + first * K, rows * K, "inp"), span(W, G * N * K, "W")});
+          {span(dout + first * N, rows * N, "dout"), span(inp.fp32 + first * K, rows * K, "inp"),
+           span(W, G * N * K, "W")});
     const __nv_bfloat16 *dout16 = nullptr, *inp16 = nullptr;
     if (W16) {
         dev(W16, G * N * K, "grouped_matmul_backward W16");

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <vector>
 
+#include <cuda_bf16.h>
+
 #include "kernels/common.cuh"
 #include "model/config.h"
 #include "model/rope.h"
@@ -67,6 +69,46 @@ inline void rope_heads_forward(float* q_heads, float* k_heads, const float* q, c
                 const float *cos_row = cos_table + (n % T) * (dr / 2), *sin_row = sin_table + (n % T) * (dr / 2);
                 rope_rotate(q_heads + nh * dqk + dn, q + nh * dqk + dn, cos_row, sin_row, dr, false);
                 rope_rotate(k_heads + nh * dqk + dn, kv_a + n * (kr + dr) + kr, cos_row, sin_row, dr, false);
+            }
+    });
+}
+
+// As rope_heads_forward in BF16, plus v_heads (N, H, dv) = the v columns of kv: each value rounded once
+inline void rope_heads_forward_bf16(__nv_bfloat16* q_heads, __nv_bfloat16* k_heads, __nv_bfloat16* v_heads,
+                                    const float* q, const float* kv, const float* kv_a, const float* cos_table,
+                                    const float* sin_table, int64_t N, int64_t T, int64_t H, int64_t dn, int64_t dr,
+                                    int64_t dv, int64_t kr, cudaStream_t stream) {
+    const int64_t dqk = dn + dr;
+    dev(q_heads, N * H * dqk, "rope_heads_forward_bf16 q_heads");
+    dev(k_heads, N * H * dqk, "rope_heads_forward_bf16 k_heads");
+    dev(v_heads, N * H * dv, "rope_heads_forward_bf16 v_heads");
+    dev(q, N * H * dqk, "rope_heads_forward_bf16 q");
+    dev(kv, N * H * (dn + dv), "rope_heads_forward_bf16 kv");
+    dev(kv_a, N * (kr + dr), "rope_heads_forward_bf16 kv_a");
+    dev(cos_table, T * (dr / 2), "rope_heads_forward_bf16 cos");
+    dev(sin_table, T * (dr / 2), "rope_heads_forward_bf16 sin");
+    apart("rope_heads_forward_bf16",
+          {span(q_heads, N * H * dqk, "q_heads"), span(k_heads, N * H * dqk, "k_heads"),
+           span(v_heads, N * H * dv, "v_heads")},
+          {span(q, N * H * dqk, "q"), span(kv, N * H * (dn + dv), "kv"), span(kv_a, N * (kr + dr), "kv_a")});
+    launch(stream, [=] {
+        std::vector<float> q_row(dqk), k_row(dqk);
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t h = 0; h < H; h++) {
+                const int64_t nh = n * H + h;
+                for (int64_t e = 0; e < dn; e++) {
+                    q_row[e] = q[nh * dqk + e];
+                    k_row[e] = kv[nh * (dn + dv) + e];
+                }
+                const float *cos_row = cos_table + (n % T) * (dr / 2), *sin_row = sin_table + (n % T) * (dr / 2);
+                rope_rotate(q_row.data() + dn, q + nh * dqk + dn, cos_row, sin_row, dr, false);
+                rope_rotate(k_row.data() + dn, kv_a + n * (kr + dr) + kr, cos_row, sin_row, dr, false);
+                for (int64_t e = 0; e < dqk; e++) {
+                    q_heads[nh * dqk + e] = __float2bfloat16_rn(q_row[e]);
+                    k_heads[nh * dqk + e] = __float2bfloat16_rn(k_row[e]);
+                }
+                for (int64_t e = 0; e < dv; e++)
+                    v_heads[nh * dv + e] = __float2bfloat16_rn(kv[nh * (dn + dv) + dn + e]);
             }
     });
 }
