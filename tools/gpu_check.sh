@@ -8,8 +8,9 @@
 # from .device/. If the build fails there, the binaries built here (.device/bin) are tried instead.
 # Every stage runs under a timeout cut to what is left of GPU_CHECK_SECONDS (default 540: the device call's 600 s
 # limit less a margin), so the summary prints even when a stage hangs; the stages come in the order of what the
-# session needs most: correctness, speed, communication, then compute-sanitizer's memcheck of every kernel and the
-# whole step on the small shapes of `bench_gpu --smoke`.
+# session needs most: correctness, speed, communication, then compute-sanitizer's memcheck and racecheck of every
+# kernel and the whole step on the small shapes of `bench_gpu --smoke`. Eight files come back in $OUT, the most a
+# device call returns.
 set -u -o pipefail
 out=${OUT:-gpu_results}
 mkdir -p "$out"
@@ -71,9 +72,11 @@ timeout "$(budget 45)" ./bench_comm > "$out/bench_comm.txt" 2>&1
 cat "$out/bench_comm.txt"
 status "make bench-comm" "$(grep -E '^(ncclAlltoAll|dispatch|combine)' "$out/bench_comm.txt" | tr -s ' ' | tr '\n' ';')"
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
-timeout "$(budget 120)" "$sanitizer" --tool memcheck --leak-check no ./bench_gpu --smoke > "$out/memcheck.txt" 2>&1
-status "memcheck (smoke)" \
-    "$(grep -E 'ERROR SUMMARY' "$out/memcheck.txt" || echo 'no summary (not run, crashed or timed out)')"
+for tool in memcheck racecheck; do  # out-of-bounds accesses; shared-memory races (the attention kernels' barriers)
+    timeout "$(budget 90)" "$sanitizer" --tool "$tool" ./bench_gpu --smoke > "$out/$tool.txt" 2>&1
+    status "$tool (smoke)" \
+        "$(grep -E 'ERROR SUMMARY' "$out/$tool.txt" || echo 'no summary (not run, crashed or timed out)')"
+done
 echo
 echo "total ${SECONDS} s"
 cat "$out/summary.txt"
