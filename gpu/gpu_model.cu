@@ -109,7 +109,7 @@ void carve_block(ByteArena& ar, const Config& c, bool bf16, int layer, int B, in
     a.ffn_rstd = ar.take<float>(N);
     a.ffn_g = ar.take<float>(N * width);
     a.ffn_u = ar.take<float>(N * width);
-    a.ffn_a = ar.take<float>(N * width);
+    a.ffn_a = ar.take<float>((1 - b16) * N * width);
     a.ffn_out = ar.take<float>(N * d);
     a.attn_normed16 = ar.take<__nv_bfloat16>(b16 * N * d);
     a.q_a_normed16 = ar.take<__nv_bfloat16>(b16 * N * qr);
@@ -240,7 +240,7 @@ void carve_expert_rows(ByteArena& ar, const Config& c, bool bf16, int ep_size, i
     const int64_t d = c.hidden_size, I = c.moe_intermediate_size, ep = ep_size > 1 ? 1 : 0, b16 = bf16 ? 1 : 0;
     a.expert_g = ar.take<float>(R * I);
     a.expert_u = ar.take<float>(R * I);
-    a.expert_a = ar.take<float>(R * I);
+    a.expert_a = ar.take<float>((1 - b16) * R * I);
     a.expert_in = ar.take<float>(ep * R * d);
     a.expert_out = ar.take<float>(ep * R * d);
     a.recv_to_expert = ar.take<int64_t>(ep * R);
@@ -314,14 +314,21 @@ void ensure_expert_rows(GpuModel& m, GpuBlockActs& a, int64_t R) {
 
 // ---- feed-forward ---------------------------------------------------------------------------------------------
 
-// out (M, d) = W_down (silu(W_gate x) * (W_up x)), as swiglu_ffn_forward (model/ffn.cpp); a16: a's BF16 copy
+// a = silu(g) * u, into a (FP32 mode) or a16 (BF16 mode: a is only the down projection's input)
+void swiglu(GpuModel& m, float* a, __nv_bfloat16* a16, const float* g, const float* u, int64_t n) {
+    if (a16)
+        gpu::swiglu_forward_bf16(a16, g, u, n, m.stream);
+    else
+        gpu::swiglu_forward(a, g, u, n, m.stream);
+}
+
+// out (M, d) = W_down (silu(W_gate x) * (W_up x)), as swiglu_ffn_forward (model/ffn.cpp); a or a16 as swiglu
 void ffn_forward(GpuModel& m, float* out, float* g, float* u, float* a, __nv_bfloat16* a16, gpu::GemmInput x,
                  const float* w_gate, const float* w_up, const float* w_down, int64_t M, int64_t d, int64_t I) {
     if (M == 0) return;
     gpu::matmul_forward(m.matmul, g, x, w_gate, bf16_of(m, w_gate), M, d, I, false);
     gpu::matmul_forward(m.matmul, u, x, w_up, bf16_of(m, w_up), M, d, I, false);
-    gpu::swiglu_forward(a, g, u, M * I, m.stream);
-    keep_bf16(m, a16, a, M * I);
+    swiglu(m, a, a16, g, u, M * I);
     gpu::matmul_forward(m.matmul, out, {a, a16}, w_down, bf16_of(m, w_down), M, I, d, false);
 }
 
@@ -493,8 +500,7 @@ double moe_forward(GpuModel& m, const BlockWeights& w, GpuBlockActs& a, gpu::Gem
                                 bf16_of(m, w.expert_gate), offsets, E_local, d, I);
     gpu::grouped_matmul_forward(m.matmul, a.expert_u, {expert_in, a.expert_in16}, w.expert_up, bf16_of(m, w.expert_up),
                                 offsets, E_local, d, I);
-    gpu::swiglu_forward(a.expert_a, a.expert_g, a.expert_u, R * I, m.stream);
-    keep_bf16(m, a.expert_a16, a.expert_a, R * I);
+    swiglu(m, a.expert_a, a.expert_a16, a.expert_g, a.expert_u, R * I);
     gpu::grouped_matmul_forward(m.matmul, expert_out, {a.expert_a, a.expert_a16}, w.expert_down,
                                 bf16_of(m, w.expert_down), offsets, E_local, I, d);
     m.timer.mark("permute");

@@ -3,8 +3,8 @@
 // master weights, the gradients and the two AdamW moments, laid out by the same ParamTable as the CPU model; with
 // Precision::BF16 the GEMMs read a BF16 working copy of the weights (refreshed after every update) and BF16 casts
 // of their activation operands, and accumulate in FP32: each GEMM input is cast once, in the forward, into a BF16
-// copy kept beside it (the `16` buffers below) that every GEMM reading it uses, forward and backward; the output
-// gradients are cast by the GEMM calls. The attention, on the tensor cores, reads q, k, v and dO stored in BF16 and
+// copy kept beside it (the `16` buffers below) that every GEMM reading it uses, forward and backward (the SwiGLU
+// outputs, read by nothing else, are written in BF16 only); the output gradients are cast by the GEMM calls. The attention, on the tensor cores, reads q, k, v and dO stored in BF16 and
 // accumulates in FP32. Everything else (norms, router, softmax, the optimizer) is FP32.
 // Activations for B x T tokens are carved from one allocation at init; the routed experts' rows (whose number
 // depends on the routing under expert parallelism) have per-layer buffers that grow when a step needs more.
@@ -43,7 +43,8 @@ struct GpuBlockActs {
     float *q_heads, *k_heads, *o, *lse;                    // (N, H, dqk) x2 (FP32 attention), (N, H*dv), (B, H, T)
     __nv_bfloat16 *q_heads16, *k_heads16, *v_heads16;      // (N, H, dqk) x2, (N, H, dv): the tensor-core attention's
     float *attn_out, *h_mid, *ffn_normed, *ffn_rstd;       // (N, d) x3, (N)
-    float *ffn_g, *ffn_u, *ffn_a;                          // (N, width): the dense FFN or the shared experts
+    float *ffn_g, *ffn_u, *ffn_a;                          // (N, width): the dense FFN or the shared experts (ffn_a:
+                                                           // FP32 mode; BF16 writes only ffn_a16)
     float* ffn_out;                                        // (N, d)
     // BF16: the copies of the GEMM inputs attn_normed, q_a_normed, c_kv_normed, o, ffn_normed, ffn_a
     __nv_bfloat16 *attn_normed16, *q_a_normed16, *c_kv_normed16, *o16, *ffn_normed16, *ffn_a16;
@@ -54,7 +55,7 @@ struct GpuBlockActs {
     float *rows_sent, *rows_back;                          // (N*k, d) in plan order
     // routed-expert rows in expert-contiguous order, R = dispatch.received() of them (capacity expert_rows)
     float *expert_in = nullptr, *expert_out = nullptr;     // (R, d)
-    float *expert_g = nullptr, *expert_u = nullptr, *expert_a = nullptr;  // (R, I)
+    float *expert_g = nullptr, *expert_u = nullptr, *expert_a = nullptr;  // (R, I) (expert_a: FP32 mode only)
     int64_t *recv_to_expert = nullptr, *expert_to_recv = nullptr;          // (R) the EP permutation and its inverse
     __nv_bfloat16 *expert_in16 = nullptr, *expert_a16 = nullptr;          // BF16: (R, d), (R, I)
     int64_t expert_rows = 0;                               // capacity

@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include <cuda_bf16.h>
+
 #include "kernels/cuda_check.cuh"
 #include "kernels/launch.cuh"
 
@@ -22,6 +24,10 @@ inline unsigned grid_stride_blocks(int64_t n, int threads) {
     const int64_t blocks = ceil_div(n, threads);
     return (unsigned)(blocks < 1 ? 1 : blocks > (1 << 20) ? (1 << 20) : blocks);
 }
+
+// *out = x, rounded to the nearest BF16 (ties to even) when out is BF16: for kernels that write either precision
+__device__ inline void store_as(float* out, float x) { *out = x; }
+__device__ inline void store_as(__nv_bfloat16* out, float x) { *out = __float2bfloat16_rn(x); }
 
 // the same expression as model/ops.h's sigmoidf_ (expf: accurate to 2 ulp on the device, not __expf)
 __device__ inline float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }

@@ -33,9 +33,9 @@
 //                    after each update). An input comes with the BF16 copy the caller keeps (GemmInput: cast once
 //                    by the model for every GEMM that reads it, forward and backward), or is cast here; output
 //                    gradients are cast here. The casts here (round to nearest even) go into the two cast buffers
-//                    of the Matmul, sized at create for the largest operand. Products of two BF16
-//                    values are exact in FP32, so the only error beyond FP32 is the rounding of the inputs
-//                    (relative 2^-8 each). The FP32 master weights and gradients are untouched: dW is FP32 +=.
+//                    of the Matmul, sized at create for the largest operand. Products of two BF16 values are exact
+//                    in FP32, so the only error beyond FP32 is the rounding of the inputs (relative 2^-8 each).
+//                    The FP32 master weights and gradients are untouched: dW is FP32 +=.
 // Odd sizes: no padding. cuBLASLt documents leading-dimension rules only for FP8 and int8 (multiples of 16 bytes),
 // none for BF16 or FP32; the layouts carry the true ld and the alignment preferences below carry the true pointer
 // alignment, so the heuristic returns only kernels valid for them. With an odd K or N the rows are 2-byte (BF16)
@@ -120,8 +120,8 @@ struct MatmulCasts {
 };
 
 // A GEMM's input rows (M, K) as FP32, and in BF16 mode possibly their BF16 copy, laid out alike (row r at r * K),
-// made by the caller and kept: then the call reads it instead of casting the rows itself. Converts from a plain
-// const float* (no copy: the call casts).
+// made by the caller and kept: then the call reads it instead of casting the rows itself, and the FP32 rows may be
+// absent (nullptr: an input written only in BF16). Converts from a plain const float* (no copy: the call casts).
 struct GemmInput {
     const float* fp32;
     const __nv_bfloat16* bf16;
@@ -363,6 +363,15 @@ inline const __nv_bfloat16* matmul_input_bf16(Matmul& mm, const GemmInput& inp, 
                                               const MatmulSite& site) {
     return inp.bf16 ? inp.bf16 + first * K : matmul_cast(mm, false, inp.fp32 + first * K, n, site, "inp");
 }
+// The FP32 rows of inp, for an FP32 GEMM: they must be there.
+inline const float* matmul_input_fp32(const GemmInput& inp, const MatmulSite& site) {
+    if (!inp.fp32) {
+        fprintf(stderr, "internal error: %s (M=%ld K=%ld N=%ld): an FP32 GEMM given only a BF16 input\n", site.name,
+                (long)site.M, (long)site.K, (long)site.N);
+        exit(1);
+    }
+    return inp.fp32;
+}
 
 // out (M, N) (=|+=) inp (M, K) @ W^T, W (N, K). W16 (BF16 copy of W) given: BF16 inputs; nullptr: FP32.
 inline void matmul_forward(Matmul& mm, float* out, GemmInput inp, const float* W, const __nv_bfloat16* W16,
@@ -373,7 +382,7 @@ inline void matmul_forward(Matmul& mm, float* out, GemmInput inp, const float* W
         const __nv_bfloat16* inp16 = matmul_input_bf16(mm, inp, 0, K, M * K, s);
         matmul_gemm_forward(mm, 0, s, true, out, inp16, W16, M, K, N, accumulate);
     } else {
-        matmul_gemm_forward(mm, 0, s, false, out, inp.fp32, W, M, K, N, accumulate);
+        matmul_gemm_forward(mm, 0, s, false, out, matmul_input_fp32(inp, s), W, M, K, N, accumulate);
     }
 }
 
@@ -389,7 +398,7 @@ inline void matmul_backward(Matmul& mm, float* dinp, float* dW, const float* dou
         matmul_gemm_dW(mm, 0, s, true, dW, dout16, inp16, M, K, N);
     } else {
         if (dinp) matmul_gemm_dinp(mm, 0, s, false, dinp, dout, W, M, K, N, accumulate_dinp);
-        matmul_gemm_dW(mm, 0, s, false, dW, dout, inp.fp32, M, K, N);
+        matmul_gemm_dW(mm, 0, s, false, dW, dout, matmul_input_fp32(inp, s), M, K, N);
     }
 }
 
@@ -444,6 +453,7 @@ inline void grouped_matmul_forward(Matmul& mm, float* out, GemmInput inp, const 
     const int64_t first = grouped_first_row(s, offsets, G), rows = offsets[G] - first;
     if (rows == 0) return;
     const __nv_bfloat16* inp16 = W16 ? matmul_input_bf16(mm, inp, first, K, rows * K, s) : nullptr;
+    const float* inp32 = W16 ? nullptr : matmul_input_fp32(inp, s);
     grouped_on_lanes(mm, offsets, G, [&](int64_t g, int lane) {
         const int64_t r0 = offsets[g], M = offsets[g + 1] - r0;
         const MatmulSite sg{"grouped_matmul_forward (one group)", M, K, N};
@@ -451,8 +461,7 @@ inline void grouped_matmul_forward(Matmul& mm, float* out, GemmInput inp, const 
             matmul_gemm_forward(mm, lane, sg, true, out + r0 * N, inp16 + (r0 - first) * K, W16 + g * N * K, M, K, N,
                                 false);
         else
-            matmul_gemm_forward(mm, lane, sg, false, out + r0 * N, inp.fp32 + r0 * K, W + g * N * K, M, K, N,
-                                false);
+            matmul_gemm_forward(mm, lane, sg, false, out + r0 * N, inp32 + r0 * K, W + g * N * K, M, K, N, false);
     });
 }
 
@@ -465,9 +474,12 @@ inline void grouped_matmul_backward(Matmul& mm, float* dinp, float* dW, const fl
     const int64_t first = grouped_first_row(s, offsets, G), rows = offsets[G] - first;
     if (rows == 0) return;
     const __nv_bfloat16 *dout16 = nullptr, *inp16 = nullptr;
+    const float* inp32 = nullptr;
     if (W16) {
         dout16 = matmul_cast(mm, true, dout + first * N, rows * N, s, "dout");
         inp16 = matmul_input_bf16(mm, inp, first, K, rows * K, s);
+    } else {
+        inp32 = matmul_input_fp32(inp, s);
     }
     grouped_on_lanes(mm, offsets, G, [&](int64_t g, int lane) {
         const int64_t r0 = offsets[g], M = offsets[g + 1] - r0;
@@ -480,7 +492,7 @@ inline void grouped_matmul_backward(Matmul& mm, float* dinp, float* dW, const fl
         } else {
             if (dinp)
                 matmul_gemm_dinp(mm, lane, sg, false, dinp + r0 * K, dout + r0 * N, W + g * N * K, M, K, N, false);
-            matmul_gemm_dW(mm, lane, sg, false, dW_g, dout + r0 * N, inp.fp32 + r0 * K, M, K, N);
+            matmul_gemm_dW(mm, lane, sg, false, dW_g, dout + r0 * N, inp32 + r0 * K, M, K, N);
         }
     });
 }

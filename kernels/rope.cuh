@@ -23,8 +23,6 @@
 #pragma once
 #include <cstdint>
 
-#include <cuda_bf16.h>
-
 #include "kernels/common.cuh"
 #include "model/config.h"
 #include "model/rope.h"
@@ -53,9 +51,6 @@ static __global__ void rope_table_kernel(float* cos_table, float* sin_table, Con
     }
 }
 
-__device__ inline void rope_store(float* p, float x) { *p = x; }
-__device__ inline void rope_store(__nv_bfloat16* p, float x) { *p = __float2bfloat16_rn(x); }
-
 // one thread per (n, h, e), e < dqk = dn + dr, and with v_heads also dqk <= e < dqk + dv (v_heads' values)
 template <typename Out>
 static __global__ void rope_heads_forward_kernel(Out* q_heads, Out* k_heads, Out* v_heads, const float* q,
@@ -67,15 +62,15 @@ static __global__ void rope_heads_forward_kernel(Out* q_heads, Out* k_heads, Out
          idx += (int64_t)gridDim.x * blockDim.x) {
         const int64_t e = idx % width, nh = idx / width, n = nh / H, at = nh * dqk + e;
         if (e < dn) {
-            rope_store(q_heads + at, q[at]);  // q (N, H*dqk) and q_heads (N, H, dqk) have the same layout
-            rope_store(k_heads + at, kv[nh * (dn + dv) + e]);
+            store_as(q_heads + at, q[at]);  // q (N, H*dqk) and q_heads (N, H, dqk) have the same layout
+            store_as(k_heads + at, kv[nh * (dn + dv) + e]);
         } else if (e < dqk) {
             const int64_t r = e - dn, table = (n % T) * (dr / 2) + r / 2;
             const float co = cos_table[table], si = sin_table[table];
-            rope_store(q_heads + at, rope_rotate_element(q + nh * dqk + dn, r, co, si, false));
-            rope_store(k_heads + at, rope_rotate_element(kv_a + n * (kr + dr) + kr, r, co, si, false));
+            store_as(q_heads + at, rope_rotate_element(q + nh * dqk + dn, r, co, si, false));
+            store_as(k_heads + at, rope_rotate_element(kv_a + n * (kr + dr) + kr, r, co, si, false));
         } else {
-            rope_store(v_heads + nh * dv + (e - dqk), kv[nh * (dn + dv) + dn + (e - dqk)]);
+            store_as(v_heads + nh * dv + (e - dqk), kv[nh * (dn + dv) + dn + (e - dqk)]);
         }
     }
 }

@@ -1,5 +1,6 @@
 // SwiGLU gate, elementwise over n values, FP32 (DESIGN §1.2):
-//   forward:  out = silu(g) * u,  silu(g) = g / (1 + exp(-g)) = g s,  s = sigmoid(g)
+//   forward:  out = silu(g) * u,  silu(g) = g / (1 + exp(-g)) = g s,  s = sigmoid(g); with --dtype bf16 out is
+//             only the input of the down projection's GEMM, so it is written in BF16 (swiglu_forward_bf16)
 //   backward: dg = dout u s (1 + g (1 - s))   (silu'(g)),   du = dout g s   (both overwritten)
 #pragma once
 #include <cstdint>
@@ -12,9 +13,10 @@ constexpr int SWIGLU_THREADS = 256;
 
 __device__ inline float silu(float x) { return x / (1.0f + expf(-x)); }  // as model/ops.h
 
-static __global__ void swiglu_forward_kernel(float* out, const float* g, const float* u, int64_t n) {
+template <typename Out>
+static __global__ void swiglu_forward_kernel(Out* out, const float* g, const float* u, int64_t n) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        out[i] = silu(g[i]) * u[i];
+        store_as(out + i, silu(g[i]) * u[i]);
 }
 
 static __global__ void swiglu_backward_kernel(float* dg, float* du, const float* dout, const float* g, const float* u,
@@ -28,8 +30,13 @@ static __global__ void swiglu_backward_kernel(float* dg, float* du, const float*
 
 // g, u, out (n)
 inline void swiglu_forward(float* out, const float* g, const float* u, int64_t n, cudaStream_t stream) {
-    launch_kernel(swiglu_forward_kernel, grid_stride_blocks(n, SWIGLU_THREADS), SWIGLU_THREADS, 0, stream, out, g, u,
-                  n);
+    launch_kernel(swiglu_forward_kernel<float>, grid_stride_blocks(n, SWIGLU_THREADS), SWIGLU_THREADS, 0, stream, out,
+                  g, u, n);
+}
+// the same values rounded to BF16
+inline void swiglu_forward_bf16(__nv_bfloat16* out, const float* g, const float* u, int64_t n, cudaStream_t stream) {
+    launch_kernel(swiglu_forward_kernel<__nv_bfloat16>, grid_stride_blocks(n, SWIGLU_THREADS), SWIGLU_THREADS, 0,
+                  stream, out, g, u, n);
 }
 
 // dout, g, u (n) -> dg, du (n)

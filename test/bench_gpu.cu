@@ -536,6 +536,10 @@ std::vector<KernelResult> bench_kernels(const Config& c, const Options& o, cudaS
         fill_uniform(da, 8, -1.0f, 1.0f, s);
         // reads g, u; writes a (n each)
         run("swiglu_forward", dims({R, I}), F * 3 * n, [&] { gpu::swiglu_forward(a.ptr, g.ptr, u.ptr, n, s); });
+        // reads g, u; writes a in BF16 (the model's --dtype bf16 path)
+        DeviceArray<__nv_bfloat16> a16(n);
+        run("swiglu_forward_bf16", dims({R, I}), F * 2 * n + 2.0 * n,
+            [&] { gpu::swiglu_forward_bf16(a16.ptr, g.ptr, u.ptr, n, s); });
         // reads da, g, u; writes dg, du (n each)
         DeviceArray<float> dg(n), du(n);
         run("swiglu_backward", dims({R, I}), F * 5 * n,

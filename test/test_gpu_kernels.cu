@@ -42,6 +42,18 @@
 #include "model/rope.h"
 #include "model/router.h"
 
+// x rounded to BF16 (round to nearest even, as __float2bfloat16_rn), as floats
+static std::vector<float> bf16_rounded(const std::vector<float>& x) {
+    std::vector<float> r(x.size());
+    for (size_t i = 0; i < x.size(); i++) r[i] = __bfloat162float(__float2bfloat16_rn(x[i]));
+    return r;
+}
+static std::vector<float> widened(const std::vector<__nv_bfloat16>& x) {
+    std::vector<float> r(x.size());
+    for (size_t i = 0; i < x.size(); i++) r[i] = __bfloat162float(x[i]);
+    return r;
+}
+
 static void test_embedding(Rng& rng) {
     struct Case { int64_t V, d, M; };
     for (Case tc : {Case{1001, 771, 3001}, Case{50, 33, 7}}) {
@@ -124,6 +136,11 @@ static void test_swiglu(Rng& rng) {
         check("swiglu_forward out " + shape, d_out.get(), out, 1e-5);
         check("swiglu_backward dg " + shape, d_dg.get(), dg, 1e-5);
         check("swiglu_backward du " + shape, d_du.get(), du, 1e-5);
+        Dev<__nv_bfloat16> d_out16(n);
+        d_out16.poison();
+        gpu::swiglu_forward_bf16(d_out16.ptr, d_g.ptr, d_u.ptr, n, 0);
+        check("swiglu_forward_bf16 out = the FP32 kernel's rounded " + shape, widened(d_out16.get()),
+              bf16_rounded(d_out.get()), 0);
     }
 }
 
@@ -371,17 +388,6 @@ struct CpuMLA {
 
 static std::vector<float> host_copy(const float* p, int64_t n) { return std::vector<float>(p, p + n); }
 
-// x rounded to BF16 (round to nearest even, as __float2bfloat16_rn), as floats
-static std::vector<float> bf16_rounded(const std::vector<float>& x) {
-    std::vector<float> r(x.size());
-    for (size_t i = 0; i < x.size(); i++) r[i] = __bfloat162float(__float2bfloat16_rn(x[i]));
-    return r;
-}
-static std::vector<float> widened(const std::vector<__nv_bfloat16>& x) {
-    std::vector<float> r(x.size());
-    for (size_t i = 0; i < x.size(); i++) r[i] = __bfloat162float(x[i]);
-    return r;
-}
 
 // columns [c0, c1) of each row of a (rows, width) matrix
 static std::vector<float> columns(const std::vector<float>& m, int64_t width, int64_t c0, int64_t c1) {

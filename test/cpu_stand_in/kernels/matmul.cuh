@@ -122,14 +122,15 @@ inline const __nv_bfloat16* matmul_cast(Matmul& mm, bool output_grad, const floa
 }
 
 // The BF16 rows of inp from row `first` on (n elements): a cast into the input buffer, or the caller's copy, which
-// must then be, when the product runs, the rounding of the FP32 rows (a copy not refreshed after its rows changed,
-// or made of other rows, is a contract violation).
+// must then be, when the product runs, the rounding of the FP32 rows if there are any (a copy not refreshed after
+// its rows changed, or made of other rows, is a contract violation).
 inline const __nv_bfloat16* matmul_input_bf16(Matmul& mm, const GemmInput& inp, int64_t first, int64_t K, int64_t n,
                                               const char* site) {
-    const float* rows = inp.fp32 + first * K;
-    if (!inp.bf16) return matmul_cast(mm, false, rows, n, site, "inp");
+    if (!inp.bf16) return matmul_cast(mm, false, inp.fp32 + first * K, n, site, "inp");
     const __nv_bfloat16* copy = inp.bf16 + first * K;
     dev(copy, n, std::string(site) + " inp (BF16 copy)");
+    if (!inp.fp32) return copy;  // written only in BF16
+    const float* rows = inp.fp32 + first * K;
     launch(mm.stream, [=] {
         for (int64_t i = 0; i < n; i++) {
             const __nv_bfloat16 want = __float2bfloat16_rn(rows[i]);
@@ -139,6 +140,18 @@ inline const __nv_bfloat16* matmul_input_bf16(Matmul& mm, const GemmInput& inp, 
         }
     });
     return copy;
+}
+
+// inp's FP32 rows from row `first` on, or nullptr when there are none
+inline const float* stand_in_rows(const GemmInput& inp, int64_t first, int64_t K) {
+    return inp.fp32 ? inp.fp32 + first * K : nullptr;
+}
+
+// The FP32 rows of inp (rows elements from row `first`), checked to lie in device memory; they may be absent only
+// when a BF16 copy is given and the call is BF16.
+inline void stand_in_input_fp32(const GemmInput& inp, bool bf16, int64_t first, int64_t K, int64_t rows,
+                                const char* site) {
+    if (inp.fp32 || !(bf16 && inp.bf16)) dev(stand_in_rows(inp, first, K), rows * K, std::string(site) + " inp");
 }
 
 // n BF16 values as floats (read when the queued work runs)
@@ -153,7 +166,7 @@ inline void matmul_forward(Matmul& mm, float* out, GemmInput inp, const float* W
                            int64_t M, int64_t K, int64_t N, bool accumulate) {
     if (M == 0) return;
     dev(out, M * N, "matmul_forward out");
-    dev(inp.fp32, M * K, "matmul_forward inp");
+    stand_in_input_fp32(inp, W16, 0, K, M, "matmul_forward");
     dev(W, N * K, "matmul_forward W");
     apart("matmul_forward", {span(out, M * N, "out")}, {span(inp.fp32, M * K, "inp"), span(W, N * K, "W")});
     const __nv_bfloat16* inp16 = nullptr;
@@ -179,7 +192,7 @@ inline void matmul_backward(Matmul& mm, float* dinp, float* dW, const float* dou
     if (dinp) dev(dinp, M * K, "matmul_backward dinp");
     dev(dW, N * K, "matmul_backward dW");
     dev(dout, M * N, "matmul_backward dout");
-    dev(inp.fp32, M * K, "matmul_backward inp");
+    stand_in_input_fp32(inp, W16, 0, K, M, "matmul_backward");
     dev(W, N * K, "matmul_backward W");
     apart("matmul_backward", {span(dinp, M * K, "dinp"), span(dW, N * K, "dW")},
           {span(dout, M * N, "dout"), span(inp.fp32, M * K, "inp"), span(W, N * K, "W")});
@@ -215,10 +228,10 @@ inline void grouped_matmul_forward(Matmul& mm, float* out, GemmInput inp, const 
     const int64_t first = off[0], rows = off[G] - first;
     if (rows == 0) return;
     dev(out + first * N, rows * N, "grouped_matmul_forward out");
-    dev(inp.fp32 + first * K, rows * K, "grouped_matmul_forward inp");
+    stand_in_input_fp32(inp, W16, first, K, rows, "grouped_matmul_forward");
     dev(W, G * N * K, "grouped_matmul_forward W");
     apart("grouped_matmul_forward", {span(out + first * N, rows * N, "out")},
-          {span(inp.fp32 + first * K, rows * K, "inp"), span(W, G * N * K, "W")});
+          {span(stand_in_rows(inp, first, K), rows * K, "inp"), span(W, G * N * K, "W")});
     const __nv_bfloat16* inp16 = nullptr;
     if (W16) {
         dev(W16, G * N * K, "grouped_matmul_forward W16");
@@ -248,10 +261,10 @@ inline void grouped_matmul_backward(Matmul& mm, float* dinp, float* dW, const fl
     if (dinp) dev(dinp + first * K, rows * K, "grouped_matmul_backward dinp");
     dev(dW, G * N * K, "grouped_matmul_backward dW");
     dev(dout + first * N, rows * N, "grouped_matmul_backward dout");
-    dev(inp.fp32 + first * K, rows * K, "grouped_matmul_backward inp");
+    stand_in_input_fp32(inp, W16, first, K, rows, "grouped_matmul_backward");
     dev(W, G * N * K, "grouped_matmul_backward W");
     apart("grouped_matmul_backward", {span(dinp ? dinp + first * K : nullptr, rows * K, "dinp"), span(dW, G * N * K, "dW")},
-          {span(dout + first * N, rows * N, "dout"), span(inp.fp32 + first * K, rows * K, "inp"),
+          {span(dout + first * N, rows * N, "dout"), span(stand_in_rows(inp, first, K), rows * K, "inp"),
            span(W, G * N * K, "W")});
     const __nv_bfloat16 *dout16 = nullptr, *inp16 = nullptr;
     if (W16) {
