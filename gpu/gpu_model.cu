@@ -126,7 +126,8 @@ void carve_block(ByteArena& ar, const Config& c, bool bf16, int layer, int B, in
     a.offsets = ar.take<int64_t>(E + 1);
     a.row_of_slot = ar.take<int64_t>(N * k);
     a.slot_of_row = ar.take<int64_t>(N * k);
-    a.rows_sent = ar.take<float>(N * k * d);
+    a.rows_sent = ar.take<float>((1 - b16) * N * k * d);
+    a.rows_sent16 = ar.take<__nv_bfloat16>(b16 * N * k * d);
     a.rows_back = ar.take<float>(N * k * d);
 }
 
@@ -241,11 +242,11 @@ void carve_expert_rows(ByteArena& ar, const Config& c, bool bf16, int ep_size, i
     a.expert_g = ar.take<float>(R * I);
     a.expert_u = ar.take<float>(R * I);
     a.expert_a = ar.take<float>((1 - b16) * R * I);
-    a.expert_in = ar.take<float>(ep * R * d);
+    a.expert_in = ar.take<float>((1 - b16) * ep * R * d);
     a.expert_out = ar.take<float>(ep * R * d);
     a.recv_to_expert = ar.take<int64_t>(ep * R);
     a.expert_to_recv = ar.take<int64_t>(ep * R);
-    a.expert_in16 = ar.take<__nv_bfloat16>(b16 * R * d);
+    a.expert_in16 = ar.take<__nv_bfloat16>(b16 * ep * R * d);
     a.expert_a16 = ar.take<__nv_bfloat16>(b16 * R * I);
 }
 
@@ -427,11 +428,16 @@ void mla_backward(GpuModel& m, const BlockWeights& w, BlockWeights& g, const Gpu
 // ---- MoE (model/moe.cpp) --------------------------------------------------------------------------------------
 
 // Rows in plan order on this rank <-> rows in expert order on the experts' ranks (DESIGN §2). With one EP rank
-// the plan order is the expert order and nothing moves. `arrived` is a buffer of R rows for the exchange.
-void dispatch_rows(GpuModel& m, const GpuBlockActs& a, const float* rows, float* expert_rows, float* arrived) {
+// the plan order is the expert order and nothing moves. `arrived` is a buffer of R rows for the exchange. T: float,
+// or __nv_bfloat16 for the forward's rows in BF16 mode, which travel as d/2 floats a row (the Comm moves floats;
+// the bytes are the same; gpu_model_init requires an even hidden size for this).
+template <typename T>
+void dispatch_rows(GpuModel& m, const GpuBlockActs& a, const T* rows, T* expert_rows, T* arrived) {
     const int64_t d = m.config.hidden_size, R = a.dispatch.received();
     sync(m);
-    m.comm->all_to_all_v(rows, a.dispatch.send_rows.data(), arrived, a.dispatch.recv_rows.data(), d);
+    m.comm->all_to_all_v(reinterpret_cast<const float*>(rows), a.dispatch.send_rows.data(),
+                         reinterpret_cast<float*>(arrived), a.dispatch.recv_rows.data(),
+                         d * (int64_t)sizeof(T) / (int64_t)sizeof(float));
     gpu::gather_forward(expert_rows, arrived, a.expert_to_recv, R, 1, d, m.stream);
 }
 void combine_rows(GpuModel& m, const GpuBlockActs& a, const float* expert_rows, float* rows, float* leaving) {
@@ -480,6 +486,11 @@ void moe_route(GpuModel& m, const BlockWeights& w, GpuBlockActs& a, const float*
     }
 }
 
+// The routed experts' input rows in expert order: FP32 or BF16, with one EP rank the rows as gathered
+gpu::GemmInput expert_input(const GpuBlockActs& a, bool ep) {
+    return {ep ? a.expert_in : a.rows_sent, ep ? a.expert_in16 : a.rows_sent16};
+}
+
 double moe_forward(GpuModel& m, const BlockWeights& w, GpuBlockActs& a, gpu::GemmInput x, float* out,
                    bool with_loss) {
     const Config& c = m.config;
@@ -488,18 +499,22 @@ double moe_forward(GpuModel& m, const BlockWeights& w, GpuBlockActs& a, gpu::Gem
     const bool ep = m.comm->ep_size > 1;
     const Scratch s = scratch_of(m);
     moe_route(m, w, a, x.fp32, s);
-    gpu::gather_forward(a.rows_sent, x.fp32, a.slot_of_row, N, (int)k, d, m.stream);
-    float* expert_in = ep ? a.expert_in : a.rows_sent;
     float* expert_out = ep ? a.expert_out : a.rows_back;
-    if (ep) dispatch_rows(m, a, a.rows_sent, expert_in, expert_out);
+    const gpu::GemmInput expert_in = expert_input(a, ep);
+    if (x.bf16) {  // BF16 mode: the rows gathered (and exchanged) in BF16; expert_out is free to receive them
+        gpu::gather_forward(a.rows_sent16, x.bf16, a.slot_of_row, N, (int)k, d, m.stream);
+        if (ep) dispatch_rows(m, a, a.rows_sent16, a.expert_in16, reinterpret_cast<__nv_bfloat16*>(expert_out));
+    } else {
+        gpu::gather_forward(a.rows_sent, x.fp32, a.slot_of_row, N, (int)k, d, m.stream);
+        if (ep) dispatch_rows(m, a, a.rows_sent, a.expert_in, expert_out);
+    }
     m.timer.mark("expert GEMMs");
     const int64_t* offsets = a.dispatch.expert_offsets.data();
     const int64_t E_local = (int64_t)a.dispatch.expert_counts.size(), R = a.dispatch.received();
-    keep_bf16(m, a.expert_in16, expert_in, R * d);
-    gpu::grouped_matmul_forward(m.matmul, a.expert_g, {expert_in, a.expert_in16}, w.expert_gate,
-                                bf16_of(m, w.expert_gate), offsets, E_local, d, I);
-    gpu::grouped_matmul_forward(m.matmul, a.expert_u, {expert_in, a.expert_in16}, w.expert_up, bf16_of(m, w.expert_up),
-                                offsets, E_local, d, I);
+    gpu::grouped_matmul_forward(m.matmul, a.expert_g, expert_in, w.expert_gate, bf16_of(m, w.expert_gate), offsets,
+                                E_local, d, I);
+    gpu::grouped_matmul_forward(m.matmul, a.expert_u, expert_in, w.expert_up, bf16_of(m, w.expert_up), offsets,
+                                E_local, d, I);
     swiglu(m, a.expert_a, a.expert_a16, a.expert_g, a.expert_u, R * I);
     gpu::grouped_matmul_forward(m.matmul, expert_out, {a.expert_a, a.expert_a16}, w.expert_down,
                                 bf16_of(m, w.expert_down), offsets, E_local, I, d);
@@ -537,7 +552,7 @@ void moe_backward(GpuModel& m, const BlockWeights& w, BlockWeights& g, GpuBlockA
     m.timer.mark("expert GEMMs");
     const int64_t* offsets = a.dispatch.expert_offsets.data();
     const int64_t E_local = (int64_t)a.dispatch.expert_counts.size(), R = a.dispatch.received();
-    const gpu::GemmInput expert_in{ep ? a.expert_in : a.rows_sent, a.expert_in16};
+    const gpu::GemmInput expert_in = expert_input(a, ep);
     gpu::grouped_matmul_backward(m.matmul, es.da, g.expert_down, dexpert_out, {a.expert_a, a.expert_a16},
                                  w.expert_down, bf16_of(m, w.expert_down), offsets, E_local, I, d);
     gpu::swiglu_backward(es.dg, es.du, es.da, a.expert_g, a.expert_u, R * I, m.stream);
@@ -757,6 +772,10 @@ void gpu_model_init(GpuModel& m, const Config& c, Comm& comm, gpu::Precision p, 
     if (c.qk_rope_head_dim % 2 != 0)
         throw std::runtime_error("qk_rope_head_dim " + std::to_string(c.qk_rope_head_dim) +
                                  " is odd: RoPE rotates pairs");
+    if (p == gpu::Precision::BF16 && comm.ep_size > 1 && c.hidden_size % 2 != 0)
+        throw std::runtime_error("hidden_size " + std::to_string(c.hidden_size) +
+                                 " is odd: with --dtype bf16 and --ep > 1 the expert rows travel as pairs of BF16 "
+                                 "values (use an even hidden size, or --dtype fp32)");
     const GpuMemoryPlan plan = gpu_memory_plan(c, comm.ep_size, p, B, T);
     size_t free_bytes = 0, total_bytes = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));

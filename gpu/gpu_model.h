@@ -4,7 +4,8 @@
 // Precision::BF16 the GEMMs read a BF16 working copy of the weights (refreshed after every update) and BF16 casts
 // of their activation operands, and accumulate in FP32: each GEMM input is cast once, in the forward, into a BF16
 // copy kept beside it (the `16` buffers below) that every GEMM reading it uses, forward and backward (the SwiGLU
-// outputs, read by nothing else, are written in BF16 only); the output gradients are cast by the GEMM calls. The attention, on the tensor cores, reads q, k, v and dO stored in BF16 and
+// outputs and the routed experts' input rows, read by nothing else, are BF16 only: the rows are gathered from the
+// BF16 copy of x and, under expert parallelism, exchanged in BF16); the output gradients are cast by the GEMM calls. The attention, on the tensor cores, reads q, k, v and dO stored in BF16 and
 // accumulates in FP32. Everything else (norms, router, softmax, the optimizer) is FP32.
 // Activations for B x T tokens are carved from one allocation at init; the routed experts' rows (whose number
 // depends on the routing under expert parallelism) have per-layer buffers that grow when a step needs more.
@@ -52,12 +53,13 @@ struct GpuBlockActs {
     float *scores, *gate_weights;                          // (N, E), (N, k)
     int32_t* chosen;                                       // (N, k)
     int64_t *counts, *offsets, *row_of_slot, *slot_of_row; // (E), (E+1), (N*k), (N*k)
-    float *rows_sent, *rows_back;                          // (N*k, d) in plan order
+    float *rows_sent, *rows_back;                          // (N*k, d) in plan order (rows_sent: FP32 mode)
+    __nv_bfloat16* rows_sent16;                            // (N*k, d) BF16 mode: the experts' input rows
     // routed-expert rows in expert-contiguous order, R = dispatch.received() of them (capacity expert_rows)
-    float *expert_in = nullptr, *expert_out = nullptr;     // (R, d)
+    float *expert_in = nullptr, *expert_out = nullptr;     // (R, d) (expert_in: FP32 mode)
     float *expert_g = nullptr, *expert_u = nullptr, *expert_a = nullptr;  // (R, I) (expert_a: FP32 mode only)
     int64_t *recv_to_expert = nullptr, *expert_to_recv = nullptr;          // (R) the EP permutation and its inverse
-    __nv_bfloat16 *expert_in16 = nullptr, *expert_a16 = nullptr;          // BF16: (R, d), (R, I)
+    __nv_bfloat16 *expert_in16 = nullptr, *expert_a16 = nullptr;          // BF16: (R, d) (EP > 1), (R, I)
     int64_t expert_rows = 0;                               // capacity
     void* expert_alloc = nullptr;                          // the allocation the pointers above live in
     std::vector<int64_t> counts_host;                      // (E) this rank's rows per expert, last forward

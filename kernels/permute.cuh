@@ -1,4 +1,4 @@
-// The routed-expert permutation of one MoE layer, FP32 rows (DESIGN §1.2, §2; the CPU reference is
+// The routed-expert permutation of one MoE layer, FP32 rows (the gather also BF16) (DESIGN §1.2, §2; the CPU reference is
 // comm/expert_plan.cpp and the dispatch/combine loops of model/moe.cpp). Assignment a = t*k + j is token t's
 // j-th chosen expert; n = N*k assignments.
 //   plan:     counts (E) rows per expert, offsets (E+1) their exclusive prefix sum, row_of_slot (n) the
@@ -71,8 +71,9 @@ static __global__ void expert_place_kernel(int64_t* row_of_slot, int64_t* slot_o
     }
 }
 
-// one block per row r: rows[r] = x[slot_of_row[r] / k]
-static __global__ void gather_forward_kernel(float* rows, const float* x, const int64_t* slot_of_row, int k, int64_t d) {
+// one block per row r: rows[r] = x[slot_of_row[r] / k] (FP32 or BF16 values: a copy)
+template <typename T>
+static __global__ void gather_forward_kernel(T* rows, const T* x, const int64_t* slot_of_row, int k, int64_t d) {
     const int64_t r = blockIdx.x, t = slot_of_row[r] / k;
     for (int64_t i = threadIdx.x; i < d; i += blockDim.x) rows[r * d + i] = x[t * d + i];
 }
@@ -122,11 +123,12 @@ inline void expert_plan_build(int64_t* counts, int64_t* offsets, int64_t* row_of
                   E);
 }
 
-// x (N, d) -> rows (N*k, d) in plan order
-inline void gather_forward(float* rows, const float* x, const int64_t* slot_of_row, int64_t N, int k, int64_t d,
+// x (N, d) -> rows (N*k, d) in plan order; T: float, or __nv_bfloat16 (the BF16 copies of the experts' inputs)
+template <typename T>
+inline void gather_forward(T* rows, const T* x, const int64_t* slot_of_row, int64_t N, int k, int64_t d,
                            cudaStream_t stream) {
     if (N == 0) return;
-    launch_kernel(gather_forward_kernel, (unsigned)(N * k), ROW_THREADS, 0, stream, rows, x, slot_of_row, k, d);
+    launch_kernel(gather_forward_kernel<T>, (unsigned)(N * k), ROW_THREADS, 0, stream, rows, x, slot_of_row, k, d);
 }
 
 // drows (N*k, d) -> dx (N, d) (=|+=)

@@ -10,6 +10,8 @@
 //                 received rows into expert order: what an MoE layer does before its expert GEMMs
 //   combine       the reverse: permute back to arrival order + comm->all_to_all_v back + the weighted sum per token
 //                 (gpu::combine_forward)
+//   dispatch BF16 the dispatch as the model does it with --dtype bf16: BF16 rows (half the bytes), exchanged as
+//                 pairs of BF16 values per float (the hidden size must be even)
 //   all-to-all-v  comm->all_to_all_v alone, dispatch routing: the exchange without the two kernels
 //   send/recv     comm->all_to_all_v with an equal split: the ncclSend/ncclRecv group on uniform sizes
 //   ncclAlltoAll  NCCL's own all-to-all, equal split, on its own communicator over the same EP ranks: the reference
@@ -22,7 +24,8 @@
 // algbw = bytes / time; busbw = algbw * (P-1)/P, as nccl-tests defines it for all-to-all (the self-part moves no
 // link bytes; 0 on one rank). `vs a2a` is algbw / ncclAlltoAll's algbw (the same ratio in busbw): the issue's
 // target is dispatch and combine at 0.8 or more. A dispatch/combine round trip with weights 1/k is checked
-// against the input first (combine of dispatch gives x back), so the timed path is known to move the right rows.
+// against the input first (combine of dispatch gives x back), and the BF16 dispatch against the FP32 one's rows
+// rounded, so the timed paths are known to move the right rows.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -31,6 +34,7 @@
 #include <memory>
 #include <string>
 #include <vector>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -140,6 +144,13 @@ int main(int argc, char** argv) {
     float* arrived = device_alloc<float>((R > peer_rows * P ? R : peer_rows * P) * d);
     float* expert_rows = device_alloc<float>(R * d);
     float* out = device_alloc<float>(N * d);
+    // the BF16 dispatch's buffers: x rounded to BF16, and the rows in plan, arrival and expert order
+    std::vector<__nv_bfloat16> x16_host(N * d);
+    for (int64_t i = 0; i < N * d; i++) x16_host[i] = __float2bfloat16_rn(x_host[i]);
+    __nv_bfloat16* x16 = device_copy(x16_host);
+    __nv_bfloat16* sent16 = device_alloc<__nv_bfloat16>(rows * d);
+    __nv_bfloat16* arrived16 = device_alloc<__nv_bfloat16>(R * d);
+    __nv_bfloat16* expert_rows16 = device_alloc<__nv_bfloat16>(R * d);
 
     // NCCL's all-to-all gets its own communicator over the same EP ranks (the Comm keeps its own private).
     ncclUniqueId id;
@@ -162,8 +173,20 @@ int main(int argc, char** argv) {
         gpu::combine_forward(out, sent, weights, row_of_slot, N, k, d, false, stream);
     };
 
-    // Round trip: with weights 1/k, combine(dispatch(x)) is x up to the rounding of k terms.
+    auto run_dispatch_bf16 = [&] {
+        gpu::gather_forward(sent16, x16, slot_of_row, N, k, d, stream);
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+        comm->all_to_all_v(reinterpret_cast<const float*>(sent16), dispatch.send_rows.data(),
+                           reinterpret_cast<float*>(arrived16), dispatch.recv_rows.data(), d / 2);
+        gpu::gather_forward(expert_rows16, arrived16, expert_to_recv_dev, R, 1, d, stream);
+    };
+
+    // Round trip: with weights 1/k, combine(dispatch(x)) is x up to the rounding of k terms. And the BF16 dispatch
+    // delivers the FP32 dispatch's expert rows, rounded (exactly).
     run_dispatch();
+    std::vector<float> expert_host(R * d);
+    CUDA_CHECK(cudaMemcpyAsync(expert_host.data(), expert_rows, expert_host.size() * sizeof(float),
+                               cudaMemcpyDeviceToHost, stream));
     run_combine();
     std::vector<float> back(N * d);
     CUDA_CHECK(cudaMemcpyAsync(back.data(), out, back.size() * sizeof(float), cudaMemcpyDeviceToHost, stream));
@@ -173,12 +196,25 @@ int main(int argc, char** argv) {
         const double e = fabs((double)back[i] - x_host[i]);
         if (!(e <= max_error)) max_error = e;  // a NaN sticks
     }
-    double bad = max_error <= 1e-5 ? 0.0 : 1.0;
+    int64_t bf16_wrong = 0;
+    if (d % 2 == 0) {
+        run_dispatch_bf16();
+        std::vector<__nv_bfloat16> expert16_host(R * d);
+        CUDA_CHECK(cudaMemcpyAsync(expert16_host.data(), expert_rows16, expert16_host.size() * sizeof(__nv_bfloat16),
+                                   cudaMemcpyDeviceToHost, stream));
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+        for (int64_t i = 0; i < R * d; i++)
+            bf16_wrong += __bfloat162float(expert16_host[i]) != __bfloat162float(__float2bfloat16_rn(expert_host[i]));
+    }
+    double bad = max_error <= 1e-5 && bf16_wrong == 0 ? 0.0 : 1.0;
     comm->all_reduce_sum(&bad, 1, Group::World);
     if (bad > 0) {  // every rank stops; the ones that saw it say so
         if (max_error > 1e-5)
             fprintf(stderr, "bench_comm: [rank %d] dispatch/combine round trip is wrong: max |out - x| = %g\n",
                     comm->rank, max_error);
+        if (bf16_wrong > 0)
+            fprintf(stderr, "bench_comm: [rank %d] the BF16 dispatch delivered %ld wrong values\n", comm->rank,
+                    (long)bf16_wrong);
         return 1;
     }
 
@@ -213,8 +249,8 @@ int main(int argc, char** argv) {
         printf("bench_comm: %d rank%s (EP %d x DP %d) on %s; %lld tokens x top-%d of %d experts, hidden %lld, FP32\n",
                comm->world, comm->world == 1 ? "" : "s", P, comm->dp_size, prop.name, (long long)N, k, E,
                (long long)d);
-        printf("round trip combine(dispatch(x)) == x: ok (max error %.2g); %d iterations after %d warm-up\n",
-               max_error, iters, WARMUP);
+        printf("round trip combine(dispatch(x)) == x: ok (max error %.2g)%s; %d iterations after %d warm-up\n",
+               max_error, d % 2 == 0 ? ", BF16 dispatch == FP32 dispatch rounded: ok" : "", iters, WARMUP);
         printf("%-44s %10s %10s %11s %11s %9s\n", "operation", "MB/rank", "time ms", "algbw GB/s", "busbw GB/s",
                "vs a2a");
     }
@@ -232,13 +268,16 @@ int main(int argc, char** argv) {
     }, a2a);
     measure("dispatch (gather + all-to-all-v + permute)", rows * row_bytes, run_dispatch, a2a);
     measure("combine (permute + all-to-all-v + combine)", R * row_bytes, run_combine, a2a);
+    if (d % 2 == 0)
+        measure("dispatch, BF16 rows (the model's bf16 path)", rows * row_bytes / 2, run_dispatch_bf16, a2a);
 
     CUDA_CHECK(cudaEventDestroy(start));
     CUDA_CHECK(cudaEventDestroy(stop));
     NCCL_CHECK(ncclCommDestroy(ep_nccl));
     NCCL_CHECK(ncclCommDestroy(world_nccl));
     for (void* p : {(void*)x, (void*)weights, (void*)slot_of_row, (void*)row_of_slot, (void*)expert_to_recv_dev,
-                    (void*)recv_to_expert_dev, (void*)sent, (void*)arrived, (void*)expert_rows, (void*)out})
+                    (void*)recv_to_expert_dev, (void*)sent, (void*)arrived, (void*)expert_rows, (void*)out, (void*)x16,
+                    (void*)sent16, (void*)arrived16, (void*)expert_rows16})
         CUDA_CHECK(cudaFree(p));
     CUDA_CHECK(cudaStreamDestroy(stream));
     return 0;

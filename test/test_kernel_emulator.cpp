@@ -173,8 +173,8 @@ TEST_CASE("kernel emulator: gpu_model.cu on the real kernels matches the CPU mod
 
 // The benchmarks' programs end to end on small shapes, so that a GPU session's few minutes are not lost to a crash
 // in code that only runs there: every section printed, the smoke step's loss finite and falling (3 AdamW steps on
-// one batch), and bench_comm's own round-trip check (combine of dispatch gives x back) passed on 1 rank and on
-// 4 ranks (EP 2 x DP 2) through the NCCL model.
+// one batch), and bench_comm's own checks (combine of dispatch gives x back; the BF16 dispatch delivers the FP32
+// one's rows rounded) passed on 1 rank and on 4 ranks (EP 2 x DP 2) through the NCCL model.
 TEST_CASE("kernel emulator: make bench's and make bench-comm's programs run end to end") {
     const CommandResult bench = run("./bench_gpu_emulated --smoke", "bench_gpu_smoke.txt");
     INFO(bench.out);
@@ -198,6 +198,7 @@ TEST_CASE("kernel emulator: make bench's and make bench-comm's programs run end 
         INFO(r->out);
         CHECK(r->status == 0);
         CHECK(r->out.find("round trip combine(dispatch(x)) == x: ok") != std::string::npos);
+        CHECK(r->out.find("BF16 dispatch == FP32 dispatch rounded: ok") != std::string::npos);
         CHECK(r->out.find("combine (permute + all-to-all-v + combine)") != std::string::npos);
     }
     CHECK(four.out.find("4 ranks (EP 2 x DP 2)") != std::string::npos);

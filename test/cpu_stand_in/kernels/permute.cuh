@@ -44,7 +44,8 @@ inline void expert_plan_build(int64_t* counts, int64_t* offsets, int64_t* row_of
 }
 
 // x (N, d) -> rows (N*k, d): rows[r] = x[slot_of_row[r] / k]
-inline void gather_forward(float* rows, const float* x, const int64_t* slot_of_row, int64_t N, int k, int64_t d,
+template <typename T>
+inline void gather_forward(T* rows, const T* x, const int64_t* slot_of_row, int64_t N, int k, int64_t d,
                            cudaStream_t stream) {
     if (N == 0) return;
     dev(rows, N * k * d, "gather_forward rows");
