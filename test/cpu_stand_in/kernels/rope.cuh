@@ -4,6 +4,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include <cuda_bf16.h>
@@ -42,55 +43,29 @@ inline void rope_table(float* cos_table, float* sin_table, const Config& c, int6
     });
 }
 
-// q (N, H*dqk), kv (N, H*(dn+dv)), kv_a (N, kr+dr) -> q_heads, k_heads (N, H, dqk): [nope ; R_t rope], the rope
-// key (last dr columns of kv_a) shared by the heads; t = n mod T
-inline void rope_heads_forward(float* q_heads, float* k_heads, const float* q, const float* kv, const float* kv_a,
-                               const float* cos_table, const float* sin_table, int64_t N, int64_t T, int64_t H,
-                               int64_t dn, int64_t dr, int64_t dv, int64_t kr, cudaStream_t stream) {
-    const int64_t dqk = dn + dr;
-    dev(q_heads, N * H * dqk, "rope_heads_forward q_heads");
-    dev(k_heads, N * H * dqk, "rope_heads_forward k_heads");
-    dev(q, N * H * dqk, "rope_heads_forward q");
-    dev(kv, N * H * (dn + dv), "rope_heads_forward kv");
-    dev(kv_a, N * (kr + dr), "rope_heads_forward kv_a");
-    dev(cos_table, T * (dr / 2), "rope_heads_forward cos");
-    dev(sin_table, T * (dr / 2), "rope_heads_forward sin");
-    apart("rope_heads_forward", {span(q_heads, N * H * dqk, "q_heads"), span(k_heads, N * H * dqk, "k_heads")},
+inline void stand_in_store(float* out, float x) { *out = x; }
+inline void stand_in_store(__nv_bfloat16* out, float x) { *out = __float2bfloat16_rn(x); }
+
+// Both forwards: q_heads, k_heads (and v_heads, the v columns of kv, when given) as Out (FP32 or BF16)
+template <typename Out>
+inline void stand_in_rope_heads_forward(const std::string& name, Out* q_heads, Out* k_heads, Out* v_heads,
+                                        const float* q, const float* kv, const float* kv_a, const float* cos_table,
+                                        const float* sin_table, int64_t N, int64_t T, int64_t H, int64_t dn,
+                                        int64_t dr, int64_t dv, int64_t kr, cudaStream_t stream) {
+    const int64_t dqk = dn + dr, v_count = v_heads ? N * H * dv : 0;
+    dev(q_heads, N * H * dqk, name + " q_heads");
+    dev(k_heads, N * H * dqk, name + " k_heads");
+    dev(v_heads, v_count, name + " v_heads");
+    dev(q, N * H * dqk, name + " q");
+    dev(kv, N * H * (dn + dv), name + " kv");
+    dev(kv_a, N * (kr + dr), name + " kv_a");
+    dev(cos_table, T * (dr / 2), name + " cos");
+    dev(sin_table, T * (dr / 2), name + " sin");
+    apart(name,
+          {span(q_heads, N * H * dqk, "q_heads"), span(k_heads, N * H * dqk, "k_heads"),
+           span(v_heads, v_count, "v_heads")},
           {span(q, N * H * dqk, "q"), span(kv, N * H * (dn + dv), "kv"), span(kv_a, N * (kr + dr), "kv_a"),
            span(cos_table, T * (dr / 2), "cos"), span(sin_table, T * (dr / 2), "sin")});
-    launch(stream, [=] {
-        for (int64_t n = 0; n < N; n++)
-            for (int64_t h = 0; h < H; h++) {
-                const int64_t nh = n * H + h;
-                for (int64_t e = 0; e < dn; e++) {
-                    q_heads[nh * dqk + e] = q[nh * dqk + e];
-                    k_heads[nh * dqk + e] = kv[nh * (dn + dv) + e];
-                }
-                const float *cos_row = cos_table + (n % T) * (dr / 2), *sin_row = sin_table + (n % T) * (dr / 2);
-                rope_rotate(q_heads + nh * dqk + dn, q + nh * dqk + dn, cos_row, sin_row, dr, false);
-                rope_rotate(k_heads + nh * dqk + dn, kv_a + n * (kr + dr) + kr, cos_row, sin_row, dr, false);
-            }
-    });
-}
-
-// As rope_heads_forward in BF16, plus v_heads (N, H, dv) = the v columns of kv: each value rounded once
-inline void rope_heads_forward_bf16(__nv_bfloat16* q_heads, __nv_bfloat16* k_heads, __nv_bfloat16* v_heads,
-                                    const float* q, const float* kv, const float* kv_a, const float* cos_table,
-                                    const float* sin_table, int64_t N, int64_t T, int64_t H, int64_t dn, int64_t dr,
-                                    int64_t dv, int64_t kr, cudaStream_t stream) {
-    const int64_t dqk = dn + dr;
-    dev(q_heads, N * H * dqk, "rope_heads_forward_bf16 q_heads");
-    dev(k_heads, N * H * dqk, "rope_heads_forward_bf16 k_heads");
-    dev(v_heads, N * H * dv, "rope_heads_forward_bf16 v_heads");
-    dev(q, N * H * dqk, "rope_heads_forward_bf16 q");
-    dev(kv, N * H * (dn + dv), "rope_heads_forward_bf16 kv");
-    dev(kv_a, N * (kr + dr), "rope_heads_forward_bf16 kv_a");
-    dev(cos_table, T * (dr / 2), "rope_heads_forward_bf16 cos");
-    dev(sin_table, T * (dr / 2), "rope_heads_forward_bf16 sin");
-    apart("rope_heads_forward_bf16",
-          {span(q_heads, N * H * dqk, "q_heads"), span(k_heads, N * H * dqk, "k_heads"),
-           span(v_heads, N * H * dv, "v_heads")},
-          {span(q, N * H * dqk, "q"), span(kv, N * H * (dn + dv), "kv"), span(kv_a, N * (kr + dr), "kv_a")});
     launch(stream, [=] {
         std::vector<float> q_row(dqk), k_row(dqk);
         for (int64_t n = 0; n < N; n++)
@@ -104,13 +79,31 @@ inline void rope_heads_forward_bf16(__nv_bfloat16* q_heads, __nv_bfloat16* k_hea
                 rope_rotate(q_row.data() + dn, q + nh * dqk + dn, cos_row, sin_row, dr, false);
                 rope_rotate(k_row.data() + dn, kv_a + n * (kr + dr) + kr, cos_row, sin_row, dr, false);
                 for (int64_t e = 0; e < dqk; e++) {
-                    q_heads[nh * dqk + e] = __float2bfloat16_rn(q_row[e]);
-                    k_heads[nh * dqk + e] = __float2bfloat16_rn(k_row[e]);
+                    stand_in_store(q_heads + nh * dqk + e, q_row[e]);
+                    stand_in_store(k_heads + nh * dqk + e, k_row[e]);
                 }
-                for (int64_t e = 0; e < dv; e++)
-                    v_heads[nh * dv + e] = __float2bfloat16_rn(kv[nh * (dn + dv) + dn + e]);
+                for (int64_t e = 0; v_heads && e < dv; e++)
+                    stand_in_store(v_heads + nh * dv + e, kv[nh * (dn + dv) + dn + e]);
             }
     });
+}
+
+// q (N, H*dqk), kv (N, H*(dn+dv)), kv_a (N, kr+dr) -> q_heads, k_heads (N, H, dqk): [nope ; R_t rope], the rope
+// key (last dr columns of kv_a) shared by the heads; t = n mod T
+inline void rope_heads_forward(float* q_heads, float* k_heads, const float* q, const float* kv, const float* kv_a,
+                               const float* cos_table, const float* sin_table, int64_t N, int64_t T, int64_t H,
+                               int64_t dn, int64_t dr, int64_t dv, int64_t kr, cudaStream_t stream) {
+    stand_in_rope_heads_forward<float>("rope_heads_forward", q_heads, k_heads, nullptr, q, kv, kv_a, cos_table,
+                                       sin_table, N, T, H, dn, dr, dv, kr, stream);
+}
+
+// As rope_heads_forward in BF16, plus v_heads (N, H, dv) = the v columns of kv: each value rounded once
+inline void rope_heads_forward_bf16(__nv_bfloat16* q_heads, __nv_bfloat16* k_heads, __nv_bfloat16* v_heads,
+                                    const float* q, const float* kv, const float* kv_a, const float* cos_table,
+                                    const float* sin_table, int64_t N, int64_t T, int64_t H, int64_t dn, int64_t dr,
+                                    int64_t dv, int64_t kr, cudaStream_t stream) {
+    stand_in_rope_heads_forward("rope_heads_forward_bf16", q_heads, k_heads, v_heads, q, kv, kv_a, cos_table,
+                                sin_table, N, T, H, dn, dr, dv, kr, stream);
 }
 
 // dq_heads, dk_heads (N, H, dqk) -> dq (N, H*dqk) overwritten; the k_nope columns of dkv overwritten (v columns
