@@ -1,6 +1,6 @@
-// The routed-expert permutation of one MoE layer, FP32 rows (the gather also BF16) (DESIGN §1.2, §2; the CPU reference is
-// comm/expert_plan.cpp and the dispatch/combine loops of model/moe.cpp). Assignment a = t*k + j is token t's
-// j-th chosen expert; n = N*k assignments.
+// The routed-expert permutation of one MoE layer, FP32 rows (the gather also BF16) (DESIGN §1.2, §2; the CPU
+// reference is comm/expert_plan.cpp and the dispatch/combine loops of model/moe.cpp). Assignment a = t*k + j is
+// token t's j-th chosen expert; n = N*k assignments.
 //   plan:     counts (E) rows per expert, offsets (E+1) their exclusive prefix sum, row_of_slot (n) the
 //             expert-contiguous row of each assignment and slot_of_row (n) its inverse. Within an expert the rows
 //             are in assignment order: exactly build_expert_plan's stable counting sort.

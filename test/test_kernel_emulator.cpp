@@ -192,8 +192,9 @@ TEST_CASE("kernel emulator: make bench's and make bench-comm's programs run end 
 
     const std::string comm_args = " --tokens 64 --hidden 16 --experts 8 --topk 2 --iters 2";
     const CommandResult one = run("./bench_comm_emulated" + comm_args, "bench_comm_1.txt");
-    const CommandResult four = run("env STAND_IN_GPUS=4 " + mpirun_command(4) + "./bench_comm_emulated --ep 2" + comm_args,
-                                   "bench_comm_4.txt");
+    const CommandResult four =
+        run("env STAND_IN_GPUS=4 " + mpirun_command(4) + "./bench_comm_emulated --ep 2" + comm_args,
+            "bench_comm_4.txt");
     for (const CommandResult* r : {&one, &four}) {
         INFO(r->out);
         CHECK(r->status == 0);
