@@ -985,8 +985,8 @@ double gpu_model_grad_norm(GpuModel& m) {
 void gpu_model_adamw(GpuModel& m, AdamWState& opt, const OptimizerConfig& oc, float lr, float grad_multiplier) {
     opt.step++;
     m.timer.mark("AdamW");
-    gpu::adamw_update(m.table, m.params, m.grads, m.adam_m, m.adam_v, oc, lr, opt.step, grad_multiplier, m.stream);
-    if (m.params_bf16) gpu::cast_to_bf16(m.params_bf16, m.params, m.table.total, m.stream);
+    gpu::adamw_update(m.table, m.params, m.params_bf16, m.grads, m.adam_m, m.adam_v, oc, lr, opt.step,
+                      grad_multiplier, m.stream);  // also refreshes the BF16 copy (the frozen router bias needs none)
 }
 
 void gpu_model_update_router_bias(GpuModel& m, const std::vector<std::vector<int64_t>>& counts) {

@@ -3,7 +3,8 @@
 //   m = b1 m + (1-b1) g;   v = b2 v + (1-b2) g^2
 //   p -= lr (m / (1-b1^t) / (sqrt(v / (1-b2^t)) + eps) + decay p)
 // decay is oc.weight_decay for tensors with weight_decay set and 0 otherwise; tensors that are not trainable
-// (e_score_correction_bias) are skipped. One launch per tensor (a few thousand for DeepSeek-V3: a multi-tensor
+// (e_score_correction_bias) are skipped. With a BF16 working copy of the weights (--dtype bf16: what the GEMMs read)
+// the update writes the new value's rounding there too, in the same pass (no second read of the parameters). One launch per tensor (a few thousand for DeepSeek-V3: a multi-tensor
 // launch can come later).
 // Global norm: sqrt(sum g^2), accumulated in double. Deterministic two passes: one block per fixed chunk of
 // GRAD_NORM_CHUNK values writes its partial sum, then one block sums the partials. The chunking depends only on n.
@@ -24,9 +25,9 @@ constexpr int64_t GRAD_NORM_CHUNK = 1 << 16;
 // doubles of scratch grad_norm_squared needs for n gradients
 inline int64_t grad_norm_scratch_doubles(int64_t n) { return n > 0 ? ceil_div(n, GRAD_NORM_CHUNK) : 1; }
 
-static __global__ void adamw_kernel(float* params, const float* grads, float* m, float* v, int64_t n, float lr,
-                             float beta1, float beta2, float eps, float decay, float bias1, float bias2,
-                             float grad_multiplier) {
+static __global__ void adamw_kernel(float* params, __nv_bfloat16* params16, const float* grads, float* m, float* v,
+                                    int64_t n, float lr, float beta1, float beta2, float eps, float decay, float bias1,
+                                    float bias2, float grad_multiplier) {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         const float g = grads[i] * grad_multiplier;
         const float mi = beta1 * m[i] + (1.0f - beta1) * g;
@@ -34,7 +35,9 @@ static __global__ void adamw_kernel(float* params, const float* grads, float* m,
         m[i] = mi;
         v[i] = vi;
         const float m_hat = mi / bias1, v_hat = vi / bias2;
-        params[i] -= lr * (m_hat / (sqrtf(v_hat) + eps) + decay * params[i]);
+        const float p = params[i] - lr * (m_hat / (sqrtf(v_hat) + eps) + decay * params[i]);
+        params[i] = p;
+        if (params16) params16[i] = __float2bfloat16_rn(p);
     }
 }
 
@@ -56,26 +59,28 @@ static __global__ void grad_norm_total_kernel(double* out, const double* partial
     if (threadIdx.x == 0) *out = sum;
 }
 
-// One AdamW update of n values of one tensor. step: the update's number, 1 for the first (AdamWState::step after
-// its increment); the bias corrections are computed here on the host exactly as the CPU does.
-inline void adamw_update_tensor(float* params, const float* grads, float* m, float* v, int64_t n,
-                                const OptimizerConfig& oc, float lr, float decay, int64_t step,
+// One AdamW update of n values of one tensor (and their BF16 copy params16, or nullptr). step: the update's number,
+// 1 for the first (AdamWState::step after its increment); the bias corrections are computed here on the host
+// exactly as the CPU does.
+inline void adamw_update_tensor(float* params, __nv_bfloat16* params16, const float* grads, float* m, float* v,
+                                int64_t n, const OptimizerConfig& oc, float lr, float decay, int64_t step,
                                 float grad_multiplier, cudaStream_t stream) {
     if (n == 0) return;
     const float bias1 = 1.0f - powf(oc.beta1, (float)step), bias2 = 1.0f - powf(oc.beta2, (float)step);
-    launch_kernel(adamw_kernel, grid_stride_blocks(n, ADAMW_THREADS), ADAMW_THREADS, 0, stream, params, grads, m, v, n,
-                  lr, oc.beta1, oc.beta2, oc.eps, decay, bias1, bias2, grad_multiplier);
+    launch_kernel(adamw_kernel, grid_stride_blocks(n, ADAMW_THREADS), ADAMW_THREADS, 0, stream, params, params16,
+                  grads, m, v, n, lr, oc.beta1, oc.beta2, oc.eps, decay, bias1, bias2, grad_multiplier);
 }
 
-// Every trainable tensor of the table, as model/optimizer.cpp's adamw_update: params, grads, m, v are whole
-// buffers laid out by the table (device pointers).
-inline void adamw_update(const ParamTable& table, float* params, const float* grads, float* m, float* v,
-                         const OptimizerConfig& oc, float lr, int64_t step, float grad_multiplier,
+// Every trainable tensor of the table, as model/optimizer.cpp's adamw_update: params, grads, m, v (and params16,
+// the BF16 copy, or nullptr) are whole buffers laid out by the table (device pointers).
+inline void adamw_update(const ParamTable& table, float* params, __nv_bfloat16* params16, const float* grads,
+                         float* m, float* v, const OptimizerConfig& oc, float lr, int64_t step, float grad_multiplier,
                          cudaStream_t stream) {
     for (const ParamTensor& t : table.tensors) {
         if (!t.trainable) continue;
-        adamw_update_tensor(params + t.offset, grads + t.offset, m + t.offset, v + t.offset, t.numel, oc, lr,
-                            t.weight_decay ? oc.weight_decay : 0.0f, step, grad_multiplier, stream);
+        adamw_update_tensor(params + t.offset, params16 ? params16 + t.offset : nullptr, grads + t.offset,
+                            m + t.offset, v + t.offset, t.numel, oc, lr, t.weight_decay ? oc.weight_decay : 0.0f,
+                            step, grad_multiplier, stream);
     }
 }
 

@@ -661,15 +661,16 @@ std::vector<KernelResult> bench_kernels(const Config& c, const Options& o, cudaS
         fill_uniform(v, 20, 0.0f, 1e-6f, s);
         OptimizerConfig oc;
         int64_t step = 0;
-        // reads params, grads, m, v; writes params, m, v (n each)
-        run("adamw_update_tensor", dims({n}), F * 7 * n, [&] {
-            gpu::adamw_update_tensor(p.ptr, g.ptr, m.ptr, v.ptr, n, oc, 1e-4f, oc.weight_decay, ++step, 1.0f, s);
+        // reads params, grads, m, v; writes params, m, v (n each) and the BF16 copy (n x 2 bytes), as with
+        // --dtype bf16
+        run("adamw_update_tensor", dims({n}), F * 7 * n + 2.0 * n, [&] {
+            gpu::adamw_update_tensor(p.ptr, p16.ptr, g.ptr, m.ptr, v.ptr, n, oc, 1e-4f, oc.weight_decay, ++step, 1.0f,
+                                     s);
         });
         // reads grads (n); the partial sums (n / chunk doubles) are negligible
         run("grad_norm_squared", dims({n}), F * n,
             [&] { gpu::grad_norm_squared(norm.ptr, g.ptr, n, norm_scratch.ptr, s); });
-        // reads params (n floats); writes the BF16 copy (n x 2 bytes): after every AdamW update, and each GEMM's
-        // activation operand
+        // reads n floats, writes their BF16 copy (n x 2 bytes): the copies of the GEMM inputs, and dO
         run("cast_to_bf16", dims({n}), 6.0 * n, [&] { gpu::cast_to_bf16(p16.ptr, p.ptr, n, s); });
     }
     return out;

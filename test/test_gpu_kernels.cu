@@ -186,13 +186,28 @@ static void test_adamw(Rng& rng) {
     state.v = randn(n, rng, 0.001f);
     for (float& x : state.v) x *= x;
     Dev<float> d_params(params), d_grads(grads), d_m(state.m), d_v(state.v);
+    Dev<__nv_bfloat16> d_params16(n);
+    d_params16.poison();
     const float lr = 1e-3f, multiplier = 0.37f;
     adamw_update(table, params.data(), grads.data(), state, oc, lr, multiplier);
-    gpu::adamw_update(table, d_params.ptr, d_grads.ptr, d_m.ptr, d_v.ptr, oc, lr, state.step, multiplier, 0);
+    gpu::adamw_update(table, d_params.ptr, d_params16.ptr, d_grads.ptr, d_m.ptr, d_v.ptr, oc, lr, state.step,
+                      multiplier, 0);
     const std::string shape = fmt("(small: %ld values, step %ld)", n, state.step);
-    check("adamw params " + shape, d_params.get(), params, 1e-6);
+    const std::vector<float> got = d_params.get();
+    std::vector<float> got16 = widened(d_params16.get());
+    check("adamw params " + shape, got, params, 1e-6);
     check("adamw m " + shape, d_m.get(), state.m, 1e-6);
     check("adamw v " + shape, d_v.get(), state.v, 1e-6);
+    // the BF16 copy: the updated values rounded in the trainable tensors; the frozen ones and the alignment gaps
+    // between tensors are left as they were (poison: NaN)
+    const std::vector<float> rounded = bf16_rounded(got);
+    std::vector<float> want16(n, NAN);
+    for (const ParamTensor& t : table.tensors)
+        if (t.trainable)
+            std::copy(rounded.begin() + t.offset, rounded.begin() + t.offset + t.numel, want16.begin() + t.offset);
+    for (int64_t i = 0; i < n; i++)
+        if (std::isnan(want16[i]) && std::isnan(got16[i])) want16[i] = got16[i] = 0.0f;  // poison left in place
+    check("adamw BF16 copy = the new params rounded " + shape, got16, want16, 0);
 
     for (int64_t count : {n, int64_t(12345)}) {
         Dev<double> d_sumsq(1), scratch(gpu::grad_norm_scratch_doubles(count));

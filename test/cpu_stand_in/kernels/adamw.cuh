@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <vector>
 
+#include <cuda_bf16.h>
+
 #include "kernels/common.cuh"
 #include "model/optimizer.h"
 #include "model/params.h"
@@ -16,12 +18,14 @@ constexpr int64_t GRAD_NORM_CHUNK = 1 << 16;
 // doubles of scratch grad_norm_squared needs for n gradients
 inline int64_t grad_norm_scratch_doubles(int64_t n) { return n > 0 ? ceil_div(n, GRAD_NORM_CHUNK) : 1; }
 
-// One AdamW update of n values (step: 1 for the first update); bias corrections on the host as the CPU.
-inline void adamw_update_tensor(float* params, const float* grads, float* m, float* v, int64_t n,
-                                const OptimizerConfig& oc, float lr, float decay, int64_t step,
+// One AdamW update of n values (and their BF16 copy params16, or nullptr; step: 1 for the first update); bias
+// corrections on the host as the CPU.
+inline void adamw_update_tensor(float* params, __nv_bfloat16* params16, const float* grads, float* m, float* v,
+                                int64_t n, const OptimizerConfig& oc, float lr, float decay, int64_t step,
                                 float grad_multiplier, cudaStream_t stream) {
     if (n == 0) return;
     dev(params, n, "adamw params");
+    if (params16) dev(params16, n, "adamw params16");
     dev(grads, n, "adamw grads");
     dev(m, n, "adamw m");
     dev(v, n, "adamw v");
@@ -34,18 +38,20 @@ inline void adamw_update_tensor(float* params, const float* grads, float* m, flo
             v[i] = oc.beta2 * v[i] + (1.0f - oc.beta2) * g * g;
             const float m_hat = m[i] / bias1, v_hat = v[i] / bias2;
             params[i] -= lr * (m_hat / (sqrtf(v_hat) + oc.eps) + decay * params[i]);
+            if (params16) params16[i] = __float2bfloat16_rn(params[i]);
         }
     });
 }
 
 // Every trainable tensor of the table (decay oc.weight_decay where weight_decay is set, else 0)
-inline void adamw_update(const ParamTable& table, float* params, const float* grads, float* m, float* v,
-                         const OptimizerConfig& oc, float lr, int64_t step, float grad_multiplier,
+inline void adamw_update(const ParamTable& table, float* params, __nv_bfloat16* params16, const float* grads,
+                         float* m, float* v, const OptimizerConfig& oc, float lr, int64_t step, float grad_multiplier,
                          cudaStream_t stream) {
     for (const ParamTensor& t : table.tensors) {
         if (!t.trainable) continue;
-        adamw_update_tensor(params + t.offset, grads + t.offset, m + t.offset, v + t.offset, t.numel, oc, lr,
-                            t.weight_decay ? oc.weight_decay : 0.0f, step, grad_multiplier, stream);
+        adamw_update_tensor(params + t.offset, params16 ? params16 + t.offset : nullptr, grads + t.offset,
+                            m + t.offset, v + t.offset, t.numel, oc, lr, t.weight_decay ? oc.weight_decay : 0.0f,
+                            step, grad_multiplier, stream);
     }
 }
 
