@@ -403,7 +403,6 @@ struct CpuMLA {
 
 static std::vector<float> host_copy(const float* p, int64_t n) { return std::vector<float>(p, p + n); }
 
-
 // columns [c0, c1) of each row of a (rows, width) matrix
 static std::vector<float> columns(const std::vector<float>& m, int64_t width, int64_t c0, int64_t c1) {
     std::vector<float> out;
@@ -449,8 +448,9 @@ static void test_rope(const CpuMLA& m, Rng& rng, const std::string& shape) {
     check("rope_heads_forward q_heads " + shape, d_q_heads.get(), host_copy(a.q_heads, N * H * dqk), 1e-6);
     check("rope_heads_forward k_heads " + shape, d_k_heads.get(), host_copy(a.k_heads, N * H * dqk), 1e-6);
 
-    // BF16: the same values rounded once, and v. Tolerance 4e-3, one BF16 ulp of the largest value (2^-8): an FP32
-    // value within 1e-6 of the CPU's can round to the neighbouring BF16; v is a copy, rounded from the same floats.
+    // BF16: the same values rounded once, and v. Tolerance 8e-3, one BF16 ulp of the largest value (at most 2^-7 of
+    // it): an FP32 value within 1e-6 of the CPU's can round to the neighbouring BF16; v is a copy, rounded from the
+    // same floats.
     Dev<__nv_bfloat16> q16(N * H * dqk), k16(N * H * dqk), v16(N * H * dv);
     q16.poison();
     k16.poison();
@@ -458,9 +458,9 @@ static void test_rope(const CpuMLA& m, Rng& rng, const std::string& shape) {
     gpu::rope_heads_forward_bf16(q16.ptr, k16.ptr, v16.ptr, d_q.ptr, d_kv.ptr, d_kv_a.ptr, cpu_cos.ptr, cpu_sin.ptr, N,
                                  T, H, dn, dr, dv, kr, 0);
     check("rope_heads_forward_bf16 q_heads " + shape, widened(q16.get()),
-          bf16_rounded(host_copy(a.q_heads, N * H * dqk)), 4e-3);
+          bf16_rounded(host_copy(a.q_heads, N * H * dqk)), 8e-3);
     check("rope_heads_forward_bf16 k_heads " + shape, widened(k16.get()),
-          bf16_rounded(host_copy(a.k_heads, N * H * dqk)), 4e-3);
+          bf16_rounded(host_copy(a.k_heads, N * H * dqk)), 8e-3);
     check("rope_heads_forward_bf16 v_heads " + shape, widened(v16.get()),
           bf16_rounded(columns(host_copy(a.kv, N * H * (dn + dv)), dn + dv, dn, dn + dv)), 0);
 
