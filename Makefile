@@ -133,8 +133,7 @@ bench_gpu_emulated: test/bench_gpu.cu $(EMULATED_OBJ) $(EMULATOR) $(CORE_OBJ) $(
 
 bench_comm_emulated: test/bench_comm.cu build/emulated/nccl_comm.o $(EMULATED_OBJ) $(EMULATOR) $(CORE_OBJ) $(HEADERS)
 	$(CXX) $(EMULATOR_FLAGS) $(MPI_CFLAGS) -DOMPI_SKIP_MPICXX=1 -x c++ test/bench_comm.cu -x none \
-	  build/emulated/nccl_comm.o $(EMULATED_OBJ) \
-	  $(CORE_OBJ) -o $@ $(MPI_LIBS)
+	  build/emulated/nccl_comm.o $(EMULATED_OBJ) $(CORE_OBJ) -o $@ $(MPI_LIBS)
 
 bench_cpu: build/test/bench_cpu.o $(CORE_OBJ)
 	$(CXX) $(CXXFLAGS) $^ -o $@ $(MPI_LIBS)

@@ -63,7 +63,10 @@ fi
 timeout "$(budget 200)" ./test_gpu > "$out/test_gpu.txt" 2>&1
 grep -E "FAIL|^tests:|error" "$out/test_gpu.txt" | head -40
 status "make test-gpu" "$(grep '^tests:' "$out/test_gpu.txt" || echo 'no result line (crashed or timed out)')"
-timeout "$(budget 150)" ./bench_gpu > "$out/bench.txt" 2>&1
+# 4 layers (1 dense + 3 MoE, a 58 GiB plan) rather than the fit: the fit reads the host RAM from MemTotal, which on
+# these machines starts far below what they grow to (the device tool's H200.md), and a smaller host init stays
+# inside the stage's budget; the per-token figures hardly depend on the layer count.
+timeout "$(budget 150)" ./bench_gpu --layers 4 > "$out/bench.txt" 2>&1
 cat "$out/bench.txt"
 status "make bench" "$(grep -E 'model TFLOP/s|MFU' "$out/bench.txt" | head -2 | tr -s ' ' | tr '\n' ';')"
 status "attention kernels" "$(grep -E '^(bf16|fp32) \((tensor|CUDA) cores\)' "$out/bench.txt" | tr -s ' ' | tr '\n' ';')"
