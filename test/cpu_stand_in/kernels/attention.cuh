@@ -100,13 +100,6 @@ inline void stand_in_attention_backward(float* dq, float* dk, float* dv_out, int
         }
 }
 
-// n BF16 values as floats (read when the queued work runs)
-inline std::vector<float> stand_in_widen_attention(const __nv_bfloat16* p, int64_t n) {
-    std::vector<float> out(n);
-    for (int64_t i = 0; i < n; i++) out[i] = __bfloat162float(p[i]);
-    return out;
-}
-
 // The ranges the forward reads and writes (q, k, v FP32 or BF16): inside live allocations, the outputs apart
 template <typename In>
 inline void stand_in_attention_forward_ranges(const std::string& name, float* o, float* lse, const In* q, const In* k,
@@ -161,9 +154,9 @@ inline void attention_forward_bf16(float* o, float* lse, const __nv_bfloat16* q,
     stand_in_attention_forward_ranges("attention_forward_bf16", o, lse, q, k, v, v_ld, B, T, H, dqk, dv);
     const int64_t n = (int64_t)B * T * H;
     launch(stream, [=] {
-        stand_in_attention_forward(o, lse, stand_in_widen_attention(q, n * dqk).data(),
-                                   stand_in_widen_attention(k, n * dqk).data(),
-                                   stand_in_widen_attention(v, (n - 1) * v_ld + dv).data(), v_ld, B, T, H, dqk, dv,
+        stand_in_attention_forward(o, lse, stand_in_widen(q, n * dqk).data(),
+                                   stand_in_widen(k, n * dqk).data(),
+                                   stand_in_widen(v, (n - 1) * v_ld + dv).data(), v_ld, B, T, H, dqk, dv,
                                    scale);
     });
 }
@@ -199,10 +192,10 @@ inline void attention_backward_bf16(float* dq, float* dk, float* dv_out, int64_t
           {span(dout16, n * dv, "dout16")});
     launch(stream, [=] {
         stand_in_attention_backward(dq, dk, dv_out, dv_ld, scratch, dout,
-                                    stand_in_widen_attention(dout16, n * dv).data(),
-                                    stand_in_widen_attention(q, n * dqk).data(),
-                                    stand_in_widen_attention(k, n * dqk).data(),
-                                    stand_in_widen_attention(v, (n - 1) * v_ld + dv).data(), v_ld, o, lse, B, T, H,
+                                    stand_in_widen(dout16, n * dv).data(),
+                                    stand_in_widen(q, n * dqk).data(),
+                                    stand_in_widen(k, n * dqk).data(),
+                                    stand_in_widen(v, (n - 1) * v_ld + dv).data(), v_ld, o, lse, B, T, H,
                                     dqk, dv, scale);
     });
 }

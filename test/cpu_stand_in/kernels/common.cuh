@@ -3,7 +3,9 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include "kernels/cuda_check.cuh"
@@ -16,6 +18,14 @@ namespace gpu {
 enum class Precision { FP32, BF16 };
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// n BF16 values as floats: the stand-ins run their BF16 operands through the CPU reference's FP32 code (read when
+// the queued work runs)
+inline std::vector<float> stand_in_widen(const __nv_bfloat16* p, int64_t n) {
+    std::vector<float> out(n);
+    for (int64_t i = 0; i < n; i++) out[i] = __bfloat162float(p[i]);
+    return out;
+}
 
 using stand_in::dev;
 using stand_in::dev_strided;

@@ -154,13 +154,6 @@ inline void stand_in_input_fp32(const GemmInput& inp, bool bf16, int64_t first, 
     if (inp.fp32 || !(bf16 && inp.bf16)) dev(stand_in_rows(inp, first, K), rows * K, std::string(site) + " inp");
 }
 
-// n BF16 values as floats (read when the queued work runs)
-inline std::vector<float> stand_in_widen(const __nv_bfloat16* p, int64_t n) {
-    std::vector<float> out(n);
-    for (int64_t i = 0; i < n; i++) out[i] = __bfloat162float(p[i]);
-    return out;
-}
-
 // out (M, N) (=|+=) inp (M, K) @ W^T, W (N, K). W16 (BF16 copy of W) given: BF16 inputs; nullptr: FP32.
 inline void matmul_forward(Matmul& mm, float* out, GemmInput inp, const float* W, const __nv_bfloat16* W16,
                            int64_t M, int64_t K, int64_t N, bool accumulate) {
