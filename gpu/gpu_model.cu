@@ -369,7 +369,7 @@ void mla_forward(GpuModel& m, const BlockWeights& w, GpuBlockActs& a, gpu::GemmI
                         H * (dn + dv), false);
     m.timer.mark("rope");
     const float scale = attention_softmax_scale(c);
-    if (bf16_attention(c, m.precision == gpu::Precision::BF16)) {
+    if (a.q_heads16) {  // the tensor-core attention (bf16_attention): its inputs were carved in BF16
         gpu::rope_heads_forward_bf16(a.q_heads16, a.k_heads16, a.v_heads16, a.q, a.kv, a.kv_a, m.rope_cos, m.rope_sin,
                                      N, m.T, H, dn, dr, dv, kr, m.stream);
         m.timer.mark("attention forward");
@@ -395,7 +395,7 @@ void mla_backward(GpuModel& m, const BlockWeights& w, BlockWeights& g, const Gpu
     gpu::matmul_backward(m.matmul, s.d_o, g.o, dout, {a.o, a.o16}, w.o, bf16_of(m, w.o), N, H * dv, d, false);
     m.timer.mark("attention backward");
     const float scale = attention_softmax_scale(c);
-    if (bf16_attention(c, m.precision == gpu::Precision::BF16)) {
+    if (a.q_heads16) {  // the tensor-core attention (bf16_attention): its inputs were carved in BF16
         gpu::cast_to_bf16(s.d_o16, s.d_o, N * H * dv, m.stream);
         gpu::attention_backward_bf16(s.dq_heads, s.dk_heads, s.dkv + dn, dn + dv, s.attn_d, s.d_o, s.d_o16,
                                      a.q_heads16, a.k_heads16, a.v_heads16, dv, a.o, a.lse, m.B, m.T, (int)H, (int)dqk,
