@@ -33,6 +33,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -160,12 +161,17 @@ int main(int argc, char** argv) {
     NCCL_CHECK(ncclCommInitRank(&world_nccl, comm->world, id, comm->rank));
     NCCL_CHECK(ncclCommSplit(world_nccl, comm->dp_rank, comm->ep_rank, &ep_nccl, nullptr));
 
-    auto run_dispatch = [&] {
-        gpu::gather_forward(sent, x, slot_of_row, N, k, d, stream);
+    // rows of T (float, or __nv_bfloat16 moved as d/2 floats a row, as gpu/gpu_model.cu's dispatch_rows does)
+    auto dispatch_as = [&](auto* rows_sent, const auto* rows_x, auto* rows_arrived, auto* rows_expert) {
+        using T = std::remove_pointer_t<decltype(rows_sent)>;
+        gpu::gather_forward(rows_sent, rows_x, slot_of_row, N, k, d, stream);
         CUDA_CHECK(cudaStreamSynchronize(stream));  // the Comm runs on its own stream
-        comm->all_to_all_v(sent, dispatch.send_rows.data(), arrived, dispatch.recv_rows.data(), d);
-        gpu::gather_forward(expert_rows, arrived, expert_to_recv_dev, R, 1, d, stream);
+        comm->all_to_all_v(reinterpret_cast<const float*>(rows_sent), dispatch.send_rows.data(),
+                           reinterpret_cast<float*>(rows_arrived), dispatch.recv_rows.data(),
+                           d * (int64_t)sizeof(T) / (int64_t)sizeof(float));
+        gpu::gather_forward(rows_expert, rows_arrived, expert_to_recv_dev, R, 1, d, stream);
     };
+    auto run_dispatch = [&] { dispatch_as(sent, x, arrived, expert_rows); };
     auto run_combine = [&] {
         gpu::gather_forward(arrived, expert_rows, recv_to_expert_dev, R, 1, d, stream);
         CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -173,13 +179,7 @@ int main(int argc, char** argv) {
         gpu::combine_forward(out, sent, weights, row_of_slot, N, k, d, false, stream);
     };
 
-    auto run_dispatch_bf16 = [&] {
-        gpu::gather_forward(sent16, x16, slot_of_row, N, k, d, stream);
-        CUDA_CHECK(cudaStreamSynchronize(stream));
-        comm->all_to_all_v(reinterpret_cast<const float*>(sent16), dispatch.send_rows.data(),
-                           reinterpret_cast<float*>(arrived16), dispatch.recv_rows.data(), d / 2);
-        gpu::gather_forward(expert_rows16, arrived16, expert_to_recv_dev, R, 1, d, stream);
-    };
+    auto run_dispatch_bf16 = [&] { dispatch_as(sent16, x16, arrived16, expert_rows16); };
 
     // Round trip: with weights 1/k, combine(dispatch(x)) is x up to the rounding of k terms. And the BF16 dispatch
     // delivers the FP32 dispatch's expert rows, rounded (exactly).
