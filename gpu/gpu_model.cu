@@ -354,8 +354,7 @@ void mla_forward(GpuModel& m, const BlockWeights& w, GpuBlockActs& a, gpu::GemmI
     const float eps = c.rms_norm_eps;
     if (qr > 0) {
         gpu::matmul_forward(m.matmul, a.q_a, x, w.q_a, bf16_of(m, w.q_a), N, d, qr, false);
-        gpu::rmsnorm_forward(a.q_a_normed, a.q_a_rstd, a.q_a, w.q_a_norm, N, qr, eps, m.stream);
-        keep_bf16(m, a.q_a_normed16, a.q_a_normed, N * qr);
+        gpu::rmsnorm_forward(a.q_a_normed, a.q_a_normed16, a.q_a_rstd, a.q_a, w.q_a_norm, N, qr, eps, m.stream);
         gpu::matmul_forward(m.matmul, a.q, {a.q_a_normed, a.q_a_normed16}, w.q_b, bf16_of(m, w.q_b), N, qr, H * dqk,
                             false);
     } else {
@@ -363,8 +362,7 @@ void mla_forward(GpuModel& m, const BlockWeights& w, GpuBlockActs& a, gpu::GemmI
     }
     gpu::matmul_forward(m.matmul, a.kv_a, x, w.kv_a, bf16_of(m, w.kv_a), N, d, kr + dr, false);
     gpu::copy_columns(a.c_kv, kr, a.kv_a, kr + dr, N, kr, m.stream);
-    gpu::rmsnorm_forward(a.c_kv_normed, a.c_kv_rstd, a.c_kv, w.kv_a_norm, N, kr, eps, m.stream);
-    keep_bf16(m, a.c_kv_normed16, a.c_kv_normed, N * kr);
+    gpu::rmsnorm_forward(a.c_kv_normed, a.c_kv_normed16, a.c_kv_rstd, a.c_kv, w.kv_a_norm, N, kr, eps, m.stream);
     gpu::matmul_forward(m.matmul, a.kv, {a.c_kv_normed, a.c_kv_normed16}, w.kv_b, bf16_of(m, w.kv_b), N, kr,
                         H * (dn + dv), false);
     m.timer.mark("rope");
@@ -579,11 +577,19 @@ void moe_backward(GpuModel& m, const BlockWeights& w, BlockWeights& g, GpuBlockA
 // ---- blocks and the model (model/model.cpp) -------------------------------------------------------------------
 
 // The RMSNorm that reads a block's output (the next block's attention norm, or the final norm), fused with the
-// block's last residual add: its weight and where the normalised rows and their rstd go.
+// block's last residual add: its weight and where the normalised rows (FP32, and their BF16 copy in BF16 mode) and
+// their rstd go.
 struct NextNorm {
     const float* weight;
-    float *out, *rstd;
+    float* out;
+    __nv_bfloat16* out16;
+    float* rstd;
 };
+// block `layer`'s attention norm as such
+NextNorm attention_norm(GpuModel& m, int layer) {
+    GpuBlockActs& a = m.blocks[layer];
+    return NextNorm{m.w.blocks[layer].attn_norm, a.attn_normed, a.attn_normed16, a.attn_rstd};
+}
 
 // h_out = h_in + Attn(RMSNorm(h_in)); h_out += FFN(RMSNorm(.)); next = RMSNorm(h_out). The block's own attention
 // norm (a.attn_normed, a.attn_rstd) was computed by whoever wrote h_in (the previous block, or the caller).
@@ -595,12 +601,10 @@ double block_forward(GpuModel& m, int layer, const float* h_in, float* h_out, co
     GpuBlockActs& a = m.blocks[layer];
     const int64_t N = tokens(m), d = c.hidden_size;
     m.timer.mark("attention projections");
-    keep_bf16(m, a.attn_normed16, a.attn_normed, N * d);
     mla_forward(m, w, a, {a.attn_normed, a.attn_normed16}, a.attn_out);
     m.timer.mark("rmsnorm + residual");
-    gpu::residual_rmsnorm_forward(a.h_mid, a.ffn_normed, a.ffn_rstd, h_in, a.attn_out, w.ffn_norm, N, d,
-                                  c.rms_norm_eps, m.stream);
-    keep_bf16(m, a.ffn_normed16, a.ffn_normed, N * d);
+    gpu::residual_rmsnorm_forward(a.h_mid, a.ffn_normed, a.ffn_normed16, a.ffn_rstd, h_in, a.attn_out, w.ffn_norm, N,
+                                  d, c.rms_norm_eps, m.stream);
     double balance = 0.0;
     if (c.is_moe_layer(layer)) {
         balance = moe_forward(m, w, a, {a.ffn_normed, a.ffn_normed16}, a.ffn_out, with_loss);
@@ -612,7 +616,7 @@ double block_forward(GpuModel& m, int layer, const float* h_in, float* h_out, co
                     w.down, N, d, c.intermediate_size);
     }
     m.timer.mark("rmsnorm + residual");
-    gpu::residual_rmsnorm_forward(h_out, next.out, next.rstd, a.h_mid, a.ffn_out, next.weight, N, d,
+    gpu::residual_rmsnorm_forward(h_out, next.out, next.out16, next.rstd, a.h_mid, a.ffn_out, next.weight, N, d,
                                   c.rms_norm_eps, m.stream);
     return balance;
 }
@@ -620,8 +624,9 @@ double block_forward(GpuModel& m, int layer, const float* h_in, float* h_out, co
 // The attention norm of block `layer` on its input h (for the blocks no earlier block feeds: the first, and MTP's).
 void block_input_norm(GpuModel& m, int layer, const float* h) {
     m.timer.mark("rmsnorm + residual");
-    gpu::rmsnorm_forward(m.blocks[layer].attn_normed, m.blocks[layer].attn_rstd, h, m.w.blocks[layer].attn_norm,
-                         tokens(m), m.config.hidden_size, m.config.rms_norm_eps, m.stream);
+    const NextNorm norm = attention_norm(m, layer);
+    gpu::rmsnorm_forward(norm.out, norm.out16, norm.rstd, h, norm.weight, tokens(m), m.config.hidden_size,
+                         m.config.rms_norm_eps, m.stream);
 }
 
 void block_backward(GpuModel& m, int layer, const float* h_in, const float* dh_out, float* dh_in, float loss_scale,
@@ -838,16 +843,13 @@ LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* t
     upload_tokens(m, m.inputs, inputs, N);
     m.timer.mark("embedding");
     gpu::embedding_forward(m.residual[0], m.inputs, m.w.embed, N, d, m.stream);
-    const NextNorm final_norm{m.w.final_norm, m.final_normed, m.final_rstd};
+    const NextNorm final_norm{m.w.final_norm, m.final_normed, m.final_normed16, m.final_rstd};
     block_input_norm(m, 0, m.residual[0]);  // num_hidden_layers >= 1 (validate_config)
     for (int l = 0; l < L; l++) {
-        const NextNorm next = l + 1 < L ? NextNorm{m.w.blocks[l + 1].attn_norm, m.blocks[l + 1].attn_normed,
-                                                   m.blocks[l + 1].attn_rstd}
-                                        : final_norm;
+        const NextNorm next = l + 1 < L ? attention_norm(m, l + 1) : final_norm;
         loss.balance += block_forward(m, l, m.residual[l], m.residual[l + 1], next, training, targets != nullptr);
     }
     m.timer.mark("head");
-    keep_bf16(m, m.final_normed16, m.final_normed, N * d);
     gpu::matmul_forward(m.matmul, m.logits, {m.final_normed, m.final_normed16}, m.w.head, bf16_of(m, m.w.head), N, d,
                         V, false);
     if (!targets) {
@@ -865,8 +867,9 @@ LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* t
         m.timer.mark("embedding");
         gpu::embedding_forward(m.next_embed, m.targets, m.w.embed, N, d, m.stream);
         m.timer.mark("rmsnorm + residual");
-        gpu::rmsnorm_forward(m.enorm_out, m.enorm_rstd, m.next_embed, m.w.mtp_enorm, N, d, c.rms_norm_eps, m.stream);
-        gpu::rmsnorm_forward(m.hnorm_out, m.hnorm_rstd, m.final_normed, m.w.mtp_hnorm, N, d, c.rms_norm_eps,
+        gpu::rmsnorm_forward(m.enorm_out, nullptr, m.enorm_rstd, m.next_embed, m.w.mtp_enorm, N, d, c.rms_norm_eps,
+                             m.stream);
+        gpu::rmsnorm_forward(m.hnorm_out, nullptr, m.hnorm_rstd, m.final_normed, m.w.mtp_hnorm, N, d, c.rms_norm_eps,
                              m.stream);
         gpu::copy_columns(m.mtp_concat, 2 * d, m.enorm_out, d, N, d, m.stream);
         gpu::copy_columns(m.mtp_concat + d, 2 * d, m.hnorm_out, d, N, d, m.stream);
@@ -875,10 +878,9 @@ LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* t
         gpu::matmul_forward(m.matmul, m.mtp_in, {m.mtp_concat, m.mtp_concat16}, m.w.mtp_eh_proj,
                             bf16_of(m, m.w.mtp_eh_proj), N, 2 * d, d, false);
         block_input_norm(m, (int)L, m.mtp_in);
-        const NextNorm mtp_norm{m.w.mtp_norm, m.mtp_normed, m.mtp_rstd};
+        const NextNorm mtp_norm{m.w.mtp_norm, m.mtp_normed, m.mtp_normed16, m.mtp_rstd};
         loss.balance += block_forward(m, (int)L, m.mtp_in, m.mtp_out, mtp_norm, training, true);
         m.timer.mark("head");
-        keep_bf16(m, m.mtp_normed16, m.mtp_normed, N * d);
         gpu::matmul_forward(m.matmul, m.mtp_logits, {m.mtp_normed, m.mtp_normed16}, m.w.head, bf16_of(m, m.w.head), N,
                             d, V, false);
         m.timer.mark("cross-entropy");

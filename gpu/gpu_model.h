@@ -3,7 +3,8 @@
 // master weights, the gradients and the two AdamW moments, laid out by the same ParamTable as the CPU model; with
 // Precision::BF16 the GEMMs read a BF16 working copy of the weights (refreshed after every update) and BF16 casts
 // of their activation operands, and accumulate in FP32: each GEMM input is cast once, in the forward, into a BF16
-// copy kept beside it (the `16` buffers below) that every GEMM reading it uses, forward and backward (the SwiGLU
+// copy kept beside it (the `16` buffers below; the RMSNorms write theirs in the same pass as the FP32 rows) that
+// every GEMM reading it uses, forward and backward (the SwiGLU
 // outputs and the routed experts' input rows, read by nothing else, are BF16 only: the rows are gathered from the
 // BF16 copy of x and, under expert parallelism, exchanged in BF16); the output gradients are cast by the GEMM
 // calls. The attention, on the tensor cores, reads q, k, v and dO stored in BF16 and accumulates in FP32.

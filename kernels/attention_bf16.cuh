@@ -24,18 +24,22 @@
 //   backward: D by attention.cuh's kernel; dq: block (b, h, query tile): S, dP = dO V^T, dS = P (dP - D) scale,
 //             dq += dS K; dk/dv: block (b, h, key tile, z): S^T = K Q^T (and dP^T = V dO^T for dk), dv += P^T dO
 //             (z = 1) or dk += dS^T Q (z = 0). No atomics: deterministic.
-// Operands from shared memory: A fragments, and B fragments whose k runs along the stored rows (K in Q K^T, V in
-// dO V^T, Q in K Q^T, dO in V dO^T), are 32-bit loads of two adjacent BF16; B fragments whose k runs down the rows
-// (V in P V, K in dS K, dO in P^T dO, Q in dS^T Q) take two 16-bit loads per register. Row strides are the padded
-// width + 8 BF16, a skew that spreads a fragment load's 32 lanes over 32 banks.
+// Operands from shared memory by ldmatrix (kernels/mma_sync.cuh): one instruction per A fragment, or per pair of
+// B fragments: plain for the B operands whose k runs along the stored rows (K in Q K^T, V in dO V^T, Q in K Q^T, dO
+// in V dO^T), transposed for those whose k runs down the rows (V in P V, K in dS K, dO in P^T dO, Q in dS^T Q).
+// Row strides are the padded width + 8 BF16 (16 bytes more than a multiple of 32): the 8 rows an ldmatrix phase
+// reads fall in 8 different 16-byte bank groups, free of conflicts.
 // Masks as in attention.cuh: (i, j) counts iff j <= i < T; padding rows and columns are zeros in shared memory.
 //
 // Shared memory (dynamic; > 48 KiB, so launch_kernel raises the kernel's limit): the forward's Q, K and V tiles,
 // 69 KB at DeepSeek-V3's head dims (192, 128), 3 blocks per SM; the backward's four tiles and the streamed tile's
 // L and D, 87 KB, 2 blocks per SM.
 //
-// Performance work left: the loads are synchronous (cp.async / TMA double buffering would overlap them with the
-// products); ldmatrix for the fragments; 128-row tiles with 8 warps; wgmma (FlashAttention-3).
+// Loads overlap the products without more shared memory (FlashAttention-2's order): the streamed pair's two tiles
+// are fetched by cp.async (kernels/async_copy.cuh) at different points of the loop, each while the products that
+// do not read it run; three __syncthreads per streamed tile instead of two.
+//
+// Performance work left: 128-row tiles with 8 warps (half the L2 traffic per FLOP); TMA; wgmma (FlashAttention-3).
 #pragma once
 #include <cstdint>
 #include <cstdio>
@@ -43,6 +47,7 @@
 
 #include <cuda_bf16.h>
 
+#include "kernels/async_copy.cuh"
 #include "kernels/common.cuh"
 #include "kernels/mma_sync.cuh"
 
@@ -74,19 +79,21 @@ __device__ inline uint32_t attn_bf16_pack(__nv_bfloat16 lo, __nv_bfloat16 hi) {
 }
 
 // dst (64 x attn_bf16_ld(width)) = rows 0..min(rows, 64)-1 of src (row r at src + r * stride; rows: those left
-// before T), columns < width; zeros in the padding rows and columns. All threads of the block.
-// A warp per row at a time, its lanes over consecutive columns (coalesced): 8 columns per lane (16-byte loads and
-// stores; every row of dst starts 16-byte aligned) when every row of src does too and width is a multiple of 8
-// (DeepSeek's dims), else one.
+// before T), columns < width; zeros in the padding rows and columns. All threads of the block; the caller commits
+// the copies as a group and waits for them (kernels/async_copy.cuh) before the __syncthreads after which they read.
+// A warp per row at a time, its lanes over consecutive columns (coalesced): 8 columns per lane, as 16-byte cp.async
+// copies (every row of dst starts 16-byte aligned), when every row of src does too and width is a multiple of 8
+// (DeepSeek's dims); else one column per lane, by plain loads and stores.
 __device__ inline void attn_bf16_load(__nv_bfloat16* dst, const __nv_bfloat16* src, int64_t stride, int rows,
                                       int width) {
     const int padded = attn_bf16_pad(width), ld = attn_bf16_ld(width), warps = ATTN_BF16_THREADS / 32;
     const int lane = threadIdx.x % 32;
     if (width % 8 == 0 && stride % 8 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0) {
         for (int r = threadIdx.x / 32; r < ATTN_BF16_ROWS; r += warps)
-            for (int e = 8 * lane; e < padded; e += 8 * 32)  // e < width: all eight columns are (width % 8 == 0)
-                *reinterpret_cast<uint4*>(dst + r * ld + e) =
-                    r < rows && e < width ? *reinterpret_cast<const uint4*>(src + r * stride + e) : uint4{0, 0, 0, 0};
+            for (int e = 8 * lane; e < padded; e += 8 * 32) {  // e < width: all eight columns are (width % 8 == 0)
+                if (r < rows && e < width) cp_async_16(dst + r * ld + e, src + r * stride + e);
+                else *reinterpret_cast<uint4*>(dst + r * ld + e) = uint4{0, 0, 0, 0};
+            }
         return;
     }
     const __nv_bfloat16 zero = __float2bfloat16_rn(0.0f);
@@ -96,33 +103,7 @@ __device__ inline void attn_bf16_load(__nv_bfloat16* dst, const __nv_bfloat16* s
 
 // ---- fragments (layouts in kernels/mma_sync.cuh) ----------------------------------------------------------------
 
-// two adjacent BF16 at p (4-byte aligned) as one register
-__device__ inline uint32_t attn_bf16_pair(const __nv_bfloat16* p) { return *reinterpret_cast<const uint32_t*>(p); }
 __device__ inline float attn_bf16_round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
-
-// a = the A fragment of rows r0..r0+15, columns c0..c0+15 of a row-major tile x (ld elements)
-__device__ inline void attn_bf16_frag_a(uint32_t (&a)[4], const __nv_bfloat16* x, int ld, int r0, int c0) {
-    const int lane = threadIdx.x % 32;
-    const __nv_bfloat16* p = x + (r0 + lane / 4) * ld + c0 + 2 * (lane % 4);
-    a[0] = attn_bf16_pair(p);
-    a[1] = attn_bf16_pair(p + 8 * ld);
-    a[2] = attn_bf16_pair(p + 8);
-    a[3] = attn_bf16_pair(p + 8 * ld + 8);
-}
-// b = the B fragment of B[kk][n] = x[n0 + n][k0 + kk] (B = a 16-column slice of x, transposed)
-__device__ inline void attn_bf16_frag_b_rows(uint32_t (&b)[2], const __nv_bfloat16* x, int ld, int n0, int k0) {
-    const int lane = threadIdx.x % 32;
-    const __nv_bfloat16* p = x + (n0 + lane / 4) * ld + k0 + 2 * (lane % 4);
-    b[0] = attn_bf16_pair(p);
-    b[1] = attn_bf16_pair(p + 8);
-}
-// b = the B fragment of B[kk][n] = x[k0 + kk][n0 + n] (B = a 16 x 8 block of x as it is)
-__device__ inline void attn_bf16_frag_b_cols(uint32_t (&b)[2], const __nv_bfloat16* x, int ld, int k0, int n0) {
-    const int lane = threadIdx.x % 32;
-    const __nv_bfloat16* p = x + (k0 + 2 * (lane % 4)) * ld + n0 + lane / 4;
-    b[0] = attn_bf16_pack(p[0], p[ld]);
-    b[1] = attn_bf16_pack(p[8 * ld], p[9 * ld]);
-}
 
 // s[n] = the warp's 16 x 8 tile n (n < 8) of A B^T: A rows r0..r0+15 of a (ld lda), B rows 0..63 of b (ld ldb),
 // both `len` (a multiple of 16) wide.
@@ -131,14 +112,17 @@ __device__ inline void attn_bf16_scores(float (&s)[8][4], const __nv_bfloat16* a
 #pragma unroll
     for (int n = 0; n < 8; n++)
         for (int e = 0; e < 4; e++) s[n][e] = 0.0f;
+    const int lane = threadIdx.x % 32;
     for (int k0 = 0; k0 < len; k0 += 16) {
-        uint32_t fa[4];
-        attn_bf16_frag_a(fa, a, lda, r0, k0);
+        uint32_t fa[4];  // the A fragment of rows r0..r0+15, columns k0..k0+15 of a
+        ldmatrix_x4(fa, a + (r0 + lane % 16) * lda + k0 + lane / 16 * 8);
 #pragma unroll
-        for (int n = 0; n < 8; n++) {
-            uint32_t fb[2];
-            attn_bf16_frag_b_rows(fb, b, ldb, 8 * n, k0);
-            mma_bf16_16816(s[n], fa, fb);
+        for (int n = 0; n < 8; n += 2) {
+            uint32_t fb[4];  // the B fragments of tiles n and n + 1: rows 8n..8n+15, columns k0..k0+15 of b
+            ldmatrix_x4(fb, b + (8 * n + lane % 8 + lane / 16 * 8) * ldb + k0 + lane / 8 % 2 * 8);
+            const uint32_t b0[2] = {fb[0], fb[1]}, b1[2] = {fb[2], fb[3]};
+            mma_bf16_16816(s[n], fa, b0);
+            mma_bf16_16816(s[n + 1], fa, b1);
         }
     }
 }
@@ -159,14 +143,17 @@ __device__ inline void attn_bf16_to_a(uint32_t (&p)[4][4], const float (&s)[8][4
 template <int NT>
 __device__ inline void attn_bf16_accumulate(float (&acc)[NT][4], const uint32_t (&p)[4][4], const __nv_bfloat16* x,
                                             int ld, int tiles) {
+    const int lane = threadIdx.x % 32;
 #pragma unroll
-    for (int n = 0; n < NT; n++) {
+    for (int n = 0; n < NT; n += 2) {  // tiles is even (a padded width is a multiple of 16)
         if (n >= tiles) break;
 #pragma unroll
         for (int kk = 0; kk < 4; kk++) {
-            uint32_t fb[2];
-            attn_bf16_frag_b_cols(fb, x, ld, 16 * kk, 8 * n);
-            mma_bf16_16816(acc[n], p[kk], fb);
+            uint32_t fb[4];  // the B fragments of tiles n and n + 1: rows 16kk..16kk+15, columns 8n..8n+15 of x
+            ldmatrix_x4_trans(fb, x + (16 * kk + lane % 16) * ld + 8 * n + lane / 16 * 8);
+            const uint32_t b0[2] = {fb[0], fb[1]}, b1[2] = {fb[2], fb[3]};
+            mma_bf16_16816(acc[n], p[kk], b0);
+            mma_bf16_16816(acc[n + 1], p[kk], b1);
         }
     }
 }
@@ -215,18 +202,23 @@ static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
     const int64_t qk_stride = (int64_t)H * dqk, v_stride = (int64_t)H * v_ld;
     const int ldq = attn_bf16_ld(dqk), ldv = attn_bf16_ld(dv), tiles = attn_bf16_pad(dv) / 8;
 
+    auto load_k = [&](int j0) { attn_bf16_load(k_s, k + ((seq * T + j0) * H + h) * dqk, qk_stride, T - j0, dqk); };
+    auto load_v = [&](int j0) { attn_bf16_load(v_s, v + ((seq * T + j0) * H + h) * v_ld, v_stride, T - j0, dv); };
     attn_bf16_load(q_s, q + ((seq * T + i0) * H + h) * dqk, qk_stride, T - i0, dqk);
+    load_k(0);
+    cp_async_commit();
+    load_v(0);
+    cp_async_commit();
     float acc[NT][4];
     attn_bf16_zero(acc);
     const int i_lo = i0 + warp * 16 + lane / 4, i_hi = i_lo + 8;  // this lane's two query rows
     float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
 
+    // Pipelined: V of this key tile lands while S = Q K^T and the softmax run, the next K while P V runs.
     for (int kt = 0; kt <= qt; kt++) {
         const int j0 = kt * ATTN_BF16_ROWS;
-        __syncthreads();  // every warp is done with the previous K and V
-        attn_bf16_load(k_s, k + ((seq * T + j0) * H + h) * dqk, qk_stride, T - j0, dqk);
-        attn_bf16_load(v_s, v + ((seq * T + j0) * H + h) * v_ld, v_stride, T - j0, dv);
-        __syncthreads();
+        cp_async_wait<1>();
+        __syncthreads();  // Q and this K have landed (this V may still be in flight)
         float s[8][4];
         attn_bf16_scores(s, q_s, ldq, warp * 16, k_s, ldq, attn_bf16_pad(dqk));
         float max_lo = -INFINITY, max_hi = -INFINITY;
@@ -267,7 +259,18 @@ static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
             for (int e = 0; e < 4; e++) acc[n][e] *= e < 2 ? corr_lo : corr_hi;
         uint32_t p[4][4];
         attn_bf16_to_a(p, s);
+        cp_async_wait<0>();
+        __syncthreads();  // this V has landed, and every warp is done with this K
+        if (kt < qt) {
+            load_k(j0 + ATTN_BF16_ROWS);
+            cp_async_commit();
+        }
         attn_bf16_accumulate(acc, p, v_s, ldv, tiles);
+        if (kt < qt) {
+            __syncthreads();  // every warp is done with this V
+            load_v(j0 + ATTN_BF16_ROWS);
+            cp_async_commit();
+        }
     }
     attn_bf16_write(o + (seq * T * H + h) * dv, (int64_t)H * dv, acc, tiles, i0, T, dv, l_lo, l_hi);
     if (lane % 4 == 0) {
@@ -305,23 +308,34 @@ static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
     const int64_t qk_stride = (int64_t)H * dqk, v_stride = (int64_t)H * v_ld, o_stride = (int64_t)H * dv;
     const int ldq = attn_bf16_ld(dqk), ldv = attn_bf16_ld(dv), tiles = attn_bf16_pad(dqk) / 8;
 
+    auto load_k = [&](int j0) { attn_bf16_load(k_s, k + ((seq * T + j0) * H + h) * dqk, qk_stride, T - j0, dqk); };
+    auto load_v = [&](int j0) { attn_bf16_load(v_s, v + ((seq * T + j0) * H + h) * v_ld, v_stride, T - j0, dv); };
     attn_bf16_load(q_s, q + ((seq * T + i0) * H + h) * dqk, qk_stride, T - i0, dqk);
     attn_bf16_load(do_s, dout + ((seq * T + i0) * H + h) * dv, o_stride, T - i0, dv);
+    load_v(0);
+    cp_async_commit();
+    load_k(0);
+    cp_async_commit();
     float acc[NT][4];
     attn_bf16_zero(acc);
     const int i_lo = i0 + warp * 16 + lane / 4, i_hi = i_lo + 8;
     const float lse_lo = i_lo < T ? lse[bh * T + i_lo] : 0.0f, lse_hi = i_hi < T ? lse[bh * T + i_hi] : 0.0f;
     const float d_lo = i_lo < T ? D[bh * T + i_lo] : 0.0f, d_hi = i_hi < T ? D[bh * T + i_hi] : 0.0f;
 
+    // Pipelined: K of this key tile lands while dP = dO V^T runs, the next V while S, dS and dq += dS K run.
     for (int kt = 0; kt <= qt; kt++) {
         const int j0 = kt * ATTN_BF16_ROWS;
-        __syncthreads();
-        attn_bf16_load(k_s, k + ((seq * T + j0) * H + h) * dqk, qk_stride, T - j0, dqk);
-        attn_bf16_load(v_s, v + ((seq * T + j0) * H + h) * v_ld, v_stride, T - j0, dv);
-        __syncthreads();
+        cp_async_wait<1>();
+        __syncthreads();  // Q, dO and this V have landed (this K may still be in flight)
         float s[8][4], dp[8][4];
-        attn_bf16_scores(s, q_s, ldq, warp * 16, k_s, ldq, attn_bf16_pad(dqk));
         attn_bf16_scores(dp, do_s, ldv, warp * 16, v_s, ldv, attn_bf16_pad(dv));
+        cp_async_wait<0>();
+        __syncthreads();  // this K has landed, and every warp is done with this V
+        if (kt < qt) {
+            load_v(j0 + ATTN_BF16_ROWS);
+            cp_async_commit();
+        }
+        attn_bf16_scores(s, q_s, ldq, warp * 16, k_s, ldq, attn_bf16_pad(dqk));
 #pragma unroll
         for (int n = 0; n < 8; n++)
             for (int e = 0; e < 4; e++) {
@@ -332,6 +346,11 @@ static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
         uint32_t ds[4][4];
         attn_bf16_to_a(ds, s);
         attn_bf16_accumulate(acc, ds, k_s, ldq, tiles);
+        if (kt < qt) {
+            __syncthreads();  // every warp is done with this K
+            load_k(j0 + ATTN_BF16_ROWS);
+            cp_async_commit();
+        }
     }
     attn_bf16_write(dq + (seq * T * H + h) * dqk, qk_stride, acc, tiles, i0, T, dqk, 1.0f, 1.0f);
 }
@@ -354,25 +373,47 @@ static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
     const int ldq = attn_bf16_ld(dqk), ldv = attn_bf16_ld(dv);
     const int tiles = attn_bf16_pad(is_dk ? dqk : dv) / 8;
 
-    attn_bf16_load(k_s, k + ((seq * T + j0) * H + h) * dqk, qk_stride, T - j0, dqk);
-    attn_bf16_load(v_s, v + ((seq * T + j0) * H + h) * v_ld, v_stride, T - j0, dv);
-    float acc[NT][4];
-    attn_bf16_zero(acc);
-    const int j_lo = j0 + warp * 16 + lane / 4, j_hi = j_lo + 8;  // this lane's two keys
-
-    for (int qt = kt; qt < q_tiles; qt++) {
-        const int i0 = qt * ATTN_BF16_ROWS;
-        __syncthreads();
-        attn_bf16_load(q_s, q + ((seq * T + i0) * H + h) * dqk, qk_stride, T - i0, dqk);
-        attn_bf16_load(do_s, dout + ((seq * T + i0) * H + h) * dv, o_stride, T - i0, dv);
+    // The streamed tiles: the one only the first product reads (dO for dk, Q for dv), then the one the rest reads
+    // (Q for dk, dO for dv) with the statistics (plain stores: visible after the next __syncthreads).
+    auto load_q = [&](int i0) { attn_bf16_load(q_s, q + ((seq * T + i0) * H + h) * dqk, qk_stride, T - i0, dqk); };
+    auto load_do = [&](int i0) { attn_bf16_load(do_s, dout + ((seq * T + i0) * H + h) * dv, o_stride, T - i0, dv); };
+    auto load_first = [&](int i0) {
+        if (is_dk) load_do(i0);
+        else load_q(i0);
+    };
+    auto load_second = [&](int i0) {
+        if (is_dk) load_q(i0);
+        else load_do(i0);
         for (int c = threadIdx.x; c < ATTN_BF16_ROWS; c += ATTN_BF16_THREADS) {
             col_lse[c] = i0 + c < T ? lse[bh * T + i0 + c] : 0.0f;
             col_d[c] = i0 + c < T ? D[bh * T + i0 + c] : 0.0f;
         }
-        __syncthreads();
+    };
+    attn_bf16_load(k_s, k + ((seq * T + j0) * H + h) * dqk, qk_stride, T - j0, dqk);
+    attn_bf16_load(v_s, v + ((seq * T + j0) * H + h) * v_ld, v_stride, T - j0, dv);
+    load_first(j0);
+    cp_async_commit();
+    load_second(j0);
+    cp_async_commit();
+    float acc[NT][4];
+    attn_bf16_zero(acc);
+    const int j_lo = j0 + warp * 16 + lane / 4, j_hi = j_lo + 8;  // this lane's two keys
+
+    // Pipelined: the second tile lands while the first product runs, the next first tile while the rest runs.
+    for (int qt = kt; qt < q_tiles; qt++) {
+        const int i0 = qt * ATTN_BF16_ROWS;
+        cp_async_wait<1>();
+        __syncthreads();  // K, V and the first tile have landed
         float st[8][4], dpt[8][4];
-        attn_bf16_scores(st, k_s, ldq, warp * 16, q_s, ldq, attn_bf16_pad(dqk));                // S^T
         if (is_dk) attn_bf16_scores(dpt, v_s, ldv, warp * 16, do_s, ldv, attn_bf16_pad(dv));  // dP^T
+        else attn_bf16_scores(st, k_s, ldq, warp * 16, q_s, ldq, attn_bf16_pad(dqk));          // S^T
+        cp_async_wait<0>();
+        __syncthreads();  // the second tile has landed, and every warp is done with the first
+        if (qt + 1 < q_tiles) {
+            load_first(i0 + ATTN_BF16_ROWS);
+            cp_async_commit();
+        }
+        if (is_dk) attn_bf16_scores(st, k_s, ldq, warp * 16, q_s, ldq, attn_bf16_pad(dqk));  // S^T
 #pragma unroll
         for (int n = 0; n < 8; n++)
             for (int e = 0; e < 4; e++) {
@@ -386,6 +427,11 @@ static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
             attn_bf16_accumulate(acc, pa, q_s, ldq, tiles);
         else
             attn_bf16_accumulate(acc, pa, do_s, ldv, tiles);
+        if (qt + 1 < q_tiles) {
+            __syncthreads();  // every warp is done with the second tile and the statistics
+            load_second(i0 + ATTN_BF16_ROWS);
+            cp_async_commit();
+        }
     }
     if (is_dk)
         attn_bf16_write(dk + (seq * T * H + h) * dqk, qk_stride, acc, tiles, j0, T, dqk, 1.0f, 1.0f);

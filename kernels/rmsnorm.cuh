@@ -1,5 +1,7 @@
 // RMSNorm over the rows of (M, C), FP32 (DESIGN §1):
-//   forward:  r_m = 1 / sqrt(mean_c x_mc^2 + eps) (saved as rstd (M)),  y_mc = x_mc r_m w_c
+//   forward:  r_m = 1 / sqrt(mean_c x_mc^2 + eps) (saved as rstd (M)),  y_mc = x_mc r_m w_c; with a BF16 output
+//             too (out16 not null), y rounded to BF16 in the same pass: the copy the BF16 GEMMs that read y take
+//             (kernels/matmul.cuh's GemmInput), without a cast kernel reading y back
 //   residual forward (the pre-norm block's add fused with the norm that reads it): x = a + b is written out (the
 //             residual stream) and normalised in the same pass, so x is not read back from memory by a second
 //             kernel; the sum is the same float add as the CPU's, so x is exact
@@ -22,8 +24,8 @@ constexpr int64_t RMSNORM_DW_ROWS = 128;
 inline int64_t rmsnorm_backward_scratch_floats(int64_t M, int64_t C) { return ceil_div(M, RMSNORM_DW_ROWS) * C; }
 
 // one block per row
-static __global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* inp, const float* w, int64_t C,
-                                       float eps) {
+static __global__ void rmsnorm_forward_kernel(float* out, __nv_bfloat16* out16, float* rstd, const float* inp,
+                                              const float* w, int64_t C, float eps) {
     const int64_t m = blockIdx.x;
     const float* x = inp + m * C;
     float ss = 0.0f;
@@ -31,12 +33,17 @@ static __global__ void rmsnorm_forward_kernel(float* out, float* rstd, const flo
     ss = block_sum(ss);
     const float r = 1.0f / sqrtf(ss / C + eps);
     if (threadIdx.x == 0) rstd[m] = r;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) out[m * C + c] = x[c] * r * w[c];
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+        const float y = x[c] * r * w[c];
+        out[m * C + c] = y;
+        if (out16) out16[m * C + c] = __float2bfloat16_rn(y);
+    }
 }
 
 // one block per row: sum = a + b, out = RMSNorm(sum) w. Each thread reads back only the sums it wrote itself.
-static __global__ void residual_rmsnorm_forward_kernel(float* sum, float* out, float* rstd, const float* a,
-                                                       const float* b, const float* w, int64_t C, float eps) {
+static __global__ void residual_rmsnorm_forward_kernel(float* sum, float* out, __nv_bfloat16* out16, float* rstd,
+                                                       const float* a, const float* b, const float* w, int64_t C,
+                                                       float eps) {
     const int64_t m = blockIdx.x;
     float ss = 0.0f;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
@@ -47,7 +54,11 @@ static __global__ void residual_rmsnorm_forward_kernel(float* sum, float* out, f
     ss = block_sum(ss);
     const float r = 1.0f / sqrtf(ss / C + eps);
     if (threadIdx.x == 0) rstd[m] = r;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) out[m * C + c] = sum[m * C + c] * r * w[c];
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+        const float y = sum[m * C + c] * r * w[c];
+        out[m * C + c] = y;
+        if (out16) out16[m * C + c] = __float2bfloat16_rn(y);
+    }
 }
 
 // one block per row: dx
@@ -86,19 +97,20 @@ static __global__ void rmsnorm_backward_dw_sum_kernel(float* dw, const float* pa
     dw[c] += acc;
 }
 
-// inp, out (M, C), w (C) -> out, rstd (M)
-inline void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int64_t M, int64_t C,
-                            float eps, cudaStream_t stream) {
+// inp, out (M, C), w (C) -> out, rstd (M), and out16 (M, C) = out rounded to BF16 unless out16 is null
+inline void rmsnorm_forward(float* out, __nv_bfloat16* out16, float* rstd, const float* inp, const float* w, int64_t M,
+                            int64_t C, float eps, cudaStream_t stream) {
     if (M == 0) return;
-    launch_kernel(rmsnorm_forward_kernel, (unsigned)M, RMSNORM_THREADS, 0, stream, out, rstd, inp, w, C, eps);
+    launch_kernel(rmsnorm_forward_kernel, (unsigned)M, RMSNORM_THREADS, 0, stream, out, out16, rstd, inp, w, C, eps);
 }
 
-// sum (M, C) = a + b (sum may be a or b), out (M, C) = RMSNorm(sum) w, rstd (M)
-inline void residual_rmsnorm_forward(float* sum, float* out, float* rstd, const float* a, const float* b,
-                                     const float* w, int64_t M, int64_t C, float eps, cudaStream_t stream) {
+// sum (M, C) = a + b (sum may be a or b), out (M, C) = RMSNorm(sum) w, rstd (M), out16 as rmsnorm_forward's
+inline void residual_rmsnorm_forward(float* sum, float* out, __nv_bfloat16* out16, float* rstd, const float* a,
+                                     const float* b, const float* w, int64_t M, int64_t C, float eps,
+                                     cudaStream_t stream) {
     if (M == 0) return;
-    launch_kernel(residual_rmsnorm_forward_kernel, (unsigned)M, RMSNORM_THREADS, 0, stream, sum, out, rstd, a, b, w, C,
-                  eps);
+    launch_kernel(residual_rmsnorm_forward_kernel, (unsigned)M, RMSNORM_THREADS, 0, stream, sum, out, out16, rstd, a,
+                  b, w, C, eps);
 }
 
 // dinp (M, C) (=|+=), dw (C) +=. scratch: rmsnorm_backward_scratch_floats(M, C) floats.

@@ -510,22 +510,26 @@ std::vector<KernelResult> bench_kernels(const Config& c, const Options& o, cudaS
     {  // RMSNorm over the residual stream (N, d)
         DeviceArray<float> x(N * d), w(d), y(N * d), rstd(N), dy(N * d), dx(N * d), dw(d);
         DeviceArray<float> scratch(gpu::rmsnorm_backward_scratch_floats(N, d));
+        DeviceArray<__nv_bfloat16> y16(N * d);
         fill_uniform(x, 3, -1.0f, 1.0f, s);
         fill_uniform(w, 4, 0.5f, 1.5f, s);
         fill_uniform(dy, 5, -1.0f, 1.0f, s);
         CUDA_CHECK(cudaMemsetAsync(dw.ptr, 0, dw.bytes(), s));
-        // reads x (N d), w (d); writes y (N d), rstd (N)
+        // reads x (N d), w (d); writes y (N d), rstd (N), and in BF16 mode y's BF16 copy (N d, 2 bytes each)
         run("rmsnorm_forward", dims({N, d}), F * (2 * N * d + d + N),
-            [&] { gpu::rmsnorm_forward(y.ptr, rstd.ptr, x.ptr, w.ptr, N, d, c.rms_norm_eps, s); });
+            [&] { gpu::rmsnorm_forward(y.ptr, nullptr, rstd.ptr, x.ptr, w.ptr, N, d, c.rms_norm_eps, s); });
+        run("rmsnorm_forward (+bf16)", dims({N, d}), F * (2 * N * d + d + N) + 2.0 * N * d,
+            [&] { gpu::rmsnorm_forward(y.ptr, y16.ptr, rstd.ptr, x.ptr, w.ptr, N, d, c.rms_norm_eps, s); });
         // reads dy, x (N d each), w (d), rstd (N); writes dx (N d); dw (d) read and written. The implementation
         // reads dy and x twice (the dx pass, then the dw pass): at most ~60% of this count at full bandwidth.
         run("rmsnorm_backward", dims({N, d}), F * (3 * N * d + N + 3 * d), [&] {
             gpu::rmsnorm_backward(dx.ptr, dw.ptr, dy.ptr, x.ptr, w.ptr, rstd.ptr, N, d, false, scratch.ptr, s);
         });
         // reads a, b (N d each), w (d); writes the sum and the normalised rows (N d each), rstd (N): the blocks'
-        // residual adds with the norm that follows
-        run("residual_rmsnorm_forward", dims({N, d}), F * (4 * N * d + d + N), [&] {
-            gpu::residual_rmsnorm_forward(dx.ptr, y.ptr, rstd.ptr, x.ptr, dy.ptr, w.ptr, N, d, c.rms_norm_eps, s);
+        // residual adds with the norm that follows (in BF16 mode with the copy too, as the model runs it)
+        run("residual_rmsnorm (+bf16)", dims({N, d}), F * (4 * N * d + d + N) + 2.0 * N * d, [&] {
+            gpu::residual_rmsnorm_forward(dx.ptr, y.ptr, y16.ptr, rstd.ptr, x.ptr, dy.ptr, w.ptr, N, d, c.rms_norm_eps,
+                                          s);
         });
     }
     {  // SwiGLU of the routed experts' rows (N k, I), as the MoE layer runs it

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -88,12 +89,15 @@ static void test_rmsnorm(Rng& rng) {
         Dev<float> d_inp(inp), d_w(w), d_dout(dout), d_out(out.size()), d_rstd(rstd.size()), d_dinp(dinp), d_dw(dw);
         Dev<float> scratch(gpu::rmsnorm_backward_scratch_floats(tc.M, tc.C));
         rmsnorm_forward(out.data(), rstd.data(), inp.data(), w.data(), tc.M, tc.C, 1e-6f);
+        Dev<__nv_bfloat16> d_out16(out.size());  // the BF16 copy: exactly the FP32 output rounded
         d_out.poison();
+        d_out16.poison();
         d_rstd.poison();
-        gpu::rmsnorm_forward(d_out.ptr, d_rstd.ptr, d_inp.ptr, d_w.ptr, tc.M, tc.C, 1e-6f, 0);
+        gpu::rmsnorm_forward(d_out.ptr, d_out16.ptr, d_rstd.ptr, d_inp.ptr, d_w.ptr, tc.M, tc.C, 1e-6f, 0);
         const double forward_tol = tc.C > 1000 ? 1e-4 : 1e-5;  // mean(x^2) is a reduction over C terms
         check("rmsnorm_forward out " + shape, d_out.get(), out, forward_tol);
         check("rmsnorm_forward rstd " + shape, d_rstd.get(), rstd, forward_tol);
+        check("rmsnorm_forward out16 = out rounded " + shape, widened(d_out16.get()), bf16_rounded(d_out.get()), 0);
         // the fused residual form, sum = a + b written in place over a (the aliasing the contract allows)
         std::vector<float> b = randn(tc.M * tc.C, rng), a(tc.M * tc.C), sum(tc.M * tc.C);
         for (int64_t i = 0; i < tc.M * tc.C; i++) a[i] = inp[i] - b[i];
@@ -101,14 +105,18 @@ static void test_rmsnorm(Rng& rng) {
         rmsnorm_forward(out.data(), rstd.data(), sum.data(), w.data(), tc.M, tc.C, 1e-6f);
         Dev<float> d_a(a), d_b(b);
         d_out.poison();
+        d_out16.poison();
         d_rstd.poison();
-        gpu::residual_rmsnorm_forward(d_a.ptr, d_out.ptr, d_rstd.ptr, d_a.ptr, d_b.ptr, d_w.ptr, tc.M, tc.C, 1e-6f, 0);
+        gpu::residual_rmsnorm_forward(d_a.ptr, d_out.ptr, d_out16.ptr, d_rstd.ptr, d_a.ptr, d_b.ptr, d_w.ptr, tc.M,
+                                      tc.C, 1e-6f, 0);
         check("residual_rmsnorm_forward sum " + shape, d_a.get(), sum, 0);
         check("residual_rmsnorm_forward out " + shape, d_out.get(), out, forward_tol);
         check("residual_rmsnorm_forward rstd " + shape, d_rstd.get(), rstd, forward_tol);
+        check("residual_rmsnorm_forward out16 = out rounded " + shape, widened(d_out16.get()),
+              bf16_rounded(d_out.get()), 0);
         // the backward below takes the plain forward's rstd
         rmsnorm_forward(out.data(), rstd.data(), inp.data(), w.data(), tc.M, tc.C, 1e-6f);
-        gpu::rmsnorm_forward(d_out.ptr, d_rstd.ptr, d_inp.ptr, d_w.ptr, tc.M, tc.C, 1e-6f, 0);
+        gpu::rmsnorm_forward(d_out.ptr, nullptr, d_rstd.ptr, d_inp.ptr, d_w.ptr, tc.M, tc.C, 1e-6f, 0);
         rmsnorm_backward(dinp.data(), dw.data(), dout.data(), inp.data(), w.data(), rstd.data(), tc.M, tc.C,
                          tc.accumulate);
         if (!tc.accumulate) d_dinp.poison();
@@ -696,12 +704,50 @@ static void test_mma_layout(Rng& rng) {
     check("mma.sync m16n8k16 bf16 fragment layout: D = C + A B", d_d.get(), want, 1e-5);
 }
 
+// ldmatrix (.x4, and .x4.trans) against the layout kernels/mma_sync.cuh states: the four 8 x 8 matrices are the
+// rows of a 32 x 8 BF16 tile in shared memory (matrix i = rows 8i..8i+7), so lane l gives row l.
+static __global__ void ldmatrix_layout_kernel(uint32_t* plain, uint32_t* transposed, const __nv_bfloat16* x) {
+    __shared__ uint4 rows[32];  // 32 rows of 8 BF16, each 16 bytes and 16-byte aligned
+    __nv_bfloat16* tile = reinterpret_cast<__nv_bfloat16*>(rows);
+    for (int i = threadIdx.x; i < 32 * 8; i += 32) tile[i] = x[i];
+    __syncwarp();
+    uint32_t r[4];
+    gpu::ldmatrix_x4(r, tile + threadIdx.x * 8);
+    for (int i = 0; i < 4; i++) plain[threadIdx.x * 4 + i] = r[i];
+    gpu::ldmatrix_x4_trans(r, tile + threadIdx.x * 8);
+    for (int i = 0; i < 4; i++) transposed[threadIdx.x * 4 + i] = r[i];
+}
+
+// Exact: ldmatrix moves bits. A wrong element in the layout is a wrong register.
+static void test_ldmatrix_layout(Rng& rng) {
+    std::vector<__nv_bfloat16> x(32 * 8);
+    for (__nv_bfloat16& v : x) v = __float2bfloat16_rn(rng.normal());
+    auto bits = [&](int row, int col) {
+        uint16_t b;
+        memcpy(&b, &x[row * 8 + col], sizeof b);
+        return (uint32_t)b;
+    };
+    std::vector<uint32_t> plain(32 * 4), transposed(32 * 4);
+    for (int lane = 0; lane < 32; lane++)
+        for (int i = 0; i < 4; i++) {
+            const int g = lane / 4, t = lane % 4;
+            plain[lane * 4 + i] = bits(8 * i + g, 2 * t) | bits(8 * i + g, 2 * t + 1) << 16;
+            transposed[lane * 4 + i] = bits(8 * i + 2 * t, g) | bits(8 * i + 2 * t + 1, g) << 16;
+        }
+    Dev<__nv_bfloat16> d_x(x);
+    Dev<uint32_t> d_plain(32 * 4), d_transposed(32 * 4);
+    gpu::launch_kernel(ldmatrix_layout_kernel, 1, 32, 0, 0, d_plain.ptr, d_transposed.ptr, d_x.ptr);
+    check("ldmatrix x4 fragment layout", d_plain.get(), plain, 0);
+    check("ldmatrix x4 trans fragment layout", d_transposed.get(), transposed, 0);
+}
+
 // Tiny dims; T around the 64-row tile (63, 64, 65, 130); YaRN; a sharp softmax (scores of std ~6: few keys per row);
 // head dims over 256 (two column slabs per block; FP32 only); DeepSeek-V3's head dims (dqk 192 = 128 + 64, dv 128);
 // and head dims that take each of the BF16 kernels' accumulator counts (8, 16, 24, 32 tiles: up to 64, 128, 192,
 // 256 wide).
 static void test_attention(Rng& rng) {
     test_mma_layout(rng);
+    test_ldmatrix_layout(rng);
     for (AttnCase tc : {AttnCase{2, 17, 3, 8, 4, 8, 1.5f, false}, AttnCase{1, 63, 2, 16, 8, 16, 1.5f, false},
                         AttnCase{2, 64, 1, 8, 4, 8, 1.5f, true}, AttnCase{1, 65, 2, 12, 6, 20, 1.5f, false},
                         AttnCase{2, 130, 2, 16, 8, 16, 2.5f, true}, AttnCase{1, 70, 1, 256, 64, 300, 1.5f, false},

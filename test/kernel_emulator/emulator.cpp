@@ -93,10 +93,20 @@ inline void fiber_switch(Fiber& from, Fiber& to) { swapcontext(&from.context, &t
 
 enum class State { ready, at_warp_barrier, at_block_barrier, done };
 
+// A cp.async copy that has not landed: its data (read when issued), its destination, the group it belongs to
+// (the number of the thread's commits before it).
+struct AsyncCopy {
+    unsigned char data[16];
+    unsigned char* dst;
+    int group;
+};
+
 struct Thread {
     Fiber fiber;
     State state = State::ready;
     uint3 index{};
+    std::vector<AsyncCopy> copies_in_flight;
+    int commits = 0;
 };
 
 // Everything about the block that runs now. Collective values are double-buffered by phase: a thread released
@@ -145,6 +155,8 @@ void thread_entry() {
     Block& b = *running;
     try {
         (*b.body)();
+        if (!b.threads[b.current].copies_in_flight.empty())
+            b.error = "a thread exited with cp.async copies it never waited for";
     } catch (const std::exception& e) {
         b.error = e.what();
     }
@@ -219,6 +231,8 @@ void run_block(Block& b, Order order) {
     const int n = (int)b.threads.size(), warps = (n + 31) / 32;
     for (int i = 0; i < n; i++) {
         b.threads[i].state = State::ready;
+        b.threads[i].copies_in_flight.clear();
+        b.threads[i].commits = 0;
         fiber_start(b.threads[i].fiber, stacks[i].get(), STACK_BYTES, thread_entry);
     }
     b.block_phase = 0;
@@ -288,10 +302,8 @@ unsigned char* dynamic_shared_memory() { return running->dynamic_shared; }
 
 const uint64_t* warp_collective(unsigned mask, uint64_t value) {
     Block& b = *running;
-    if (mask != 0xffffffffu) {
-        b.error = "a warp collective with a partial mask (the emulator supports full warps only)";
-        wait(State::done);
-    }
+    if (mask != 0xffffffffu)
+        fail_thread("a warp collective with a partial mask (the emulator supports full warps only)");
     const int warp = b.current / 32, phase = b.warp_phase[warp];
     b.warp_values[phase][warp][b.current % 32] = value;
     wait(State::at_warp_barrier);
@@ -307,10 +319,47 @@ const uint64_t* block_collective(uint64_t value) {
 }
 
 void check_width(int width) {
-    if (width != 32) {
-        running->error = "a shuffle of width " + std::to_string(width) + " (the emulator supports 32 only)";
-        wait(State::done);
+    if (width != 32) fail_thread("a shuffle of width " + std::to_string(width) + " (the emulator supports 32 only)");
+}
+
+bool in_shared_memory(const void* p, size_t bytes) {
+    const unsigned char* c = static_cast<const unsigned char*>(p);
+    const Block& b = *running;
+    const bool dynamic = c >= b.dynamic_shared && c + bytes <= b.dynamic_shared + b.dynamic_shared_bytes;
+    const bool in_static =
+        __start_emulator_shared && c >= __start_emulator_shared && c + bytes <= __stop_emulator_shared;
+    return dynamic || in_static;
+}
+
+void async_copy(void* shared_dst, const void* global_src) {
+    if (reinterpret_cast<uintptr_t>(shared_dst) % 16 != 0 || reinterpret_cast<uintptr_t>(global_src) % 16 != 0 ||
+        !in_shared_memory(shared_dst, 16))
+        fail_thread("cp.async: an address not 16-byte aligned, or a destination outside shared memory");
+    Thread& t = running->threads[running->current];
+    AsyncCopy copy;
+    memcpy(copy.data, global_src, 16);
+    copy.dst = static_cast<unsigned char*>(shared_dst);
+    copy.group = t.commits;
+    memset(copy.dst, 0xFF, 16);
+    t.copies_in_flight.push_back(copy);
+}
+
+void async_commit() { running->threads[running->current].commits++; }
+
+void async_wait(int in_flight) {
+    Thread& t = running->threads[running->current];
+    std::vector<AsyncCopy> still;
+    for (const AsyncCopy& c : t.copies_in_flight) {
+        if (c.group < t.commits - in_flight) memcpy(c.dst, c.data, 16);
+        else still.push_back(c);
     }
+    t.copies_in_flight.swap(still);
+}
+
+void fail_thread(const std::string& what) {
+    running->error = what;
+    wait(State::done);
+    abort();  // the scheduler never resumes a thread that is done
 }
 
 }  // namespace emulator

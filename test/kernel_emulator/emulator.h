@@ -10,15 +10,18 @@
 // __syncthreads it lacks (a shared-memory write read by another thread), or that relies on the lanes of a warp
 // running in lock step, reads the wrong values in some order of the threads: EMULATOR_ORDER=forward (ascending),
 // reverse, or warps (one warp runs ahead of the others); the tests run forward and warps. The tensor-core product
-// (mma.sync) is a warp collective in kernels/mma_sync.cuh; cuBLASLt, under the real kernels/matmul.cuh, is a CPU
-// model of its documented semantics (cublasLt.h); NCCL, under the real comm/nccl_comm.cu, is done with MPI (nccl.h).
+// (mma.sync) and the fragment load ldmatrix are warp collectives (kernels/mma_sync.cuh); an asynchronous copy
+// (cp.async, kernels/async_copy.cuh) leaves NaN bytes in its destination until the wait that covers it; cuBLASLt,
+// under the real kernels/matmul.cuh, is a CPU model of its documented semantics (cublasLt.h); NCCL, under the real
+// comm/nccl_comm.cu, is done with MPI (nccl.h).
 // Stream order, device memory and its checks are the CPU stand-ins' (test/cpu_stand_in/stand_in.h): a launch runs
 // when its stream is synchronised, streams are ordered only by events, device memory is host memory filled with
 // NaN bytes when allocated.
 // What throws std::logic_error (through the synchronising call): a block of 0 or more than 1024 threads, a grid
 // beyond CUDA's limits, more than 227 KiB of dynamic shared memory, a __syncthreads that not every thread of the
 // block reaches (some wait elsewhere, or exited), a warp collective (an mma.sync included) that not all 32 lanes
-// reach, a partial mask.
+// reach, a partial mask, an ldmatrix or cp.async address not 16-byte aligned or outside shared memory, a thread that
+// exits with cp.async copies it never waited for.
 // Shared memory, static and dynamic, is filled with NaN bytes before every block: a read of shared memory the block
 // has not written shows. Not modelled: timing and the memory model between blocks (no kernel here waits for another
 // block); the device's math functions (the host's expf etc. stand in; the device's are within 2 ulp, which
@@ -28,6 +31,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <string>
 #include <type_traits>
 
 // ---- the CUDA C++ keywords a kernel file uses, as plain C++ --------------------------------------------------
@@ -83,6 +87,15 @@ inline T from_bits(uint64_t bits) {
     memcpy(&v, &bits, sizeof(T));
     return v;
 }
+// Whether [p, p + bytes) lies in the running block's shared memory (dynamic, or a static __shared__ variable).
+bool in_shared_memory(const void* p, size_t bytes);
+// cp.async for the running thread (kernels/async_copy.cuh): a 16-byte copy issued, the issued copies committed as
+// a group, the wait until at most `in_flight` of its groups have not landed.
+void async_copy(void* shared_dst, const void* global_src);
+void async_commit();
+void async_wait(int in_flight);
+// Ends the running thread with an error the launch throws (a use the GPU would fault on, or the emulator lacks).
+[[noreturn]] void fail_thread(const std::string& what);
 inline unsigned lane() { return (threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) % 32; }
 void check_width(int width);
 

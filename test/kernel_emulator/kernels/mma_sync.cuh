@@ -3,6 +3,8 @@
 // fragments by the PTX ISA's layout (the one kernels/mma_sync.cuh states) and adds to its own four accumulators
 // their dot products, in k order (products of BF16 values are exact in float; the tensor cores' summation order
 // and rounding inside the 16-term sum differ, far below BF16's precision, which the tests allow for).
+// ldmatrix likewise: every lane deposits its row address, then reads its elements from the 32 rows; an address
+// that is not 16-byte aligned or not in the block's shared memory throws, as it faults on the GPU.
 // All 32 lanes must take part, as on the GPU.
 #pragma once
 #include <cstdint>
@@ -47,5 +49,23 @@ inline void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t
         d[e] += sum;
     }
 }
+
+// r[i] = this lane's pair of matrix i (rows given by lanes 8i..8i+7): (row g, columns 2t, 2t+1), or with
+// transpose (rows 2t, 2t+1, column g)
+inline void emulated_ldmatrix_x4(uint32_t (&r)[4], const void* row, bool transpose) {
+    if (reinterpret_cast<uintptr_t>(row) % 16 != 0 || !emulator::in_shared_memory(row, 16))
+        emulator::fail_thread("ldmatrix: a row address not 16-byte aligned in shared memory");
+    const uint64_t* all = emulator::warp_collective(0xffffffffu, emulator::to_bits(row));
+    const int g = (int)emulator::lane() / 4, t = (int)emulator::lane() % 4;
+    auto at = [&](int matrix, int r8, int c8) {
+        uint16_t bits;
+        memcpy(&bits, emulator::from_bits<const uint16_t*>(all[8 * matrix + r8]) + c8, sizeof bits);
+        return (uint32_t)bits;
+    };
+    for (int i = 0; i < 4; i++)
+        r[i] = transpose ? at(i, 2 * t, g) | at(i, 2 * t + 1, g) << 16 : at(i, g, 2 * t) | at(i, g, 2 * t + 1) << 16;
+}
+inline void ldmatrix_x4(uint32_t (&r)[4], const void* row) { emulated_ldmatrix_x4(r, row, false); }
+inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) { emulated_ldmatrix_x4(r, row, true); }
 
 }  // namespace gpu
