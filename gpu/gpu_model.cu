@@ -165,7 +165,8 @@ void carve_activations(ByteArena& ar, GpuModel& m, const Config& c, bool bf16, i
 
 // The backward's buffers (and the forward's transient ones), carved from m.scratch on every use.
 struct Scratch {
-    float *dlogits, *dfinal, *dh, *dh_prev;                       // (N, V), (N, d) x3
+    float *dlogits, *dfinal, *dh, *dh_prev;                       // (N, V) (FP32 mode), (N, d) x3
+    __nv_bfloat16* dlogits16;                                     // (N, V) (BF16 mode: the head GEMMs' dout)
     float *dmtp, *dmtp_out, *dconcat, *dhalf, *dnext;             // MTP: (N, d), (N, d), (N, 2d), (N, d), (N, d)
     float *dnormed, *dh_mid;                                      // (N, d) per block
     float *d_o, *dq_heads, *dk_heads, *dkv, *dq, *dkv_a;          // MLA
@@ -182,12 +183,13 @@ Scratch carve_scratch(ByteArena& ar, const Config& c, bool bf16, int B, int T) {
     const int64_t N = (int64_t)B * T, d = c.hidden_size, V = c.vocab_size, H = c.num_attention_heads;
     const int64_t dqk = c.qk_head_dim(), dn = c.qk_nope_head_dim, dv = c.v_head_dim, dr = c.qk_rope_head_dim;
     const int64_t qr = c.q_lora_rank, kr = c.kv_lora_rank, E = c.n_routed_experts, k = c.num_experts_per_tok;
-    const int64_t mtp = c.num_nextn_predict_layers > 0 ? 1 : 0;
+    const int64_t mtp = c.num_nextn_predict_layers > 0 ? 1 : 0, b16 = bf16 ? 1 : 0;
     int64_t width = 0;
     for (int l = 0; l < c.num_blocks(); l++) width = std::max(width, ffn_width(c, l));
     const bool moe = c.first_k_dense_replace < c.num_blocks();
     Scratch s;
-    s.dlogits = ar.take<float>(N * V);
+    s.dlogits = ar.take<float>((1 - b16) * N * V);
+    s.dlogits16 = ar.take<__nv_bfloat16>(b16 * N * V);
     s.dfinal = ar.take<float>(N * d);
     s.dh = ar.take<float>(N * d);
     s.dh_prev = ar.take<float>(N * d);
@@ -267,13 +269,13 @@ ExpertScratch expert_scratch_of(const GpuModel& m) {
 }
 
 // The largest operands the BF16 GEMM calls cast, for N tokens and the routed experts' R rows: output gradients
-// (rows x N: the logits' among them, by far the largest with a big vocabulary). No inputs: the model passes every
-// GEMM input's BF16 copy (a call that did not would stop with an internal error).
+// (rows x N), except the logits' (by far the largest with a big vocabulary), which the cross-entropy writes in BF16.
+// No inputs: the model passes every GEMM input's BF16 copy (a call that did not would stop with an internal error).
 gpu::MatmulCasts cast_elements(const Config& c, int64_t N, int64_t R) {
     const int64_t d = c.hidden_size, H = c.num_attention_heads, width = std::max<int64_t>(
         c.intermediate_size, (int64_t)c.n_shared_experts * c.moe_intermediate_size);
     const int64_t expert_rows = R * std::max<int64_t>(d, c.moe_intermediate_size);
-    const int64_t grad_cols = std::max<int64_t>({c.vocab_size, d, H * c.qk_head_dim(),
+    const int64_t grad_cols = std::max<int64_t>({d, H * c.qk_head_dim(),
                                                  H * (c.qk_nope_head_dim + c.v_head_dim), width,
                                                  (int64_t)c.kv_lora_rank + c.qk_rope_head_dim, c.q_lora_rank});
     return {0, std::max(N * grad_cols, expert_rows)};
@@ -891,26 +893,33 @@ LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* t
     return m.loss = loss;
 }
 
+// One output head's backward: dlogits = scale (softmax(logits) - onehot(targets)), then dnormed = dlogits W_head
+// and dW_head += dlogits^T normed. In BF16 mode the cross-entropy writes dlogits in BF16 only: the head's two GEMMs
+// are its only readers.
+void head_backward(GpuModel& m, const Scratch& s, float* dnormed, const float* logits, const int32_t* targets,
+                   gpu::GemmInput normed, float scale) {
+    const int64_t N = tokens(m), d = m.config.hidden_size, V = m.config.vocab_size;
+    m.timer.mark("cross-entropy");
+    if (s.dlogits16)
+        gpu::cross_entropy_forward_backward_bf16(m.losses, s.dlogits16, logits, targets, N, V, scale, m.stream);
+    else
+        gpu::cross_entropy_forward_backward(m.losses, s.dlogits, logits, targets, N, V, scale, m.stream);
+    m.timer.mark("head");
+    gpu::matmul_backward(m.matmul, dnormed, m.g.head, {s.dlogits, s.dlogits16}, normed, m.w.head,
+                         bf16_of(m, m.w.head), N, d, V, false);
+}
+
 void gpu_model_backward(GpuModel& m, float loss_scale) {
     const Config& c = m.config;
     const int B = m.B, T = m.T;
-    const int64_t N = (int64_t)B * T, d = c.hidden_size, V = c.vocab_size, L = c.num_hidden_layers;
+    const int64_t N = (int64_t)B * T, d = c.hidden_size, L = c.num_hidden_layers;
     const Scratch s = scratch_of(m);
-    m.timer.mark("cross-entropy");
-    gpu::cross_entropy_forward_backward(m.losses, s.dlogits, m.logits, m.targets, N, V, loss_scale / N, m.stream);
-    m.timer.mark("head");
-    gpu::matmul_backward(m.matmul, s.dfinal, m.g.head, s.dlogits, {m.final_normed, m.final_normed16}, m.w.head,
-                         bf16_of(m, m.w.head), N, d, V, false);
+    head_backward(m, s, s.dfinal, m.logits, m.targets, {m.final_normed, m.final_normed16}, loss_scale / N);
     float* dh = s.dh;
     float* dh_prev = s.dh_prev;
     if (c.num_nextn_predict_layers > 0) {
         const float mtp_scale = loss_scale * c.mtp_loss_weight / ((float)B * (T - 1));
-        m.timer.mark("cross-entropy");
-        gpu::cross_entropy_forward_backward(m.losses, s.dlogits, m.mtp_logits, m.mtp_targets, N, V, mtp_scale,
-                                            m.stream);
-        m.timer.mark("head");
-        gpu::matmul_backward(m.matmul, s.dmtp, m.g.head, s.dlogits, {m.mtp_normed, m.mtp_normed16}, m.w.head,
-                             bf16_of(m, m.w.head), N, d, V, false);
+        head_backward(m, s, s.dmtp, m.mtp_logits, m.mtp_targets, {m.mtp_normed, m.mtp_normed16}, mtp_scale);
         m.timer.mark("rmsnorm + residual");
         gpu::rmsnorm_backward(s.dmtp_out, m.g.mtp_norm, s.dmtp, m.mtp_out, m.w.mtp_norm, m.mtp_rstd, N, d, false,
                               s.rms, m.stream);

@@ -4,10 +4,11 @@
 // Precision::BF16 the GEMMs read a BF16 working copy of the weights (refreshed after every update) and BF16 casts
 // of their activation operands, and accumulate in FP32: each GEMM input is cast once, in the forward, into a BF16
 // copy kept beside it (the `16` buffers below; the RMSNorms write theirs in the same pass as the FP32 rows) that
-// every GEMM reading it uses, forward and backward (the SwiGLU
-// outputs and the routed experts' input rows, read by nothing else, are BF16 only: the rows are gathered from the
-// BF16 copy of x and, under expert parallelism, exchanged in BF16); the output gradients are cast by the GEMM
-// calls. The attention, on the tensor cores, reads q, k, v and dO stored in BF16 and accumulates in FP32.
+// every GEMM reading it uses, forward and backward (the SwiGLU outputs and the routed experts' input rows, read by
+// nothing else, are BF16 only: the rows are gathered from the BF16 copy of x and, under expert parallelism,
+// exchanged in BF16); the output gradients are cast by the GEMM calls, except the logits', which the cross-entropy
+// writes in BF16 only. The attention, on the tensor cores, reads q, k, v and dO stored in BF16 and accumulates in
+// FP32.
 // Everything else (norms, router, softmax, the optimizer) is FP32.
 // Activations for B x T tokens are carved from one allocation at init; the routed experts' rows (whose number
 // depends on the routing under expert parallelism) have per-layer buffers that grow when a step needs more.

@@ -39,7 +39,11 @@
 // are fetched by cp.async (kernels/async_copy.cuh) at different points of the loop, each while the products that
 // do not read it run; three __syncthreads per streamed tile instead of two.
 //
-// Performance work left: 128-row tiles with 8 warps (half the L2 traffic per FLOP); TMA; wgmma (FlashAttention-3).
+// Determinism costs products: dq, dk and dv each recompute S (and dq, dk dP), 1.6x FlashAttention-2's backward,
+// which adds dq with float atomics (counted in docs/performance.md).
+//
+// Performance work left: 128-row tiles with 8 warps (half the L2 traffic per FLOP); dk and dv in one block (one
+// S^T fewer); TMA; wgmma (FlashAttention-3).
 #pragma once
 #include <cstdint>
 #include <cstdio>

@@ -4,6 +4,8 @@
 //   target < 0: the row is ignored: loss_m = 0, dlogits_m = 0.
 // Subtracting the row max keeps exp() in range. losses (M) are per row; the caller sums them (the CPU reference
 // returns the sum in double). Three passes over the row (max, sum, write); rows of even 129K logits stay in L2.
+// dlogits in FP32, or in BF16 (cross_entropy_forward_backward_bf16: the same values rounded, for the head's BF16
+// GEMMs, which would otherwise cast them: at V = 102400 the gradients are the largest tensor of the step).
 // Targets must be < V (the data loader checks tokens against the vocabulary).
 #pragma once
 #include <cstdint>
@@ -14,16 +16,17 @@ namespace gpu {
 
 constexpr int CROSS_ENTROPY_THREADS = 512;
 
-static __global__ void cross_entropy_kernel(float* losses, float* dlogits, const float* logits, const int32_t* targets,
-                                     int64_t V, float loss_scale) {
+template <typename T>
+static __global__ void cross_entropy_kernel(float* losses, T* dlogits, const float* logits, const int32_t* targets,
+                                            int64_t V, float loss_scale) {
     const int64_t m = blockIdx.x;
     const float* z = logits + m * V;
-    float* dz = dlogits ? dlogits + m * V : nullptr;
+    T* dz = dlogits ? dlogits + m * V : nullptr;
     const int64_t target = targets[m];
     if (target < 0) {  // the same branch for the whole block: no block reduction is skipped by only some threads
         if (threadIdx.x == 0) losses[m] = 0.0f;
         if (dz)
-            for (int64_t v = threadIdx.x; v < V; v += blockDim.x) dz[v] = 0.0f;
+            for (int64_t v = threadIdx.x; v < V; v += blockDim.x) store_as(dz + v, 0.0f);
         return;
     }
     float zmax = -INFINITY;
@@ -38,7 +41,7 @@ static __global__ void cross_entropy_kernel(float* losses, float* dlogits, const
         for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
             float p = loss_scale * expf(z[v] - zmax) * inv;
             if (v == target) p -= loss_scale;
-            dz[v] = p;
+            store_as(dz + v, p);
         }
     }
 }
@@ -48,8 +51,17 @@ inline void cross_entropy_forward_backward(float* losses, float* dlogits, const 
                                            const int32_t* targets, int64_t M, int64_t V, float loss_scale,
                                            cudaStream_t stream) {
     if (M == 0) return;
-    launch_kernel(cross_entropy_kernel, (unsigned)M, CROSS_ENTROPY_THREADS, 0, stream, losses, dlogits, logits, targets,
-                  V, loss_scale);
+    launch_kernel(cross_entropy_kernel<float>, (unsigned)M, CROSS_ENTROPY_THREADS, 0, stream, losses, dlogits, logits,
+                  targets, V, loss_scale);
+}
+
+// the same, dlogits16 (M, V) = the gradients rounded to BF16
+inline void cross_entropy_forward_backward_bf16(float* losses, __nv_bfloat16* dlogits16, const float* logits,
+                                                const int32_t* targets, int64_t M, int64_t V, float loss_scale,
+                                                cudaStream_t stream) {
+    if (M == 0) return;
+    launch_kernel(cross_entropy_kernel<__nv_bfloat16>, (unsigned)M, CROSS_ENTROPY_THREADS, 0, stream, losses,
+                  dlogits16, logits, targets, V, loss_scale);
 }
 
 }  // namespace gpu

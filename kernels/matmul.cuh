@@ -31,10 +31,12 @@
 //                    of the CPU reference (the order of the sums differs).
 //   Precision::BF16  A and B BF16 (CUDA_R_16BF): the weights come as a BF16 copy W16 the caller keeps (refreshed
 //                    after each update). An input comes with the BF16 copy the caller keeps (GemmInput: cast once
-//                    by the model for every GEMM that reads it, forward and backward), or is cast here; output
-//                    gradients are cast here. The casts here (round to nearest even) go into the two cast buffers
-//                    of the Matmul, sized at create for the largest operand. Products of two BF16 values are exact
-//                    in FP32, so the only error beyond FP32 is the rounding of the inputs (relative 2^-8 each).
+//                    by the model for every GEMM that reads it, forward and backward), or is cast here;
+//                    matmul_backward's output gradient likewise (the head's comes in BF16 from the cross-entropy
+//                    kernel), the grouped backward's is cast here. The casts here (round to nearest even) go into
+//                    the two cast buffers of the Matmul, sized at create for the largest operand. Products of two
+//                    BF16 values are exact in FP32, so the only error beyond FP32 is the rounding of the inputs
+//                    (relative 2^-8 each).
 //                    The FP32 master weights and gradients are untouched: dW is FP32 +=.
 // Odd sizes: no padding. cuBLASLt documents leading-dimension rules only for FP8 and int8 (multiples of 16 bytes),
 // none for BF16 or FP32; the layouts carry the true ld and the alignment preferences below carry the true pointer
@@ -119,9 +121,10 @@ struct MatmulCasts {
     int64_t inputs = 0, output_grads = 0;
 };
 
-// A GEMM's input rows (M, K) as FP32, and in BF16 mode possibly their BF16 copy, laid out alike (row r at r * K),
-// made by the caller and kept: then the call reads it instead of casting the rows itself, and the FP32 rows may be
-// absent (nullptr: an input written only in BF16). Converts from a plain const float* (no copy: the call casts).
+// A GEMM's input rows (M, K), or output gradient (M, N), as FP32, and in BF16 mode possibly their BF16 copy, laid
+// out alike (row r at r * K), made by the caller: then the call reads it instead of casting the rows itself, and the
+// FP32 rows may be absent (nullptr: an operand written only in BF16). Converts from a plain const float* (no copy:
+// the call casts).
 struct GemmInput {
     const float* fp32;
     const __nv_bfloat16* bf16;
@@ -366,8 +369,8 @@ inline const __nv_bfloat16* matmul_input_bf16(Matmul& mm, const GemmInput& inp, 
 // The FP32 rows of inp, for an FP32 GEMM: they must be there.
 inline const float* matmul_input_fp32(const GemmInput& inp, const MatmulSite& site) {
     if (!inp.fp32) {
-        fprintf(stderr, "internal error: %s (M=%ld K=%ld N=%ld): an FP32 GEMM given only a BF16 input\n", site.name,
-                (long)site.M, (long)site.K, (long)site.N);
+        fprintf(stderr, "internal error: %s (M=%ld K=%ld N=%ld): an FP32 GEMM given an operand only in BF16\n",
+                site.name, (long)site.M, (long)site.K, (long)site.N);
         exit(1);
     }
     return inp.fp32;
@@ -387,18 +390,19 @@ inline void matmul_forward(Matmul& mm, float* out, GemmInput inp, const float* W
 }
 
 // dinp (M, K) (=|+=) dout (M, N) @ W (skipped when dinp is nullptr); dW (N, K) += dout^T @ inp.
-inline void matmul_backward(Matmul& mm, float* dinp, float* dW, const float* dout, GemmInput inp, const float* W,
+inline void matmul_backward(Matmul& mm, float* dinp, float* dW, GemmInput dout, GemmInput inp, const float* W,
                             const __nv_bfloat16* W16, int64_t M, int64_t K, int64_t N, bool accumulate_dinp) {
     if (M == 0) return;
     const MatmulSite s{"matmul_backward", M, K, N};
     if (W16) {
-        const __nv_bfloat16* dout16 = matmul_cast(mm, true, dout, M * N, s, "dout");
+        const __nv_bfloat16* dout16 = dout.bf16 ? dout.bf16 : matmul_cast(mm, true, dout.fp32, M * N, s, "dout");
         if (dinp) matmul_gemm_dinp(mm, 0, s, true, dinp, dout16, W16, M, K, N, accumulate_dinp);
         const __nv_bfloat16* inp16 = matmul_input_bf16(mm, inp, 0, K, M * K, s);
         matmul_gemm_dW(mm, 0, s, true, dW, dout16, inp16, M, K, N);
     } else {
-        if (dinp) matmul_gemm_dinp(mm, 0, s, false, dinp, dout, W, M, K, N, accumulate_dinp);
-        matmul_gemm_dW(mm, 0, s, false, dW, dout, matmul_input_fp32(inp, s), M, K, N);
+        const float* dout32 = matmul_input_fp32(dout, s);
+        if (dinp) matmul_gemm_dinp(mm, 0, s, false, dinp, dout32, W, M, K, N, accumulate_dinp);
+        matmul_gemm_dW(mm, 0, s, false, dW, dout32, matmul_input_fp32(inp, s), M, K, N);
     }
 }
 

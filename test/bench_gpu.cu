@@ -620,6 +620,12 @@ std::vector<KernelResult> bench_kernels(const Config& c, const Options& o, cudaS
         run("cross_entropy (+ dlogits)", dims({N, V}), F * (2 * N * V + N) + I32 * N, [&] {
             gpu::cross_entropy_forward_backward(losses.ptr, dlogits.ptr, logits.ptr, targets.ptr, N, V, 1.0f / N, s);
         });
+        // the same with dlogits in BF16 (2 bytes each), as the model runs it in BF16 mode
+        DeviceArray<__nv_bfloat16> dlogits16(N * V);
+        run("cross_entropy (+ dlogits16)", dims({N, V}), F * (N * V + N) + 2.0 * N * V + I32 * N, [&] {
+            gpu::cross_entropy_forward_backward_bf16(losses.ptr, dlogits16.ptr, logits.ptr, targets.ptr, N, V,
+                                                     1.0f / N, s);
+        });
     }
     {  // MLA's RoPE and head assembly, and the c_kv column copy
         DeviceArray<float> q(N * H * dqk), kv(N * H * (dn + dv)), kv_a(N * (kr + dr));

@@ -270,6 +270,25 @@ void matmul_test_kept_input(gpu::Matmul& mm, Rng& rng) {
         check(fmt("kept BF16 input of other rows: %s = the call on those rows", names[i]), kept_other[i], plain2[i],
               0);
     }
+    // The same for matmul_backward's output gradient, also without FP32 rows (the head's dlogits in BF16 mode).
+    const std::vector<float> dout2 = randn(R * N, rng);
+    Dev<float> d_dout2(dout2);
+    Dev<__nv_bfloat16> dout16(R * N, 0), dout2_16(R * N, 0);
+    gpu::cast_to_bf16(dout16.ptr, d_dout.ptr, R * N, mm.stream);
+    gpu::cast_to_bf16(dout2_16.ptr, d_dout2.ptr, R * N, mm.stream);
+    auto backward = [&](gpu::GemmInput grad) {
+        d_dinp.poison();
+        d_dW.set(dW0);
+        gpu::matmul_backward(mm, d_dinp.ptr, d_dW.ptr, grad, d_inp.ptr, d_W.ptr, W16.w.ptr, R, K, N, false);
+        return std::vector<std::vector<float>>{d_dinp.get(), d_dW.get()};
+    };
+    const auto cast_here = backward(d_dout.ptr), cast_here2 = backward(d_dout2.ptr);
+    const auto only16 = backward({nullptr, dout16.ptr}), kept_other_dout = backward({d_dout.ptr, dout2_16.ptr});
+    for (int i = 0; i < 2; i++) {
+        check(fmt("BF16 dout alone: %s = the call that casts", names[i + 1]), only16[i], cast_here[i], 0);
+        check(fmt("BF16 dout of other rows: %s = the call on those rows", names[i + 1]), kept_other_dout[i],
+              cast_here2[i], 0);
+    }
 }
 
 // Every kind of float: Gaussians over the whole exponent range (subnormals and overflow to Inf included), raw

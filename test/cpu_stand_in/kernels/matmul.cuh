@@ -121,37 +121,41 @@ inline const __nv_bfloat16* matmul_cast(Matmul& mm, bool output_grad, const floa
     return buffer;
 }
 
-// The BF16 rows of inp from row `first` on (n elements): a cast into the input buffer, or the caller's copy, which
-// must then be, when the product runs, the rounding of the FP32 rows if there are any (a copy not refreshed after
-// its rows changed, or made of other rows, is a contract violation).
-inline const __nv_bfloat16* matmul_input_bf16(Matmul& mm, const GemmInput& inp, int64_t first, int64_t K, int64_t n,
-                                              const char* site) {
-    if (!inp.bf16) return matmul_cast(mm, false, inp.fp32 + first * K, n, site, "inp");
-    const __nv_bfloat16* copy = inp.bf16 + first * K;
-    dev(copy, n, std::string(site) + " inp (BF16 copy)");
-    if (!inp.fp32) return copy;  // written only in BF16
-    const float* rows = inp.fp32 + first * K;
-    launch(mm.stream, [=] {
-        for (int64_t i = 0; i < n; i++) {
-            const __nv_bfloat16 want = __float2bfloat16_rn(rows[i]);
-            if (memcmp(&want, &copy[i], sizeof want) != 0)
-                stand_in::violation(std::string(site) + ": the BF16 copy of inp is not the rounding of its FP32 rows "
-                                    "(element " + std::to_string(i) + ")");
-        }
-    });
-    return copy;
-}
-
 // inp's FP32 rows from row `first` on, or nullptr when there are none
 inline const float* stand_in_rows(const GemmInput& inp, int64_t first, int64_t K) {
     return inp.fp32 ? inp.fp32 + first * K : nullptr;
 }
 
-// The FP32 rows of inp (rows elements from row `first`), checked to lie in device memory; they may be absent only
-// when a BF16 copy is given and the call is BF16.
+// The caller's BF16 copy of an operand (n elements), which must be, when the product runs, the rounding of the
+// FP32 rows if there are any (rows not null): a copy not refreshed after its rows changed, or made of other rows, is
+// a contract violation.
+inline const __nv_bfloat16* stand_in_checked_copy(Matmul& mm, const __nv_bfloat16* copy, const float* rows, int64_t n,
+                                                  const char* site, const char* operand) {
+    dev(copy, n, std::string(site) + " " + operand + " (BF16 copy)");
+    if (!rows) return copy;  // written only in BF16
+    launch(mm.stream, [=] {
+        for (int64_t i = 0; i < n; i++) {
+            const __nv_bfloat16 want = __float2bfloat16_rn(rows[i]);
+            if (memcmp(&want, &copy[i], sizeof want) != 0)
+                stand_in::violation(std::string(site) + ": the BF16 copy of " + operand +
+                                    " is not the rounding of its FP32 rows (element " + std::to_string(i) + ")");
+        }
+    });
+    return copy;
+}
+
+// The BF16 rows of inp from row `first` on (n elements): a cast into the input buffer, or the caller's copy.
+inline const __nv_bfloat16* matmul_input_bf16(Matmul& mm, const GemmInput& inp, int64_t first, int64_t K, int64_t n,
+                                              const char* site) {
+    if (!inp.bf16) return matmul_cast(mm, false, inp.fp32 + first * K, n, site, "inp");
+    return stand_in_checked_copy(mm, inp.bf16 + first * K, stand_in_rows(inp, first, K), n, site, "inp");
+}
+
+// The FP32 rows of an operand (rows elements from row `first`), checked to lie in device memory; they may be absent
+// only when a BF16 copy is given and the call is BF16.
 inline void stand_in_input_fp32(const GemmInput& inp, bool bf16, int64_t first, int64_t K, int64_t rows,
-                                const char* site) {
-    if (inp.fp32 || !(bf16 && inp.bf16)) dev(stand_in_rows(inp, first, K), rows * K, std::string(site) + " inp");
+                                const std::string& what) {
+    if (inp.fp32 || !(bf16 && inp.bf16)) dev(stand_in_rows(inp, first, K), rows * K, what);
 }
 
 // out (M, N) (=|+=) inp (M, K) @ W^T, W (N, K). W16 (BF16 copy of W) given: BF16 inputs; nullptr: FP32.
@@ -159,7 +163,7 @@ inline void matmul_forward(Matmul& mm, float* out, GemmInput inp, const float* W
                            int64_t M, int64_t K, int64_t N, bool accumulate) {
     if (M == 0) return;
     dev(out, M * N, "matmul_forward out");
-    stand_in_input_fp32(inp, W16, 0, K, M, "matmul_forward");
+    stand_in_input_fp32(inp, W16, 0, K, M, "matmul_forward inp");
     dev(W, N * K, "matmul_forward W");
     apart("matmul_forward", {span(out, M * N, "out")}, {span(inp.fp32, M * K, "inp"), span(W, N * K, "W")});
     const __nv_bfloat16* inp16 = nullptr;
@@ -179,20 +183,21 @@ inline void matmul_forward(Matmul& mm, float* out, GemmInput inp, const float* W
 }
 
 // dinp (M, K) (=|+=) dout (M, N) @ W (skipped when dinp is nullptr); dW (N, K) += dout^T @ inp.
-inline void matmul_backward(Matmul& mm, float* dinp, float* dW, const float* dout, GemmInput inp, const float* W,
+inline void matmul_backward(Matmul& mm, float* dinp, float* dW, GemmInput dout, GemmInput inp, const float* W,
                             const __nv_bfloat16* W16, int64_t M, int64_t K, int64_t N, bool accumulate_dinp) {
     if (M == 0) return;
     if (dinp) dev(dinp, M * K, "matmul_backward dinp");
     dev(dW, N * K, "matmul_backward dW");
-    dev(dout, M * N, "matmul_backward dout");
-    stand_in_input_fp32(inp, W16, 0, K, M, "matmul_backward");
+    stand_in_input_fp32(dout, W16, 0, N, M, "matmul_backward dout");
+    stand_in_input_fp32(inp, W16, 0, K, M, "matmul_backward inp");
     dev(W, N * K, "matmul_backward W");
     apart("matmul_backward", {span(dinp, M * K, "dinp"), span(dW, N * K, "dW")},
-          {span(dout, M * N, "dout"), span(inp.fp32, M * K, "inp"), span(W, N * K, "W")});
+          {span(dout.fp32, M * N, "dout"), span(inp.fp32, M * K, "inp"), span(W, N * K, "W")});
     const __nv_bfloat16 *dout16 = nullptr, *inp16 = nullptr;
     if (W16) {
         dev(W16, N * K, "matmul_backward W16");
-        dout16 = matmul_cast(mm, true, dout, M * N, "matmul_backward", "dout");
+        dout16 = dout.bf16 ? stand_in_checked_copy(mm, dout.bf16, dout.fp32, M * N, "matmul_backward", "dout")
+                           : matmul_cast(mm, true, dout.fp32, M * N, "matmul_backward", "dout");
         inp16 = matmul_input_bf16(mm, inp, 0, K, M * K, "matmul_backward");
     }
     launch(mm.stream, [=] {
@@ -200,7 +205,7 @@ inline void matmul_backward(Matmul& mm, float* dinp, float* dW, const float* dou
             ::matmul_backward(dinp, dW, stand_in_widen(dout16, M * N).data(), stand_in_widen(inp16, M * K).data(),
                               stand_in_widen(W16, N * K).data(), M, K, N, accumulate_dinp);
         else
-            ::matmul_backward(dinp, dW, dout, inp.fp32, W, M, K, N, accumulate_dinp);
+            ::matmul_backward(dinp, dW, dout.fp32, inp.fp32, W, M, K, N, accumulate_dinp);
     });
 }
 
@@ -221,7 +226,7 @@ inline void grouped_matmul_forward(Matmul& mm, float* out, GemmInput inp, const 
     const int64_t first = off[0], rows = off[G] - first;
     if (rows == 0) return;
     dev(out + first * N, rows * N, "grouped_matmul_forward out");
-    stand_in_input_fp32(inp, W16, first, K, rows, "grouped_matmul_forward");
+    stand_in_input_fp32(inp, W16, first, K, rows, "grouped_matmul_forward inp");
     dev(W, G * N * K, "grouped_matmul_forward W");
     apart("grouped_matmul_forward", {span(out + first * N, rows * N, "out")},
           {span(stand_in_rows(inp, first, K), rows * K, "inp"), span(W, G * N * K, "W")});
@@ -254,7 +259,7 @@ inline void grouped_matmul_backward(Matmul& mm, float* dinp, float* dW, const fl
     if (dinp) dev(dinp + first * K, rows * K, "grouped_matmul_backward dinp");
     dev(dW, G * N * K, "grouped_matmul_backward dW");
     dev(dout + first * N, rows * N, "grouped_matmul_backward dout");
-    stand_in_input_fp32(inp, W16, first, K, rows, "grouped_matmul_backward");
+    stand_in_input_fp32(inp, W16, first, K, rows, "grouped_matmul_backward inp");
     dev(W, G * N * K, "grouped_matmul_backward W");
     apart("grouped_matmul_backward", {span(dinp ? dinp + first * K : nullptr, rows * K, "dinp"), span(dW, G * N * K, "dW")},
           {span(dout + first * N, rows * N, "dout"), span(stand_in_rows(inp, first, K), rows * K, "inp"),
