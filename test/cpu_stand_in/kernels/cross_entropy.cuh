@@ -21,15 +21,15 @@ inline void stand_in_cross_entropy(float* losses, float* dlogits, const float* l
     }
 }
 
-// The launch's checks: device memory, and outputs apart from the inputs
-inline void stand_in_cross_entropy_checks(const float* losses, const void* dlogits, int64_t dlogit_bytes,
-                                          const float* logits, const int32_t* targets, int64_t M, int64_t V) {
+// The launch's checks: device memory, and outputs apart from the inputs (dlogits FP32 or BF16, or null)
+template <typename T>
+inline void stand_in_cross_entropy_checks(const float* losses, const T* dlogits, const float* logits,
+                                          const int32_t* targets, int64_t M, int64_t V) {
     dev(losses, M, "cross_entropy losses");
-    if (dlogits) dev(static_cast<const char*>(dlogits), dlogit_bytes, "cross_entropy dlogits");
+    if (dlogits) dev(dlogits, M * V, "cross_entropy dlogits");
     dev(logits, M * V, "cross_entropy logits");
     dev(targets, M, "cross_entropy targets");
-    const stand_in::Span gradients = span(static_cast<const char*>(dlogits), dlogit_bytes, "dlogits");
-    apart("cross_entropy", {span(losses, M, "losses"), gradients},
+    apart("cross_entropy", {span(losses, M, "losses"), span(dlogits, M * V, "dlogits")},
           {span(logits, M * V, "logits"), span(targets, M, "targets")});
 }
 
@@ -39,7 +39,7 @@ inline void cross_entropy_forward_backward(float* losses, float* dlogits, const 
                                            const int32_t* targets, int64_t M, int64_t V, float loss_scale,
                                            cudaStream_t stream) {
     if (M == 0) return;
-    stand_in_cross_entropy_checks(losses, dlogits, M * V * (int64_t)sizeof(float), logits, targets, M, V);
+    stand_in_cross_entropy_checks(losses, dlogits, logits, targets, M, V);
     launch(stream, [=] { stand_in_cross_entropy(losses, dlogits, logits, targets, M, V, loss_scale); });
 }
 
@@ -48,7 +48,7 @@ inline void cross_entropy_forward_backward_bf16(float* losses, __nv_bfloat16* dl
                                                 const int32_t* targets, int64_t M, int64_t V, float loss_scale,
                                                 cudaStream_t stream) {
     if (M == 0) return;
-    stand_in_cross_entropy_checks(losses, dlogits16, M * V * (int64_t)sizeof(__nv_bfloat16), logits, targets, M, V);
+    stand_in_cross_entropy_checks(losses, dlogits16, logits, targets, M, V);
     launch(stream, [=] {
         std::vector<float> dlogits(M * V);
         stand_in_cross_entropy(losses, dlogits.data(), logits, targets, M, V, loss_scale);
