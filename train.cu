@@ -18,6 +18,9 @@ namespace {
 class GpuBackend : public Backend {
 public:
     GpuBackend(Model& host, const TrainArgs& args) {
+        if (args.dtype == "fp8")
+            throw std::runtime_error("--dtype fp8 runs on the CPU trainer (train_cpu) only so far; the GPU trainer "
+                                     "takes fp32 or bf16");
         const gpu::Precision precision = args.dtype == "fp32" ? gpu::Precision::FP32 : gpu::Precision::BF16;
         int device = 0;
         CUDA_CHECK(cudaGetDevice(&device));

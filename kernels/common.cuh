@@ -17,7 +17,7 @@ namespace gpu {
 // activations and every output stay FP32.
 enum class Precision { FP32, BF16 };
 
-inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+__host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // Blocks for a grid-stride loop over n elements: enough to fill the GPU, capped well below the grid limit.
 inline unsigned grid_stride_blocks(int64_t n, int threads) {

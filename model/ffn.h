@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "arena.h"
+#include "fp8.h"
 
 struct SwigluActs {
     float* g;  // (M, I) W_gate x
@@ -12,10 +13,10 @@ struct SwigluActs {
 };
 
 void swiglu_carve(Arena<float>& arena, int64_t M, int64_t I, SwigluActs& s);
-// x (M, d) -> out (M, d); W_gate, W_up (I, d), W_down (d, I)
-void swiglu_ffn_forward(float* out, const SwigluActs& s, const float* x, const float* w_gate, const float* w_up,
-                        const float* w_down, int64_t M, int64_t d, int64_t I);
+// x (M, d) -> out (M, d), the three GEMMs in precision `precision`; W_gate, W_up (I, d), W_down (d, I)
+void swiglu_ffn_forward(LinearPrecision precision, float* out, const SwigluActs& s, const float* x, const float* w_gate,
+                        const float* w_up, const float* w_down, int64_t M, int64_t d, int64_t I);
 // dout (M, d) -> dx (M, d) (= or +=); weight gradients +=.
-void swiglu_ffn_backward(float* dx, float* dw_gate, float* dw_up, float* dw_down, const float* dout,
-                         const SwigluActs& s, const float* x, const float* w_gate, const float* w_up,
+void swiglu_ffn_backward(LinearPrecision precision, float* dx, float* dw_gate, float* dw_up, float* dw_down,
+                         const float* dout, const SwigluActs& s, const float* x, const float* w_gate, const float* w_up,
                          const float* w_down, int64_t M, int64_t d, int64_t I, bool accumulate_dx);

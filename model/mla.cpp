@@ -60,7 +60,8 @@ float attention_softmax_row(float* p, const float* q, const float* k, int64_t k_
     return max_score + logf(sum);
 }
 
-void mla_forward(const Config& c, const BlockWeights& w, MLAActs& a, const float* x, float* out, int B, int T) {
+void mla_forward(const Config& c, LinearPrecision precision, const BlockWeights& w, MLAActs& a, const float* x,
+                 float* out, int B, int T) {
     const int64_t N = (int64_t)B * T, d = c.hidden_size, H = c.num_attention_heads;
     const int64_t dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim, dqk = dn + dr;
     const int64_t qr = c.q_lora_rank, kr = c.kv_lora_rank;
@@ -76,17 +77,17 @@ void mla_forward(const Config& c, const BlockWeights& w, MLAActs& a, const float
 
     // queries: (N, d) -> (N, H*dqk)
     if (qr > 0) {
-        matmul_forward(a.q_a, x, w.q_a, N, d, qr);
+        linear_forward(precision, a.q_a, x, w.q_a, N, d, qr);
         rmsnorm_forward(a.q_a_normed, a.q_a_rstd, a.q_a, w.q_a_norm, N, qr, c.rms_norm_eps);
-        matmul_forward(a.q, a.q_a_normed, w.q_b, N, qr, H * dqk);
+        linear_forward(precision, a.q, a.q_a_normed, w.q_b, N, qr, H * dqk);
     } else {
-        matmul_forward(a.q, x, w.q, N, d, H * dqk);
+        linear_forward(precision, a.q, x, w.q, N, d, H * dqk);
     }
     // keys and values: (N, d) -> (N, kr + dr) -> c_kv (N, kr) -> (N, H*(dn+dv))
-    matmul_forward(a.kv_a, x, w.kv_a, N, d, kr + dr);
+    linear_forward(precision, a.kv_a, x, w.kv_a, N, d, kr + dr);
     for (int64_t n = 0; n < N; n++) memcpy(a.c_kv + n * kr, a.kv_a + n * (kr + dr), kr * sizeof(float));
     rmsnorm_forward(a.c_kv_normed, a.c_kv_rstd, a.c_kv, w.kv_a_norm, N, kr, c.rms_norm_eps);
-    matmul_forward(a.kv, a.c_kv_normed, w.kv_b, N, kr, H * (dn + dv));
+    linear_forward(precision, a.kv, a.c_kv_normed, w.kv_b, N, kr, H * (dn + dv));
 
     // assemble per-head queries and keys with RoPE
 #pragma omp parallel for schedule(static)
@@ -123,7 +124,7 @@ void mla_forward(const Config& c, const BlockWeights& w, MLAActs& a, const float
                     for (int64_t e = 0; e < dv; e++) o[e] += p[j] * v[e];
                 }
             }
-    matmul_forward(out, a.o, w.o, N, H * dv, d);
+    linear_forward(precision, out, a.o, w.o, N, H * dv, d);
 }
 
 void attention_backward(const Config& c, const MLAActs& a, const float* d_o, float* dq_heads, float* dk_heads,
@@ -200,31 +201,32 @@ void heads_backward(const Config& c, const MLAActs& a, const float* dq_heads, co
     }
 }
 
-void mla_backward(const Config& c, const BlockWeights& w, BlockWeights& g, const MLAActs& a, const float* x,
-                  const float* dout, float* dx, int B, int T) {
+void mla_backward(const Config& c, LinearPrecision precision, const BlockWeights& w, BlockWeights& g, const MLAActs& a,
+                  const float* x, const float* dout, float* dx, int B, int T) {
     const int64_t N = (int64_t)B * T, d = c.hidden_size, H = c.num_attention_heads;
     const int64_t dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim, dqk = dn + dr;
     const int64_t qr = c.q_lora_rank, kr = c.kv_lora_rank;
     std::vector<float> d_o(N * H * dv), dq_heads(N * H * dqk), dk_heads(N * H * dqk), dkv(N * H * (dn + dv));
     std::vector<float> dq(N * H * dqk), dkv_a(N * (kr + dr));
-    matmul_backward(d_o.data(), g.o, dout, a.o, w.o, N, H * dv, d, false);
+    linear_backward(precision, d_o.data(), g.o, dout, a.o, w.o, N, H * dv, d, false);
     attention_backward(c, a, d_o.data(), dq_heads.data(), dk_heads.data(), dkv.data(), B, T);
     heads_backward(c, a, dq_heads.data(), dk_heads.data(), dq.data(), dkv.data(), dkv_a.data(), B, T);
 
     // keys and values back to the input
     std::vector<float> dc_kv_normed(N * kr), dc_kv(N * kr);
-    matmul_backward(dc_kv_normed.data(), g.kv_b, dkv.data(), a.c_kv_normed, w.kv_b, N, kr, H * (dn + dv), false);
+    linear_backward(precision, dc_kv_normed.data(), g.kv_b, dkv.data(), a.c_kv_normed, w.kv_b, N, kr, H * (dn + dv),
+                    false);
     rmsnorm_backward(dc_kv.data(), g.kv_a_norm, dc_kv_normed.data(), a.c_kv, w.kv_a_norm, a.c_kv_rstd, N, kr, false);
     for (int64_t n = 0; n < N; n++) memcpy(dkv_a.data() + n * (kr + dr), dc_kv.data() + n * kr, kr * sizeof(float));
-    matmul_backward(dx, g.kv_a, dkv_a.data(), x, w.kv_a, N, d, kr + dr, false);
+    linear_backward(precision, dx, g.kv_a, dkv_a.data(), x, w.kv_a, N, d, kr + dr, false);
 
     // queries back to the input (accumulating into dx)
     if (qr > 0) {
         std::vector<float> dq_a_normed(N * qr), dq_a(N * qr);
-        matmul_backward(dq_a_normed.data(), g.q_b, dq.data(), a.q_a_normed, w.q_b, N, qr, H * dqk, false);
+        linear_backward(precision, dq_a_normed.data(), g.q_b, dq.data(), a.q_a_normed, w.q_b, N, qr, H * dqk, false);
         rmsnorm_backward(dq_a.data(), g.q_a_norm, dq_a_normed.data(), a.q_a, w.q_a_norm, a.q_a_rstd, N, qr, false);
-        matmul_backward(dx, g.q_a, dq_a.data(), x, w.q_a, N, d, qr, true);
+        linear_backward(precision, dx, g.q_a, dq_a.data(), x, w.q_a, N, d, qr, true);
     } else {
-        matmul_backward(dx, g.q, dq.data(), x, w.q, N, d, H * dqk, true);
+        linear_backward(precision, dx, g.q, dq.data(), x, w.q, N, d, H * dqk, true);
     }
 }

@@ -7,6 +7,7 @@
 
 #include "arena.h"
 #include "config.h"
+#include "fp8.h"
 #include "params.h"
 
 // Saved activations of one MLA layer for a batch of B sequences of T tokens (N = B*T rows).
@@ -30,10 +31,11 @@ struct MLAActs {
 
 void mla_carve(Arena<float>& arena, const Config& c, int B, int T, MLAActs& a);
 // x (N, d) the normalised input -> out (N, d)
-void mla_forward(const Config& c, const BlockWeights& w, MLAActs& a, const float* x, float* out, int B, int T);
+void mla_forward(const Config& c, LinearPrecision precision, const BlockWeights& w, MLAActs& a, const float* x,
+                 float* out, int B, int T);
 // dout (N, d) -> dx (N, d) overwritten; weight gradients accumulate into g.
-void mla_backward(const Config& c, const BlockWeights& w, BlockWeights& g, const MLAActs& a, const float* x,
-                  const float* dout, float* dx, int B, int T);
+void mla_backward(const Config& c, LinearPrecision precision, const BlockWeights& w, BlockWeights& g, const MLAActs& a,
+                  const float* x, const float* dout, float* dx, int B, int T);
 
 // One causal softmax row: p[j] = softmax_j(scale q . k_j) for j <= i, key j at k + j * k_stride (dqk values each).
 // Returns the row's log-sum-exp, log sum_j exp(scale q . k_j) (what the GPU kernel saves instead of p).

@@ -107,19 +107,21 @@ static double block_forward(Model& m, int layer, const float* h_in, float* h_out
     const Config& c = m.config;
     const BlockWeights& w = m.w.blocks[layer];
     BlockActs& a = m.acts.blocks[layer];
+    const LinearPrecision precision = m.linear_precision;
     const int64_t N = (int64_t)m.B * m.T, d = c.hidden_size;
     rmsnorm_forward(a.attn_normed, a.attn_rstd, h_in, w.attn_norm, N, d, c.rms_norm_eps);
-    mla_forward(c, w, a.mla, a.attn_normed, a.attn_out, m.B, m.T);
+    mla_forward(c, precision, w, a.mla, a.attn_normed, a.attn_out, m.B, m.T);
     for (int64_t i = 0; i < N * d; i++) a.h_mid[i] = h_in[i] + a.attn_out[i];
     rmsnorm_forward(a.ffn_normed, a.ffn_rstd, a.h_mid, w.ffn_norm, N, d, c.rms_norm_eps);
     double balance = 0.0;
     if (c.is_moe_layer(layer)) {
-        moe_forward(c, w, a.moe, a.ffn_normed, a.ffn_out, m.B, m.T, *m.comm);
+        moe_forward(c, precision, w, a.moe, a.ffn_normed, a.ffn_out, m.B, m.T, *m.comm);
         if (training)
             for (int e = 0; e < c.n_routed_experts; e++) m.expert_counts[layer][e] += a.moe.plan.counts[e];
         balance = a.moe.balance_loss;
     } else {
-        swiglu_ffn_forward(a.ffn_out, a.dense, a.ffn_normed, w.gate, w.up, w.down, N, d, c.intermediate_size);
+        swiglu_ffn_forward(precision, a.ffn_out, a.dense, a.ffn_normed, w.gate, w.up, w.down, N, d,
+                           c.intermediate_size);
     }
     for (int64_t i = 0; i < N * d; i++) h_out[i] = a.h_mid[i] + a.ffn_out[i];
     return balance;
@@ -132,16 +134,17 @@ static void block_backward(Model& m, int layer, const float* h_in, const float* 
     const BlockWeights& w = m.w.blocks[layer];
     BlockWeights& g = m.g.blocks[layer];
     BlockActs& a = m.acts.blocks[layer];
+    const LinearPrecision precision = m.linear_precision;
     const int64_t N = (int64_t)m.B * m.T, d = c.hidden_size;
     std::vector<float> dnormed(N * d), dh_mid(dh_out, dh_out + N * d);
     if (c.is_moe_layer(layer))
-        moe_backward(c, w, g, a.moe, a.ffn_normed, dh_out, dnormed.data(), m.B, m.T, loss_scale, *m.comm);
+        moe_backward(c, precision, w, g, a.moe, a.ffn_normed, dh_out, dnormed.data(), m.B, m.T, loss_scale, *m.comm);
     else
-        swiglu_ffn_backward(dnormed.data(), g.gate, g.up, g.down, dh_out, a.dense, a.ffn_normed, w.gate, w.up,
-                            w.down, N, d, c.intermediate_size, false);
+        swiglu_ffn_backward(precision, dnormed.data(), g.gate, g.up, g.down, dh_out, a.dense, a.ffn_normed, w.gate,
+                            w.up, w.down, N, d, c.intermediate_size, false);
     rmsnorm_backward(dh_mid.data(), g.ffn_norm, dnormed.data(), a.h_mid, w.ffn_norm, a.ffn_rstd, N, d, true);
     memcpy(dh_in, dh_mid.data(), N * d * sizeof(float));
-    mla_backward(c, w, g, a.mla, a.attn_normed, dh_mid.data(), dnormed.data(), m.B, m.T);
+    mla_backward(c, precision, w, g, a.mla, a.attn_normed, dh_mid.data(), dnormed.data(), m.B, m.T);
     rmsnorm_backward(dh_in, g.attn_norm, dnormed.data(), h_in, w.attn_norm, a.attn_rstd, N, d, true);
 }
 

@@ -58,6 +58,7 @@ struct Model {
     ParamTable table;
     std::vector<float> params, grads;  // one buffer each, laid out by the table
     ModelWeights w, g;                 // pointers into params and grads
+    LinearPrecision linear_precision = LinearPrecision::FP32;  // the GEMMs inside the blocks (model/fp8.h)
     // activations of the last forward, for a batch of B x T
     int B = 0, T = 0;
     std::vector<float> act_storage;

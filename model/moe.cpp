@@ -51,8 +51,8 @@ static void combine_rows(Comm& comm, const DispatchPlan& p, const float* expert_
     comm.all_to_all_v(leaving.data(), p.recv_rows.data(), rows, p.send_rows.data(), d);
 }
 
-void moe_forward(const Config& c, const BlockWeights& w, MoEActs& a, const float* x, float* out, int B, int T,
-                 Comm& comm) {
+void moe_forward(const Config& c, LinearPrecision precision, const BlockWeights& w, MoEActs& a, const float* x,
+                 float* out, int B, int T, Comm& comm) {
     const int64_t N = (int64_t)B * T, d = c.hidden_size, E = c.n_routed_experts, k = c.num_experts_per_tok;
     const int64_t I = c.moe_intermediate_size, S = (int64_t)c.n_shared_experts * I;
 
@@ -88,11 +88,12 @@ void moe_forward(const Config& c, const BlockWeights& w, MoEActs& a, const float
     // grouped expert GEMMs, one contiguous block of rows per local expert
     for (int64_t j = 0; j < E_local; j++) {
         int64_t first = a.dispatch.expert_offsets[j], rows = a.dispatch.expert_counts[j];
-        swiglu_ffn_forward(a.expert_out.data() + first * d, expert_view(a, first, I), a.expert_in.data() + first * d,
-                           w.expert_gate + j * I * d, w.expert_up + j * I * d, w.expert_down + j * d * I, rows, d, I);
+        swiglu_ffn_forward(precision, a.expert_out.data() + first * d, expert_view(a, first, I),
+                           a.expert_in.data() + first * d, w.expert_gate + j * I * d, w.expert_up + j * I * d,
+                           w.expert_down + j * d * I, rows, d, I);
     }
     combine_rows(comm, a.dispatch, a.expert_out.data(), a.rows_back, d);
-    if (S > 0) swiglu_ffn_forward(a.shared_out, a.shared, x, w.gate, w.up, w.down, N, d, S);
+    if (S > 0) swiglu_ffn_forward(precision, a.shared_out, a.shared, x, w.gate, w.up, w.down, N, d, S);
     // combine: out_t = sum_j w_tj rows_back[row(t, j)] + shared_t
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < N; t++) {
@@ -123,8 +124,8 @@ void moe_forward(const Config& c, const BlockWeights& w, MoEActs& a, const float
     }
 }
 
-void moe_backward(const Config& c, const BlockWeights& w, BlockWeights& g, MoEActs& a, const float* x,
-                  const float* dout, float* dx, int B, int T, float balance_scale, Comm& comm) {
+void moe_backward(const Config& c, LinearPrecision precision, const BlockWeights& w, BlockWeights& g, MoEActs& a,
+                  const float* x, const float* dout, float* dx, int B, int T, float balance_scale, Comm& comm) {
     const int64_t N = (int64_t)B * T, d = c.hidden_size, E = c.n_routed_experts, k = c.num_experts_per_tok;
     const int64_t I = c.moe_intermediate_size, S = (int64_t)c.n_shared_experts * I;
 
@@ -148,14 +149,16 @@ void moe_backward(const Config& c, const BlockWeights& w, BlockWeights& g, MoEAc
     dispatch_rows(comm, a.dispatch, drows_back.data(), dexpert_out.data(), d);
     for (int64_t j = 0; j < E_local; j++) {
         int64_t first = a.dispatch.expert_offsets[j], rows = a.dispatch.expert_counts[j];
-        swiglu_ffn_backward(dexpert_in.data() + first * d, g.expert_gate + j * I * d, g.expert_up + j * I * d,
-                            g.expert_down + j * d * I, dexpert_out.data() + first * d, expert_view(a, first, I),
-                            a.expert_in.data() + first * d, w.expert_gate + j * I * d, w.expert_up + j * I * d,
-                            w.expert_down + j * d * I, rows, d, I, false);
+        swiglu_ffn_backward(precision, dexpert_in.data() + first * d, g.expert_gate + j * I * d,
+                            g.expert_up + j * I * d, g.expert_down + j * d * I, dexpert_out.data() + first * d,
+                            expert_view(a, first, I), a.expert_in.data() + first * d, w.expert_gate + j * I * d,
+                            w.expert_up + j * I * d, w.expert_down + j * d * I, rows, d, I, false);
     }
     combine_rows(comm, a.dispatch, dexpert_in.data(), drows_sent.data(), d);
     // scatter the expert-row gradients back to their tokens (and the shared experts' gradient)
-    if (S > 0) swiglu_ffn_backward(dx, g.gate, g.up, g.down, dout, a.shared, x, w.gate, w.up, w.down, N, d, S, false);
+    if (S > 0)
+        swiglu_ffn_backward(precision, dx, g.gate, g.up, g.down, dout, a.shared, x, w.gate, w.up, w.down, N, d, S,
+                            false);
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < N; t++) {
         float* dxt = dx + t * d;

@@ -34,12 +34,12 @@ struct MoEActs {
 void moe_carve(Arena<float>& arena, const Config& c, int B, int T, MoEActs& a);
 // x (N, d) the normalised input -> out (N, d). a.plan.counts holds this rank's tokens routed to each expert.
 // comm: the EP group that holds the experts (a one-rank Comm when there is no expert parallelism).
-void moe_forward(const Config& c, const BlockWeights& w, MoEActs& a, const float* x, float* out, int B, int T,
-                 Comm& comm);
+void moe_forward(const Config& c, LinearPrecision precision, const BlockWeights& w, MoEActs& a, const float* x,
+                 float* out, int B, int T, Comm& comm);
 // dout (N, d) -> dx (N, d) overwritten. balance_scale multiplies the balance loss's gradient: the weight of this
 // rank's loss in what is differentiated (the trainer's 1/(grad_accum x world)).
-void moe_backward(const Config& c, const BlockWeights& w, BlockWeights& g, MoEActs& a, const float* x,
-                  const float* dout, float* dx, int B, int T, float balance_scale, Comm& comm);
+void moe_backward(const Config& c, LinearPrecision precision, const BlockWeights& w, BlockWeights& g, MoEActs& a,
+                  const float* x, const float* dout, float* dx, int B, int T, float balance_scale, Comm& comm);
 // The router's backward on its own: d gate weights (N, k) and the balance loss -> d router logits (N, E)
 // (overwritten), from the sigmoid scores (N, E) and the chosen experts (N, k).
 void router_backward(const Config& c, const float* scores, const int32_t* chosen, const float* dgate_weights,

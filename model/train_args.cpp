@@ -36,7 +36,8 @@ static const char* USAGE =
     "  --vocab N              override the config's vocab_size (e.g. 50257 for llm.c's GPT-2 shards)\n"
     "  --init-from-hf DIR     start from a Hugging Face directory (config.json + safetensors)\n"
     "  --export-hf DIR        write a Hugging Face directory at the end (with --export-dtype bf16|f32, bf16)\n"
-    "  --dtype fp32|bf16      GEMM input precision: fp32, or bf16 (GPU only; the GPU default)\n"
+    "  --dtype fp32|bf16|fp8  GEMM precision: fp32; bf16 inputs (GPU only; the GPU default); fp8: the linear layers\n"
+    "                         inside the blocks in DeepSeek-V3's FP8 recipe (on the CPU: E4M3 values, FP32 sums)\n"
     "  --eval-only            print the validation loss of the model (--resume or --init-from-hf) and exit\n"
     "  --plot FILE.png        plot the --log at the end (--plot-log-scale for a logarithmic loss axis)\n"
     "  --describe             print the config and parameter counts, then exit\n"
@@ -132,7 +133,8 @@ TrainArgs parse_train_args(int argc, char** argv, const char* program) {
     a.plan_inputs.grad_accum = a.grad_accum;
     if (a.plan && (a.plan_inputs.gpus % a.ep != 0)) bad(program, "--ep must divide --gpus");
     if (a.export_dtype != "bf16" && a.export_dtype != "f32") bad(program, "--export-dtype must be bf16 or f32");
-    if (!a.dtype.empty() && a.dtype != "fp32" && a.dtype != "bf16") bad(program, "--dtype must be fp32 or bf16");
+    if (!a.dtype.empty() && a.dtype != "fp32" && a.dtype != "bf16" && a.dtype != "fp8")
+        bad(program, "--dtype must be fp32, bf16 or fp8");
     if (!a.plot.empty() && a.log.empty()) bad(program, "--plot needs --log FILE (the plot is drawn from the log)");
     if (a.eval_only && a.val.empty()) bad(program, "--eval-only needs --val PATTERN");
     if (a.eval_only && !a.resume && a.init_from_hf.empty())

@@ -29,12 +29,14 @@
 #include "kernels/attention.cuh"
 #include "kernels/cross_entropy.cuh"
 #include "kernels/embedding.cuh"
+#include "kernels/fp8.cuh"
 #include "kernels/matmul.cuh"
 #include "kernels/permute.cuh"
 #include "kernels/rmsnorm.cuh"
 #include "kernels/rope.cuh"
 #include "kernels/router.cuh"
 #include "kernels/swiglu.cuh"
+#include "model/fp8.h"
 #include "model/mla.h"
 #include "model/ops.h"
 #include "model/optimizer.h"
@@ -371,9 +373,133 @@ static void test_permute(Rng& rng) {
     }
 }
 
+// ---- FP8 quantization (kernels/fp8.cuh) against model/fp8.cpp ----
+
+// The value of an E4M3 byte (sign, exponent bias 7, 3 mantissa bits; 0x7F / 0xFF NaN), written from the format
+static float e4m3_decoded(__nv_fp8_storage_t byte) {
+    const int e = (byte >> 3) & 15, m = byte & 7;
+    const float magnitude = (e == 15 && m == 7) ? NAN : e == 0 ? std::ldexp((float)m, -9) : std::ldexp(1.0f + m / 8.0f, e - 7);
+    return byte & 0x80 ? -magnitude : magnitude;
+}
+static std::vector<float> e4m3_decoded(const std::vector<__nv_fp8_storage_t>& bytes) {
+    std::vector<float> r(bytes.size());
+    for (size_t i = 0; i < bytes.size(); i++) r[i] = e4m3_decoded(bytes[i]);
+    return r;
+}
+
+// x (rows, cols) with rows of magnitudes 2^-12 .. 2^11 and one zero row, so tiles get very different scales and
+// every E4M3 binade, subnormals included, is reached
+static std::vector<float> fp8_test_matrix(int64_t rows, int64_t cols, Rng& rng) {
+    std::vector<float> x = randn(rows * cols, rng);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            x[r * cols + c] = r == 3 ? 0.0f : std::ldexp(x[r * cols + c], (int)(r % 24) - 12);
+    return x;
+}
+
+// Every value and scale exactly the CPU's (tolerance 0: the same tiles, the same IEEE division, the same rounding),
+// read out of the GPU's layouts (kernels/fp8.cuh); outputs poisoned (0xFF: an E4M3 NaN) first. Shapes with partial
+// tiles at every edge.
+static void test_fp8(Rng& rng) {
+    struct Case {
+        int64_t rows, cols;
+    };
+    for (Case tc : {Case{7, 37}, Case{200, 300}}) {
+        const int64_t rows = tc.rows, cols = tc.cols, across = gpu::ceil_div(cols, FP8_TILE),
+                      down = gpu::ceil_div(rows, FP8_TILE);
+        const std::string shape = fmt("(%ld x %ld)", (long)rows, (long)cols);
+        const std::vector<float> x = fp8_test_matrix(rows, cols, rng);
+        Dev<float> d_x(x);
+        // 1 x 128, from FP32 and from BF16
+        for (bool from_bf16 : {false, true}) {
+            const std::vector<float> input = from_bf16 ? bf16_rounded(x) : x;
+            std::vector<float> q(rows * cols), scales(rows * across);
+            fp8_quantize(q.data(), scales.data(), input.data(), rows, cols, 1, FP8_TILE);
+            Dev<__nv_fp8_storage_t> d_q(rows * cols);
+            Dev<float> d_scales(gpu::fp8_vec128_scales(rows, cols));
+            d_q.poison();
+            d_scales.poison();
+            if (from_bf16) {
+                std::vector<__nv_bfloat16> x16(x.size());
+                for (size_t i = 0; i < x.size(); i++) x16[i] = __float2bfloat16_rn(x[i]);
+                Dev<__nv_bfloat16> d_x16(x16);
+                gpu::fp8_quantize_rows(d_q.ptr, d_scales.ptr, d_x16.ptr, rows, cols, 0);
+            } else {
+                gpu::fp8_quantize_rows(d_q.ptr, d_scales.ptr, d_x.ptr, rows, cols, 0);
+            }
+            const std::vector<float> got_scales = d_scales.get();
+            std::vector<float> scales_by_row(rows * across);  // (r, b) from b * round_up(rows, 4) + r
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t b = 0; b < across; b++)
+                    scales_by_row[r * across + b] = got_scales[b * gpu::round_up(rows, 4) + r];
+            const std::string from = from_bf16 ? " from BF16 " : " ";
+            check("fp8_quantize_rows q" + from + shape, e4m3_decoded(d_q.get()), q, 0);
+            check("fp8_quantize_rows scales" + from + shape, scales_by_row, scales, 0);
+        }
+        // 128 x 1, transposed, rows padded to a multiple of 16
+        {
+            const int64_t ld = gpu::round_up(rows, 16);
+            std::vector<float> q(rows * cols), scales(down * cols);
+            fp8_quantize(q.data(), scales.data(), x.data(), rows, cols, FP8_TILE, 1);
+            std::vector<float> want_t(cols * ld, 0.0f);
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t c = 0; c < cols; c++) want_t[c * ld + r] = q[r * cols + c];
+            Dev<__nv_fp8_storage_t> d_qt(cols * ld);
+            Dev<float> d_scales(gpu::fp8_vec128_scales(cols, ld));
+            d_qt.poison();
+            d_scales.poison();
+            gpu::fp8_quantize_cols(d_qt.ptr, d_scales.ptr, d_x.ptr, rows, cols, ld, 0);
+            const std::vector<float> got_scales = d_scales.get();
+            std::vector<float> scales_by_block(down * cols);  // (rb, c) from rb * round_up(cols, 4) + c
+            for (int64_t rb = 0; rb < down; rb++)
+                for (int64_t c = 0; c < cols; c++)
+                    scales_by_block[rb * cols + c] = got_scales[rb * gpu::round_up(cols, 4) + c];
+            check("fp8_quantize_cols q^T (zero-padded rows) " + shape, e4m3_decoded(d_qt.get()), want_t, 0);
+            check("fp8_quantize_cols scales " + shape, scales_by_block, scales, 0);
+        }
+        // 128 x 128, two matrices, both copies
+        {
+            const int64_t batch = 2;
+            const std::vector<float> W2 = fp8_test_matrix(batch * rows, cols, rng);
+            std::vector<float> q(batch * rows * cols), scales(batch * down * across), want_t(batch * rows * cols);
+            std::vector<float> want_scales_t(batch * down * across);
+            for (int64_t z = 0; z < batch; z++) {
+                fp8_quantize(q.data() + z * rows * cols, scales.data() + z * down * across, W2.data() + z * rows * cols,
+                             rows, cols, FP8_TILE, FP8_TILE);
+                for (int64_t r = 0; r < rows; r++)
+                    for (int64_t c = 0; c < cols; c++)
+                        want_t[z * rows * cols + c * rows + r] = q[z * rows * cols + r * cols + c];
+            }
+            const int64_t S = gpu::fp8_blk128_scales(rows, cols), St = gpu::fp8_blk128_scales(cols, rows);
+            Dev<float> d_W(W2), d_scales(batch * S), d_scales_t(batch * St);
+            Dev<__nv_fp8_storage_t> d_q(batch * rows * cols), d_qt(batch * rows * cols);
+            for (auto* d : {&d_q, &d_qt}) d->poison();
+            d_scales.poison();
+            d_scales_t.poison();
+            gpu::fp8_quantize_blocks(d_q.ptr, d_qt.ptr, d_scales.ptr, d_scales_t.ptr, d_W.ptr, batch, rows, cols, 0);
+            const std::vector<float> got = d_scales.get(), got_t = d_scales_t.get();
+            std::vector<float> by_block(batch * down * across), by_block_t(batch * down * across);
+            for (int64_t z = 0; z < batch; z++)
+                for (int64_t rb = 0; rb < down; rb++)
+                    for (int64_t b = 0; b < across; b++) {
+                        by_block[(z * down + rb) * across + b] = got[z * S + rb * gpu::round_up(across, 4) + b];
+                        by_block_t[(z * down + rb) * across + b] = got_t[z * St + b * gpu::round_up(down, 4) + rb];
+                    }
+            check("fp8_quantize_blocks q " + shape + " x2", e4m3_decoded(d_q.get()), q, 0);
+            check("fp8_quantize_blocks q^T " + shape + " x2", e4m3_decoded(d_qt.get()), want_t, 0);
+            check("fp8_quantize_blocks scales " + shape + " x2", by_block, scales, 0);
+            check("fp8_quantize_blocks scales of q^T " + shape + " x2", by_block_t, scales, 0);
+        }
+    }
+}
+
 // ---- MLA attention (kernels/rope.cuh, kernels/attention.cuh) against model/mla.cpp ----
 
-struct AttnCase { int B, T, H, dn, dr, dv; float weight_scale; bool yarn; };
+struct AttnCase {
+    int B, T, H, dn, dr, dv;
+    float weight_scale;
+    bool yarn;
+};
 
 // One MLA layer run by the CPU reference (mla_forward) on random weights and input; its activations hold the
 // inputs and outputs of the kernels under test: q, kv_a, kv, the RoPE tables, q_heads, k_heads, probs, o.
@@ -413,7 +539,7 @@ struct CpuMLA {
         w.o = wo.data();
         carve_arena(storage, [&](Arena<float>& arena) { mla_carve(arena, c, B, T, a); });
         std::vector<float> x = randn(N * d, rng), out(N * d);
-        mla_forward(c, w, a, x.data(), out.data(), B, T);
+        mla_forward(c, LinearPrecision::FP32, w, a, x.data(), out.data(), B, T);
     }
 };
 
@@ -779,5 +905,6 @@ void test_kernels(Rng& rng) {
     test_adamw(rng);
     test_router(rng);
     test_permute(rng);
+    test_fp8(rng);
     test_attention(rng);
 }

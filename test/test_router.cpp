@@ -259,7 +259,7 @@ struct MoEFixture {
     }
     const BlockWeights& w() const { return m.w.blocks[layer]; }
     double forward() {
-        moe_forward(c, w(), a, x.data(), out.data(), B, T, local_comm());
+        moe_forward(c, LinearPrecision::FP32, w(), a, x.data(), out.data(), B, T, local_comm());
         return a.balance_loss;
     }
     // The router gradient of the balance loss alone (dout = 0).
@@ -267,7 +267,8 @@ struct MoEFixture {
         model_zero_grads(m);
         forward();
         std::vector<float> dout(x.size(), 0.0f), dx(x.size());
-        moe_backward(c, w(), m.g.blocks[layer], a, x.data(), dout.data(), dx.data(), B, T, 1.0f, local_comm());
+        moe_backward(c, LinearPrecision::FP32, w(), m.g.blocks[layer], a, x.data(), dout.data(), dx.data(), B, T, 1.0f,
+                     local_comm());
         const float* g = m.g.blocks[layer].router;
         return std::vector<float>(g, g + (size_t)c.n_routed_experts * c.hidden_size);
     }

@@ -14,7 +14,8 @@ public:
     CpuBackend(Model& m, const TrainArgs& args) : m_(m) {
         if (args.dtype == "bf16")
             throw std::runtime_error(
-                "the CPU trainer computes in fp32 only; --dtype bf16 is for the GPU trainer ./train");
+                "the CPU trainer computes in fp32 (or fp8, simulated); --dtype bf16 is for the GPU trainer ./train");
+        m_.linear_precision = args.dtype == "fp8" ? LinearPrecision::FP8 : LinearPrecision::FP32;
         model_reserve(m_, args.batch, args.seq);
     }
     void load(const Model& host, const AdamWState& opt) override {}

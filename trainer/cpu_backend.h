@@ -6,4 +6,5 @@
 #include "trainer/backend.h"
 
 // Reserves the activations of an args.batch x args.seq batch now; refuses --dtype bf16 (std::runtime_error).
+// --dtype fp8 runs the linear layers inside the blocks on E4M3-rounded operands (model/fp8.h).
 std::unique_ptr<Backend> make_cpu_backend(Model& m, const TrainArgs& args);
