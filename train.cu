@@ -1,7 +1,8 @@
 // train: the GPU trainer. The same program as train_cpu (trainer/trainer.cpp: command line, data, logs,
 // checkpoints, sampling) with the arithmetic on the GPU (gpu/gpu_model.cu) and the ranks joined by NCCL, one GPU
 // per rank (comm/nccl_comm.cu; under mpirun, or alone on GPU 0). --dtype bf16 (the default) runs the GEMMs on
-// BF16 inputs with FP32 accumulation; --dtype fp32 runs everything in FP32 and follows train_cpu closely.
+// BF16 inputs with FP32 accumulation; --dtype fp32 runs everything in FP32 and follows train_cpu closely; --dtype fp8
+// runs the linear layers inside the blocks in DeepSeek-V3's FP8 recipe and follows train_cpu --dtype fp8.
 // At start rank 0 prints its GPU and the memory plan; each step line adds MFU against the GPU's BF16 peak.
 #include <cstdio>
 #include <memory>
@@ -18,10 +19,9 @@ namespace {
 class GpuBackend : public Backend {
 public:
     GpuBackend(Model& host, const TrainArgs& args) {
-        if (args.dtype == "fp8")
-            throw std::runtime_error("--dtype fp8 runs on the CPU trainer (train_cpu) only so far; the GPU trainer "
-                                     "takes fp32 or bf16");
-        const gpu::Precision precision = args.dtype == "fp32" ? gpu::Precision::FP32 : gpu::Precision::BF16;
+        const gpu::Precision precision = args.dtype == "fp32"  ? gpu::Precision::FP32
+                                         : args.dtype == "fp8" ? gpu::Precision::FP8
+                                                               : gpu::Precision::BF16;
         int device = 0;
         CUDA_CHECK(cudaGetDevice(&device));
         cudaDeviceProp prop;
@@ -36,8 +36,10 @@ public:
         if (host.comm->rank != 0) return;
         const GpuMemoryPlan plan = gpu_memory_plan(host.config, host.comm->ep_size, precision, args.batch, args.seq);
         const double gib = 1024.0 * 1024.0 * 1024.0;
-        printf("GPU %d: %s, %.1f GiB; GEMM inputs %s\n", device, prop.name, total / gib,
-               precision == gpu::Precision::BF16 ? "bf16 (FP32 accumulation)" : "fp32");
+        const char* gemms = precision == gpu::Precision::FP8    ? "fp8 in the blocks' linear layers, bf16 elsewhere"
+                            : precision == gpu::Precision::BF16 ? "bf16"
+                                                                : "fp32";
+        printf("GPU %d: %s, %.1f GiB; GEMM inputs %s (FP32 accumulation)\n", device, prop.name, total / gib, gemms);
         printf("memory plan per GPU: parameters %.2f GiB, gradients %.2f GiB, optimizer state %.2f GiB, activations "
                "%.2f GiB, expert rows %.2f GiB, workspace %.2f GiB; free %.2f GiB before, %.2f GiB after\n",
                plan.params / gib, plan.grads / gib, plan.optimizer / gib, plan.activations / gib,

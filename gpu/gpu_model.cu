@@ -58,7 +58,75 @@ int64_t tokens(const GpuModel& m) { return (int64_t)m.B * m.T; }
 
 // The BF16 working copy of weight w (a pointer into m.params), or nullptr for an FP32 GEMM.
 const __nv_bfloat16* bf16_of(const GpuModel& m, const float* w) {
-    return m.precision == gpu::Precision::BF16 ? m.params_bf16 + (w - m.params) : nullptr;
+    return m.params_bf16 ? m.params_bf16 + (w - m.params) : nullptr;
+}
+
+// FP8 mode's weights: the linear layers inside the blocks (every self_attn.*_proj and mlp.*_proj tensor: the
+// attention's projections, the dense FFN's, the shared and routed experts'), as the CPU model's LinearPrecision::FP8;
+// not the router (mlp.gate), the embedding, the head or the MTP projection (eh_proj).
+bool fp8_linear(const ParamTensor& t) {
+    const std::string& n = t.name;
+    const std::string suffix = "_proj.weight";
+    const bool in_block = n.find(".self_attn.") != std::string::npos || n.find(".mlp.") != std::string::npos;
+    return in_block && n.size() > suffix.size() && n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// The E4M3 copies of every FP8 weight, carved from ar, by the weights' offsets (params: the device weights, or
+// nullptr when only counting)
+void carve_fp8_weights(ByteArena& ar, const ParamTable& table, const float* params,
+                       std::map<int64_t, Fp8Tensor>& weights) {
+    for (const ParamTensor& t : table.tensors) {
+        if (!fp8_linear(t)) continue;
+        Fp8Tensor f;
+        f.w = params ? params + t.offset : nullptr;
+        f.batch = t.shape.size() == 3 ? t.shape[0] : 1;
+        f.rows = t.shape[t.shape.size() - 2];
+        f.cols = t.shape.back();
+        f.q = ar.take<__nv_fp8_storage_t>(t.numel);
+        f.qt = ar.take<__nv_fp8_storage_t>(t.numel);
+        f.scales = ar.take<float>(f.batch * gpu::fp8_blk128_scales(f.rows, f.cols));
+        f.scales_t = ar.take<float>(f.batch * gpu::fp8_blk128_scales(f.cols, f.rows));
+        weights[t.offset] = f;
+    }
+}
+
+// FP8 mode: the E4M3 copies from the FP32 weights (after every change to them, with the BF16 copy)
+void refresh_fp8_weights(GpuModel& m) {
+    for (auto& entry : m.fp8_weights) {
+        const Fp8Tensor& f = entry.second;
+        gpu::fp8_quantize_blocks(f.q, f.qt, f.scales, f.scales_t, f.w, f.batch, f.rows, f.cols, m.stream);
+    }
+}
+
+// FP8 GEMMs read their operands with leading dimensions that are multiples of 16 bytes: every width a linear layer
+// inside the blocks sums over (or that its weight's transpose has as rows) must be a multiple of 16.
+void check_fp8_widths(const Config& c) {
+    const int64_t H = c.num_attention_heads, dqk = c.qk_head_dim(), dn = c.qk_nope_head_dim, dv = c.v_head_dim;
+    const std::vector<std::pair<const char*, int64_t>> widths{
+        {"hidden_size", c.hidden_size},
+        {"q_lora_rank", c.q_lora_rank},
+        {"kv_lora_rank", c.kv_lora_rank},
+        {"kv_lora_rank + qk_rope_head_dim", (int64_t)c.kv_lora_rank + c.qk_rope_head_dim},
+        {"num_attention_heads x (qk_nope_head_dim + qk_rope_head_dim)", H * dqk},
+        {"num_attention_heads x (qk_nope_head_dim + v_head_dim)", H * (dn + dv)},
+        {"num_attention_heads x v_head_dim", H * dv},
+        {"intermediate_size", c.intermediate_size},
+        {"moe_intermediate_size", c.moe_intermediate_size},
+        {"n_shared_experts x moe_intermediate_size", (int64_t)c.n_shared_experts * c.moe_intermediate_size}};
+    for (const auto& [name, width] : widths)
+        if (width % 16 != 0)
+            throw std::runtime_error(
+                std::string("--dtype fp8 needs the linear layers' widths to be multiples of 16: ") + name + " is " +
+                std::to_string(width) + " (use --dtype bf16, or another config)");
+}
+
+// Weight w with the copies its GEMMs read in m's precision
+gpu::GemmWeight weight_of(const GpuModel& m, const float* w) {
+    const auto f = m.fp8_weights.find(w - m.params);
+    const gpu::Fp8Weight w8 = f == m.fp8_weights.end() ? gpu::Fp8Weight{}
+                                                       : gpu::Fp8Weight{f->second.q, f->second.qt, f->second.scales,
+                                                                        f->second.scales_t};
+    return gpu::GemmWeight(w, bf16_of(m, w), w8);
 }
 
 // BF16 mode: copy16 = the BF16 rounding of the n floats at src, the GEMM inputs' copy (see gpu_model.h). FP32 mode
@@ -228,7 +296,7 @@ Scratch carve_scratch(ByteArena& ar, const Config& c, bool bf16, int B, int T) {
 
 Scratch scratch_of(const GpuModel& m) {
     ByteArena ar{static_cast<char*>(m.scratch), 0};
-    return carve_scratch(ar, m.config, m.precision == gpu::Precision::BF16, m.max_B, m.T);
+    return carve_scratch(ar, m.config, m.precision != gpu::Precision::FP32, m.max_B, m.T);
 }
 
 // The routed experts of one layer for R rows: forward buffers per layer (kept for the backward), and one set of
@@ -296,7 +364,7 @@ void ensure_expert_rows(GpuModel& m, GpuBlockActs& a, int64_t R) {
         CUDA_CHECK(cudaFree(a.expert_alloc));
         a.expert_alloc = nullptr;
         a.expert_rows = 0;
-        const bool bf16 = m.precision == gpu::Precision::BF16;
+        const bool bf16 = m.precision != gpu::Precision::FP32;
         a.expert_alloc = device_alloc(bytes_of([&](ByteArena& ar) { carve_expert_rows(ar, c, bf16, ep, R, a); }),
                                       "the routed experts' rows");
         ByteArena ar{static_cast<char*>(a.expert_alloc), 0};
@@ -329,10 +397,10 @@ void swiglu(GpuModel& m, float* a, __nv_bfloat16* a16, const float* g, const flo
 void ffn_forward(GpuModel& m, float* out, float* g, float* u, float* a, __nv_bfloat16* a16, gpu::GemmInput x,
                  const float* w_gate, const float* w_up, const float* w_down, int64_t M, int64_t d, int64_t I) {
     if (M == 0) return;
-    gpu::matmul_forward(m.matmul, g, x, w_gate, bf16_of(m, w_gate), M, d, I, false);
-    gpu::matmul_forward(m.matmul, u, x, w_up, bf16_of(m, w_up), M, d, I, false);
+    gpu::matmul_forward(m.matmul, g, x, weight_of(m, w_gate), M, d, I, false);
+    gpu::matmul_forward(m.matmul, u, x, weight_of(m, w_up), M, d, I, false);
     swiglu(m, a, a16, g, u, M * I);
-    gpu::matmul_forward(m.matmul, out, {a, a16}, w_down, bf16_of(m, w_down), M, I, d, false);
+    gpu::matmul_forward(m.matmul, out, {a, a16}, weight_of(m, w_down), M, I, d, false);
 }
 
 // as swiglu_ffn_backward; da, dg, du (M, I) scratch
@@ -341,10 +409,10 @@ void ffn_backward(GpuModel& m, float* dx, float* dw_gate, float* dw_up, float* d
                   const float* w_up, const float* w_down, int64_t M, int64_t d, int64_t I, bool accumulate_dx,
                   float* da, float* dg, float* du) {
     if (M == 0) return;
-    gpu::matmul_backward(m.matmul, da, dw_down, dout, a, w_down, bf16_of(m, w_down), M, I, d, false);
+    gpu::matmul_backward(m.matmul, da, dw_down, dout, a, weight_of(m, w_down), M, I, d, false);
     gpu::swiglu_backward(dg, du, da, g, u, M * I, m.stream);
-    gpu::matmul_backward(m.matmul, dx, dw_gate, dg, x, w_gate, bf16_of(m, w_gate), M, d, I, accumulate_dx);
-    gpu::matmul_backward(m.matmul, dx, dw_up, du, x, w_up, bf16_of(m, w_up), M, d, I, true);
+    gpu::matmul_backward(m.matmul, dx, dw_gate, dg, x, weight_of(m, w_gate), M, d, I, accumulate_dx);
+    gpu::matmul_backward(m.matmul, dx, dw_up, du, x, weight_of(m, w_up), M, d, I, true);
 }
 
 // ---- MLA (model/mla.cpp) --------------------------------------------------------------------------------------
@@ -355,17 +423,17 @@ void mla_forward(GpuModel& m, const BlockWeights& w, GpuBlockActs& a, gpu::GemmI
     const int64_t dr = c.qk_rope_head_dim, dv = c.v_head_dim, dqk = dn + dr, qr = c.q_lora_rank, kr = c.kv_lora_rank;
     const float eps = c.rms_norm_eps;
     if (qr > 0) {
-        gpu::matmul_forward(m.matmul, a.q_a, x, w.q_a, bf16_of(m, w.q_a), N, d, qr, false);
+        gpu::matmul_forward(m.matmul, a.q_a, x, weight_of(m, w.q_a), N, d, qr, false);
         gpu::rmsnorm_forward(a.q_a_normed, a.q_a_normed16, a.q_a_rstd, a.q_a, w.q_a_norm, N, qr, eps, m.stream);
-        gpu::matmul_forward(m.matmul, a.q, {a.q_a_normed, a.q_a_normed16}, w.q_b, bf16_of(m, w.q_b), N, qr, H * dqk,
+        gpu::matmul_forward(m.matmul, a.q, {a.q_a_normed, a.q_a_normed16}, weight_of(m, w.q_b), N, qr, H * dqk,
                             false);
     } else {
-        gpu::matmul_forward(m.matmul, a.q, x, w.q, bf16_of(m, w.q), N, d, H * dqk, false);
+        gpu::matmul_forward(m.matmul, a.q, x, weight_of(m, w.q), N, d, H * dqk, false);
     }
-    gpu::matmul_forward(m.matmul, a.kv_a, x, w.kv_a, bf16_of(m, w.kv_a), N, d, kr + dr, false);
+    gpu::matmul_forward(m.matmul, a.kv_a, x, weight_of(m, w.kv_a), N, d, kr + dr, false);
     gpu::copy_columns(a.c_kv, kr, a.kv_a, kr + dr, N, kr, m.stream);
     gpu::rmsnorm_forward(a.c_kv_normed, a.c_kv_normed16, a.c_kv_rstd, a.c_kv, w.kv_a_norm, N, kr, eps, m.stream);
-    gpu::matmul_forward(m.matmul, a.kv, {a.c_kv_normed, a.c_kv_normed16}, w.kv_b, bf16_of(m, w.kv_b), N, kr,
+    gpu::matmul_forward(m.matmul, a.kv, {a.c_kv_normed, a.c_kv_normed16}, weight_of(m, w.kv_b), N, kr,
                         H * (dn + dv), false);
     m.timer.mark("rope");
     const float scale = attention_softmax_scale(c);
@@ -384,7 +452,7 @@ void mla_forward(GpuModel& m, const BlockWeights& w, GpuBlockActs& a, gpu::GemmI
     }
     m.timer.mark("attention projections");
     keep_bf16(m, a.o16, a.o, N * H * dv);
-    gpu::matmul_forward(m.matmul, out, {a.o, a.o16}, w.o, bf16_of(m, w.o), N, H * dv, d, false);
+    gpu::matmul_forward(m.matmul, out, {a.o, a.o16}, weight_of(m, w.o), N, H * dv, d, false);
 }
 
 void mla_backward(GpuModel& m, const BlockWeights& w, BlockWeights& g, const GpuBlockActs& a, gpu::GemmInput x,
@@ -392,7 +460,7 @@ void mla_backward(GpuModel& m, const BlockWeights& w, BlockWeights& g, const Gpu
     const Config& c = m.config;
     const int64_t N = tokens(m), d = c.hidden_size, H = c.num_attention_heads, dn = c.qk_nope_head_dim;
     const int64_t dr = c.qk_rope_head_dim, dv = c.v_head_dim, dqk = dn + dr, qr = c.q_lora_rank, kr = c.kv_lora_rank;
-    gpu::matmul_backward(m.matmul, s.d_o, g.o, dout, {a.o, a.o16}, w.o, bf16_of(m, w.o), N, H * dv, d, false);
+    gpu::matmul_backward(m.matmul, s.d_o, g.o, dout, {a.o, a.o16}, weight_of(m, w.o), N, H * dv, d, false);
     m.timer.mark("attention backward");
     const float scale = attention_softmax_scale(c);
     if (a.q_heads16) {  // the tensor-core attention (bf16_attention): its inputs were carved in BF16
@@ -408,20 +476,20 @@ void mla_backward(GpuModel& m, const BlockWeights& w, BlockWeights& g, const Gpu
     gpu::rope_heads_backward(s.dq, s.dkv, s.dkv_a, s.dq_heads, s.dk_heads, m.rope_cos, m.rope_sin, N, m.T, H, dn, dr,
                              dv, kr, m.stream);
     m.timer.mark("attention projections");
-    gpu::matmul_backward(m.matmul, s.dc_kv_normed, g.kv_b, s.dkv, {a.c_kv_normed, a.c_kv_normed16}, w.kv_b,
-                         bf16_of(m, w.kv_b), N, kr, H * (dn + dv), false);
+    gpu::matmul_backward(m.matmul, s.dc_kv_normed, g.kv_b, s.dkv, {a.c_kv_normed, a.c_kv_normed16},
+                         weight_of(m, w.kv_b), N, kr, H * (dn + dv), false);
     gpu::rmsnorm_backward(s.dc_kv, g.kv_a_norm, s.dc_kv_normed, a.c_kv, w.kv_a_norm, a.c_kv_rstd, N, kr, false,
                           s.rms, m.stream);
     gpu::copy_columns(s.dkv_a, kr + dr, s.dc_kv, kr, N, kr, m.stream);
-    gpu::matmul_backward(m.matmul, dx, g.kv_a, s.dkv_a, x, w.kv_a, bf16_of(m, w.kv_a), N, d, kr + dr, false);
+    gpu::matmul_backward(m.matmul, dx, g.kv_a, s.dkv_a, x, weight_of(m, w.kv_a), N, d, kr + dr, false);
     if (qr > 0) {
-        gpu::matmul_backward(m.matmul, s.dq_a_normed, g.q_b, s.dq, {a.q_a_normed, a.q_a_normed16}, w.q_b,
-                             bf16_of(m, w.q_b), N, qr, H * dqk, false);
+        gpu::matmul_backward(m.matmul, s.dq_a_normed, g.q_b, s.dq, {a.q_a_normed, a.q_a_normed16}, weight_of(m, w.q_b),
+                             N, qr, H * dqk, false);
         gpu::rmsnorm_backward(s.dq_a, g.q_a_norm, s.dq_a_normed, a.q_a, w.q_a_norm, a.q_a_rstd, N, qr, false, s.rms,
                               m.stream);
-        gpu::matmul_backward(m.matmul, dx, g.q_a, s.dq_a, x, w.q_a, bf16_of(m, w.q_a), N, d, qr, true);
+        gpu::matmul_backward(m.matmul, dx, g.q_a, s.dq_a, x, weight_of(m, w.q_a), N, d, qr, true);
     } else {
-        gpu::matmul_backward(m.matmul, dx, g.q, s.dq, x, w.q, bf16_of(m, w.q), N, d, H * dqk, true);
+        gpu::matmul_backward(m.matmul, dx, g.q, s.dq, x, weight_of(m, w.q), N, d, H * dqk, true);
     }
 }
 
@@ -455,7 +523,7 @@ void moe_route(GpuModel& m, const BlockWeights& w, GpuBlockActs& a, const float*
     const int64_t N = tokens(m), d = c.hidden_size, E = c.n_routed_experts, k = c.num_experts_per_tok;
     Comm& comm = *m.comm;
     m.timer.mark("router");
-    gpu::matmul_forward(m.matmul, a.scores, x, w.router, nullptr, N, d, E, false);  // the router stays FP32
+    gpu::matmul_forward(m.matmul, a.scores, x, w.router, N, d, E, false);  // the router stays FP32
     gpu::router_forward(a.scores, a.chosen, a.gate_weights, s.drouter, a.scores, w.router_bias, c, N, m.stream);
     m.timer.mark("permute");
     gpu::expert_plan_build(a.counts, a.offsets, a.row_of_slot, a.slot_of_row, a.chosen, N * k, (int)E, m.stream);
@@ -511,13 +579,13 @@ double moe_forward(GpuModel& m, const BlockWeights& w, GpuBlockActs& a, gpu::Gem
     m.timer.mark("expert GEMMs");
     const int64_t* offsets = a.dispatch.expert_offsets.data();
     const int64_t E_local = (int64_t)a.dispatch.expert_counts.size(), R = a.dispatch.received();
-    gpu::grouped_matmul_forward(m.matmul, a.expert_g, expert_in, w.expert_gate, bf16_of(m, w.expert_gate), offsets,
+    gpu::grouped_matmul_forward(m.matmul, a.expert_g, expert_in, weight_of(m, w.expert_gate), offsets,
                                 E_local, d, I);
-    gpu::grouped_matmul_forward(m.matmul, a.expert_u, expert_in, w.expert_up, bf16_of(m, w.expert_up), offsets,
+    gpu::grouped_matmul_forward(m.matmul, a.expert_u, expert_in, weight_of(m, w.expert_up), offsets,
                                 E_local, d, I);
     swiglu(m, a.expert_a, a.expert_a16, a.expert_g, a.expert_u, R * I);
-    gpu::grouped_matmul_forward(m.matmul, expert_out, {a.expert_a, a.expert_a16}, w.expert_down,
-                                bf16_of(m, w.expert_down), offsets, E_local, I, d);
+    gpu::grouped_matmul_forward(m.matmul, expert_out, {a.expert_a, a.expert_a16}, weight_of(m, w.expert_down), offsets,
+                                E_local, I, d);
     m.timer.mark("permute");
     if (ep) combine_rows(m, a, expert_out, a.rows_back, expert_scratch_of(m).din);
     m.timer.mark("shared experts");
@@ -554,14 +622,14 @@ void moe_backward(GpuModel& m, const BlockWeights& w, BlockWeights& g, GpuBlockA
     const int64_t E_local = (int64_t)a.dispatch.expert_counts.size(), R = a.dispatch.received();
     const gpu::GemmInput expert_in = expert_input(a, ep);
     gpu::grouped_matmul_backward(m.matmul, es.da, g.expert_down, dexpert_out, {a.expert_a, a.expert_a16},
-                                 w.expert_down, bf16_of(m, w.expert_down), offsets, E_local, I, d);
+                                 weight_of(m, w.expert_down), offsets, E_local, I, d);
     gpu::swiglu_backward(es.dg, es.du, es.da, a.expert_g, a.expert_u, R * I, m.stream);
-    gpu::grouped_matmul_backward(m.matmul, dexpert_in, g.expert_gate, es.dg, expert_in, w.expert_gate,
-                                 bf16_of(m, w.expert_gate), offsets, E_local, d, I);
+    gpu::grouped_matmul_backward(m.matmul, dexpert_in, g.expert_gate, es.dg, expert_in, weight_of(m, w.expert_gate),
+                                 offsets, E_local, d, I);
     // dx_in += du W_up: the grouped backward overwrites, so W_up's input gradient goes through dexpert_out's
     // buffer (free now) and is added
-    gpu::grouped_matmul_backward(m.matmul, dexpert_out, g.expert_up, es.du, expert_in, w.expert_up,
-                                 bf16_of(m, w.expert_up), offsets, E_local, d, I);
+    gpu::grouped_matmul_backward(m.matmul, dexpert_out, g.expert_up, es.du, expert_in, weight_of(m, w.expert_up),
+                                 offsets, E_local, d, I);
     gpu::add(dexpert_in, dexpert_in, dexpert_out, R * d, m.stream);
     m.timer.mark("permute");
     if (ep) combine_rows(m, a, dexpert_in, s.drows_sent, es.dout);
@@ -573,7 +641,7 @@ void moe_backward(GpuModel& m, const BlockWeights& w, BlockWeights& g, GpuBlockA
     gpu::gather_backward(dx, s.drows_sent, a.row_of_slot, N, (int)k, d, S > 0, m.stream);
     m.timer.mark("router");
     gpu::router_backward(s.drouter, s.dgate, a.scores, a.chosen, c, m.B, m.T, balance_scale, s.seq_counts, m.stream);
-    gpu::matmul_backward(m.matmul, dx, g.router, s.drouter, x.fp32, w.router, nullptr, N, d, E, true);
+    gpu::matmul_backward(m.matmul, dx, g.router, s.drouter, x.fp32, w.router, N, d, E, true);
 }
 
 // ---- blocks and the model (model/model.cpp) -------------------------------------------------------------------
@@ -684,12 +752,17 @@ void allocate(GpuModel& m, const Config& c, Comm& comm, gpu::Precision p, int B,
     CUDA_CHECK(cudaStreamCreate(&m.stream));
     m.timer.stream = m.stream;
     const int64_t total = m.table.total, N = (int64_t)B * T;
-    const bool bf16 = p == gpu::Precision::BF16;
+    const bool bf16 = p != gpu::Precision::FP32;
     m.params = static_cast<float*>(device_alloc(total * 4, "the parameters"));
     m.grads = static_cast<float*>(device_alloc(total * 4, "the gradients"));
     m.adam_m = static_cast<float*>(device_alloc(total * 4, "the AdamW moments"));
     m.adam_v = static_cast<float*>(device_alloc(total * 4, "the AdamW moments"));
     if (bf16) m.params_bf16 = static_cast<__nv_bfloat16*>(device_alloc(total * 2, "the BF16 weights"));
+    if (p == gpu::Precision::FP8) {
+        m.fp8_alloc = device_alloc(plan.fp8_weights, "the FP8 weights");
+        ByteArena fp8{static_cast<char*>(m.fp8_alloc), 0};
+        carve_fp8_weights(fp8, m.table, m.params, m.fp8_weights);
+    }
     m.w = map_weights(c, m.table, m.params);
     m.g = map_weights(c, m.table, m.grads);
     m.arena_bytes = plan.activations;
@@ -700,7 +773,8 @@ void allocate(GpuModel& m, const Config& c, Comm& comm, gpu::Precision p, int B,
     m.scratch = device_alloc(m.scratch_bytes, "the backward's buffers");
     m.norm_slots = static_cast<double*>(
         device_alloc((int64_t)(m.table.tensors.size() + gpu::grad_norm_scratch_doubles(total)) * 8, "the norms"));
-    gpu::matmul_create(m.matmul, m.stream, bf16 ? cast_elements(c, N, 0) : gpu::MatmulCasts{});
+    gpu::matmul_create(m.matmul, m.stream, bf16 ? cast_elements(c, N, 0) : gpu::MatmulCasts{},
+                       p == gpu::Precision::FP8);
     m.expert_counts.assign(c.num_blocks(), {});
     for (int l = 0; l < c.num_blocks(); l++)
         if (c.is_moe_layer(l)) {
@@ -758,20 +832,26 @@ GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, gpu::Precision p, in
     int moe_layers = 0;
     for (int l = 0; l < c.num_blocks(); l++) moe_layers += c.is_moe_layer(l);
     GpuMemoryPlan plan;
-    plan.params = total * 4 + (p == gpu::Precision::BF16 ? total * 2 : 0);
+    const ParamTable table = build_param_table(c, ep_size);
+    plan.params = total * 4 + (p != gpu::Precision::FP32 ? total * 2 : 0);
+    std::map<int64_t, Fp8Tensor> counted;
+    if (p == gpu::Precision::FP8)
+        plan.fp8_weights = bytes_of([&](ByteArena& ar) { carve_fp8_weights(ar, table, nullptr, counted); });
+    plan.params += plan.fp8_weights;
     plan.grads = total * 4;
     plan.optimizer = total * 8;
     GpuModel counting;
-    const bool bf16 = p == gpu::Precision::BF16;
+    const bool bf16 = p != gpu::Precision::FP32;
     plan.activations = bytes_of([&](ByteArena& ar) { carve_activations(ar, counting, c, bf16, B, T); });
     GpuBlockActs layer;
     plan.expert_rows = moe_layers > 0 ? moe_layers * bytes_of([&](ByteArena& ar) {
                                             carve_expert_rows(ar, c, bf16, ep_size, R, layer);
                                         }) + bytes_of([&](ByteArena& ar) { carve_expert_scratch(ar, c, ep_size, R); })
                                       : 0;
-    plan.scratch = bytes_of([&](ByteArena& ar) { carve_scratch(ar, c, bf16, B, T); }) +
-                   (int64_t)(build_param_table(c, ep_size).tensors.size() + gpu::grad_norm_scratch_doubles(total)) * 8 +
-                   gpu::matmul_memory_bytes(p == gpu::Precision::BF16 ? cast_elements(c, N, R) : gpu::MatmulCasts{});
+    plan.scratch =
+        bytes_of([&](ByteArena& ar) { carve_scratch(ar, c, bf16, B, T); }) +
+        (int64_t)(build_param_table(c, ep_size).tensors.size() + gpu::grad_norm_scratch_doubles(total)) * 8 +
+        gpu::matmul_memory_bytes(bf16 ? cast_elements(c, N, R) : gpu::MatmulCasts{}, p == gpu::Precision::FP8);
     return plan;
 }
 
@@ -779,7 +859,8 @@ void gpu_model_init(GpuModel& m, const Config& c, Comm& comm, gpu::Precision p, 
     if (c.qk_rope_head_dim % 2 != 0)
         throw std::runtime_error("qk_rope_head_dim " + std::to_string(c.qk_rope_head_dim) +
                                  " is odd: RoPE rotates pairs");
-    if (p == gpu::Precision::BF16 && comm.ep_size > 1 && c.hidden_size % 2 != 0)
+    if (p == gpu::Precision::FP8) check_fp8_widths(c);
+    if (p != gpu::Precision::FP32 && comm.ep_size > 1 && c.hidden_size % 2 != 0)
         throw std::runtime_error("hidden_size " + std::to_string(c.hidden_size) +
                                  " is odd: with --dtype bf16 and --ep > 1 the expert rows travel as pairs of BF16 "
                                  "values (use an even hidden size, or --dtype fp32)");
@@ -807,8 +888,8 @@ void gpu_model_init(GpuModel& m, const Config& c, Comm& comm, gpu::Precision p, 
 void gpu_model_free(GpuModel& m) {
     m.timer.release();
     for (GpuBlockActs& a : m.blocks) CUDA_CHECK(cudaFree(a.expert_alloc));
-    for (void* p : {(void*)m.params, (void*)m.grads, (void*)m.adam_m, (void*)m.adam_v, (void*)m.params_bf16, m.arena,
-                    m.scratch, m.expert_scratch, (void*)m.norm_slots})
+    for (void* p : {(void*)m.params, (void*)m.grads, (void*)m.adam_m, (void*)m.adam_v, (void*)m.params_bf16,
+                    m.fp8_alloc, m.arena, m.scratch, m.expert_scratch, (void*)m.norm_slots})
         CUDA_CHECK(cudaFree(p));
     gpu::matmul_destroy(m.matmul);
     if (m.stream) CUDA_CHECK(cudaStreamDestroy(m.stream));
@@ -822,6 +903,7 @@ void gpu_model_upload(GpuModel& m, const Model& host, const AdamWState& opt) {
     CUDA_CHECK(cudaMemcpy(m.adam_m, opt.m.data(), bytes, cudaMemcpyHostToDevice));
     CUDA_CHECK(cudaMemcpy(m.adam_v, opt.v.data(), bytes, cudaMemcpyHostToDevice));
     if (m.params_bf16) gpu::cast_to_bf16(m.params_bf16, m.params, m.table.total, m.stream);
+    refresh_fp8_weights(m);
     sync(m);
 }
 
@@ -852,7 +934,7 @@ LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* t
         loss.balance += block_forward(m, l, m.residual[l], m.residual[l + 1], next, training, targets != nullptr);
     }
     m.timer.mark("head");
-    gpu::matmul_forward(m.matmul, m.logits, {m.final_normed, m.final_normed16}, m.w.head, bf16_of(m, m.w.head), N, d,
+    gpu::matmul_forward(m.matmul, m.logits, {m.final_normed, m.final_normed16}, weight_of(m, m.w.head), N, d,
                         V, false);
     if (!targets) {
         sync(m);
@@ -877,13 +959,13 @@ LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* t
         gpu::copy_columns(m.mtp_concat + d, 2 * d, m.hnorm_out, d, N, d, m.stream);
         m.timer.mark("head");
         keep_bf16(m, m.mtp_concat16, m.mtp_concat, N * 2 * d);
-        gpu::matmul_forward(m.matmul, m.mtp_in, {m.mtp_concat, m.mtp_concat16}, m.w.mtp_eh_proj,
-                            bf16_of(m, m.w.mtp_eh_proj), N, 2 * d, d, false);
+        gpu::matmul_forward(m.matmul, m.mtp_in, {m.mtp_concat, m.mtp_concat16}, weight_of(m, m.w.mtp_eh_proj), N, 2 * d,
+                            d, false);
         block_input_norm(m, (int)L, m.mtp_in);
         const NextNorm mtp_norm{m.w.mtp_norm, m.mtp_normed, m.mtp_normed16, m.mtp_rstd};
         loss.balance += block_forward(m, (int)L, m.mtp_in, m.mtp_out, mtp_norm, training, true);
         m.timer.mark("head");
-        gpu::matmul_forward(m.matmul, m.mtp_logits, {m.mtp_normed, m.mtp_normed16}, m.w.head, bf16_of(m, m.w.head), N,
+        gpu::matmul_forward(m.matmul, m.mtp_logits, {m.mtp_normed, m.mtp_normed16}, weight_of(m, m.w.head), N,
                             d, V, false);
         m.timer.mark("cross-entropy");
         gpu::cross_entropy_forward_backward(m.losses, nullptr, m.mtp_logits, m.mtp_targets, N, V, 0.0f, m.stream);
@@ -905,8 +987,8 @@ void head_backward(GpuModel& m, const Scratch& s, float* dnormed, const float* l
     else
         gpu::cross_entropy_forward_backward(m.losses, s.dlogits, logits, targets, N, V, scale, m.stream);
     m.timer.mark("head");
-    gpu::matmul_backward(m.matmul, dnormed, m.g.head, {s.dlogits, s.dlogits16}, normed, m.w.head,
-                         bf16_of(m, m.w.head), N, d, V, false);
+    gpu::matmul_backward(m.matmul, dnormed, m.g.head, {s.dlogits, s.dlogits16}, normed, weight_of(m, m.w.head), N, d, V,
+                         false);
 }
 
 void gpu_model_backward(GpuModel& m, float loss_scale) {
@@ -926,7 +1008,7 @@ void gpu_model_backward(GpuModel& m, float loss_scale) {
         block_backward(m, (int)L, m.mtp_in, s.dmtp_out, s.dmtp, loss_scale, s);
         m.timer.mark("head");
         gpu::matmul_backward(m.matmul, s.dconcat, m.g.mtp_eh_proj, s.dmtp, {m.mtp_concat, m.mtp_concat16},
-                             m.w.mtp_eh_proj, bf16_of(m, m.w.mtp_eh_proj), N, 2 * d, d, false);
+                             weight_of(m, m.w.mtp_eh_proj), N, 2 * d, d, false);
         m.timer.mark("rmsnorm + residual");
         gpu::copy_columns(s.dhalf, d, s.dconcat + d, 2 * d, N, d, m.stream);
         gpu::rmsnorm_backward(s.dfinal, m.g.mtp_hnorm, s.dhalf, m.final_normed, m.w.mtp_hnorm, m.hnorm_rstd, N, d,
@@ -998,6 +1080,7 @@ void gpu_model_adamw(GpuModel& m, AdamWState& opt, const OptimizerConfig& oc, fl
     m.timer.mark("AdamW");
     gpu::adamw_update(m.table, m.params, m.params_bf16, m.grads, m.adam_m, m.adam_v, oc, lr, opt.step,
                       grad_multiplier, m.stream);  // also refreshes the BF16 copy (the frozen router bias needs none)
+    refresh_fp8_weights(m);
 }
 
 void gpu_model_update_router_bias(GpuModel& m, const std::vector<std::vector<int64_t>>& counts) {

@@ -10,6 +10,11 @@
 // writes in BF16 only. The attention, on the tensor cores, reads q, k, v and dO stored in BF16 and accumulates in
 // FP32.
 // Everything else (norms, router, softmax, the optimizer) is FP32.
+// Precision::FP8 is BF16 mode with the linear layers inside the blocks (attention projections, dense, shared and
+// routed experts' matrices) in DeepSeek-V3's FP8 recipe, as the CPU model's LinearPrecision::FP8 (model/fp8.h): their
+// weights have E4M3 copies (Fp8Tensor, refreshed with the BF16 copy), and the GEMM calls quantize the activations and
+// gradients themselves (kernels/matmul.cuh), from the FP32 rows where they exist, else from the BF16 copies. Their
+// widths must be multiples of 16 (FP8 leading dimensions), which gpu_model_init checks.
 // Activations for B x T tokens are carved from one allocation at init; the routed experts' rows (whose number
 // depends on the routing under expert parallelism) have per-layer buffers that grow when a step needs more.
 #pragma once
@@ -70,6 +75,16 @@ struct GpuBlockActs {
     double balance_loss = 0.0;
 };
 
+// FP8 mode: the E4M3 copies of one weight tensor of the blocks' linear layers (a matrix rows x cols, or a stack of
+// `batch` experts' matrices): q and q^T with their 128 x 128 scales, as kernels/fp8.cuh's fp8_quantize_blocks writes
+// them, refreshed from the FP32 weights with the BF16 copy.
+struct Fp8Tensor {
+    const float* w = nullptr;  // the FP32 weight (m.params)
+    int64_t batch = 1, rows = 0, cols = 0;
+    __nv_fp8_storage_t *q = nullptr, *qt = nullptr;
+    float *scales = nullptr, *scales_t = nullptr;
+};
+
 struct GpuModel {
     Config config;
     Comm* comm = nullptr;            // NCCL: device buffers (host buffers are staged)
@@ -78,7 +93,9 @@ struct GpuModel {
     cudaStream_t stream = nullptr;
     gpu::Matmul matmul;
     float *params = nullptr, *grads = nullptr, *adam_m = nullptr, *adam_v = nullptr;  // table layout
-    __nv_bfloat16* params_bf16 = nullptr;  // BF16 mode: the working copy the GEMMs read
+    __nv_bfloat16* params_bf16 = nullptr;  // BF16 and FP8 modes: the working copy the GEMMs read
+    void* fp8_alloc = nullptr;             // FP8 mode: the Fp8Tensors' copies
+    std::map<int64_t, Fp8Tensor> fp8_weights;  // by the weight's offset in the parameter buffer
     ModelWeights w, g;                     // device pointers into params and grads
     int max_B = 0, T = 0, B = 0;           // allocated batch; the last forward's B
     // activations
@@ -107,6 +124,7 @@ struct GpuModel {
 // What init will allocate, in bytes (for the plan printed at start and the out-of-memory check).
 struct GpuMemoryPlan {
     int64_t params = 0, grads = 0, optimizer = 0, activations = 0, expert_rows = 0, scratch = 0;
+    int64_t fp8_weights = 0;  // FP8 mode: the weights' E4M3 copies, counted in params too
     int64_t total() const { return params + grads + optimizer + activations + expert_rows + scratch; }
 };
 GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, gpu::Precision p, int B, int T);

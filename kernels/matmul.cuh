@@ -26,10 +26,10 @@
 // Every ld equals the stored matrix's row count (rows are contiguous), as cuBLASLt requires (ld >= rows).
 //
 // Precision policy. Accumulation, alpha/beta and every output are FP32 (CUBLAS_COMPUTE_32F, CUDA_R_32F scale and
-// C/D), in both modes:
-//   Precision::FP32  A and B FP32: a true FP32 GEMM (CUBLAS_COMPUTE_32F, never _FAST_TF32), within FP32 roundoff
+// C/D), in every mode; a call's mode is its weight's (GemmWeight: the most compact copy given):
+//   FP32             A and B FP32: a true FP32 GEMM (CUBLAS_COMPUTE_32F, never _FAST_TF32), within FP32 roundoff
 //                    of the CPU reference (the order of the sums differs).
-//   Precision::BF16  A and B BF16 (CUDA_R_16BF): the weights come as a BF16 copy W16 the caller keeps (refreshed
+//   BF16             A and B BF16 (CUDA_R_16BF): the weights come as a BF16 copy W16 the caller keeps (refreshed
 //                    after each update). An input comes with the BF16 copy the caller keeps (GemmInput: cast once
 //                    by the model for every GEMM that reads it, forward and backward), or is cast here;
 //                    matmul_backward's output gradient likewise (the head's comes in BF16 from the cross-entropy
@@ -38,6 +38,12 @@
 //                    BF16 values are exact in FP32, so the only error beyond FP32 is the rounding of the inputs
 //                    (relative 2^-8 each).
 //                    The FP32 master weights and gradients are untouched: dW is FP32 +=.
+//   FP8              A and B E4M3 with DeepSeek-V3's fine-grained scales (kernels/fp8.cuh, model/fp8.h): the input's
+//                    rows quantized here in 1 x 128 tiles, the weight's E4M3 copies (W and W^T, 128 x 128 blocks) the
+//                    caller keeps, and for the weight gradient both operands quantized here in 128 x 1 tiles down the
+//                    tokens, transposed; cuBLASLt applies the scales and accumulates in FP32 (FAST_ACCUM off). The
+//                    operands are quantized into the Matmul's three FP8 buffers, grown on demand. Their own mapping
+//                    (every product "TN") is described at matmul_fp8_forward below.
 // Odd sizes: no padding. cuBLASLt documents leading-dimension rules only for FP8 and int8 (multiples of 16 bytes),
 // none for BF16 or FP32; the layouts carry the true ld and the alignment preferences below carry the true pointer
 // alignment, so the heuristic returns only kernels valid for them. With an odd K or N the rows are 2-byte (BF16)
@@ -86,6 +92,8 @@
 #include <cuda_bf16.h>
 
 #include "kernels/common.cuh"
+#include "kernels/fp8.cuh"
+#include "kernels/gemm_operands.cuh"
 
 #ifndef CUBLAS_CHECK
 #define CUBLAS_CHECK(call)                                                                                    \
@@ -112,8 +120,14 @@ struct MatmulPlan {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;  // d also describes C (C == D)
     cublasLtMatmulAlgo_t algo{};
 };
-// {bf16, transa, transb, m, n, k, lda, ldb, ldd, align A, align B, align C/D}
+// {operand type and scale modes, transa, transb, m, n, k, lda, ldb, ldd, align A, align B, align C/D}
 using MatmulKey = std::array<int64_t, 12>;
+
+// An FP8 product's scales: of A and of B, each per 1 x 128 tile (VEC128) or per 128 x 128 block (BLK128x128)
+struct Fp8Scales {
+    const float *a = nullptr, *b = nullptr;
+    bool a_blocks = false, b_blocks = false;
+};
 
 // Sizes (elements) of a Matmul's two BF16 cast buffers: cast_a holds a GEMM's input (rows x K), cast_b its output
 // gradient (rows x N). 0 and 0: an FP32-only Matmul, without buffers.
@@ -121,15 +135,15 @@ struct MatmulCasts {
     int64_t inputs = 0, output_grads = 0;
 };
 
-// A GEMM's input rows (M, K), or output gradient (M, N), as FP32, and in BF16 mode possibly their BF16 copy, laid
-// out alike (row r at r * K), made by the caller: then the call reads it instead of casting the rows itself, and the
-// FP32 rows may be absent (nullptr: an operand written only in BF16). Converts from a plain const float* (no copy:
-// the call casts).
-struct GemmInput {
-    const float* fp32;
-    const __nv_bfloat16* bf16;
-    GemmInput(const float* rows, const __nv_bfloat16* rows_bf16 = nullptr) : fp32(rows), bf16(rows_bf16) {}
+// E4M3 values and their scales: one of a Matmul's three FP8 scratch buffers, grown on demand
+struct Fp8Buffer {
+    __nv_fp8_storage_t* values = nullptr;
+    float* scales = nullptr;
+    int64_t values_capacity = 0, scales_capacity = 0;
 };
+// fp8[FP8_INPUT]: a GEMM input's rows (forward) or their transpose (weight gradient); fp8[FP8_GRAD_ROWS]: the
+// output gradient's rows (input gradient); fp8[FP8_GRAD_T]: its transpose (weight gradient)
+enum { FP8_INPUT = 0, FP8_GRAD_ROWS = 1, FP8_GRAD_T = 2 };
 
 struct Matmul {  // one per stream
     cublasLtHandle_t handle = nullptr;
@@ -141,6 +155,8 @@ struct Matmul {  // one per stream
     int group_lanes = MATMUL_LANES;                       // lanes a grouped call uses, 1 to MATMUL_LANES
     __nv_bfloat16 *cast_a = nullptr, *cast_b = nullptr;  // BF16 casts of the activation operands
     MatmulCasts cast_capacity;
+    std::array<Fp8Buffer, 3> fp8{};                       // FP8_INPUT, FP8_GRAD_ROWS, FP8_GRAD_T
+    bool fp8_enabled = false;                             // created for FP8 calls: matmul_reserve grows fp8 too
     std::map<MatmulKey, MatmulPlan> cache;
 };
 
@@ -162,11 +178,6 @@ inline void cast_to_bf16(__nv_bfloat16* out, const float* in, int64_t n, cudaStr
 // ---------------------------------------------------------------------------------------------------------------
 // Setup
 
-inline int64_t matmul_memory_bytes(MatmulCasts casts) {
-    const int64_t workspaces = (int64_t)MATMUL_LANES * (int64_t)MATMUL_WORKSPACE_BYTES;
-    return workspaces + (casts.inputs + casts.output_grads) * (int64_t)sizeof(__nv_bfloat16);
-}
-
 inline void matmul_clear_cache(Matmul& mm) {
     for (auto& entry : mm.cache) {
         MatmulPlan& p = entry.second;
@@ -184,6 +195,10 @@ inline void matmul_destroy(Matmul& mm) {
     CUDA_CHECK(cudaFree(mm.workspace));
     CUDA_CHECK(cudaFree(mm.cast_a));
     CUDA_CHECK(cudaFree(mm.cast_b));
+    for (Fp8Buffer& b : mm.fp8) {
+        CUDA_CHECK(cudaFree(b.values));
+        CUDA_CHECK(cudaFree(b.scales));
+    }
     for (int i = 1; i < MATMUL_LANES; i++)
         if (mm.lanes[i]) CUDA_CHECK(cudaStreamDestroy(mm.lanes[i]));
     for (cudaEvent_t e : mm.lane_events)
@@ -212,8 +227,44 @@ inline void matmul_alloc_casts(Matmul& mm, MatmulCasts casts) {
     mm.cast_capacity = casts;
 }
 
-// casts: the largest input and output gradient any BF16 call will cast; {0, 0} for FP32-only use.
-inline void matmul_create(Matmul& mm, cudaStream_t stream, MatmulCasts casts) {
+// fp8[which] with room for at least `values` E4M3 values and `scales` scales, grown (after waiting for mm's stream,
+// whose queued work may read the old buffers; the lanes' work is joined into it) when it has less. Throws as
+// matmul_create.
+inline Fp8Buffer& matmul_fp8_buffer(Matmul& mm, int which, int64_t values, int64_t scales) {
+    Fp8Buffer& b = mm.fp8[which];
+    if (values <= b.values_capacity && scales <= b.scales_capacity) return b;
+    CUDA_CHECK(cudaStreamSynchronize(mm.stream));
+    CUDA_CHECK(cudaFree(b.values));
+    CUDA_CHECK(cudaFree(b.scales));
+    const int64_t value_room = std::max(values, b.values_capacity), scale_room = std::max(scales, b.scales_capacity);
+    b = Fp8Buffer{};
+    matmul_alloc(mm, (void**)&mm.fp8[which].values, (size_t)value_room, "the FP8 GEMM operands");
+    matmul_alloc(mm, (void**)&mm.fp8[which].scales, (size_t)scale_room * sizeof(float), "the FP8 GEMM scales");
+    mm.fp8[which].values_capacity = value_room;
+    mm.fp8[which].scales_capacity = scale_room;
+    return mm.fp8[which];
+}
+
+// The FP8 buffers' {values, scales} for GEMMs whose inputs and output gradients have up to `casts` elements:
+// FP8_INPUT, FP8_GRAD_ROWS, FP8_GRAD_T. A scale per 128 values along rows at least 16 wide (FP8 widths are multiples
+// of 16), so at most values / 16 of them, plus the padding of a few groups; the buffers grow beyond when needed.
+inline std::array<std::array<int64_t, 2>, 3> matmul_fp8_sizes(MatmulCasts casts) {
+    auto sized = [](int64_t values) { return std::array<int64_t, 2>{values, values / 16 + 1024}; };
+    return {sized(casts.inputs), sized(casts.output_grads), sized(casts.output_grads)};
+}
+
+// The workspaces, the cast buffers and with fp8 the FP8 buffers, as matmul_create allocates them for `casts`.
+inline int64_t matmul_memory_bytes(MatmulCasts casts, bool fp8 = false) {
+    const int64_t workspaces = (int64_t)MATMUL_LANES * (int64_t)MATMUL_WORKSPACE_BYTES;
+    int64_t fp8_bytes = 0;
+    if (fp8)
+        for (const auto& size : matmul_fp8_sizes(casts)) fp8_bytes += size[0] + size[1] * (int64_t)sizeof(float);
+    return workspaces + (casts.inputs + casts.output_grads) * (int64_t)sizeof(__nv_bfloat16) + fp8_bytes;
+}
+
+// casts: the largest input and output gradient any BF16 call will cast; {0, 0} for FP32-only use. fp8: the FP8
+// buffers are allocated for GEMMs of those sizes too (and grown by matmul_reserve).
+inline void matmul_create(Matmul& mm, cudaStream_t stream, MatmulCasts casts, bool fp8 = false) {
     if (mm.handle || mm.workspace) matmul_destroy(mm);
     mm = Matmul{};
     mm.stream = mm.lanes[0] = stream;
@@ -223,12 +274,19 @@ inline void matmul_create(Matmul& mm, cudaStream_t stream, MatmulCasts casts) {
     matmul_alloc(mm, &mm.workspace, MATMUL_LANES * MATMUL_WORKSPACE_BYTES, "the cuBLASLt workspaces");
     mm.workspace_bytes = MATMUL_WORKSPACE_BYTES;
     if (casts.inputs > 0 || casts.output_grads > 0) matmul_alloc_casts(mm, casts);
+    mm.fp8_enabled = fp8;
+    if (fp8)
+        for (int i = 0; i < 3; i++)
+            matmul_fp8_buffer(mm, i, matmul_fp8_sizes(casts)[i][0], matmul_fp8_sizes(casts)[i][1]);
 }
 
 // Grows the cast buffers to at least casts (the routed experts' rows grow with the routing). A Matmul created for
 // FP32 only never casts and stays without buffers. Waits for mm's stream first: queued casts and GEMMs may still
 // read the old buffers. Throws as matmul_create.
 inline void matmul_reserve(Matmul& mm, MatmulCasts casts) {
+    if (mm.fp8_enabled)
+        for (int i = 0; i < 3; i++)
+            matmul_fp8_buffer(mm, i, matmul_fp8_sizes(casts)[i][0], matmul_fp8_sizes(casts)[i][1]);
     const MatmulCasts have = mm.cast_capacity;
     const bool fp32_only = have.inputs + have.output_grads == 0;
     if (fp32_only || (casts.inputs <= have.inputs && casts.output_grads <= have.output_grads)) return;
@@ -255,11 +313,12 @@ struct MatmulSite {
     int64_t M, K, N;
 };
 
-// D (m, n, ld ldd, FP32) (=|+=) op(A) (m, k) op(B) (k, n), queued on lane `lane`. A, B FP32 or (bf16) BF16;
-// stored shapes A: ta ? (k, m) : (m, k), B: tb ? (n, k) : (k, n), column-major with the given ld.
-inline void matmul_lt(Matmul& mm, int lane, const MatmulSite& site, bool bf16, bool ta, bool tb, int64_t m, int64_t n,
-                      int64_t k, const void* A, int64_t lda, const void* B, int64_t ldb, float* D, int64_t ldd,
-                      bool accumulate) {
+// D (m, n, ld ldd, FP32) (=|+=) op(A) (m, k) op(B) (k, n), queued on lane `lane`. A, B of the given type, stored
+// A: ta ? (k, m) : (m, k), B: tb ? (n, k) : (k, n), column-major with the given ld; FP8 takes their scales (set on
+// the cached descriptor before each call: they are the only per-call attributes).
+inline void matmul_lt(Matmul& mm, int lane, const MatmulSite& site, GemmType type, bool ta, bool tb, int64_t m,
+                      int64_t n, int64_t k, const void* A, int64_t lda, const void* B, int64_t ldb, float* D,
+                      int64_t ldd, bool accumulate, const Fp8Scales& scales = {}) {
     if (m == 0 || n == 0) return;
     const cudaStream_t stream = mm.lanes[lane];
     if (k == 0) {  // an empty sum: D = 0, or D unchanged
@@ -268,27 +327,40 @@ inline void matmul_lt(Matmul& mm, int lane, const MatmulSite& site, bool bf16, b
                                          stream));
         return;
     }
+    const bool fp8 = type == GemmType::FP8;
     const uint32_t align_a = matmul_pointer_alignment(A), align_b = matmul_pointer_alignment(B),
                    align_d = matmul_pointer_alignment(D);
-    const MatmulKey key{bf16, ta, tb, m, n, k, lda, ldb, ldd, align_a, align_b, align_d};
+    const int64_t kind = (int64_t)type * 4 + (fp8 && scales.a_blocks) * 2 + (fp8 && scales.b_blocks);
+    const MatmulKey key{kind, ta, tb, m, n, k, lda, ldb, ldd, align_a, align_b, align_d};
+    const char* type_name = type == GemmType::FP8 ? "FP8" : type == GemmType::BF16 ? "BF16" : "FP32";
     auto fail = [&](const char* what, cublasStatus_t status) {  // the whole problem, for a report
         fprintf(stderr,
                 "cuBLASLt: %s (%s) for %s (M=%ld K=%ld N=%ld, %s inputs): column-major m=%ld n=%ld k=%ld op(A)=%c "
                 "op(B)=%c ld %ld/%ld/%ld, alignment A %u B %u D %u bytes; CUBLASLT_LOG_LEVEL=2 says more\n",
-                what, cublasLtGetStatusName(status), site.name, (long)site.M, (long)site.K, (long)site.N,
-                bf16 ? "BF16" : "FP32", (long)m, (long)n, (long)k, ta ? 'T' : 'N', tb ? 'T' : 'N', (long)lda,
-                (long)ldb, (long)ldd, align_a, align_b, align_d);
+                what, cublasLtGetStatusName(status), site.name, (long)site.M, (long)site.K, (long)site.N, type_name,
+                (long)m, (long)n, (long)k, ta ? 'T' : 'N', tb ? 'T' : 'N', (long)lda, (long)ldb, (long)ldd, align_a,
+                align_b, align_d);
         exit(1);
     };
     auto it = mm.cache.find(key);
     if (it == mm.cache.end()) {
         if (mm.cache.size() >= MATMUL_CACHE_MAX) matmul_clear_cache(mm);
-        const cudaDataType_t in_type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
+        const cudaDataType_t in_type = fp8 ? CUDA_R_8F_E4M3 : type == GemmType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
         const cublasOperation_t op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
         MatmulPlan p;
         CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
         CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+        if (fp8) {  // per-tile scales; FAST_ACCUM stays off (its default): the sums are promoted to FP32 as they go
+            const int32_t mode_a = scales.a_blocks ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+                                                   : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+            const int32_t mode_b = scales.b_blocks ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+                                                   : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_a,
+                                                        sizeof(mode_a)));
+            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_b,
+                                                        sizeof(mode_b)));
+        }
         CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, in_type, ta ? k : m, ta ? m : k, lda));
         CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, in_type, tb ? n : k, tb ? k : n, ldb));
         CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.d, CUDA_R_32F, m, n, ldd));
@@ -319,6 +391,12 @@ inline void matmul_lt(Matmul& mm, int lane, const MatmulSite& site, bool bf16, b
         it = mm.cache.emplace(key, p).first;
     }
     const MatmulPlan& p = it->second;
+    if (fp8) {
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scales.a,
+                                                    sizeof(scales.a)));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scales.b,
+                                                    sizeof(scales.b)));
+    }
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     void* workspace = (char*)mm.workspace + (size_t)lane * mm.workspace_bytes;
     const cublasStatus_t status = cublasLtMatmul(mm.handle, p.desc, &alpha, A, p.a, B, p.b, &beta, D, p.d, D, p.d,
@@ -344,18 +422,79 @@ inline const __nv_bfloat16* matmul_cast(Matmul& mm, bool output_grad, const floa
 }
 
 // The three products on row-major operands (see the mapping at the top), on lane `lane`. A, B point at FP32 or BF16
-// data as bf16 says; D is always FP32.
-inline void matmul_gemm_forward(Matmul& mm, int lane, const MatmulSite& s, bool bf16, float* out, const void* inp,
+// data as `type` says; D is always FP32.
+inline void matmul_gemm_forward(Matmul& mm, int lane, const MatmulSite& s, GemmType type, float* out, const void* inp,
                                 const void* W, int64_t M, int64_t K, int64_t N, bool accumulate) {
-    matmul_lt(mm, lane, s, bf16, /*ta*/ true, /*tb*/ false, N, M, K, W, K, inp, K, out, N, accumulate);
+    matmul_lt(mm, lane, s, type, /*ta*/ true, /*tb*/ false, N, M, K, W, K, inp, K, out, N, accumulate);
 }
-inline void matmul_gemm_dinp(Matmul& mm, int lane, const MatmulSite& s, bool bf16, float* dinp, const void* dout,
+inline void matmul_gemm_dinp(Matmul& mm, int lane, const MatmulSite& s, GemmType type, float* dinp, const void* dout,
                              const void* W, int64_t M, int64_t K, int64_t N, bool accumulate) {
-    matmul_lt(mm, lane, s, bf16, false, false, K, M, N, W, K, dout, N, dinp, K, accumulate);
+    matmul_lt(mm, lane, s, type, false, false, K, M, N, W, K, dout, N, dinp, K, accumulate);
 }
-inline void matmul_gemm_dW(Matmul& mm, int lane, const MatmulSite& s, bool bf16, float* dW, const void* dout,
+inline void matmul_gemm_dW(Matmul& mm, int lane, const MatmulSite& s, GemmType type, float* dW, const void* dout,
                            const void* inp, int64_t M, int64_t K, int64_t N) {
-    matmul_lt(mm, lane, s, bf16, false, true, K, N, M, inp, K, dout, N, dW, K, /*accumulate*/ true);
+    matmul_lt(mm, lane, s, type, false, true, K, N, M, inp, K, dout, N, dW, K, /*accumulate*/ true);
+}
+
+// The same three in FP8. cuBLASLt's FP8 GEMMs want both operands with the summed dimension contiguous (op(A) = T,
+// op(B) = N), so each product reads the copy that has it so:
+//   forward  out^T (N, M)  = W (N, K) @ inp^T:    A = W8 (K, N) ld K,  128x128 scales;  B = inp8 (K, M) ld K,  1x128
+//   dinp     dinp^T (K, M) = W^T @ dout^T:        A = W8^T (N, K) ld N, its scales;    B = dout8 (N, M) ld N, 1x128
+//   dW       dW^T (K, N)   = inp^T @ dout:        A = inp8^T (Mp, K) ld Mp;            B = dout8^T (Mp, N) ld Mp,
+//            both 128x1 tiles down the tokens, written transposed with the M rows padded with zeros to Mp, a multiple
+//            of 16 (FP8 leading dimensions are multiples of 16 bytes).
+// Every summed dimension (K, N, Mp) must be a multiple of 16: the model's widths are (checked by gpu_model_init).
+inline void matmul_fp8_forward(Matmul& mm, int lane, const MatmulSite& s, float* out, const __nv_fp8_storage_t* inp,
+                               const float* inp_scales, const Fp8Weight& W, int64_t M, int64_t K, int64_t N,
+                               bool accumulate) {
+    matmul_lt(mm, lane, s, GemmType::FP8, true, false, N, M, K, W.q, K, inp, K, out, N, accumulate,
+              {W.scales, inp_scales, true, false});
+}
+inline void matmul_fp8_dinp(Matmul& mm, int lane, const MatmulSite& s, float* dinp, const __nv_fp8_storage_t* dout,
+                            const float* dout_scales, const Fp8Weight& W, int64_t M, int64_t K, int64_t N,
+                            bool accumulate) {
+    matmul_lt(mm, lane, s, GemmType::FP8, true, false, K, M, N, W.qt, N, dout, N, dinp, K, accumulate,
+              {W.scales_t, dout_scales, true, false});
+}
+inline void matmul_fp8_dW(Matmul& mm, int lane, const MatmulSite& s, float* dW, const __nv_fp8_storage_t* dout_t,
+                          const float* dout_t_scales, const __nv_fp8_storage_t* inp_t, const float* inp_t_scales,
+                          int64_t Mp, int64_t K, int64_t N) {
+    matmul_lt(mm, lane, s, GemmType::FP8, true, false, K, N, Mp, inp_t, Mp, dout_t, Mp, dW, K, true,
+              {inp_t_scales, dout_t_scales, false, false});
+}
+inline int64_t fp8_padded_rows(int64_t M) { return round_up(M, 16); }
+
+// Rows [first, first + rows) of a GEMM input (or output gradient) of width `cols`, quantized from its FP32 rows
+// when it has them (the values the CPU reference quantizes), else from its BF16 copy.
+inline void fp8_rows_of(const GemmInput& x, int64_t first, int64_t rows, int64_t cols, __nv_fp8_storage_t* q,
+                        float* scales, cudaStream_t stream) {
+    if (x.fp32)
+        fp8_quantize_rows(q, scales, x.fp32 + first * cols, rows, cols, stream);
+    else
+        fp8_quantize_rows(q, scales, x.bf16 + first * cols, rows, cols, stream);
+}
+inline void fp8_cols_of(const GemmInput& x, int64_t first, int64_t rows, int64_t cols, __nv_fp8_storage_t* qt,
+                        float* scales, cudaStream_t stream) {
+    if (x.fp32)
+        fp8_quantize_cols(qt, scales, x.fp32 + first * cols, rows, cols, fp8_padded_rows(rows), stream);
+    else
+        fp8_quantize_cols(qt, scales, x.bf16 + first * cols, rows, cols, fp8_padded_rows(rows), stream);
+}
+
+// Where each group's quantized operands go in an Fp8Buffer: group g's rows-quantized values at its rows' place, the
+// scales (their layout depends on the group's row count) and transposes (padded) one after another.
+struct Fp8GroupPlace {
+    std::vector<int64_t> row_scales, t_values, t_scales;  // G + 1 prefix sums each
+};
+inline Fp8GroupPlace fp8_group_place(const int64_t* offsets, int64_t G, int64_t width) {
+    Fp8GroupPlace p{{0}, {0}, {0}};
+    for (int64_t g = 0; g < G; g++) {
+        const int64_t M = offsets[g + 1] - offsets[g], Mp = fp8_padded_rows(M);
+        p.row_scales.push_back(p.row_scales.back() + (M ? fp8_vec128_scales(M, width) : 0));
+        p.t_values.push_back(p.t_values.back() + width * Mp);
+        p.t_scales.push_back(p.t_scales.back() + (M ? fp8_vec128_scales(width, Mp) : 0));
+    }
+    return p;
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -376,33 +515,60 @@ inline const float* matmul_input_fp32(const GemmInput& inp, const MatmulSite& si
     return inp.fp32;
 }
 
-// out (M, N) (=|+=) inp (M, K) @ W^T, W (N, K). W16 (BF16 copy of W) given: BF16 inputs; nullptr: FP32.
-inline void matmul_forward(Matmul& mm, float* out, GemmInput inp, const float* W, const __nv_bfloat16* W16,
-                           int64_t M, int64_t K, int64_t N, bool accumulate) {
+// out (M, N) (=|+=) inp (M, K) @ W^T, W (N, K), in W's precision (GemmWeight).
+inline void matmul_forward(Matmul& mm, float* out, GemmInput inp, const GemmWeight& W, int64_t M, int64_t K,
+                           int64_t N, bool accumulate) {
     if (M == 0) return;
     const MatmulSite s{"matmul_forward", M, K, N};
-    if (W16) {
-        const __nv_bfloat16* inp16 = matmul_input_bf16(mm, inp, 0, K, M * K, s);
-        matmul_gemm_forward(mm, 0, s, true, out, inp16, W16, M, K, N, accumulate);
-    } else {
-        matmul_gemm_forward(mm, 0, s, false, out, matmul_input_fp32(inp, s), W, M, K, N, accumulate);
+    switch (W.type()) {
+        case GemmType::FP8: {
+            const Fp8Buffer& q = matmul_fp8_buffer(mm, FP8_INPUT, M * K, fp8_vec128_scales(M, K));
+            fp8_rows_of(inp, 0, M, K, q.values, q.scales, mm.stream);
+            matmul_fp8_forward(mm, 0, s, out, q.values, q.scales, W.fp8, M, K, N, accumulate);
+            break;
+        }
+        case GemmType::BF16:
+            matmul_gemm_forward(mm, 0, s, GemmType::BF16, out, matmul_input_bf16(mm, inp, 0, K, M * K, s), W.bf16, M,
+                                K, N, accumulate);
+            break;
+        case GemmType::FP32:
+            matmul_gemm_forward(mm, 0, s, GemmType::FP32, out, matmul_input_fp32(inp, s), W.fp32, M, K, N,
+                                accumulate);
     }
 }
 
 // dinp (M, K) (=|+=) dout (M, N) @ W (skipped when dinp is nullptr); dW (N, K) += dout^T @ inp.
-inline void matmul_backward(Matmul& mm, float* dinp, float* dW, GemmInput dout, GemmInput inp, const float* W,
-                            const __nv_bfloat16* W16, int64_t M, int64_t K, int64_t N, bool accumulate_dinp) {
+inline void matmul_backward(Matmul& mm, float* dinp, float* dW, GemmInput dout, GemmInput inp, const GemmWeight& W,
+                            int64_t M, int64_t K, int64_t N, bool accumulate_dinp) {
     if (M == 0) return;
     const MatmulSite s{"matmul_backward", M, K, N};
-    if (W16) {
-        const __nv_bfloat16* dout16 = dout.bf16 ? dout.bf16 : matmul_cast(mm, true, dout.fp32, M * N, s, "dout");
-        if (dinp) matmul_gemm_dinp(mm, 0, s, true, dinp, dout16, W16, M, K, N, accumulate_dinp);
-        const __nv_bfloat16* inp16 = matmul_input_bf16(mm, inp, 0, K, M * K, s);
-        matmul_gemm_dW(mm, 0, s, true, dW, dout16, inp16, M, K, N);
-    } else {
-        const float* dout32 = matmul_input_fp32(dout, s);
-        if (dinp) matmul_gemm_dinp(mm, 0, s, false, dinp, dout32, W, M, K, N, accumulate_dinp);
-        matmul_gemm_dW(mm, 0, s, false, dW, dout32, matmul_input_fp32(inp, s), M, K, N);
+    switch (W.type()) {
+        case GemmType::FP8: {
+            if (dinp) {
+                const Fp8Buffer& g = matmul_fp8_buffer(mm, FP8_GRAD_ROWS, M * N, fp8_vec128_scales(M, N));
+                fp8_rows_of(dout, 0, M, N, g.values, g.scales, mm.stream);
+                matmul_fp8_dinp(mm, 0, s, dinp, g.values, g.scales, W.fp8, M, K, N, accumulate_dinp);
+            }
+            const int64_t Mp = fp8_padded_rows(M);
+            const Fp8Buffer& gt = matmul_fp8_buffer(mm, FP8_GRAD_T, N * Mp, fp8_vec128_scales(N, Mp));
+            const Fp8Buffer& xt = matmul_fp8_buffer(mm, FP8_INPUT, K * Mp, fp8_vec128_scales(K, Mp));
+            fp8_cols_of(dout, 0, M, N, gt.values, gt.scales, mm.stream);
+            fp8_cols_of(inp, 0, M, K, xt.values, xt.scales, mm.stream);
+            matmul_fp8_dW(mm, 0, s, dW, gt.values, gt.scales, xt.values, xt.scales, Mp, K, N);
+            break;
+        }
+        case GemmType::BF16: {
+            const __nv_bfloat16* dout16 = dout.bf16 ? dout.bf16 : matmul_cast(mm, true, dout.fp32, M * N, s, "dout");
+            if (dinp) matmul_gemm_dinp(mm, 0, s, GemmType::BF16, dinp, dout16, W.bf16, M, K, N, accumulate_dinp);
+            const __nv_bfloat16* inp16 = matmul_input_bf16(mm, inp, 0, K, M * K, s);
+            matmul_gemm_dW(mm, 0, s, GemmType::BF16, dW, dout16, inp16, M, K, N);
+            break;
+        }
+        case GemmType::FP32: {
+            const float* dout32 = matmul_input_fp32(dout, s);
+            if (dinp) matmul_gemm_dinp(mm, 0, s, GemmType::FP32, dinp, dout32, W.fp32, M, K, N, accumulate_dinp);
+            matmul_gemm_dW(mm, 0, s, GemmType::FP32, dW, dout32, matmul_input_fp32(inp, s), M, K, N);
+        }
     }
 }
 
@@ -448,55 +614,94 @@ inline void grouped_on_lanes(Matmul& mm, const int64_t* offsets, int64_t G, Grou
     }
 }
 
-// out rows [offsets[g], offsets[g+1]) (=) inp rows @ W_g^T, W (G, N, K); W16 likewise or nullptr. offsets: host.
-inline void grouped_matmul_forward(Matmul& mm, float* out, GemmInput inp, const float* W,
-                                   const __nv_bfloat16* W16, const int64_t* offsets, int64_t G, int64_t K,
-                                   int64_t N) {
+// out rows [offsets[g], offsets[g+1]) (=) inp rows @ W_g^T, W (G, N, K) in its precision. offsets: host. In FP8
+// the groups' rows are quantized before the lanes fork (one launch per group: a group's scales are laid out for its
+// own row count).
+inline void grouped_matmul_forward(Matmul& mm, float* out, GemmInput inp, const GemmWeight& W, const int64_t* offsets,
+                                   int64_t G, int64_t K, int64_t N) {
     if (G <= 0) return;
     const MatmulSite s{"grouped_matmul_forward", offsets[G] - offsets[0], K, N};
     const int64_t first = grouped_first_row(s, offsets, G), rows = offsets[G] - first;
     if (rows == 0) return;
-    const __nv_bfloat16* inp16 = W16 ? matmul_input_bf16(mm, inp, first, K, rows * K, s) : nullptr;
-    const float* inp32 = W16 ? nullptr : matmul_input_fp32(inp, s);
+    const GemmType type = W.type();
+    const __nv_bfloat16* inp16 = type == GemmType::BF16 ? matmul_input_bf16(mm, inp, first, K, rows * K, s) : nullptr;
+    const float* inp32 = type == GemmType::FP32 ? matmul_input_fp32(inp, s) : nullptr;
+    const Fp8GroupPlace place = type == GemmType::FP8 ? fp8_group_place(offsets, G, K) : Fp8GroupPlace{};
+    const Fp8Buffer* q = nullptr;
+    if (type == GemmType::FP8) {
+        q = &matmul_fp8_buffer(mm, FP8_INPUT, rows * K, place.row_scales[G]);
+        for (int64_t g = 0; g < G; g++)
+            if (offsets[g + 1] > offsets[g])
+                fp8_rows_of(inp, offsets[g], offsets[g + 1] - offsets[g], K, q->values + (offsets[g] - first) * K,
+                            q->scales + place.row_scales[g], mm.stream);
+    }
     grouped_on_lanes(mm, offsets, G, [&](int64_t g, int lane) {
         const int64_t r0 = offsets[g], M = offsets[g + 1] - r0;
         const MatmulSite sg{"grouped_matmul_forward (one group)", M, K, N};
-        if (W16)
-            matmul_gemm_forward(mm, lane, sg, true, out + r0 * N, inp16 + (r0 - first) * K, W16 + g * N * K, M, K, N,
-                                false);
-        else
-            matmul_gemm_forward(mm, lane, sg, false, out + r0 * N, inp32 + r0 * K, W + g * N * K, M, K, N, false);
+        const GemmWeight Wg = W.at(g, N, K);
+        if (type == GemmType::FP8) {
+            matmul_fp8_forward(mm, lane, sg, out + r0 * N, q->values + (r0 - first) * K,
+                               q->scales + place.row_scales[g], Wg.fp8, M, K, N, false);
+        } else if (type == GemmType::BF16) {
+            matmul_gemm_forward(mm, lane, sg, type, out + r0 * N, inp16 + (r0 - first) * K, Wg.bf16, M, K, N, false);
+        } else {
+            matmul_gemm_forward(mm, lane, sg, type, out + r0 * N, inp32 + r0 * K, Wg.fp32, M, K, N, false);
+        }
     });
 }
 
-// Per group g: dinp rows (=) dout rows @ W_g;  dW_g (N, K) += dout rows^T @ inp rows. offsets: host.
+// Per group g: dinp rows (=) dout rows @ W_g;  dW_g (N, K) += dout rows^T @ inp rows. offsets: host. In FP8 every
+// group's operands are quantized before the lanes fork.
 inline void grouped_matmul_backward(Matmul& mm, float* dinp, float* dW, const float* dout, GemmInput inp,
-                                    const float* W, const __nv_bfloat16* W16, const int64_t* offsets, int64_t G,
-                                    int64_t K, int64_t N) {
+                                    const GemmWeight& W, const int64_t* offsets, int64_t G, int64_t K, int64_t N) {
     if (G <= 0) return;
     const MatmulSite s{"grouped_matmul_backward", offsets[G] - offsets[0], K, N};
     const int64_t first = grouped_first_row(s, offsets, G), rows = offsets[G] - first;
     if (rows == 0) return;
+    const GemmType type = W.type();
     const __nv_bfloat16 *dout16 = nullptr, *inp16 = nullptr;
     const float* inp32 = nullptr;
-    if (W16) {
+    if (type == GemmType::BF16) {
         dout16 = matmul_cast(mm, true, dout + first * N, rows * N, s, "dout");
         inp16 = matmul_input_bf16(mm, inp, first, K, rows * K, s);
-    } else {
+    } else if (type == GemmType::FP32) {
         inp32 = matmul_input_fp32(inp, s);
+    }
+    const Fp8GroupPlace grad = type == GemmType::FP8 ? fp8_group_place(offsets, G, N) : Fp8GroupPlace{},
+                        input = type == GemmType::FP8 ? fp8_group_place(offsets, G, K) : Fp8GroupPlace{};
+    const Fp8Buffer *g_rows = nullptr, *g_t = nullptr, *x_t = nullptr;
+    if (type == GemmType::FP8) {
+        g_rows = &matmul_fp8_buffer(mm, FP8_GRAD_ROWS, rows * N, grad.row_scales[G]);
+        g_t = &matmul_fp8_buffer(mm, FP8_GRAD_T, grad.t_values[G], grad.t_scales[G]);
+        x_t = &matmul_fp8_buffer(mm, FP8_INPUT, input.t_values[G], input.t_scales[G]);
+        for (int64_t g = 0; g < G; g++) {
+            const int64_t r0 = offsets[g], M = offsets[g + 1] - r0;
+            if (M == 0) continue;
+            if (dinp)
+                fp8_rows_of(dout, r0, M, N, g_rows->values + (r0 - first) * N, g_rows->scales + grad.row_scales[g],
+                            mm.stream);
+            fp8_cols_of(dout, r0, M, N, g_t->values + grad.t_values[g], g_t->scales + grad.t_scales[g], mm.stream);
+            fp8_cols_of(inp, r0, M, K, x_t->values + input.t_values[g], x_t->scales + input.t_scales[g], mm.stream);
+        }
     }
     grouped_on_lanes(mm, offsets, G, [&](int64_t g, int lane) {
         const int64_t r0 = offsets[g], M = offsets[g + 1] - r0;
         const MatmulSite sg{"grouped_matmul_backward (one group)", M, K, N};
+        const GemmWeight Wg = W.at(g, N, K);
         float* dW_g = dW + g * N * K;
-        if (W16) {
-            const __nv_bfloat16 *dout_g = dout16 + (r0 - first) * N, *inp_g = inp16 + (r0 - first) * K;
-            if (dinp) matmul_gemm_dinp(mm, lane, sg, true, dinp + r0 * K, dout_g, W16 + g * N * K, M, K, N, false);
-            matmul_gemm_dW(mm, lane, sg, true, dW_g, dout_g, inp_g, M, K, N);
-        } else {
+        if (type == GemmType::FP8) {
             if (dinp)
-                matmul_gemm_dinp(mm, lane, sg, false, dinp + r0 * K, dout + r0 * N, W + g * N * K, M, K, N, false);
-            matmul_gemm_dW(mm, lane, sg, false, dW_g, dout + r0 * N, inp32 + r0 * K, M, K, N);
+                matmul_fp8_dinp(mm, lane, sg, dinp + r0 * K, g_rows->values + (r0 - first) * N,
+                                g_rows->scales + grad.row_scales[g], Wg.fp8, M, K, N, false);
+            matmul_fp8_dW(mm, lane, sg, dW_g, g_t->values + grad.t_values[g], g_t->scales + grad.t_scales[g],
+                          x_t->values + input.t_values[g], x_t->scales + input.t_scales[g], fp8_padded_rows(M), K, N);
+        } else if (type == GemmType::BF16) {
+            const __nv_bfloat16 *dout_g = dout16 + (r0 - first) * N, *inp_g = inp16 + (r0 - first) * K;
+            if (dinp) matmul_gemm_dinp(mm, lane, sg, type, dinp + r0 * K, dout_g, Wg.bf16, M, K, N, false);
+            matmul_gemm_dW(mm, lane, sg, type, dW_g, dout_g, inp_g, M, K, N);
+        } else {
+            if (dinp) matmul_gemm_dinp(mm, lane, sg, type, dinp + r0 * K, dout + r0 * N, Wg.fp32, M, K, N, false);
+            matmul_gemm_dW(mm, lane, sg, type, dW_g, dout + r0 * N, inp32 + r0 * K, M, K, N);
         }
     });
 }

@@ -1,6 +1,6 @@
 // make bench: the GPU trainer's speed on one GPU, with the device's own ceilings measured in the same run as the
 // denominators. A benchmark, not a test: it asserts nothing about the timings.
-//   usage: ./bench_gpu [--config NAME|PATH] [--layers N] [--batch B] [--seq T] [--steps S] [--dtype bf16|fp32]
+//   usage: ./bench_gpu [--config NAME|PATH] [--layers N] [--batch B] [--seq T] [--steps S] [--dtype bf16|fp32|fp8]
 //          ./bench_gpu --smoke
 //
 // The bench preset: DeepSeek-V2-Lite's per-layer shapes (load_config("deepseek-v2-lite"): d 2048, 16 MLA heads,
@@ -23,7 +23,8 @@
 //      the model gets, "GEMM" subtracts that cast's time (measured alone) and is the tensor-core ceiling. Then the
 //      gate projections of all 64 experts (768 rows each) in one gpu::grouped_matmul_forward, with its groups on
 //      one stream and spread over gpu::MATMUL_LANES (the model's setting): what running the small expert GEMMs
-//      concurrently gains.
+//      concurrently gains. With --dtype fp8, the same table again with FP8 inputs (gpu::matmul_forward with the
+//      weight's E4M3 copies, the input quantized in 1 x 128 tiles: "quant ms"), the rate those GEMMs work with.
 //   2. the training step: 2 warm-up steps, then S timed ones of zero_grads, forward, backward, grad norm, AdamW
 //      (the trainer's step without data loading, one GPU, no NCCL): tokens/s, ms/step (wall clock), model TFLOP/s
 //      = tokens/s x model_flops_per_token(c, T) (Megatron-style: 6 x active params + causal attention) and MFU
@@ -68,6 +69,7 @@
 #include "kernels/cuda_check.cuh"
 #include "kernels/elementwise.cuh"
 #include "kernels/embedding.cuh"
+#include "kernels/fp8.cuh"
 #include "kernels/matmul.cuh"
 #include "kernels/permute.cuh"
 #include "kernels/rmsnorm.cuh"
@@ -122,7 +124,7 @@ Options smoke_options() {
     if (problem) fprintf(stderr, "bench_gpu: %s\n", problem);
     fprintf(problem ? stderr : stdout,
             "usage: ./bench_gpu [--config NAME|PATH] [--layers N] [--batch B] [--seq T] [--steps S] "
-            "[--dtype bf16|fp32]\n"
+            "[--dtype bf16|fp32|fp8]\n"
             "       ./bench_gpu --smoke   (every part once on small shapes: checks that it runs; no figures)\n"
             "  defaults: deepseek-v2-lite, the most layers that fit, B 2, T 4096, S 5, bf16\n");
     exit(problem ? 2 : 0);
@@ -153,14 +155,17 @@ Options parse_options(int argc, char** argv) {
             const std::string d = value;
             if (d == "bf16") o.precision = gpu::Precision::BF16;
             else if (d == "fp32") o.precision = gpu::Precision::FP32;
-            else usage("--dtype is bf16 or fp32");
+            else if (d == "fp8") o.precision = gpu::Precision::FP8;
+            else usage("--dtype is bf16, fp32 or fp8");
         } else usage(("unknown flag " + flag).c_str());
     }
     if (o.T < 2) usage("--seq must be at least 2");
     return o;
 }
 
-const char* precision_name(gpu::Precision p) { return p == gpu::Precision::BF16 ? "bf16" : "fp32"; }
+const char* precision_name(gpu::Precision p) {
+    return p == gpu::Precision::FP8 ? "fp8" : p == gpu::Precision::BF16 ? "bf16" : "fp32";
+}
 
 // ---- device helpers -------------------------------------------------------------------------------------------
 
@@ -330,41 +335,71 @@ double measure_gemms(const Config& c, const Options& o, cudaStream_t stream) {
     }
     DeviceArray<float> inp(max_inp), W(max_w), out(max_out);
     DeviceArray<__nv_bfloat16> W16(max_w), inp16(max_inp);
+    // the FP8 copies of W: as the model's, W (N, K) and W^T with their 128 x 128 scales, for the largest stack
+    DeviceArray<__nv_fp8_storage_t> W8(max_w), W8t(max_w), inp8(max_inp);
+    int64_t w_scales = E * std::max(gpu::fp8_blk128_scales(experts.N, experts.K),
+                                    gpu::fp8_blk128_scales(experts.K, experts.N));
+    for (const GemmShape& s : shapes)
+        w_scales = std::max({w_scales, gpu::fp8_blk128_scales(s.N, s.K), gpu::fp8_blk128_scales(s.K, s.N)});
+    DeviceArray<float> W8_scales(w_scales), W8t_scales(w_scales), inp8_scales(max_inp / 16 + 1024);
     fill_uniform(inp, 1, -1.0f, 1.0f, stream);
     fill_uniform(W, 2, -1.0f, 1.0f, stream);
     gpu::cast_to_bf16(W16.ptr, W.ptr, max_w, stream);
     gpu::Matmul mm;
-    gpu::matmul_create(mm, stream, gpu::MatmulCasts{max_inp, max_out});
-    auto cast_ms = [&](int64_t n) {
-        return time_ms(stream, [&] { gpu::cast_to_bf16(inp16.ptr, inp.ptr, n, stream); }, o.iters, o.trials);
-    };
-
-    printf("\n%-22s %6s %6s %6s %9s %9s %9s %10s\n", "GEMM, BF16 inputs", "M", "K", "N", "fwd ms", "fwd TF/s",
-           "cast ms", "GEMM TF/s");
+    gpu::matmul_create(mm, stream, gpu::MatmulCasts{max_inp, max_out}, true);
     double best = 0.0;
-    for (const GemmShape& s : shapes) {
-        const double ms = time_ms(
-            stream, [&] { gpu::matmul_forward(mm, out.ptr, inp.ptr, W.ptr, W16.ptr, s.M, s.K, s.N, false); },
-            o.iters, o.trials);
-        best = std::max(best, gemm_row(s.what.c_str(), s.M, s.K, s.N, ms, cast_ms(s.M * s.K)));
+    // FP8 only when the run is about it (or a smoke run, which must run every line): a failing FP8 call exits, and
+    // must not take the BF16 figures with it
+    const bool with_fp8 = o.precision == gpu::Precision::FP8 || o.smoke;
+    for (const bool fp8 : {false, true}) {
+        if (fp8 && !with_fp8) break;
+        // the input's cast (BF16) or quantization (FP8) alone, which fwd includes
+        auto convert_ms = [&](int64_t M, int64_t K) {
+            return time_ms(
+                stream,
+                [&] {
+                    if (fp8)
+                        gpu::fp8_quantize_rows(inp8.ptr, inp8_scales.ptr, inp.ptr, M, K, stream);
+                    else
+                        gpu::cast_to_bf16(inp16.ptr, inp.ptr, M * K, stream);
+                },
+                o.iters, o.trials);
+        };
+        // W as a stack of G matrices (N, K), with the copies this precision reads
+        auto weight = [&](int64_t G, int64_t N, int64_t K) {
+            if (!fp8) return gpu::GemmWeight(W.ptr, W16.ptr);
+            gpu::fp8_quantize_blocks(W8.ptr, W8t.ptr, W8_scales.ptr, W8t_scales.ptr, W.ptr, G, N, K, stream);
+            return gpu::GemmWeight(W.ptr, W16.ptr, {W8.ptr, W8t.ptr, W8_scales.ptr, W8t_scales.ptr});
+        };
+        printf("\n%-22s %6s %6s %6s %9s %9s %9s %10s\n", fp8 ? "GEMM, FP8 inputs" : "GEMM, BF16 inputs", "M", "K",
+               "N", "fwd ms", "fwd TF/s", fp8 ? "quant ms" : "cast ms", "GEMM TF/s");
+        for (const GemmShape& s : shapes) {
+            const gpu::GemmWeight w = weight(1, s.N, s.K);
+            const double ms = time_ms(
+                stream, [&] { gpu::matmul_forward(mm, out.ptr, inp.ptr, w, s.M, s.K, s.N, false); }, o.iters,
+                o.trials);
+            const double rate = gemm_row(s.what.c_str(), s.M, s.K, s.N, ms, convert_ms(s.M, s.K));
+            if (!fp8) best = std::max(best, rate);
+        }
+        const gpu::GemmWeight w = weight(E, experts.N, experts.K);
+        const double experts_convert_ms = convert_ms(experts.M, experts.K);
+        for (int lanes : {1, gpu::MATMUL_LANES}) {
+            mm.group_lanes = lanes;
+            const double ms = time_ms(
+                stream,
+                [&] {
+                    gpu::grouped_matmul_forward(mm, out.ptr, inp.ptr, w, offsets.data(), E, experts.K, experts.N);
+                },
+                o.iters, o.trials);
+            char what[64];
+            snprintf(what, sizeof what, "%ld experts, %d lane%s", (long)E, lanes, lanes > 1 ? "s" : "");
+            gemm_row(what, experts.M, experts.K, experts.N, ms, experts_convert_ms);
+        }
     }
-    const double experts_cast_ms = cast_ms(experts.M * experts.K);
-    for (int lanes : {1, gpu::MATMUL_LANES}) {
-        mm.group_lanes = lanes;
-        const double ms = time_ms(
-            stream,
-            [&] {
-                gpu::grouped_matmul_forward(mm, out.ptr, inp.ptr, W.ptr, W16.ptr, offsets.data(), E, experts.K,
-                                            experts.N);
-            },
-            o.iters, o.trials);
-        char what[64];
-        snprintf(what, sizeof what, "%ld experts, %d lane%s", (long)E, lanes, lanes > 1 ? "s" : "");
-        gemm_row(what, experts.M, experts.K, experts.N, ms, experts_cast_ms);
-    }
-    printf("fwd = gpu::matmul_forward (the FP32 input cast to BF16, then the cuBLASLt GEMM, as in the model); "
-           "GEMM = fwd minus the cast.\nexperts: gpu::grouped_matmul_forward over %ld experts of %ld rows each, the "
-           "groups on one stream, then spread over %d (the model's setting)\n",
+    printf("fwd = gpu::matmul_forward (the FP32 input cast to BF16, or quantized to E4M3 in 1 x 128 tiles, then the "
+           "cuBLASLt GEMM, as in the model); GEMM = fwd minus the cast or quantization.\nexperts: "
+           "gpu::grouped_matmul_forward over %ld experts of %ld rows each, the groups on one stream, then spread over "
+           "%d (the model's setting); in FP8 one quantization per expert\n",
            (long)E, (long)expert_rows, gpu::MATMUL_LANES);
     gpu::matmul_destroy(mm);
     return best;
@@ -659,6 +694,26 @@ std::vector<KernelResult> bench_kernels(const Config& c, const Options& o, cudaS
         // reads the first kr columns of kv_a, writes c_kv (N kr each)
         run("copy_columns (c_kv)", dims({N, kr}), F * 2 * N * kr,
             [&] { gpu::copy_columns(c_kv.ptr, kr, kv_a.ptr, kr + dr, N, kr, s); });
+    }
+    {  // --dtype fp8's quantizations: an expert-row input (R, d) as the GEMMs quantize it, and one MoE layer's
+       // stacked expert weights (E, I, d) as after each AdamW step
+        const int64_t rows_scales = gpu::fp8_vec128_scales(R, d), cols_scales = gpu::fp8_vec128_scales(d, R);
+        const int64_t w_scales = E * gpu::fp8_blk128_scales(I, d), w_scales_t = E * gpu::fp8_blk128_scales(d, I);
+        DeviceArray<float> x(R * d), W(E * I * d), scales(std::max(rows_scales, cols_scales));
+        DeviceArray<float> W_scales(w_scales), W_scales_t(w_scales_t);
+        DeviceArray<__nv_fp8_storage_t> q(std::max(R, E * I) * d), qt(E * I * d);
+        fill_uniform(x, 21, -1.0f, 1.0f, s);
+        fill_uniform(W, 22, -0.02f, 0.02f, s);
+        // reads x (R d floats); writes q (R d bytes) and a scale per 128
+        run("fp8_quantize_rows", dims({R, d}), F * R * d + R * d + F * rows_scales,
+            [&] { gpu::fp8_quantize_rows(q.ptr, scales.ptr, x.ptr, R, d, s); });
+        // the same, written transposed in 128 x 1 tiles (R is a multiple of 16 here: no padding)
+        run("fp8_quantize_cols", dims({R, d}), F * R * d + R * d + F * cols_scales,
+            [&] { gpu::fp8_quantize_cols(q.ptr, scales.ptr, x.ptr, R, d, gpu::round_up(R, 16), s); });
+        // reads W (E I d floats); writes q and q^T (E I d bytes each) and their block scales
+        run("fp8_quantize_blocks", dims({E, I, d}), F * E * I * d + 2.0 * E * I * d + F * (w_scales + w_scales_t), [&] {
+            gpu::fp8_quantize_blocks(q.ptr, qt.ptr, W_scales.ptr, W_scales_t.ptr, W.ptr, E, I, d, s);
+        });
     }
     {  // the optimizer's passes over one large tensor (256M values, 1 GiB per buffer)
         const int64_t n = o.optimizer_values;

@@ -11,8 +11,10 @@
 // and the expert counts, for one and two micro-batches (the gradients accumulate); the gradient norm; the
 // router-bias rule; AdamW; upload/download; sampling (B=1 below the allocated batch, no targets: the logits); a
 // B=1 training step; an evaluation forward; the region timer; free. BF16: the loss, the gradient direction and
-// the BF16 weight copy after upload and AdamW. Then the error paths (odd RoPE dim, out of memory, batch too
-// large, NaN router). Distributed (tiny): loss, gradients, counts, norm, router bias, 5 optimizer steps.
+// the BF16 weight copy after upload and AdamW; FP8 (tiny with 16-wide head dims, against the CPU model's FP8 linear
+// layers, which the stand-in GEMMs reproduce from the weights' E4M3 copies): the same, and those copies byte for byte
+// against the CPU's quantization. Then the error paths (odd RoPE dim, FP8 widths, out of memory, batch too large,
+// NaN router). Distributed (tiny): loss, gradients, counts, norm, router bias, 5 optimizer steps.
 // One line per check; exit status 1 when any fails. test/test_gpu_model_cpu.cpp runs it from test_cpu.
 //
 // Tolerances. The stand-ins call the CPU reference's own functions for every GEMM, norm, SwiGLU, embedding, the
@@ -44,6 +46,7 @@
 
 #include "comm/comm.h"
 #include "gpu/gpu_model.h"
+#include "model/fp8.h"
 #include "model/model.h"
 #include "model/optimizer.h"
 #include "model/rng.h"
@@ -292,26 +295,66 @@ void check_fp32(const std::string& tag, const Config& c, int B, int T, uint64_t 
            fmt("%.0f bytes left", (double)(stand_in::memory().live_bytes - before)));
 }
 
-void check_bf16(const std::string& tag, const Config& c, int B, int T, uint64_t seed) {
+// BF16, or FP8 (against the CPU model's FP8 linear layers): the loss, the gradient direction, and the weights' BF16
+// (and FP8) copies after upload and after AdamW.
+void check_low_precision(const std::string& tag, const Config& c, gpu::Precision precision, int B, int T,
+                         uint64_t seed) {
     Model cpu;
     model_init(cpu, c);
-    randomize_for_test(cpu, seed);
+    cpu.linear_precision = precision == gpu::Precision::FP8 ? LinearPrecision::FP8 : LinearPrecision::FP32;
+    // BF16: the test's wide random weights. FP8: the trainer's initialisation; with the wide ones this small model's
+    // FP8 gradients turn chaotic (a 2^-8 perturbation of its weights alone moves them to cosine 0.958, measured),
+    // where with the trainer's they stay at 0.9999, so the BF16 bounds below apply to FP8 as they are.
+    if (precision == gpu::Precision::FP8)
+        model_init_weights(cpu, seed);
+    else
+        randomize_for_test(cpu, seed);
     const int64_t N = (int64_t)B * T;
-    const std::vector<int32_t> in = random_tokens(N, c.vocab_size, seed + 1), tg = random_tokens(N, c.vocab_size, seed + 2);
+    const std::vector<int32_t> in = random_tokens(N, c.vocab_size, seed + 1),
+                               tg = random_tokens(N, c.vocab_size, seed + 2);
     const LossParts want = model_forward(cpu, in.data(), tg.data(), B, T, true);
     model_zero_grads(cpu);
     model_backward(cpu, 1.0f);
 
     GpuModel gm;
     AdamWState opt;
-    init_uploaded(gm, tag, cpu, local_comm(), gpu::Precision::BF16, B, T, opt);
+    init_uploaded(gm, tag, cpu, local_comm(), precision, B, T, opt);
     auto copy_is_fresh = [&]() {  // params_bf16 == the rounded params, everywhere
         CUDA_CHECK(cudaDeviceSynchronize());
         for (int64_t i = 0; i < gm.table.total; i++)
             if (gm.params_bf16[i].bits != __float2bfloat16_rn(gm.params[i]).bits) return false;
         return true;
     };
+    auto fp8_is_fresh = [&]() {  // every FP8 copy == the CPU's quantization of the params, byte and scale
+        CUDA_CHECK(cudaDeviceSynchronize());
+        for (const auto& entry : gm.fp8_weights) {
+            const Fp8Tensor& f = entry.second;
+            const int64_t size = f.rows * f.cols, down = (f.rows + 127) / 128, across = (f.cols + 127) / 128;
+            const int64_t S = gpu::fp8_blk128_scales(f.rows, f.cols), St = gpu::fp8_blk128_scales(f.cols, f.rows);
+            std::vector<float> q(size), scales(down * across);
+            for (int64_t z = 0; z < f.batch; z++) {
+                fp8_quantize(q.data(), scales.data(), f.w + z * size, f.rows, f.cols, FP8_TILE, FP8_TILE);
+                for (int64_t r = 0; r < f.rows; r++)
+                    for (int64_t col = 0; col < f.cols; col++) {
+                        const __nv_fp8_storage_t want =
+                            __nv_cvt_float_to_fp8(q[r * f.cols + col], __NV_SATFINITE, __NV_E4M3);
+                        if (f.q[z * size + r * f.cols + col] != want || f.qt[z * size + col * f.rows + r] != want)
+                            return false;
+                    }
+                for (int64_t rb = 0; rb < down; rb++)
+                    for (int64_t b = 0; b < across; b++)
+                        if (f.scales[z * S + rb * gpu::round_up(across, 4) + b] != scales[rb * across + b] ||
+                            f.scales_t[z * St + b * gpu::round_up(down, 4) + rb] != scales[rb * across + b])
+                            return false;
+            }
+        }
+        return true;
+    };
+    const bool fp8 = precision == gpu::Precision::FP8;
     report(tag + " BF16 copy after upload", copy_is_fresh(), "");
+    if (fp8)
+        report(tag + " FP8 copies after upload", fp8_is_fresh() && !gm.fp8_weights.empty(),
+               fmt("%.0f tensors", (double)gm.fp8_weights.size()));
     gpu_model_zero_grads(gm);
     const LossParts got = gpu_model_forward(gm, in.data(), tg.data(), B, true);
     gpu_model_backward(gm, 1.0f);
@@ -333,6 +376,7 @@ void check_bf16(const std::string& tag, const Config& c, int B, int T, uint64_t 
     OptimizerConfig oc;
     gpu_model_adamw(gm, opt, oc, 1e-2f, 1.0f);
     report(tag + " BF16 copy after AdamW", copy_is_fresh(), "");
+    if (fp8) report(tag + " FP8 copies after AdamW", fp8_is_fresh(), "");
     gpu_model_free(gm);
 }
 
@@ -344,6 +388,9 @@ void check_errors(const Config& tiny) {
         gpu_model_init(gm, odd, local_comm(), gpu::Precision::FP32, 1, 8);
     });
     const int64_t before = stand_in::memory().live_bytes;
+    expect_throw("init: fp8 with widths that are not multiples of 16 is refused", "multiples of 16", [&] {
+        gpu_model_init(gm, tiny, local_comm(), gpu::Precision::FP8, 1, 8);
+    });
     expect_throw("init: deepseek-v3 does not fit in 16 GiB", "GiB of GPU memory", [&] {
         gpu_model_init(gm, load_config("deepseek-v3"), local_comm(), gpu::Precision::BF16, 1, 4096);
     });
@@ -528,9 +575,14 @@ int main(int argc, char** argv) {
         guarded("plain B=3 T=70", [&] { check_fp32("plain B=3 T=70", plain, 3, 70, 12); });
         guarded("routed B=2 T=20", [&] { check_fp32("routed B=2 T=20", routed, 2, 20, 13); });
         guarded("dense B=2 T=9", [&] { check_fp32("dense B=2 T=9", dense, 2, 9, 14); });
-        guarded("tiny bf16", [&] { check_bf16("tiny B=2 T=12 bf16", tiny, 2, 12, 11); });
-        guarded("plain bf16", [&] { check_bf16("plain B=3 T=70 bf16", plain, 3, 70, 12); });
-        guarded("routed bf16", [&] { check_bf16("routed B=2 T=20 bf16", routed, 2, 20, 13); });
+        // FP8 needs the linear layers' widths in multiples of 16: tiny with 16-wide rope and nope head dims
+        Config tiny16 = tiny;
+        tiny16.qk_nope_head_dim = tiny16.qk_rope_head_dim = 16;
+        const gpu::Precision bf16 = gpu::Precision::BF16, fp8 = gpu::Precision::FP8;
+        guarded("tiny bf16", [&] { check_low_precision("tiny B=2 T=12 bf16", tiny, bf16, 2, 12, 11); });
+        guarded("plain bf16", [&] { check_low_precision("plain B=3 T=70 bf16", plain, bf16, 3, 70, 12); });
+        guarded("routed bf16", [&] { check_low_precision("routed B=2 T=20 bf16", routed, bf16, 2, 20, 13); });
+        guarded("tiny16 fp8", [&] { check_low_precision("tiny16 B=2 T=40 fp8", tiny16, fp8, 2, 40, 15); });
         guarded("errors", [&] { check_errors(tiny); });
     }
     try {  // an error on one rank would leave the others waiting in a collective: end the whole job

@@ -70,8 +70,8 @@ TEST_CASE("cli: missing or foreign files are one-line errors") {
 }
 
 TEST_CASE("cli: --dtype bf16 is refused by the CPU trainer, an unknown --dtype by every trainer") {
-    expect_clean_failure("./train_cpu --config small --dtype bf16" + DATA, "the CPU trainer computes in fp32 only");
-    expect_clean_failure("./train_cpu --config small --dtype fp16" + DATA, "--dtype must be fp32 or bf16");
+    expect_clean_failure("./train_cpu --config small --dtype bf16" + DATA, "--dtype bf16 is for the GPU trainer");
+    expect_clean_failure("./train_cpu --config small --dtype fp16" + DATA, "--dtype must be fp32, bf16 or fp8");
 }
 
 TEST_CASE("cli: a damaged checkpoint is refused and left alone") {

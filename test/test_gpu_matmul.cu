@@ -24,6 +24,13 @@
 //             1e-2 leaves a factor ~2 over that and over the one-product worst case, and is still two orders
 //             below what a layout or transposition mistake gives (an error ~1). BF16 is run only on shapes with
 //             thousands of outputs (with a handful of outputs the maxima are not a few std).
+//   FP8 against the CPU's FP8 linear layer (model/fp8.h linear_forward / linear_backward): 1e-3. Both multiply the
+//             same E4M3 values and scales (the quantization is the CPU's, bit for bit: test_fp8), so what differs is
+//             the summation: the CPU's FP32 sums of q * scale rounded to FP32 (2^-24 each), and on a GPU the tensor
+//             cores' FP8 accumulation, whose precision DeepSeek-V3 measured at about 14 bits (2^-14 = 6e-5 of a
+//             128-term chunk, which cuBLASLt then promotes to FP32 with its scales), so errors up to ~1e-4 of the
+//             output's scale. 1e-3 leaves a factor ~10 and is far below a wrong tile, scale or layout (~1). The
+//             emulator's model of cuBLASLt sums exactly (~1e-7 here).
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -32,7 +39,9 @@
 
 #include <cuda_bf16.h>
 
+#include "kernels/fp8.cuh"
 #include "kernels/matmul.cuh"
+#include "model/fp8.h"
 #include "model/ops.h"
 #include "test/gpu_check.cuh"
 
@@ -40,7 +49,7 @@ void test_matmul(Rng& rng);
 
 namespace {
 
-constexpr double MATMUL_FP32_TOL = 1e-5, MATMUL_BF16_ROUNDED_TOL = 1e-4, MATMUL_BF16_TOL = 1e-2;
+constexpr double MATMUL_FP32_TOL = 1e-5, MATMUL_BF16_ROUNDED_TOL = 1e-4, MATMUL_BF16_TOL = 1e-2, MATMUL_FP8_TOL = 1e-3;
 
 // Round to nearest even, on the bits: add 0x7FFF plus the lowest kept bit, then truncate. Right for every
 // non-NaN float (a carry out of the significand bumps the exponent; past the largest BF16 it gives Inf).
@@ -66,19 +75,21 @@ std::vector<float> matmul_plus(const std::vector<float>& a, const std::vector<fl
 }
 
 // The CPU reference over groups (one group [0, M) for the dense GEMMs): out = inp W_g^T, dinp = dout W_g (both
-// overwritten), dW_g = dW0_g + dout^T inp.
+// overwritten), dW_g = dW0_g + dout^T inp; in FP32, or as the CPU's FP8 linear layer (model/fp8.h). Rows before the
+// first group's belong to none.
 struct MatmulRef {
     std::vector<float> out, dinp, dW;
 };
 MatmulRef matmul_cpu(const std::vector<float>& inp, const std::vector<float>& W, const std::vector<float>& dout,
-                     const std::vector<float>& dW0, const std::vector<int64_t>& offsets, int64_t K, int64_t N) {
+                     const std::vector<float>& dW0, const std::vector<int64_t>& offsets, int64_t K, int64_t N,
+                     LinearPrecision precision = LinearPrecision::FP32) {
     const int64_t rows = offsets.back();
     MatmulRef r{std::vector<float>(rows * N), std::vector<float>(rows * K), dW0};
     for (size_t g = 0; g + 1 < offsets.size(); g++) {
         const int64_t r0 = offsets[g], M = offsets[g + 1] - r0;
         if (M == 0) continue;
-        matmul_forward(r.out.data() + r0 * N, inp.data() + r0 * K, W.data() + g * N * K, M, K, N);
-        matmul_backward(r.dinp.data() + r0 * K, r.dW.data() + g * N * K, dout.data() + r0 * N,
+        linear_forward(precision, r.out.data() + r0 * N, inp.data() + r0 * K, W.data() + g * N * K, M, K, N);
+        linear_backward(precision, r.dinp.data() + r0 * K, r.dW.data() + g * N * K, dout.data() + r0 * N,
                         inp.data() + r0 * K, W.data() + g * N * K, M, K, N, false);
     }
     return r;
@@ -101,6 +112,62 @@ struct MatmulW16 {
     MatmulW16(const float* W, size_t n, size_t offset) : w(n, offset) { gpu::cast_to_bf16(w.ptr, W, (int64_t)n, 0); }
 };
 
+// The E4M3 copies of W (G, N, K), made on the device by fp8_quantize_blocks (checked bit for bit in test_fp8)
+struct MatmulW8 {
+    Dev<__nv_fp8_storage_t> q, qt;
+    Dev<float> scales, scales_t;
+    MatmulW8(const float* W, int64_t G, int64_t N, int64_t K)
+        : q(G * N * K), qt(G * N * K), scales(G * gpu::fp8_blk128_scales(N, K)),
+          scales_t(G * gpu::fp8_blk128_scales(K, N)) {
+        gpu::fp8_quantize_blocks(q.ptr, qt.ptr, scales.ptr, scales_t.ptr, W, G, N, K, 0);
+    }
+    gpu::Fp8Weight view() const { return {q.ptr, qt.ptr, scales.ptr, scales_t.ptr}; }
+};
+
+// The dense and grouped FP8 calls: out =, dinp = and +=, dW +=, against matmul_cpu_fp8. Rows of very different
+// magnitudes (2^-6 .. 2^5), so the per-row and per-token-tile scales matter.
+void matmul_test_fp8(gpu::Matmul& mm, Rng& rng, const std::vector<int64_t>& counts, int64_t K, int64_t N,
+                     bool grouped) {
+    const int64_t G = (int64_t)counts.size();
+    std::vector<int64_t> offsets{0};
+    std::string rows;
+    for (int64_t c : counts) {
+        offsets.push_back(offsets.back() + c);
+        rows += (rows.empty() ? "" : ",") + std::to_string(c);
+    }
+    const int64_t R = offsets.back();
+    const std::string shape = fmt("(fp8 rows %s K=%ld N=%ld)", rows.c_str(), K, N);
+    std::vector<float> inp = randn(R * K, rng), dout = randn(R * N, rng);
+    for (int64_t r = 0; r < R; r++) {
+        for (int64_t k = 0; k < K; k++) inp[r * K + k] = std::ldexp(inp[r * K + k], (int)(r % 12) - 6);
+        for (int64_t n = 0; n < N; n++) dout[r * N + n] = std::ldexp(dout[r * N + n], (int)(r % 7) - 3);
+    }
+    const std::vector<float> W = randn(G * N * K, rng, 0.05f), dW0 = randn(G * N * K, rng), dinp0 = randn(R * K, rng);
+    const MatmulRef ref = matmul_cpu(inp, W, dout, dW0, offsets, K, N, LinearPrecision::FP8);
+    Dev<float> d_inp(inp), d_W(W), d_dout(dout), d_out(R * N), d_dinp(R * K), d_dW(dW0);
+    MatmulW16 W16(d_W.ptr, W.size(), 0);
+    MatmulW8 W8(d_W.ptr, G, N, K);
+    const gpu::GemmWeight weight(d_W.ptr, W16.w.ptr, W8.view());
+    d_out.poison();
+    d_dinp.poison();
+    if (grouped) {
+        gpu::grouped_matmul_forward(mm, d_out.ptr, d_inp.ptr, weight, offsets.data(), G, K, N);
+        gpu::grouped_matmul_backward(mm, d_dinp.ptr, d_dW.ptr, d_dout.ptr, d_inp.ptr, weight, offsets.data(), G, K, N);
+        check("grouped_matmul_forward out = " + shape, d_out.get(), ref.out, MATMUL_FP8_TOL);
+        check("grouped_matmul_backward dinp = " + shape, d_dinp.get(), ref.dinp, MATMUL_FP8_TOL);
+        check("grouped_matmul_backward dW += " + shape, d_dW.get(), ref.dW, MATMUL_FP8_TOL);
+        return;
+    }
+    gpu::matmul_forward(mm, d_out.ptr, d_inp.ptr, weight, R, K, N, false);
+    check("matmul_forward out = " + shape, d_out.get(), ref.out, MATMUL_FP8_TOL);
+    gpu::matmul_backward(mm, d_dinp.ptr, d_dW.ptr, d_dout.ptr, d_inp.ptr, weight, R, K, N, false);
+    check("matmul_backward dinp = " + shape, d_dinp.get(), ref.dinp, MATMUL_FP8_TOL);
+    check("matmul_backward dW += " + shape, d_dW.get(), ref.dW, MATMUL_FP8_TOL);
+    d_dinp.set(dinp0);
+    gpu::matmul_backward(mm, d_dinp.ptr, d_dW.ptr, d_dout.ptr, d_inp.ptr, weight, R, K, N, true);
+    check("matmul_backward dinp += " + shape, d_dinp.get(), matmul_plus(dinp0, ref.dinp), MATMUL_FP8_TOL);
+}
+
 void matmul_test_dense(gpu::Matmul& mm, Rng& rng, int64_t M, int64_t K, int64_t N, size_t offset, bool bf16) {
     const std::string shape =
         fmt("(%s M=%ld K=%ld N=%ld%s)", bf16 ? "bf16" : "fp32", M, K, N, offset ? " unaligned" : "");
@@ -117,27 +184,27 @@ void matmul_test_dense(gpu::Matmul& mm, Rng& rng, int64_t M, int64_t K, int64_t 
     const __nv_bfloat16* w16 = bf16 ? W16.w.ptr : nullptr;
 
     d_out.poison();
-    gpu::matmul_forward(mm, d_out.ptr, d_inp.ptr, d_W.ptr, w16, M, K, N, false);
+    gpu::matmul_forward(mm, d_out.ptr, d_inp.ptr, {d_W.ptr, w16}, M, K, N, false);
     matmul_check("matmul_forward out = " + shape, bf16, d_out.get(), ref.out, ref_r.out);
     d_out.set(out0);
-    gpu::matmul_forward(mm, d_out.ptr, d_inp.ptr, d_W.ptr, w16, M, K, N, true);
+    gpu::matmul_forward(mm, d_out.ptr, d_inp.ptr, {d_W.ptr, w16}, M, K, N, true);
     matmul_check("matmul_forward out += " + shape, bf16, d_out.get(), matmul_plus(out0, ref.out),
                  matmul_plus(out0, ref_r.out));
 
     d_dinp.poison();
-    gpu::matmul_backward(mm, d_dinp.ptr, d_dW.ptr, d_dout.ptr, d_inp.ptr, d_W.ptr, w16, M, K, N, false);
+    gpu::matmul_backward(mm, d_dinp.ptr, d_dW.ptr, d_dout.ptr, d_inp.ptr, {d_W.ptr, w16}, M, K, N, false);
     matmul_check("matmul_backward dinp = " + shape, bf16, d_dinp.get(), ref.dinp, ref_r.dinp);
     matmul_check("matmul_backward dW += " + shape, bf16, d_dW.get(), ref.dW, ref_r.dW);
 
     d_dinp.set(dinp0);
     d_dW.set(dW0);
-    gpu::matmul_backward(mm, d_dinp.ptr, d_dW.ptr, d_dout.ptr, d_inp.ptr, d_W.ptr, w16, M, K, N, true);
+    gpu::matmul_backward(mm, d_dinp.ptr, d_dW.ptr, d_dout.ptr, d_inp.ptr, {d_W.ptr, w16}, M, K, N, true);
     matmul_check("matmul_backward dinp += " + shape, bf16, d_dinp.get(), matmul_plus(dinp0, ref.dinp),
                  matmul_plus(dinp0, ref_r.dinp));
     matmul_check("matmul_backward dW += (with dinp +=) " + shape, bf16, d_dW.get(), ref.dW, ref_r.dW);
 
     d_dW.set(dW0);
-    gpu::matmul_backward(mm, nullptr, d_dW.ptr, d_dout.ptr, d_inp.ptr, d_W.ptr, w16, M, K, N, false);
+    gpu::matmul_backward(mm, nullptr, d_dW.ptr, d_dout.ptr, d_inp.ptr, {d_W.ptr, w16}, M, K, N, false);
     matmul_check("matmul_backward dW += (dinp nullptr) " + shape, bf16, d_dW.get(), ref.dW, ref_r.dW);
 }
 
@@ -170,10 +237,11 @@ void matmul_test_grouped(gpu::Matmul& mm, Rng& rng, const std::vector<int64_t>& 
         return v;
     };
     d_out.set(poisoned_from_first(N));
-    gpu::grouped_matmul_forward(mm, d_out.ptr, d_inp.ptr, d_W.ptr, w16, offsets.data(), G, K, N);
+    gpu::grouped_matmul_forward(mm, d_out.ptr, d_inp.ptr, {d_W.ptr, w16}, offsets.data(), G, K, N);
     matmul_check("grouped_matmul_forward out = " + shape, bf16, d_out.get(), ref.out, ref_r.out);
     d_dinp.set(poisoned_from_first(K));
-    gpu::grouped_matmul_backward(mm, d_dinp.ptr, d_dW.ptr, d_dout.ptr, d_inp.ptr, d_W.ptr, w16, offsets.data(), G, K, N);
+    gpu::grouped_matmul_backward(mm, d_dinp.ptr, d_dW.ptr, d_dout.ptr, d_inp.ptr, {d_W.ptr, w16}, offsets.data(), G, K,
+                                 N);
     matmul_check("grouped_matmul_backward dinp = " + shape, bf16, d_dinp.get(), ref.dinp, ref_r.dinp);
     matmul_check("grouped_matmul_backward dW += " + shape, bf16, d_dW.get(), ref.dW, ref_r.dW);
 }
@@ -183,7 +251,7 @@ void matmul_test_grouped(gpu::Matmul& mm, Rng& rng, const std::vector<int64_t>& 
 // reads them: copied on the caller's stream, which alone is synchronised. So a missing fork (a lane reading a cast
 // before it is written) or join (the caller's stream not waiting for a lane) shows up as a difference or as the
 // NaN the outputs are poisoned with (always on the emulator, whose streams run only when synchronised).
-void matmul_test_lanes(gpu::Matmul& mm, Rng& rng, bool bf16) {
+void matmul_test_lanes(gpu::Matmul& mm, Rng& rng, gpu::GemmType type) {
     const int64_t G = 24, K = 128, N = 96;
     std::vector<int64_t> offsets{0};
     for (int64_t g = 0; g < G; g++) offsets.push_back(offsets.back() + (g % 5 == 3 ? 0 : 16 + 11 * g));
@@ -194,7 +262,9 @@ void matmul_test_lanes(gpu::Matmul& mm, Rng& rng, bool bf16) {
     Dev<float> d_inp(inp), d_W(W), d_dout(dout), d_out(R * N), d_dinp(R * K), d_dW(dW0);
     Dev<float> seen_out(R * N), seen_dinp(R * K), seen_dW(G * N * K);
     MatmulW16 W16(d_W.ptr, W.size(), 0);
-    const __nv_bfloat16* w16 = bf16 ? W16.w.ptr : nullptr;
+    MatmulW8 W8(d_W.ptr, G, N, K);
+    const gpu::GemmWeight weight(d_W.ptr, type == gpu::GemmType::FP32 ? nullptr : W16.w.ptr,
+                                 type == gpu::GemmType::FP8 ? W8.view() : gpu::Fp8Weight{});
     auto copy_on_stream = [&](Dev<float>& dst, const Dev<float>& src) {
         CUDA_CHECK(cudaMemcpyAsync(dst.ptr, src.ptr, src.n * sizeof(float), cudaMemcpyDeviceToDevice, mm.stream));
     };
@@ -204,9 +274,8 @@ void matmul_test_lanes(gpu::Matmul& mm, Rng& rng, bool bf16) {
         d_out.poison();
         d_dinp.poison();
         d_dW.set(dW0);
-        gpu::grouped_matmul_forward(mm, d_out.ptr, d_inp.ptr, d_W.ptr, w16, offsets.data(), G, K, N);
-        gpu::grouped_matmul_backward(mm, d_dinp.ptr, d_dW.ptr, d_dout.ptr, d_inp.ptr, d_W.ptr, w16, offsets.data(), G,
-                                     K, N);
+        gpu::grouped_matmul_forward(mm, d_out.ptr, d_inp.ptr, weight, offsets.data(), G, K, N);
+        gpu::grouped_matmul_backward(mm, d_dinp.ptr, d_dW.ptr, d_dout.ptr, d_inp.ptr, weight, offsets.data(), G, K, N);
         copy_on_stream(seen_out, d_out);
         copy_on_stream(seen_dinp, d_dinp);
         copy_on_stream(seen_dW, d_dW);
@@ -216,7 +285,8 @@ void matmul_test_lanes(gpu::Matmul& mm, Rng& rng, bool bf16) {
         dW[run] = seen_dW.get();
     }
     mm.group_lanes = gpu::MATMUL_LANES;
-    const std::string shape = fmt("(%s, %ld groups, %ld rows)", bf16 ? "bf16" : "fp32", G, R);
+    const char* type_name = type == gpu::GemmType::FP8 ? "fp8" : type == gpu::GemmType::BF16 ? "bf16" : "fp32";
+    const std::string shape = fmt("(%s, %ld groups, %ld rows)", type_name, G, R);
     check(fmt("grouped out, %d lanes = 1 lane ", gpu::MATMUL_LANES) + shape, out[1], out[0], 0);
     check(fmt("grouped dinp, %d lanes = 1 lane ", gpu::MATMUL_LANES) + shape, dinp[1], dinp[0], 0);
     check(fmt("grouped dW, %d lanes = 1 lane ", gpu::MATMUL_LANES) + shape, dW[1], dW[0], 0);
@@ -246,16 +316,16 @@ void matmul_test_kept_input(gpu::Matmul& mm, Rng& rng) {
         d_out.poison();
         d_dinp.poison();
         d_dW.set(dW0);
-        gpu::matmul_forward(mm, d_out.ptr, in, d_W.ptr, W16.w.ptr, R, K, N, false);
-        gpu::matmul_backward(mm, d_dinp.ptr, d_dW.ptr, d_dout.ptr, in, d_W.ptr, W16.w.ptr, R, K, N, false);
+        gpu::matmul_forward(mm, d_out.ptr, in, {d_W.ptr, W16.w.ptr}, R, K, N, false);
+        gpu::matmul_backward(mm, d_dinp.ptr, d_dW.ptr, d_dout.ptr, in, {d_W.ptr, W16.w.ptr}, R, K, N, false);
         keep(d_out, 0);
         keep(d_dinp, 0);
         keep(d_dW, 0);
         d_out.poison();
         d_dinp.poison();
         d_dW.set(dW0);
-        gpu::grouped_matmul_forward(mm, d_out.ptr, in, d_W.ptr, W16.w.ptr, offsets.data(), G, K, N);
-        gpu::grouped_matmul_backward(mm, d_dinp.ptr, d_dW.ptr, d_dout.ptr, in, d_W.ptr, W16.w.ptr, offsets.data(), G,
+        gpu::grouped_matmul_forward(mm, d_out.ptr, in, {d_W.ptr, W16.w.ptr}, offsets.data(), G, K, N);
+        gpu::grouped_matmul_backward(mm, d_dinp.ptr, d_dW.ptr, d_dout.ptr, in, {d_W.ptr, W16.w.ptr}, offsets.data(), G,
                                      K, N);
         keep(d_out, first * N);
         keep(d_dinp, first * K);
@@ -279,7 +349,7 @@ void matmul_test_kept_input(gpu::Matmul& mm, Rng& rng) {
     auto backward = [&](gpu::GemmInput grad) {
         d_dinp.poison();
         d_dW.set(dW0);
-        gpu::matmul_backward(mm, d_dinp.ptr, d_dW.ptr, grad, d_inp.ptr, d_W.ptr, W16.w.ptr, R, K, N, false);
+        gpu::matmul_backward(mm, d_dinp.ptr, d_dW.ptr, grad, d_inp.ptr, {d_W.ptr, W16.w.ptr}, R, K, N, false);
         return std::vector<std::vector<float>>{d_dinp.get(), d_dW.get()};
     };
     const auto cast_here = backward(d_dout.ptr), cast_here2 = backward(d_dout2.ptr);
@@ -348,7 +418,7 @@ void test_matmul(Rng& rng) {
     matmul_test_grouped(mm, rng, {130, 0, 3, 1}, 256, 96, false);
     matmul_test_grouped(mm, rng, {0, 0, 0}, 64, 32, false);
     matmul_test_grouped(mm, rng, {3, 0, 40}, 129, 67, false, 5);
-    matmul_test_lanes(mm, rng, false);
+    matmul_test_lanes(mm, rng, gpu::GemmType::FP32);
     gpu::matmul_destroy(mm);
 
     // the largest casts below until the reserve: the first grouped case's inp and dout (308 rows)
@@ -360,7 +430,13 @@ void test_matmul(Rng& rng) {
     matmul_test_grouped(mm, rng, {3, 0, 40}, 129, 67, true, 5);
     gpu::matmul_reserve(mm, {realistic.M * realistic.K, realistic.M * realistic.N});  // grows both cast buffers
     matmul_test_dense(mm, rng, realistic.M, realistic.K, realistic.N, realistic.offset, true);
-    matmul_test_lanes(mm, rng, true);
+    matmul_test_lanes(mm, rng, gpu::GemmType::BF16);
     matmul_test_kept_input(mm, rng);
+    // FP8: the summed dimensions multiples of 16 (K = 208: a partial last 128-block; N = 144 likewise), rows of
+    // every count (groups of 0, 1 and 37 rows: partial token tiles, padded transposes)
+    matmul_test_fp8(mm, rng, {37}, 208, 144, false);
+    matmul_test_fp8(mm, rng, {300}, 256, 96, false);
+    matmul_test_fp8(mm, rng, {0, 1, 37, 0, 150, 5}, 208, 144, true);
+    matmul_test_lanes(mm, rng, gpu::GemmType::FP8);
     gpu::matmul_destroy(mm);
 }

@@ -179,8 +179,9 @@ TEST_CASE("kernel emulator: make bench's and make bench-comm's programs run end 
     const CommandResult bench = run("./bench_gpu_emulated --smoke", "bench_gpu_smoke.txt");
     INFO(bench.out);
     CHECK(bench.status == 0);
-    for (const char* section : {"device copy", "GEMM, BF16 inputs", "8 experts, 4 lanes", "training step",
-                                "region (one step)", "attention share", "memory-bound kernel", "of 24 kernels under",
+    for (const char* section : {"device copy", "GEMM, BF16 inputs", "GEMM, FP8 inputs", "8 experts, 4 lanes",
+                                "training step", "region (one step)", "attention share", "memory-bound kernel",
+                                "of 27 kernels under",
                                 "bf16 (tensor cores)", "fp32 (CUDA cores)"})
         CHECK_MESSAGE(bench.out.find(section) != std::string::npos, section);
     double first = 0.0, last = 0.0;

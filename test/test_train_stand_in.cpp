@@ -219,6 +219,18 @@ TEST_CASE("train_stand_in: evaluation, sampling, Hugging Face export and import 
     CHECK_REL(val_loss_of(eval_hf), val_loss_of(eval_cpu), 1e-6);
 }
 
+// The stand-in run of `dtype` (its log and checkpoints under that name) resumed from its step-10 checkpoint: steps
+// 11-20 the same (loss and gradient norm within 1e-6: the precision's weight copies are remade at load)
+static void resumes_exactly(const std::string& dtype) {
+    const std::string resumed = dtype + "_resumed";
+    copy_checkpoint(dtype, 10, resumed);
+    const Job job = sh(resumed, train("./train_stand_in --dtype " + dtype + " --resume", resumed, ""));
+    INFO(job.out);
+    REQUIRE(job.status == 0);
+    check_logs(dtype + "'s step 10 resumed on itself, steps 11-20", resumed, dtype, {"loss", "grad_norm"}, 11, 20,
+               1e-6);
+}
+
 TEST_CASE("train_stand_in --dtype bf16: trains near fp32, resumes its own checkpoint exactly, evaluates near fp32") {
     base();
     const Job bf16 = sh("bf16", "rm -rf " + dir("bf16") + " && " + train("./train_stand_in --dtype bf16", "bf16", ""));
@@ -226,11 +238,7 @@ TEST_CASE("train_stand_in --dtype bf16: trains near fp32, resumes its own checkp
     REQUIRE(bf16.status == 0);
     CHECK(bf16.out.find("GEMM inputs bf16") != std::string::npos);
     check_logs("bf16 vs fp32 (loss), steps 1-20", "bf16", "fp32", {"loss"}, 1, 20, 2e-2);
-    copy_checkpoint("bf16", 10, "b2b");
-    const Job b2b = sh("b2b", train("./train_stand_in --dtype bf16 --resume", "b2b", ""));
-    INFO(b2b.out);
-    REQUIRE(b2b.status == 0);
-    check_logs("bf16's step 10 resumed on itself, steps 11-20", "b2b", "bf16", {"loss", "grad_norm"}, 11, 20, 1e-6);
+    resumes_exactly("bf16");
     // train_cpu's final checkpoint evaluated with BF16 GEMMs (the BF16 copy made at load)
     copy_checkpoint("cpu", 20, "final_bf16");
     const std::string val = " --batch 4 --seq 64 --val 'data/default/val_*.bin' --eval-batches 4 --eval-only --resume";
@@ -243,6 +251,32 @@ TEST_CASE("train_stand_in --dtype bf16: trains near fp32, resumes its own checkp
     printf("train_stand_in: --eval-only val_loss %.6f (bf16) vs %.6f (fp32)\n", val_loss_of(eval_bf16),
            val_loss_of(eval_fp32));
     CHECK_REL(val_loss_of(eval_bf16), val_loss_of(eval_fp32), 1e-2);
+}
+
+// --dtype fp8 (the linear layers inside the blocks in DeepSeek-V3's FP8 recipe, BF16 elsewhere) against train_cpu
+// --dtype fp8 (FP32 elsewhere): the stand-in (its FP8 products from the weights' E4M3 copies, refreshed after every
+// update) for 20 steps and train.cu on the emulated real kernels and FP8 GEMM code for 6, the loss within 2e-2 at
+// every step (as BF16 against FP32: the BF16 elsewhere is the difference); the stand-in resumes its own checkpoint
+// exactly (the E4M3 copies remade at load).
+TEST_CASE("--dtype fp8 in the GPU trainer follows train_cpu --dtype fp8 (stand-in and emulated), and resumes exactly") {
+    Job emulated;  // about 30 s: beside the stand-in runs, on the other core
+    const std::string six = " --config small --data 'data/default/train_*.bin' --steps 6 --seq 64 --lr 3e-3 "
+                            "--warmup 5 --seed 7 --log ";
+    std::thread emulated_run(
+        [&] { emulated = sh("emu_fp8", "./train_emulated --dtype fp8 --batch 4" + six + log_of("emu_fp8")); });
+    const Job cpu = sh("cpu_fp8", "rm -rf " + dir("cpu_fp8") + " && " + train("./train_cpu --dtype fp8", "cpu_fp8", ""));
+    const Job fp8 = sh("fp8", "rm -rf " + dir("fp8") + " && " + train("./train_stand_in --dtype fp8", "fp8", ""));
+    const Job cpu_six = sh("emu_cpu_fp8", "./train_cpu --dtype fp8 --batch 4" + six + log_of("emu_cpu_fp8"));
+    emulated_run.join();
+    INFO(cpu.out << fp8.out << cpu_six.out << emulated.out);
+    REQUIRE(cpu.status == 0);
+    REQUIRE(fp8.status == 0);
+    REQUIRE(cpu_six.status == 0);
+    REQUIRE(emulated.status == 0);
+    CHECK(fp8.out.find("GEMM inputs fp8") != std::string::npos);
+    check_logs("stand-in fp8 vs train_cpu fp8 (loss), steps 1-20", "fp8", "cpu_fp8", {"loss"}, 1, 20, 2e-2);
+    check_logs("emulated fp8 vs train_cpu fp8 (loss), steps 1-6", "emu_fp8", "emu_cpu_fp8", {"loss"}, 1, 6, 2e-2);
+    resumes_exactly("fp8");
 }
 
 // ./train_emulated: train.cu on the real kernels and GEMM code, run by the kernel emulator (test/kernel_emulator/),

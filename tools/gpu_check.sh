@@ -71,6 +71,13 @@ cat "$out/bench.txt"
 status "make bench" "$(grep -E 'model TFLOP/s|MFU' "$out/bench.txt" | head -2 | tr -s ' ' | tr '\n' ';')"
 status "attention kernels" "$(grep -E '^(bf16|fp32) \((tensor|CUDA) cores\)' "$out/bench.txt" | tr -s ' ' | tr '\n' ';')"
 status "expert GEMMs" "$(grep -E '^[0-9]+ experts, [0-9]+ lanes?' "$out/bench.txt" | tr -s ' ' | tr '\n' ';')"
+# --dtype fp8 (its GEMM table, then its step), appended to bench.txt: one more file would not come back
+timeout "$(budget 120)" ./bench_gpu --layers 4 --dtype fp8 --steps 3 > "$out/bench_fp8.txt" 2>&1
+{ echo "==== ./bench_gpu --layers 4 --dtype fp8 --steps 3"; cat "$out/bench_fp8.txt"; } | tee -a "$out/bench.txt"
+status "FP8 GEMMs" "$(sed -n '/^GEMM, FP8/,/^fwd =/p' "$out/bench_fp8.txt" | grep -E '^(square|dense|[0-9]+ experts)' |
+    tr -s ' ' | tr '\n' ';')"
+status "make bench (fp8)" "$(grep -E 'model TFLOP/s|MFU' "$out/bench_fp8.txt" | head -2 | tr -s ' ' | tr '\n' ';')"
+rm -f "$out/bench_fp8.txt"
 timeout "$(budget 45)" ./bench_comm > "$out/bench_comm.txt" 2>&1
 cat "$out/bench_comm.txt"
 status "make bench-comm" "$(grep -E '^(ncclAlltoAll|dispatch|combine)' "$out/bench_comm.txt" | tr -s ' ' | tr '\n' ';')"

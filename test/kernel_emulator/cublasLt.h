@@ -8,13 +8,22 @@
 // D's rows and columns, k the columns of op(A). When beta is 0, C is not read (a NaN there does not propagate).
 // Products in double, rounded once to FP32 (the library's FP32 accumulation differs only by roundoff). It is queued
 // on the stream like a kernel and runs when the stream does.
-// Supported, as matmul.cuh uses them: A and B both CUDA_R_32F or both CUDA_R_16BF, C and D CUDA_R_32F, compute
-// CUBLAS_COMPUTE_32F with CUDA_R_32F scales; anything else is CUBLAS_STATUS_NOT_SUPPORTED in the heuristic.
+// Supported, as matmul.cuh uses them: A and B both CUDA_R_32F, both CUDA_R_16BF or both CUDA_R_8F_E4M3, C and D
+// CUDA_R_32F, compute CUBLAS_COMPUTE_32F with CUDA_R_32F scales; anything else is CUBLAS_STATUS_NOT_SUPPORTED in the
+// heuristic. E4M3 follows the FP8 rules of the documentation for Hopper: A transposed and B not ("TN"), leading
+// dimensions multiples of 16 bytes and pointers 16-byte aligned (else NOT_SUPPORTED, or a contract violation for a
+// pointer), and the block scaling modes DeepSeek's recipe needs: each of A and B scaled per 1 x 128 tile
+// (CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F) or per 128 x 128 block (..._BLK128x128_32F), not both per block. Element
+// (i, l) of op(A) is its E4M3 value times its scale, with the scales laid out as kernels/fp8.cuh writes them (the
+// summed dimension split in 128s; VEC128: block b of row i at b * round_up(m, 4) + i; BLK128x128: block (i / 128,
+// b) at (i / 128) * round_up(ceil(k / 128), 4) + b; B likewise with n): this model is what the emulated tests hold
+// the layout to, and a GPU's test_gpu is what holds the model to the library.
 // CUBLAS_STATUS_INVALID_VALUE, as from the library: layouts that disagree with each other and the ops, ld below the
 // rows, C's layout not D's, an unknown attribute or an attribute of the wrong size. A contract violation (thrown, as
 // the stand-ins do; on the GPU a fault or garbage): an operand or the workspace outside device memory, D overlapping
 // A or B, a pointer less aligned than the minimum the heuristic was told, a workspace smaller than that maximum.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -29,10 +38,22 @@ enum cublasStatus_t {
     CUBLAS_STATUS_INVALID_VALUE = 7,
     CUBLAS_STATUS_NOT_SUPPORTED = 15,
 };
-enum cudaDataType_t { CUDA_R_32F = 0, CUDA_R_16BF = 14 };
+enum cudaDataType_t { CUDA_R_32F = 0, CUDA_R_16BF = 14, CUDA_R_8F_E4M3 = 28 };
 enum cublasComputeType_t { CUBLAS_COMPUTE_32F = 68 };
 enum cublasOperation_t { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 };
-enum cublasLtMatmulDescAttributes_t { CUBLASLT_MATMUL_DESC_TRANSA = 3, CUBLASLT_MATMUL_DESC_TRANSB = 4 };
+enum cublasLtMatmulDescAttributes_t {
+    CUBLASLT_MATMUL_DESC_TRANSA = 3,
+    CUBLASLT_MATMUL_DESC_TRANSB = 4,
+    CUBLASLT_MATMUL_DESC_A_SCALE_POINTER = 17,
+    CUBLASLT_MATMUL_DESC_B_SCALE_POINTER = 18,
+    CUBLASLT_MATMUL_DESC_A_SCALE_MODE = 31,
+    CUBLASLT_MATMUL_DESC_B_SCALE_MODE = 32,
+};
+enum cublasLtMatmulMatrixScale_t {
+    CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F = 0,
+    CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F = 4,
+    CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F = 5,
+};
 enum cublasLtMatmulPreferenceAttributes_t {
     CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,
     CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES = 5,
@@ -49,6 +70,9 @@ struct cublasLtMatmulDescOpaque_t {
     cublasComputeType_t compute;
     cudaDataType_t scale;
     cublasOperation_t op_a = CUBLAS_OP_N, op_b = CUBLAS_OP_N;
+    const void *scale_a = nullptr, *scale_b = nullptr;
+    int32_t scale_mode_a = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F,
+            scale_mode_b = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
 };
 typedef cublasLtMatmulDescOpaque_t* cublasLtMatmulDesc_t;
 struct cublasLtMatrixLayoutOpaque_t {
@@ -104,9 +128,21 @@ inline cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc) {
     delete desc;
     return CUBLAS_STATUS_SUCCESS;
 }
-// The operation attributes are int32_t (cublasOperation_t).
+// The operation and scale-mode attributes are int32_t, the scale pointers const void*.
 inline cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr,
                                                      const void* buf, size_t size) {
+    if (attr == CUBLASLT_MATMUL_DESC_A_SCALE_POINTER || attr == CUBLASLT_MATMUL_DESC_B_SCALE_POINTER) {
+        if (size != sizeof(const void*)) return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(attr == CUBLASLT_MATMUL_DESC_A_SCALE_POINTER ? &desc->scale_a : &desc->scale_b, buf, size);
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    if (attr == CUBLASLT_MATMUL_DESC_A_SCALE_MODE || attr == CUBLASLT_MATMUL_DESC_B_SCALE_MODE) {
+        int32_t mode;
+        if (size != sizeof(mode)) return CUBLAS_STATUS_INVALID_VALUE;
+        memcpy(&mode, buf, sizeof(mode));
+        (attr == CUBLASLT_MATMUL_DESC_A_SCALE_MODE ? desc->scale_mode_a : desc->scale_mode_b) = mode;
+        return CUBLAS_STATUS_SUCCESS;
+    }
     int32_t op;
     if (size != sizeof(op)) return CUBLAS_STATUS_INVALID_VALUE;
     memcpy(&op, buf, sizeof(op));
@@ -155,21 +191,35 @@ namespace emulated_cublaslt {
 // The problem a descriptor and four layouts describe, or INVALID_VALUE / NOT_SUPPORTED.
 struct Problem {
     uint64_t m, n, k;
-    bool bf16;
+    cudaDataType_t type;
 };
+inline bool block_mode(int32_t mode) {
+    return mode == CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F || mode == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+}
 inline cublasStatus_t problem(const cublasLtMatmulDescOpaque_t& desc, const cublasLtMatrixLayoutOpaque_t& a,
                               const cublasLtMatrixLayoutOpaque_t& b, const cublasLtMatrixLayoutOpaque_t& c,
                               const cublasLtMatrixLayoutOpaque_t& d, Problem* p) {
     if (desc.compute != CUBLAS_COMPUTE_32F || desc.scale != CUDA_R_32F || a.type != b.type ||
-        (a.type != CUDA_R_32F && a.type != CUDA_R_16BF) || c.type != CUDA_R_32F || d.type != CUDA_R_32F)
+        (a.type != CUDA_R_32F && a.type != CUDA_R_16BF && a.type != CUDA_R_8F_E4M3) || c.type != CUDA_R_32F ||
+        d.type != CUDA_R_32F)
         return CUBLAS_STATUS_NOT_SUPPORTED;
     const bool ta = desc.op_a == CUBLAS_OP_T, tb = desc.op_b == CUBLAS_OP_T;
+    if (a.type == CUDA_R_8F_E4M3) {
+        const bool both_blocks = desc.scale_mode_a == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F &&
+                                 desc.scale_mode_b == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+        if (!ta || tb || a.ld % 16 != 0 || b.ld % 16 != 0 || !block_mode(desc.scale_mode_a) ||
+            !block_mode(desc.scale_mode_b) || both_blocks)
+            return CUBLAS_STATUS_NOT_SUPPORTED;
+    } else if (desc.scale_mode_a != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F ||
+               desc.scale_mode_b != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F) {
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
     const uint64_t m = d.rows, n = d.cols, k = ta ? a.rows : a.cols;
     const bool shapes_agree = (ta ? a.cols : a.rows) == m && (tb ? b.cols : b.rows) == k &&
                               (tb ? b.rows : b.cols) == n && c.rows == m && c.cols == n && c.ld == d.ld;
     const bool lds_fit = a.ld >= (int64_t)a.rows && b.ld >= (int64_t)b.rows && d.ld >= (int64_t)d.rows;
     if (!shapes_agree || !lds_fit) return CUBLAS_STATUS_INVALID_VALUE;
-    *p = Problem{m, n, k, a.type == CUDA_R_16BF};
+    *p = Problem{m, n, k, a.type};
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -177,7 +227,7 @@ inline cublasStatus_t problem(const cublasLtMatmulDescOpaque_t& desc, const cubl
 inline int64_t extent_bytes(const cublasLtMatrixLayoutOpaque_t& l) {
     if (l.rows == 0 || l.cols == 0) return 0;
     const int64_t elements = (int64_t)(l.cols - 1) * l.ld + (int64_t)l.rows;
-    return elements * (l.type == CUDA_R_16BF ? 2 : 4);
+    return elements * (l.type == CUDA_R_8F_E4M3 ? 1 : l.type == CUDA_R_16BF ? 2 : 4);
 }
 
 inline void check_alignment(const void* p, uint64_t promised, const char* operand) {
@@ -186,11 +236,37 @@ inline void check_alignment(const void* p, uint64_t promised, const char* operan
                             std::to_string(promised) + " bytes the heuristic was told");
 }
 
-// Element (i, j) of a stored column-major matrix, as a double.
-inline double element(const void* p, bool bf16, int64_t ld, uint64_t i, uint64_t j) {
-    const int64_t at = (int64_t)i + (int64_t)j * ld;
-    return bf16 ? (double)__bfloat162float(((const __nv_bfloat16*)p)[at]) : (double)((const float*)p)[at];
+// The value of an E4M3 byte: sign, 4 exponent bits (bias 7), 3 mantissa bits; S.1111.111 is NaN.
+inline double e4m3_value(uint8_t byte) {
+    const int e = (byte >> 3) & 15, m = byte & 7;
+    const double magnitude = (e == 15 && m == 7) ? NAN : e == 0 ? std::ldexp(m, -9) : std::ldexp(8 + m, e - 10);
+    return byte & 0x80 ? -magnitude : magnitude;
 }
+
+// Element (i, j) of a stored column-major matrix, as a double (E4M3 without its scale).
+inline double element(const void* p, cudaDataType_t type, int64_t ld, uint64_t i, uint64_t j) {
+    const int64_t at = (int64_t)i + (int64_t)j * ld;
+    if (type == CUDA_R_8F_E4M3) return e4m3_value(((const uint8_t*)p)[at]);
+    if (type == CUDA_R_16BF) return (double)__bfloat162float(((const __nv_bfloat16*)p)[at]);
+    return (double)((const float*)p)[at];
+}
+
+// An FP8 operand's scales: the scale of element (outer index i, summed index l) of op(A) (outer m) or op(B)^T
+// (outer n), and how many floats the layout spans.
+struct Scales {
+    const float* at;
+    int32_t mode;
+    uint64_t outer, k;
+    uint64_t blocks() const { return (k + 127) / 128; }
+    uint64_t floats() const {
+        return mode == CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F ? blocks() * ((outer + 3) / 4 * 4)
+                                                               : (outer + 127) / 128 * ((blocks() + 3) / 4 * 4);
+    }
+    double of(uint64_t i, uint64_t l) const {
+        return mode == CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F ? at[l / 128 * ((outer + 3) / 4 * 4) + i]
+                                                               : at[i / 128 * ((blocks() + 3) / 4 * 4) + l / 128];
+    }
+};
 
 }  // namespace emulated_cublaslt
 
@@ -241,6 +317,18 @@ inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc
     stand_in::check_range(D, extent_bytes(*d), "cublasLtMatmul D");
     stand_in::apart("cublasLtMatmul", {{D, extent_bytes(*d), "D"}},
                     {{A, extent_bytes(*a), "A"}, {B, extent_bytes(*b), "B"}});
+    const bool fp8 = p.type == CUDA_R_8F_E4M3;
+    const Scales scale_a{(const float*)desc->scale_a, desc->scale_mode_a, p.m, p.k},
+        scale_b{(const float*)desc->scale_b, desc->scale_mode_b, p.n, p.k};
+    if (fp8) {
+        if (!scale_a.at || !scale_b.at) return CUBLAS_STATUS_INVALID_VALUE;
+        check_alignment(A, 16, "A (FP8)");
+        check_alignment(B, 16, "B (FP8)");
+        check_alignment(scale_a.at, 16, "A's scales");
+        check_alignment(scale_b.at, 16, "B's scales");
+        stand_in::check_range(scale_a.at, (int64_t)(scale_a.floats() * sizeof(float)), "cublasLtMatmul A scales");
+        stand_in::check_range(scale_b.at, (int64_t)(scale_b.floats() * sizeof(float)), "cublasLtMatmul B scales");
+    }
     float al, be;
     memcpy(&al, alpha, sizeof al);
     memcpy(&be, beta, sizeof be);
@@ -251,15 +339,17 @@ inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc
         std::vector<double> opa(p.m * p.k), opb(p.n * p.k);
         for (uint64_t i = 0; i < p.m; i++)
             for (uint64_t l = 0; l < p.k; l++)
-                opa[i * p.k + l] = ta ? element(A, p.bf16, lda, l, i) : element(A, p.bf16, lda, i, l);
+                opa[i * p.k + l] = (ta ? element(A, p.type, lda, l, i) : element(A, p.type, lda, i, l)) *
+                                   (fp8 ? scale_a.of(i, l) : 1.0);
         for (uint64_t j = 0; j < p.n; j++)
             for (uint64_t l = 0; l < p.k; l++)
-                opb[j * p.k + l] = tb ? element(B, p.bf16, ldb, j, l) : element(B, p.bf16, ldb, l, j);
+                opb[j * p.k + l] = (tb ? element(B, p.type, ldb, j, l) : element(B, p.type, ldb, l, j)) *
+                                   (fp8 ? scale_b.of(j, l) : 1.0);
         for (uint64_t j = 0; j < p.n; j++)
             for (uint64_t i = 0; i < p.m; i++) {
                 double sum = 0.0;
                 for (uint64_t l = 0; l < p.k; l++) sum += opa[i * p.k + l] * opb[j * p.k + l];
-                const double c_ij = be == 0.0f ? 0.0 : be * element(C, false, ldc, i, j);
+                const double c_ij = be == 0.0f ? 0.0 : be * element(C, CUDA_R_32F, ldc, i, j);
                 ((float*)D)[(int64_t)i + (int64_t)j * ldd] = (float)(al * sum + c_ij);
             }
     });
