@@ -859,7 +859,17 @@ void gpu_model_init(GpuModel& m, const Config& c, Comm& comm, gpu::Precision p, 
     if (c.qk_rope_head_dim % 2 != 0)
         throw std::runtime_error("qk_rope_head_dim " + std::to_string(c.qk_rope_head_dim) +
                                  " is odd: RoPE rotates pairs");
-    if (p == gpu::Precision::FP8) check_fp8_widths(c);
+    if (p == gpu::Precision::FP8) {
+        check_fp8_widths(c);
+        int device = 0;
+        cudaDeviceProp prop;
+        CUDA_CHECK(cudaGetDevice(&device));
+        CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+        if (prop.major != 9)
+            throw std::runtime_error("--dtype fp8 runs on cuBLASLt's 128-block scaled FP8 GEMMs, which Hopper GPUs "
+                                     "(sm_90) have and this one (sm_" + std::to_string(prop.major) +
+                                     std::to_string(prop.minor) + ") does not: use --dtype bf16");
+    }
     if (p != gpu::Precision::FP32 && comm.ep_size > 1 && c.hidden_size % 2 != 0)
         throw std::runtime_error("hidden_size " + std::to_string(c.hidden_size) +
                                  " is odd: with --dtype bf16 and --ep > 1 the expert rows travel as pairs of BF16 "

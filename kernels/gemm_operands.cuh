@@ -1,7 +1,9 @@
-// The operands of the GEMMs (kernels/matmul.cuh), shared with its CPU stand-in (test/cpu_stand_in/kernels/matmul.cuh):
-// an input with the copies its caller keeps (GemmInput), a weight with the copies its precision reads (GemmWeight),
-// and which precision that is (GemmType).
+// What the GEMMs (kernels/matmul.cuh) share with their CPU stand-in (test/cpu_stand_in/kernels/matmul.cuh): the
+// operands, an input with the copies its caller keeps (GemmInput) and a weight with the copies its precision reads
+// (GemmWeight), which precision that is (GemmType); and what a Matmul allocates (MatmulCasts, matmul_memory_bytes).
 #pragma once
+#include <array>
+#include <cstddef>
 #include <cstdint>
 
 #include <cuda_bf16.h>
@@ -10,6 +12,15 @@
 #include "kernels/fp8.cuh"
 
 namespace gpu {
+
+constexpr size_t MATMUL_WORKSPACE_BYTES = size_t(32) << 20;  // per lane: what cuBLASLt recommends for Hopper
+constexpr int MATMUL_LANES = 4;                                // streams a grouped GEMM spreads its groups over
+
+// Sizes (elements) of a Matmul's two BF16 cast buffers: cast_a holds a GEMM's input (rows x K), cast_b its output
+// gradient (rows x N). 0 and 0: an FP32-only Matmul, without buffers.
+struct MatmulCasts {
+    int64_t inputs = 0, output_grads = 0;
+};
 
 // The operands' type: FP32, BF16, or E4M3 with per-tile scales (kernels/fp8.cuh)
 enum class GemmType { FP32, BF16, FP8 };
@@ -50,5 +61,22 @@ struct GemmWeight {
         return GemmWeight(fp32 + g * N * K, bf16 ? bf16 + g * N * K : nullptr, fp8.at(g, N, K));
     }
 };
+
+// The FP8 buffers' {values, scales} for GEMMs whose inputs and output gradients have up to `casts` elements:
+// FP8_INPUT, FP8_GRAD_ROWS, FP8_GRAD_T. A scale per 128 values along rows at least 16 wide (FP8 widths are multiples
+// of 16), so at most values / 16 of them, plus the padding of a few groups; the buffers grow beyond when needed.
+inline std::array<std::array<int64_t, 2>, 3> matmul_fp8_sizes(MatmulCasts casts) {
+    auto sized = [](int64_t values) { return std::array<int64_t, 2>{values, values / 16 + 1024}; };
+    return {sized(casts.inputs), sized(casts.output_grads), sized(casts.output_grads)};
+}
+
+// The workspaces, the cast buffers and with fp8 the FP8 buffers, as matmul_create allocates them for `casts`.
+inline int64_t matmul_memory_bytes(MatmulCasts casts, bool fp8 = false) {
+    const int64_t workspaces = (int64_t)MATMUL_LANES * (int64_t)MATMUL_WORKSPACE_BYTES;
+    int64_t fp8_bytes = 0;
+    if (fp8)
+        for (const auto& size : matmul_fp8_sizes(casts)) fp8_bytes += size[0] + size[1] * (int64_t)sizeof(float);
+    return workspaces + (casts.inputs + casts.output_grads) * (int64_t)sizeof(__nv_bfloat16) + fp8_bytes;
+}
 
 }  // namespace gpu

@@ -109,8 +109,6 @@
 
 namespace gpu {
 
-constexpr size_t MATMUL_WORKSPACE_BYTES = size_t(32) << 20;  // per lane: what cuBLASLt recommends for Hopper
-constexpr int MATMUL_LANES = 4;                                // streams a grouped GEMM spreads its groups over
 constexpr size_t MATMUL_CACHE_MAX = 1 << 15;
 constexpr int MATMUL_CAST_THREADS = 256;
 
@@ -129,11 +127,6 @@ struct Fp8Scales {
     bool a_blocks = false, b_blocks = false;
 };
 
-// Sizes (elements) of a Matmul's two BF16 cast buffers: cast_a holds a GEMM's input (rows x K), cast_b its output
-// gradient (rows x N). 0 and 0: an FP32-only Matmul, without buffers.
-struct MatmulCasts {
-    int64_t inputs = 0, output_grads = 0;
-};
 
 // E4M3 values and their scales: one of a Matmul's three FP8 scratch buffers, grown on demand
 struct Fp8Buffer {
@@ -245,22 +238,6 @@ inline Fp8Buffer& matmul_fp8_buffer(Matmul& mm, int which, int64_t values, int64
     return mm.fp8[which];
 }
 
-// The FP8 buffers' {values, scales} for GEMMs whose inputs and output gradients have up to `casts` elements:
-// FP8_INPUT, FP8_GRAD_ROWS, FP8_GRAD_T. A scale per 128 values along rows at least 16 wide (FP8 widths are multiples
-// of 16), so at most values / 16 of them, plus the padding of a few groups; the buffers grow beyond when needed.
-inline std::array<std::array<int64_t, 2>, 3> matmul_fp8_sizes(MatmulCasts casts) {
-    auto sized = [](int64_t values) { return std::array<int64_t, 2>{values, values / 16 + 1024}; };
-    return {sized(casts.inputs), sized(casts.output_grads), sized(casts.output_grads)};
-}
-
-// The workspaces, the cast buffers and with fp8 the FP8 buffers, as matmul_create allocates them for `casts`.
-inline int64_t matmul_memory_bytes(MatmulCasts casts, bool fp8 = false) {
-    const int64_t workspaces = (int64_t)MATMUL_LANES * (int64_t)MATMUL_WORKSPACE_BYTES;
-    int64_t fp8_bytes = 0;
-    if (fp8)
-        for (const auto& size : matmul_fp8_sizes(casts)) fp8_bytes += size[0] + size[1] * (int64_t)sizeof(float);
-    return workspaces + (casts.inputs + casts.output_grads) * (int64_t)sizeof(__nv_bfloat16) + fp8_bytes;
-}
 
 // casts: the largest input and output gradient any BF16 call will cast; {0, 0} for FP32-only use. fp8: the FP8
 // buffers are allocated for GEMMs of those sizes too (and grown by matmul_reserve).
@@ -336,10 +313,13 @@ inline void matmul_lt(Matmul& mm, int lane, const MatmulSite& site, GemmType typ
     auto fail = [&](const char* what, cublasStatus_t status) {  // the whole problem, for a report
         fprintf(stderr,
                 "cuBLASLt: %s (%s) for %s (M=%ld K=%ld N=%ld, %s inputs): column-major m=%ld n=%ld k=%ld op(A)=%c "
-                "op(B)=%c ld %ld/%ld/%ld, alignment A %u B %u D %u bytes; CUBLASLT_LOG_LEVEL=2 says more\n",
+                "op(B)=%c ld %ld/%ld/%ld, alignment A %u B %u D %u bytes; CUBLASLT_LOG_LEVEL=2 says more%s\n",
                 what, cublasLtGetStatusName(status), site.name, (long)site.M, (long)site.K, (long)site.N, type_name,
                 (long)m, (long)n, (long)k, ta ? 'T' : 'N', tb ? 'T' : 'N', (long)lda, (long)ldb, (long)ldd, align_a,
-                align_b, align_d);
+                align_b, align_d,
+                fp8 ? " (FP8: block-scaled GEMMs are Hopper's only; a summed dimension k that is not a multiple of "
+                      "128 is the first suspect; --dtype bf16 avoids them)"
+                    : "");
         exit(1);
     };
     auto it = mm.cache.find(key);

@@ -1,5 +1,6 @@
 // test_gpu (make test-gpu): every kernel of kernels/ against the CPU reference (test_gpu_kernels.cu), then the
-// GEMMs (test_gpu_matmul.cu), the whole training step and the trainers (test_gpu_train.cu). One line per check, then
+// GEMMs (test_gpu_matmul.cu), the whole training step and the trainers (test_gpu_train.cu), then FP8's GEMMs and
+// step (on Hopper). One line per check, then
 // `tests: N passed, M failed`; exit 1 on any failure or when there is no GPU.
 #include <cstdio>
 
@@ -7,7 +8,9 @@
 
 void test_kernels(Rng& rng);  // test/test_gpu_kernels.cu
 void test_matmul(Rng& rng);   // test/test_gpu_matmul.cu
+void test_matmul_fp8(Rng& rng);
 void test_training_step();    // test/test_gpu_train.cu
+void test_training_step_fp8();
 void test_trainers();
 
 int main() {
@@ -24,6 +27,16 @@ int main() {
     test_matmul(rng);
     test_training_step();
     test_trainers();
+    // FP8 last: cuBLASLt's block-scaled FP8 GEMMs are Hopper's only, and a shape they refuse ends the program (with
+    // the problem printed), which must not cost the checks above
+    printf("before the FP8 checks: %d passed, %d failed\n", passed, failed);
+    fflush(stdout);
+    if (prop.major == 9) {
+        test_matmul_fp8(rng);
+        test_training_step_fp8();
+    } else {
+        printf("(not a Hopper GPU: the FP8 checks need cuBLASLt's 128-block scaled FP8 GEMMs; not run)\n");
+    }
     printf("tests: %d passed, %d failed\n", passed, failed);
     return failed == 0 ? 0 : 1;
 }

@@ -46,6 +46,7 @@
 #include "test/gpu_check.cuh"
 
 void test_matmul(Rng& rng);
+void test_matmul_fp8(Rng& rng);
 
 namespace {
 
@@ -432,10 +433,18 @@ void test_matmul(Rng& rng) {
     matmul_test_dense(mm, rng, realistic.M, realistic.K, realistic.N, realistic.offset, true);
     matmul_test_lanes(mm, rng, gpu::GemmType::BF16);
     matmul_test_kept_input(mm, rng);
-    // FP8: the summed dimensions multiples of 16 (K = 208: a partial last 128-block; N = 144 likewise), rows of
-    // every count (groups of 0, 1 and 37 rows: partial token tiles, padded transposes)
-    matmul_test_fp8(mm, rng, {37}, 208, 144, false);
+    gpu::matmul_destroy(mm);
+}
+
+// FP8 (run last by test_gpu: an FP8 shape cuBLASLt refuses ends the program). Full 128-blocks first, then the summed
+// dimensions that are multiples of 16 but not of 128 (K = 208, N = 144: a partial last block), rows of every count
+// (groups of 0, 1 and 37 rows: partial token tiles, transposes padded to 16).
+void test_matmul_fp8(Rng& rng) {
+    gpu::Matmul mm;
+    gpu::matmul_create(mm, 0, gpu::MatmulCasts{300 * 256, 300 * 144}, true);
+    matmul_test_fp8(mm, rng, {256}, 256, 128, false);
     matmul_test_fp8(mm, rng, {300}, 256, 96, false);
+    matmul_test_fp8(mm, rng, {37}, 208, 144, false);
     matmul_test_fp8(mm, rng, {0, 1, 37, 0, 150, 5}, 208, 144, true);
     matmul_test_lanes(mm, rng, gpu::GemmType::FP8);
     gpu::matmul_destroy(mm);

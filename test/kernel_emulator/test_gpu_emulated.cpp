@@ -11,13 +11,17 @@
 
 void test_kernels(Rng& rng);  // test/test_gpu_kernels.cu
 void test_matmul(Rng& rng);   // test/test_gpu_matmul.cu
+void test_matmul_fp8(Rng& rng);
 void test_training_step();    // test/test_gpu_train.cu
+void test_training_step_fp8();
 
 int main() {
     Rng rng(20261201);
     test_kernels(rng);
     test_matmul(rng);
     test_training_step();
+    test_matmul_fp8(rng);
+    test_training_step_fp8();
     printf("tests: %d passed, %d failed\n", passed, failed);
     return failed == 0 ? 0 : 1;
 }

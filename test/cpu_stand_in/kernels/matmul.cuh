@@ -29,14 +29,7 @@
 
 namespace gpu {
 
-constexpr size_t MATMUL_WORKSPACE_BYTES = size_t(32) << 20;
-constexpr int MATMUL_LANES = 4;
 
-// Sizes (elements) of a Matmul's two BF16 cast buffers: cast_a holds a GEMM's input (rows x K), cast_b its output
-// gradient (rows x N). 0 and 0: an FP32-only Matmul, without buffers.
-struct MatmulCasts {
-    int64_t inputs = 0, output_grads = 0;
-};
 
 struct Matmul {  // one per stream
     cudaStream_t stream = nullptr;
@@ -51,11 +44,6 @@ struct Matmul {  // one per stream
     bool fp8_enabled = false;
 };
 
-// As the real one's: the FP8 buffers' {values, scales} for GEMMs of up to `casts` elements
-inline std::array<std::array<int64_t, 2>, 3> matmul_fp8_sizes(MatmulCasts casts) {
-    auto sized = [](int64_t values) { return std::array<int64_t, 2>{values, values / 16 + 1024}; };
-    return {sized(casts.inputs), sized(casts.output_grads), sized(casts.output_grads)};
-}
 
 // out (n) = in (n) rounded to the nearest BF16, ties to even
 inline void cast_to_bf16(__nv_bfloat16* out, const float* in, int64_t n, cudaStream_t stream) {
@@ -68,13 +56,6 @@ inline void cast_to_bf16(__nv_bfloat16* out, const float* in, int64_t n, cudaStr
     });
 }
 
-inline int64_t matmul_memory_bytes(MatmulCasts casts, bool fp8 = false) {
-    const int64_t workspaces = (int64_t)MATMUL_LANES * (int64_t)MATMUL_WORKSPACE_BYTES;
-    int64_t fp8_bytes = 0;
-    if (fp8)
-        for (const auto& size : matmul_fp8_sizes(casts)) fp8_bytes += size[0] + size[1] * (int64_t)sizeof(float);
-    return workspaces + (casts.inputs + casts.output_grads) * (int64_t)sizeof(__nv_bfloat16) + fp8_bytes;
-}
 
 inline void matmul_destroy(Matmul& mm) {
     for (auto& buffers : mm.fp8)
