@@ -257,7 +257,7 @@ TEST_CASE("train_stand_in --dtype bf16: trains near fp32, resumes its own checkp
 // --dtype fp8 (FP32 elsewhere): the stand-in (its FP8 products from the weights' E4M3 copies, refreshed after every
 // update) for 20 steps and train.cu on the emulated real kernels and FP8 GEMM code for 6, the loss within 2e-2 at
 // every step (as BF16 against FP32: the BF16 elsewhere is the difference); the stand-in resumes its own checkpoint
-// exactly (the E4M3 copies remade at load).
+// exactly (the E4M3 copies remade at load); and the emulated run under EP 2 follows the one-rank run.
 TEST_CASE("--dtype fp8 in the GPU trainer follows train_cpu --dtype fp8 (stand-in and emulated), and resumes exactly") {
     Job emulated;  // about 30 s: beside the stand-in runs, on the other core
     const std::string six = " --config small --data 'data/default/train_*.bin' --steps 6 --seq 64 --lr 3e-3 "
@@ -277,6 +277,15 @@ TEST_CASE("--dtype fp8 in the GPU trainer follows train_cpu --dtype fp8 (stand-i
     check_logs("stand-in fp8 vs train_cpu fp8 (loss), steps 1-20", "fp8", "cpu_fp8", {"loss"}, 1, 20, 2e-2);
     check_logs("emulated fp8 vs train_cpu fp8 (loss), steps 1-6", "emu_fp8", "emu_cpu_fp8", {"loss"}, 1, 6, 2e-2);
     resumes_exactly("fp8");
+    // EP 2 (each rank's expert shard with its own E4M3 copies) against one rank, with BF16 EP 2's bounds below
+    // (measured: steps 1-2 equal to the last printed digit, 1.3e-4 of the loss by step 6)
+    const Job ep2 = sh("emu_fp8_ep2", "env STAND_IN_GPUS=2 " + MPIRUN + "./train_emulated --dtype fp8 --ep 2 --batch 2" +
+                                          six + log_of("emu_fp8_ep2"));
+    INFO(ep2.out);
+    REQUIRE(ep2.status == 0);
+    check_logs("emulated fp8 EP 2 vs 1 rank, steps 1-2 (loss, grad norm)", "emu_fp8_ep2", "emu_fp8",
+               {"loss", "grad_norm"}, 1, 2, 1e-4);
+    check_logs("emulated fp8 EP 2 vs 1 rank, steps 3-6 (loss)", "emu_fp8_ep2", "emu_fp8", {"loss"}, 3, 6, 1e-3);
 }
 
 // ./train_emulated: train.cu on the real kernels and GEMM code, run by the kernel emulator (test/kernel_emulator/),
