@@ -43,7 +43,7 @@
 //                    caller keeps, and for the weight gradient both operands quantized here in 128 x 1 tiles down the
 //                    tokens, transposed; cuBLASLt applies the scales and accumulates in FP32 (FAST_ACCUM off). The
 //                    operands are quantized into the Matmul's three FP8 buffers, grown on demand. Their own mapping
-//                    (every product "TN") is described at matmul_fp8_forward below.
+//                    (every product "TN") is described at fp8_forward_problem below.
 // Odd sizes: no padding. cuBLASLt documents leading-dimension rules only for FP8 and int8 (multiples of 16 bytes),
 // none for BF16 or FP32; the layouts carry the true ld and the alignment preferences below carry the true pointer
 // alignment, so the heuristic returns only kernels valid for them. With an odd K or N the rows are 2-byte (BF16)
@@ -117,6 +117,7 @@ struct MatmulPlan {
     cublasLtMatmulDesc_t desc = nullptr;
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;  // d also describes C (C == D)
     cublasLtMatmulAlgo_t algo{};
+    bool found = false;  // false: no algorithm (kept only for FP8, whose calls then run in BF16)
 };
 // {operand type and scale modes, transa, transb, m, n, k, lda, ldb, ldd, align A, align B, align C/D}
 using MatmulKey = std::array<int64_t, 12>;
@@ -290,98 +291,127 @@ struct MatmulSite {
     int64_t M, K, N;
 };
 
-// D (m, n, ld ldd, FP32) (=|+=) op(A) (m, k) op(B) (k, n), queued on lane `lane`. A, B of the given type, stored
-// A: ta ? (k, m) : (m, k), B: tb ? (n, k) : (k, n), column-major with the given ld; FP8 takes their scales (set on
-// the cached descriptor before each call: they are the only per-call attributes).
-inline void matmul_lt(Matmul& mm, int lane, const MatmulSite& site, GemmType type, bool ta, bool tb, int64_t m,
-                      int64_t n, int64_t k, const void* A, int64_t lda, const void* B, int64_t ldb, float* D,
-                      int64_t ldd, bool accumulate, const Fp8Scales& scales = {}) {
-    if (m == 0 || n == 0) return;
-    const cudaStream_t stream = mm.lanes[lane];
-    if (k == 0) {  // an empty sum: D = 0, or D unchanged
-        if (!accumulate)
-            CUDA_CHECK(cudaMemset2DAsync(D, (size_t)ldd * sizeof(float), 0, (size_t)m * sizeof(float), (size_t)n,
-                                         stream));
-        return;
-    }
-    const bool fp8 = type == GemmType::FP8;
-    const uint32_t align_a = matmul_pointer_alignment(A), align_b = matmul_pointer_alignment(B),
-                   align_d = matmul_pointer_alignment(D);
-    const int64_t kind = (int64_t)type * 4 + (fp8 && scales.a_blocks) * 2 + (fp8 && scales.b_blocks);
-    const MatmulKey key{kind, ta, tb, m, n, k, lda, ldb, ldd, align_a, align_b, align_d};
-    const char* type_name = type == GemmType::FP8 ? "FP8" : type == GemmType::BF16 ? "BF16" : "FP32";
-    auto fail = [&](const char* what, cublasStatus_t status) {  // the whole problem, for a report
+// One GEMM in column-major terms: D (m, n, ld ldd, FP32) (=|+=) op(A) (m, k) op(B) (k, n), A and B of `type`, stored
+// A: ta ? (k, m) : (m, k), B: tb ? (n, k) : (k, n), column-major with the given ld; FP8 with their scales.
+struct MatmulProblem {
+    GemmType type;
+    bool ta, tb;
+    int64_t m, n, k;
+    const void* A;
+    int64_t lda;
+    const void* B;
+    int64_t ldb;
+    float* D;
+    int64_t ldd;
+    Fp8Scales scales;
+};
+
+// The cached plan for a problem (descriptors and the heuristic's algorithm), made on first sight. No algorithm
+// (or a failing heuristic) ends the program with the whole problem reported, except for FP8 when `fp8_optional`:
+// then the plan comes back with found == false (cached too), said once on stderr, and the caller runs BF16.
+inline const MatmulPlan& matmul_plan(Matmul& mm, const MatmulSite& site, const MatmulProblem& q,
+                                     bool fp8_optional = false) {
+    const bool fp8 = q.type == GemmType::FP8;
+    const uint32_t align_a = matmul_pointer_alignment(q.A), align_b = matmul_pointer_alignment(q.B),
+                   align_d = matmul_pointer_alignment(q.D);
+    const int64_t kind = (int64_t)q.type * 4 + (fp8 && q.scales.a_blocks) * 2 + (fp8 && q.scales.b_blocks);
+    const MatmulKey key{kind, q.ta, q.tb, q.m, q.n, q.k, q.lda, q.ldb, q.ldd, align_a, align_b, align_d};
+    auto it = mm.cache.find(key);
+    if (it != mm.cache.end()) return it->second;
+    const char* type_name = fp8 ? "FP8" : q.type == GemmType::BF16 ? "BF16" : "FP32";
+    auto report = [&](const char* what, cublasStatus_t status, const char* consequence) {  // the whole problem
         fprintf(stderr,
                 "cuBLASLt: %s (%s) for %s (M=%ld K=%ld N=%ld, %s inputs): column-major m=%ld n=%ld k=%ld op(A)=%c "
-                "op(B)=%c ld %ld/%ld/%ld, alignment A %u B %u D %u bytes; CUBLASLT_LOG_LEVEL=2 says more%s\n",
+                "op(B)=%c ld %ld/%ld/%ld, alignment A %u B %u D %u bytes; CUBLASLT_LOG_LEVEL=2 says more; %s\n",
                 what, cublasLtGetStatusName(status), site.name, (long)site.M, (long)site.K, (long)site.N, type_name,
-                (long)m, (long)n, (long)k, ta ? 'T' : 'N', tb ? 'T' : 'N', (long)lda, (long)ldb, (long)ldd, align_a,
-                align_b, align_d,
-                fp8 ? " (FP8: block-scaled GEMMs are Hopper's only; a summed dimension k that is not a multiple of "
-                      "128 is the first suspect; --dtype bf16 avoids them)"
-                    : "");
-        exit(1);
+                (long)q.m, (long)q.n, (long)q.k, q.ta ? 'T' : 'N', q.tb ? 'T' : 'N', (long)q.lda, (long)q.ldb,
+                (long)q.ldd, align_a, align_b, align_d, consequence);
     };
-    auto it = mm.cache.find(key);
-    if (it == mm.cache.end()) {
-        if (mm.cache.size() >= MATMUL_CACHE_MAX) matmul_clear_cache(mm);
-        const cudaDataType_t in_type = fp8 ? CUDA_R_8F_E4M3 : type == GemmType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
-        const cublasOperation_t op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-        MatmulPlan p;
-        CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
-        if (fp8) {  // per-tile scales; FAST_ACCUM stays off (its default): the sums are promoted to FP32 as they go
-            const int32_t mode_a = scales.a_blocks ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
-                                                   : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-            const int32_t mode_b = scales.b_blocks ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
-                                                   : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_a,
-                                                        sizeof(mode_a)));
-            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_b,
-                                                        sizeof(mode_b)));
-        }
-        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, in_type, ta ? k : m, ta ? m : k, lda));
-        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, in_type, tb ? n : k, tb ? k : n, ldb));
-        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.d, CUDA_R_32F, m, n, ldd));
-
-        cublasLtMatmulPreference_t pref;
-        CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-        const uint64_t workspace = mm.workspace_bytes;
-        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
-                                                          sizeof(workspace)));
-        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
-                                                          sizeof(align_a)));
-        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
-                                                          sizeof(align_b)));
-        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d,
-                                                          sizeof(align_d)));
-        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
-                                                          sizeof(align_d)));
-        cublasLtMatmulHeuristicResult_t result{};
-        int found = 0;
-        const cublasStatus_t status =
-            cublasLtMatmulAlgoGetHeuristic(mm.handle, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &found);
-        CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
-        if (status == CUBLAS_STATUS_NOT_SUPPORTED ||
-            (status == CUBLAS_STATUS_SUCCESS && (found == 0 || result.state != CUBLAS_STATUS_SUCCESS)))
-            fail("no algorithm", status == CUBLAS_STATUS_SUCCESS ? result.state : status);
-        if (status != CUBLAS_STATUS_SUCCESS) fail("the heuristic failed", status);
-        p.algo = result.algo;
-        it = mm.cache.emplace(key, p).first;
+    if (mm.cache.size() >= MATMUL_CACHE_MAX) matmul_clear_cache(mm);
+    const cudaDataType_t in_type = fp8 ? CUDA_R_8F_E4M3 : q.type == GemmType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    const cublasOperation_t op_a = q.ta ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = q.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    MatmulPlan p;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+    if (fp8) {  // per-tile scales; FAST_ACCUM stays off (its default): the sums are promoted to FP32 as they go
+        const int32_t mode_a = q.scales.a_blocks ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+                                                 : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+        const int32_t mode_b = q.scales.b_blocks ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+                                                 : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+        CUBLAS_CHECK(
+            cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_a, sizeof(mode_a)));
+        CUBLAS_CHECK(
+            cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_b, sizeof(mode_b)));
     }
-    const MatmulPlan& p = it->second;
-    if (fp8) {
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scales.a,
-                                                    sizeof(scales.a)));
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scales.b,
-                                                    sizeof(scales.b)));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, in_type, q.ta ? q.k : q.m, q.ta ? q.m : q.k, q.lda));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, in_type, q.tb ? q.n : q.k, q.tb ? q.k : q.n, q.ldb));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.d, CUDA_R_32F, q.m, q.n, q.ldd));
+
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const uint64_t workspace = mm.workspace_bytes;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+                                                      sizeof(workspace)));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
+                                                      sizeof(align_a)));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
+                                                      sizeof(align_b)));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d,
+                                                      sizeof(align_d)));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
+                                                      sizeof(align_d)));
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t status =
+        cublasLtMatmulAlgoGetHeuristic(mm.handle, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &found);
+    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+    const bool none = status == CUBLAS_STATUS_NOT_SUPPORTED ||
+                      (status == CUBLAS_STATUS_SUCCESS && (found == 0 || result.state != CUBLAS_STATUS_SUCCESS));
+    if (none && fp8 && fp8_optional) {
+        report("no FP8 algorithm", status == CUBLAS_STATUS_SUCCESS ? result.state : status,
+               "this product runs in BF16 (said once per shape)");
+        return mm.cache.emplace(key, p).first->second;
+    }
+    if (none || status != CUBLAS_STATUS_SUCCESS) {
+        report(none ? "no algorithm" : "the heuristic failed", status == CUBLAS_STATUS_SUCCESS ? result.state : status,
+               "exiting");
+        exit(1);
+    }
+    p.algo = result.algo;
+    p.found = true;
+    return mm.cache.emplace(key, p).first->second;
+}
+
+// Queues the problem on lane `lane` (its plan found first: see matmul_plan). k = 0 is an empty sum: D = 0, or D
+// unchanged.
+inline void matmul_lt(Matmul& mm, int lane, const MatmulSite& site, const MatmulProblem& q, bool accumulate) {
+    if (q.m == 0 || q.n == 0) return;
+    const cudaStream_t stream = mm.lanes[lane];
+    if (q.k == 0) {
+        if (!accumulate)
+            CUDA_CHECK(cudaMemset2DAsync(q.D, (size_t)q.ldd * sizeof(float), 0, (size_t)q.m * sizeof(float),
+                                         (size_t)q.n, stream));
+        return;
+    }
+    const MatmulPlan& p = matmul_plan(mm, site, q);
+    if (q.type == GemmType::FP8) {  // the only per-call attributes
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &q.scales.a,
+                                                    sizeof(q.scales.a)));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &q.scales.b,
+                                                    sizeof(q.scales.b)));
     }
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     void* workspace = (char*)mm.workspace + (size_t)lane * mm.workspace_bytes;
-    const cublasStatus_t status = cublasLtMatmul(mm.handle, p.desc, &alpha, A, p.a, B, p.b, &beta, D, p.d, D, p.d,
-                                                 &p.algo, workspace, mm.workspace_bytes, stream);
-    if (status != CUBLAS_STATUS_SUCCESS) fail("cublasLtMatmul failed", status);
+    const cublasStatus_t status = cublasLtMatmul(mm.handle, p.desc, &alpha, q.A, p.a, q.B, p.b, &beta, q.D, p.d, q.D,
+                                                 p.d, &p.algo, workspace, mm.workspace_bytes, stream);
+    if (status != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr,
+                "cuBLASLt: cublasLtMatmul failed (%s) for %s (M=%ld K=%ld N=%ld): column-major m=%ld n=%ld k=%ld\n",
+                cublasLtGetStatusName(status), site.name, (long)site.M, (long)site.K, (long)site.N, (long)q.m,
+                (long)q.n, (long)q.k);
+        exit(1);
+    }
 }
 
 // Casts n floats into one of mm's BF16 buffers (the input's or the output gradient's); exceeding its capacity is an
@@ -401,19 +431,19 @@ inline const __nv_bfloat16* matmul_cast(Matmul& mm, bool output_grad, const floa
     return buffer;
 }
 
-// The three products on row-major operands (see the mapping at the top), on lane `lane`. A, B point at FP32 or BF16
+// The three products on row-major operands (see the mapping at the top), as problems: A, B point at FP32 or BF16
 // data as `type` says; D is always FP32.
-inline void matmul_gemm_forward(Matmul& mm, int lane, const MatmulSite& s, GemmType type, float* out, const void* inp,
-                                const void* W, int64_t M, int64_t K, int64_t N, bool accumulate) {
-    matmul_lt(mm, lane, s, type, /*ta*/ true, /*tb*/ false, N, M, K, W, K, inp, K, out, N, accumulate);
+inline MatmulProblem gemm_forward_problem(GemmType type, float* out, const void* inp, const void* W, int64_t M,
+                                          int64_t K, int64_t N) {
+    return {type, /*ta*/ true, /*tb*/ false, N, M, K, W, K, inp, K, out, N, {}};
 }
-inline void matmul_gemm_dinp(Matmul& mm, int lane, const MatmulSite& s, GemmType type, float* dinp, const void* dout,
-                             const void* W, int64_t M, int64_t K, int64_t N, bool accumulate) {
-    matmul_lt(mm, lane, s, type, false, false, K, M, N, W, K, dout, N, dinp, K, accumulate);
+inline MatmulProblem gemm_dinp_problem(GemmType type, float* dinp, const void* dout, const void* W, int64_t M,
+                                       int64_t K, int64_t N) {
+    return {type, false, false, K, M, N, W, K, dout, N, dinp, K, {}};
 }
-inline void matmul_gemm_dW(Matmul& mm, int lane, const MatmulSite& s, GemmType type, float* dW, const void* dout,
-                           const void* inp, int64_t M, int64_t K, int64_t N) {
-    matmul_lt(mm, lane, s, type, false, true, K, N, M, inp, K, dout, N, dW, K, /*accumulate*/ true);
+inline MatmulProblem gemm_dW_problem(GemmType type, float* dW, const void* dout, const void* inp, int64_t M, int64_t K,
+                                     int64_t N) {
+    return {type, false, true, K, N, M, inp, K, dout, N, dW, K, {}};
 }
 
 // The same three in FP8. cuBLASLt's FP8 GEMMs want both operands with the summed dimension contiguous (op(A) = T,
@@ -423,24 +453,36 @@ inline void matmul_gemm_dW(Matmul& mm, int lane, const MatmulSite& s, GemmType t
 //   dW       dW^T (K, N)   = inp^T @ dout:        A = inp8^T (Mp, K) ld Mp;            B = dout8^T (Mp, N) ld Mp,
 //            both 128x1 tiles down the tokens, written transposed with the M rows padded with zeros to Mp, a multiple
 //            of 16 (FP8 leading dimensions are multiples of 16 bytes).
-// Every summed dimension (K, N, Mp) must be a multiple of 16: the model's widths are (checked by gpu_model_init).
-inline void matmul_fp8_forward(Matmul& mm, int lane, const MatmulSite& s, float* out, const __nv_fp8_storage_t* inp,
-                               const float* inp_scales, const Fp8Weight& W, int64_t M, int64_t K, int64_t N,
-                               bool accumulate) {
-    matmul_lt(mm, lane, s, GemmType::FP8, true, false, N, M, K, W.q, K, inp, K, out, N, accumulate,
-              {W.scales, inp_scales, true, false});
+// Every summed dimension (K, N, Mp) must be a multiple of 16: the model's widths are (checked by gpu_model_init). A
+// problem cuBLASLt has no FP8 algorithm for runs in BF16 instead (fp8_takes, said once per shape).
+inline MatmulProblem fp8_forward_problem(float* out, const __nv_fp8_storage_t* inp, const float* inp_scales,
+                                         const Fp8Weight& W, int64_t M, int64_t K, int64_t N) {
+    return {GemmType::FP8, true, false, N, M, K, W.q, K, inp, K, out, N, {W.scales, inp_scales, true, false}};
 }
-inline void matmul_fp8_dinp(Matmul& mm, int lane, const MatmulSite& s, float* dinp, const __nv_fp8_storage_t* dout,
-                            const float* dout_scales, const Fp8Weight& W, int64_t M, int64_t K, int64_t N,
-                            bool accumulate) {
-    matmul_lt(mm, lane, s, GemmType::FP8, true, false, K, M, N, W.qt, N, dout, N, dinp, K, accumulate,
-              {W.scales_t, dout_scales, true, false});
+inline MatmulProblem fp8_dinp_problem(float* dinp, const __nv_fp8_storage_t* dout, const float* dout_scales,
+                                      const Fp8Weight& W, int64_t M, int64_t K, int64_t N) {
+    return {GemmType::FP8, true, false, K, M, N, W.qt, N, dout, N, dinp, K, {W.scales_t, dout_scales, true, false}};
 }
-inline void matmul_fp8_dW(Matmul& mm, int lane, const MatmulSite& s, float* dW, const __nv_fp8_storage_t* dout_t,
-                          const float* dout_t_scales, const __nv_fp8_storage_t* inp_t, const float* inp_t_scales,
-                          int64_t Mp, int64_t K, int64_t N) {
-    matmul_lt(mm, lane, s, GemmType::FP8, true, false, K, N, Mp, inp_t, Mp, dout_t, Mp, dW, K, true,
-              {inp_t_scales, dout_t_scales, false, false});
+inline MatmulProblem fp8_dW_problem(float* dW, const __nv_fp8_storage_t* dout_t, const float* dout_t_scales,
+                                    const __nv_fp8_storage_t* inp_t, const float* inp_t_scales, int64_t Mp, int64_t K,
+                                    int64_t N) {
+    return {GemmType::FP8,
+            true,
+            false,
+            K,
+            N,
+            Mp,
+            inp_t,
+            Mp,
+            dout_t,
+            Mp,
+            dW,
+            K,
+            {inp_t_scales, dout_t_scales, false, false}};
+}
+// Whether cuBLASLt takes an FP8 problem (an empty one trivially)
+inline bool fp8_takes(Matmul& mm, const MatmulSite& s, const MatmulProblem& q) {
+    return q.m == 0 || q.n == 0 || q.k == 0 || matmul_plan(mm, s, q, /*fp8_optional*/ true).found;
 }
 inline int64_t fp8_padded_rows(int64_t M) { return round_up(M, 16); }
 
@@ -496,25 +538,25 @@ inline const float* matmul_input_fp32(const GemmInput& inp, const MatmulSite& si
 }
 
 // out (M, N) (=|+=) inp (M, K) @ W^T, W (N, K), in W's precision (GemmWeight).
-inline void matmul_forward(Matmul& mm, float* out, GemmInput inp, const GemmWeight& W, int64_t M, int64_t K,
-                           int64_t N, bool accumulate) {
+inline void matmul_forward(Matmul& mm, float* out, GemmInput inp, const GemmWeight& W, int64_t M, int64_t K, int64_t N,
+                           bool accumulate) {
     if (M == 0) return;
     const MatmulSite s{"matmul_forward", M, K, N};
-    switch (W.type()) {
-        case GemmType::FP8: {
-            const Fp8Buffer& q = matmul_fp8_buffer(mm, FP8_INPUT, M * K, fp8_vec128_scales(M, K));
+    GemmType type = W.type();
+    if (type == GemmType::FP8) {
+        const Fp8Buffer& q = matmul_fp8_buffer(mm, FP8_INPUT, M * K, fp8_vec128_scales(M, K));
+        const MatmulProblem fp8 = fp8_forward_problem(out, q.values, q.scales, W.fp8, M, K, N);
+        if (fp8_takes(mm, s, fp8)) {
             fp8_rows_of(inp, 0, M, K, q.values, q.scales, mm.stream);
-            matmul_fp8_forward(mm, 0, s, out, q.values, q.scales, W.fp8, M, K, N, accumulate);
-            break;
+            matmul_lt(mm, 0, s, fp8, accumulate);
+            return;
         }
-        case GemmType::BF16:
-            matmul_gemm_forward(mm, 0, s, GemmType::BF16, out, matmul_input_bf16(mm, inp, 0, K, M * K, s), W.bf16, M,
-                                K, N, accumulate);
-            break;
-        case GemmType::FP32:
-            matmul_gemm_forward(mm, 0, s, GemmType::FP32, out, matmul_input_fp32(inp, s), W.fp32, M, K, N,
-                                accumulate);
+        type = GemmType::BF16;
     }
+    const void* x = type == GemmType::BF16 ? (const void*)matmul_input_bf16(mm, inp, 0, K, M * K, s)
+                                           : (const void*)matmul_input_fp32(inp, s);
+    const void* w = type == GemmType::BF16 ? (const void*)W.bf16 : (const void*)W.fp32;
+    matmul_lt(mm, 0, s, gemm_forward_problem(type, out, x, w, M, K, N), accumulate);
 }
 
 // dinp (M, K) (=|+=) dout (M, N) @ W (skipped when dinp is nullptr); dW (N, K) += dout^T @ inp.
@@ -522,33 +564,41 @@ inline void matmul_backward(Matmul& mm, float* dinp, float* dW, GemmInput dout, 
                             int64_t M, int64_t K, int64_t N, bool accumulate_dinp) {
     if (M == 0) return;
     const MatmulSite s{"matmul_backward", M, K, N};
-    switch (W.type()) {
-        case GemmType::FP8: {
-            if (dinp) {
-                const Fp8Buffer& g = matmul_fp8_buffer(mm, FP8_GRAD_ROWS, M * N, fp8_vec128_scales(M, N));
+    GemmType type = W.type();
+    bool dinp_left = dinp != nullptr, dW_left = true;  // the products still to run
+    if (type == GemmType::FP8) {
+        if (dinp) {
+            const Fp8Buffer& g = matmul_fp8_buffer(mm, FP8_GRAD_ROWS, M * N, fp8_vec128_scales(M, N));
+            const MatmulProblem fp8 = fp8_dinp_problem(dinp, g.values, g.scales, W.fp8, M, K, N);
+            if (fp8_takes(mm, s, fp8)) {
                 fp8_rows_of(dout, 0, M, N, g.values, g.scales, mm.stream);
-                matmul_fp8_dinp(mm, 0, s, dinp, g.values, g.scales, W.fp8, M, K, N, accumulate_dinp);
+                matmul_lt(mm, 0, s, fp8, accumulate_dinp);
+                dinp_left = false;
             }
-            const int64_t Mp = fp8_padded_rows(M);
-            const Fp8Buffer& gt = matmul_fp8_buffer(mm, FP8_GRAD_T, N * Mp, fp8_vec128_scales(N, Mp));
-            const Fp8Buffer& xt = matmul_fp8_buffer(mm, FP8_INPUT, K * Mp, fp8_vec128_scales(K, Mp));
+        }
+        const int64_t Mp = fp8_padded_rows(M);
+        const Fp8Buffer& gt = matmul_fp8_buffer(mm, FP8_GRAD_T, N * Mp, fp8_vec128_scales(N, Mp));
+        const Fp8Buffer& xt = matmul_fp8_buffer(mm, FP8_INPUT, K * Mp, fp8_vec128_scales(K, Mp));
+        const MatmulProblem fp8 = fp8_dW_problem(dW, gt.values, gt.scales, xt.values, xt.scales, Mp, K, N);
+        if (fp8_takes(mm, s, fp8)) {
             fp8_cols_of(dout, 0, M, N, gt.values, gt.scales, mm.stream);
             fp8_cols_of(inp, 0, M, K, xt.values, xt.scales, mm.stream);
-            matmul_fp8_dW(mm, 0, s, dW, gt.values, gt.scales, xt.values, xt.scales, Mp, K, N);
-            break;
+            matmul_lt(mm, 0, s, fp8, /*accumulate*/ true);
+            dW_left = false;
         }
-        case GemmType::BF16: {
-            const __nv_bfloat16* dout16 = dout.bf16 ? dout.bf16 : matmul_cast(mm, true, dout.fp32, M * N, s, "dout");
-            if (dinp) matmul_gemm_dinp(mm, 0, s, GemmType::BF16, dinp, dout16, W.bf16, M, K, N, accumulate_dinp);
-            const __nv_bfloat16* inp16 = matmul_input_bf16(mm, inp, 0, K, M * K, s);
-            matmul_gemm_dW(mm, 0, s, GemmType::BF16, dW, dout16, inp16, M, K, N);
-            break;
-        }
-        case GemmType::FP32: {
-            const float* dout32 = matmul_input_fp32(dout, s);
-            if (dinp) matmul_gemm_dinp(mm, 0, s, GemmType::FP32, dinp, dout32, W.fp32, M, K, N, accumulate_dinp);
-            matmul_gemm_dW(mm, 0, s, GemmType::FP32, dW, dout32, matmul_input_fp32(inp, s), M, K, N);
-        }
+        type = GemmType::BF16;  // what is left, cuBLASLt refused in FP8
+    }
+    if (!dinp_left && !dW_left) return;
+    const bool bf16 = type == GemmType::BF16;
+    const void* g = bf16 ? (const void*)(dout.bf16 ? dout.bf16 : matmul_cast(mm, true, dout.fp32, M * N, s, "dout"))
+                         : (const void*)matmul_input_fp32(dout, s);
+    if (dinp_left)
+        matmul_lt(mm, 0, s, gemm_dinp_problem(type, dinp, g, bf16 ? (const void*)W.bf16 : W.fp32, M, K, N),
+                  accumulate_dinp);
+    if (dW_left) {
+        const void* x =
+            bf16 ? (const void*)matmul_input_bf16(mm, inp, 0, K, M * K, s) : (const void*)matmul_input_fp32(inp, s);
+        matmul_lt(mm, 0, s, gemm_dW_problem(type, dW, g, x, M, K, N), /*accumulate*/ true);
     }
 }
 
@@ -575,9 +625,8 @@ inline void grouped_on_lanes(Matmul& mm, const int64_t* offsets, int64_t G, Grou
     std::vector<int64_t> order;  // the nonempty groups, largest first (ties in group order)
     for (int64_t g = 0; g < G; g++)
         if (offsets[g + 1] > offsets[g]) order.push_back(g);
-    std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) {
-        return offsets[x + 1] - offsets[x] > offsets[y + 1] - offsets[y];
-    });
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t x, int64_t y) { return offsets[x + 1] - offsets[x] > offsets[y + 1] - offsets[y]; });
     const int64_t most = std::min<int64_t>({mm.group_lanes, MATMUL_LANES, (int64_t)order.size()});
     const int lanes = (int)std::max<int64_t>(1, most);
     if (lanes > 1) CUDA_CHECK(cudaEventRecord(mm.lane_events[0], mm.stream));
@@ -596,64 +645,77 @@ inline void grouped_on_lanes(Matmul& mm, const int64_t* offsets, int64_t G, Grou
 
 // out rows [offsets[g], offsets[g+1]) (=) inp rows @ W_g^T, W (G, N, K) in its precision. offsets: host. In FP8
 // the groups' rows are quantized before the lanes fork (one launch per group: a group's scales are laid out for its
-// own row count).
+// own row count); if cuBLASLt refuses any group's FP8 shape, the whole call runs in BF16.
 inline void grouped_matmul_forward(Matmul& mm, float* out, GemmInput inp, const GemmWeight& W, const int64_t* offsets,
                                    int64_t G, int64_t K, int64_t N) {
     if (G <= 0) return;
     const MatmulSite s{"grouped_matmul_forward", offsets[G] - offsets[0], K, N};
     const int64_t first = grouped_first_row(s, offsets, G), rows = offsets[G] - first;
     if (rows == 0) return;
-    const GemmType type = W.type();
-    const __nv_bfloat16* inp16 = type == GemmType::BF16 ? matmul_input_bf16(mm, inp, first, K, rows * K, s) : nullptr;
-    const float* inp32 = type == GemmType::FP32 ? matmul_input_fp32(inp, s) : nullptr;
+    GemmType type = W.type();
     const Fp8GroupPlace place = type == GemmType::FP8 ? fp8_group_place(offsets, G, K) : Fp8GroupPlace{};
-    const Fp8Buffer* q = nullptr;
-    if (type == GemmType::FP8) {
-        q = &matmul_fp8_buffer(mm, FP8_INPUT, rows * K, place.row_scales[G]);
+    const Fp8Buffer* q =
+        type == GemmType::FP8 ? &matmul_fp8_buffer(mm, FP8_INPUT, rows * K, place.row_scales[G]) : nullptr;
+    auto fp8_problem = [&](int64_t g) {  // group g's FP8 product
+        const int64_t r0 = offsets[g];
+        return fp8_forward_problem(out + r0 * N, q->values + (r0 - first) * K, q->scales + place.row_scales[g],
+                                   W.at(g, N, K).fp8, offsets[g + 1] - r0, K, N);
+    };
+    for (int64_t g = 0; g < G && type == GemmType::FP8; g++)
+        if (!fp8_takes(mm, {"grouped_matmul_forward (one group)", offsets[g + 1] - offsets[g], K, N}, fp8_problem(g)))
+            type = GemmType::BF16;
+    if (type == GemmType::FP8)
         for (int64_t g = 0; g < G; g++)
             if (offsets[g + 1] > offsets[g])
                 fp8_rows_of(inp, offsets[g], offsets[g + 1] - offsets[g], K, q->values + (offsets[g] - first) * K,
                             q->scales + place.row_scales[g], mm.stream);
-    }
+    const __nv_bfloat16* inp16 = type == GemmType::BF16 ? matmul_input_bf16(mm, inp, first, K, rows * K, s) : nullptr;
+    const float* inp32 = type == GemmType::FP32 ? matmul_input_fp32(inp, s) : nullptr;
     grouped_on_lanes(mm, offsets, G, [&](int64_t g, int lane) {
         const int64_t r0 = offsets[g], M = offsets[g + 1] - r0;
         const MatmulSite sg{"grouped_matmul_forward (one group)", M, K, N};
         const GemmWeight Wg = W.at(g, N, K);
-        if (type == GemmType::FP8) {
-            matmul_fp8_forward(mm, lane, sg, out + r0 * N, q->values + (r0 - first) * K,
-                               q->scales + place.row_scales[g], Wg.fp8, M, K, N, false);
-        } else if (type == GemmType::BF16) {
-            matmul_gemm_forward(mm, lane, sg, type, out + r0 * N, inp16 + (r0 - first) * K, Wg.bf16, M, K, N, false);
-        } else {
-            matmul_gemm_forward(mm, lane, sg, type, out + r0 * N, inp32 + r0 * K, Wg.fp32, M, K, N, false);
-        }
+        if (type == GemmType::FP8)
+            matmul_lt(mm, lane, sg, fp8_problem(g), false);
+        else if (type == GemmType::BF16)
+            matmul_lt(mm, lane, sg,
+                      gemm_forward_problem(type, out + r0 * N, inp16 + (r0 - first) * K, Wg.bf16, M, K, N), false);
+        else
+            matmul_lt(mm, lane, sg, gemm_forward_problem(type, out + r0 * N, inp32 + r0 * K, Wg.fp32, M, K, N), false);
     });
 }
 
 // Per group g: dinp rows (=) dout rows @ W_g;  dW_g (N, K) += dout rows^T @ inp rows. offsets: host. In FP8 every
-// group's operands are quantized before the lanes fork.
+// group's operands are quantized before the lanes fork; if cuBLASLt refuses any group's FP8 shape, the whole call
+// runs in BF16.
 inline void grouped_matmul_backward(Matmul& mm, float* dinp, float* dW, const float* dout, GemmInput inp,
                                     const GemmWeight& W, const int64_t* offsets, int64_t G, int64_t K, int64_t N) {
     if (G <= 0) return;
     const MatmulSite s{"grouped_matmul_backward", offsets[G] - offsets[0], K, N};
     const int64_t first = grouped_first_row(s, offsets, G), rows = offsets[G] - first;
     if (rows == 0) return;
-    const GemmType type = W.type();
-    const __nv_bfloat16 *dout16 = nullptr, *inp16 = nullptr;
-    const float* inp32 = nullptr;
-    if (type == GemmType::BF16) {
-        dout16 = matmul_cast(mm, true, dout + first * N, rows * N, s, "dout");
-        inp16 = matmul_input_bf16(mm, inp, first, K, rows * K, s);
-    } else if (type == GemmType::FP32) {
-        inp32 = matmul_input_fp32(inp, s);
+    GemmType type = W.type();
+    const bool fp8 = type == GemmType::FP8;
+    const Fp8GroupPlace grad = fp8 ? fp8_group_place(offsets, G, N) : Fp8GroupPlace{},
+                        input = fp8 ? fp8_group_place(offsets, G, K) : Fp8GroupPlace{};
+    const Fp8Buffer* g_rows = fp8 ? &matmul_fp8_buffer(mm, FP8_GRAD_ROWS, rows * N, grad.row_scales[G]) : nullptr;
+    const Fp8Buffer* g_t = fp8 ? &matmul_fp8_buffer(mm, FP8_GRAD_T, grad.t_values[G], grad.t_scales[G]) : nullptr;
+    const Fp8Buffer* x_t = fp8 ? &matmul_fp8_buffer(mm, FP8_INPUT, input.t_values[G], input.t_scales[G]) : nullptr;
+    auto fp8_dinp = [&](int64_t g) {  // group g's two FP8 products
+        const int64_t r0 = offsets[g];
+        return fp8_dinp_problem(dinp + r0 * K, g_rows->values + (r0 - first) * N, g_rows->scales + grad.row_scales[g],
+                                W.at(g, N, K).fp8, offsets[g + 1] - r0, K, N);
+    };
+    auto fp8_dW = [&](int64_t g) {
+        return fp8_dW_problem(dW + g * N * K, g_t->values + grad.t_values[g], g_t->scales + grad.t_scales[g],
+                              x_t->values + input.t_values[g], x_t->scales + input.t_scales[g],
+                              fp8_padded_rows(offsets[g + 1] - offsets[g]), K, N);
+    };
+    for (int64_t g = 0; g < G && type == GemmType::FP8; g++) {
+        const MatmulSite sg{"grouped_matmul_backward (one group)", offsets[g + 1] - offsets[g], K, N};
+        if ((dinp && !fp8_takes(mm, sg, fp8_dinp(g))) || !fp8_takes(mm, sg, fp8_dW(g))) type = GemmType::BF16;
     }
-    const Fp8GroupPlace grad = type == GemmType::FP8 ? fp8_group_place(offsets, G, N) : Fp8GroupPlace{},
-                        input = type == GemmType::FP8 ? fp8_group_place(offsets, G, K) : Fp8GroupPlace{};
-    const Fp8Buffer *g_rows = nullptr, *g_t = nullptr, *x_t = nullptr;
-    if (type == GemmType::FP8) {
-        g_rows = &matmul_fp8_buffer(mm, FP8_GRAD_ROWS, rows * N, grad.row_scales[G]);
-        g_t = &matmul_fp8_buffer(mm, FP8_GRAD_T, grad.t_values[G], grad.t_scales[G]);
-        x_t = &matmul_fp8_buffer(mm, FP8_INPUT, input.t_values[G], input.t_scales[G]);
+    if (type == GemmType::FP8)
         for (int64_t g = 0; g < G; g++) {
             const int64_t r0 = offsets[g], M = offsets[g + 1] - r0;
             if (M == 0) continue;
@@ -663,6 +725,13 @@ inline void grouped_matmul_backward(Matmul& mm, float* dinp, float* dW, const fl
             fp8_cols_of(dout, r0, M, N, g_t->values + grad.t_values[g], g_t->scales + grad.t_scales[g], mm.stream);
             fp8_cols_of(inp, r0, M, K, x_t->values + input.t_values[g], x_t->scales + input.t_scales[g], mm.stream);
         }
+    const __nv_bfloat16 *dout16 = nullptr, *inp16 = nullptr;
+    const float* inp32 = nullptr;
+    if (type == GemmType::BF16) {
+        dout16 = matmul_cast(mm, true, dout + first * N, rows * N, s, "dout");
+        inp16 = matmul_input_bf16(mm, inp, first, K, rows * K, s);
+    } else if (type == GemmType::FP32) {
+        inp32 = matmul_input_fp32(inp, s);
     }
     grouped_on_lanes(mm, offsets, G, [&](int64_t g, int lane) {
         const int64_t r0 = offsets[g], M = offsets[g + 1] - r0;
@@ -670,18 +739,16 @@ inline void grouped_matmul_backward(Matmul& mm, float* dinp, float* dW, const fl
         const GemmWeight Wg = W.at(g, N, K);
         float* dW_g = dW + g * N * K;
         if (type == GemmType::FP8) {
-            if (dinp)
-                matmul_fp8_dinp(mm, lane, sg, dinp + r0 * K, g_rows->values + (r0 - first) * N,
-                                g_rows->scales + grad.row_scales[g], Wg.fp8, M, K, N, false);
-            matmul_fp8_dW(mm, lane, sg, dW_g, g_t->values + grad.t_values[g], g_t->scales + grad.t_scales[g],
-                          x_t->values + input.t_values[g], x_t->scales + input.t_scales[g], fp8_padded_rows(M), K, N);
+            if (dinp) matmul_lt(mm, lane, sg, fp8_dinp(g), false);
+            matmul_lt(mm, lane, sg, fp8_dW(g), true);
         } else if (type == GemmType::BF16) {
             const __nv_bfloat16 *dout_g = dout16 + (r0 - first) * N, *inp_g = inp16 + (r0 - first) * K;
-            if (dinp) matmul_gemm_dinp(mm, lane, sg, type, dinp + r0 * K, dout_g, Wg.bf16, M, K, N, false);
-            matmul_gemm_dW(mm, lane, sg, type, dW_g, dout_g, inp_g, M, K, N);
+            if (dinp) matmul_lt(mm, lane, sg, gemm_dinp_problem(type, dinp + r0 * K, dout_g, Wg.bf16, M, K, N), false);
+            matmul_lt(mm, lane, sg, gemm_dW_problem(type, dW_g, dout_g, inp_g, M, K, N), true);
         } else {
-            if (dinp) matmul_gemm_dinp(mm, lane, sg, type, dinp + r0 * K, dout + r0 * N, Wg.fp32, M, K, N, false);
-            matmul_gemm_dW(mm, lane, sg, type, dW_g, dout + r0 * N, inp32 + r0 * K, M, K, N);
+            if (dinp)
+                matmul_lt(mm, lane, sg, gemm_dinp_problem(type, dinp + r0 * K, dout + r0 * N, Wg.fp32, M, K, N), false);
+            matmul_lt(mm, lane, sg, gemm_dW_problem(type, dW_g, dout + r0 * N, inp32 + r0 * K, M, K, N), true);
         }
     });
 }

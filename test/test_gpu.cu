@@ -27,8 +27,8 @@ int main() {
     test_matmul(rng);
     test_training_step();
     test_trainers();
-    // FP8 last: cuBLASLt's block-scaled FP8 GEMMs are Hopper's only, and a shape they refuse ends the program (with
-    // the problem printed), which must not cost the checks above
+    // FP8 last: cuBLASLt's block-scaled FP8 GEMMs are Hopper's only and have not run here yet; whatever goes wrong
+    // there (a crash included) must not cost the checks above
     printf("before the FP8 checks: %d passed, %d failed\n", passed, failed);
     fflush(stdout);
     if (prop.major == 9) {

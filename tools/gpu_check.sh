@@ -63,6 +63,7 @@ fi
 timeout "$(budget 200)" ./test_gpu > "$out/test_gpu.txt" 2>&1
 grep -E "FAIL|^tests:|error" "$out/test_gpu.txt" | head -40
 status "make test-gpu" "$(grep '^tests:' "$out/test_gpu.txt" || echo 'no result line (crashed or timed out)')"
+status "FP8 shapes refused" "$(grep -c 'no FP8 algorithm' "$out/test_gpu.txt") (each ran in BF16; test_gpu.txt names them)"
 # 4 layers (1 dense + 3 MoE, a 58 GiB plan) rather than the fit: the fit reads the host RAM from MemTotal, which on
 # these machines starts far below what they grow to (the device tool's H200.md), and a smaller host init stays
 # inside the stage's budget; the per-token figures hardly depend on the layer count.
