@@ -56,11 +56,6 @@ void sync(const GpuModel& m) { CUDA_CHECK(cudaStreamSynchronize(m.stream)); }
 
 int64_t tokens(const GpuModel& m) { return (int64_t)m.B * m.T; }
 
-// The BF16 working copy of weight w (a pointer into m.params), or nullptr for an FP32 GEMM.
-const __nv_bfloat16* bf16_of(const GpuModel& m, const float* w) {
-    return m.params_bf16 ? m.params_bf16 + (w - m.params) : nullptr;
-}
-
 // FP8 mode's weights: the linear layers inside the blocks (every self_attn.*_proj and mlp.*_proj tensor: the
 // attention's projections, the dense FFN's, the shared and routed experts'), as the CPU model's LinearPrecision::FP8;
 // not the router (mlp.gate), the embedding, the head or the MTP projection (eh_proj).
@@ -120,13 +115,14 @@ void check_fp8_widths(const Config& c) {
                 std::to_string(width) + " (use --dtype bf16, or another config)");
 }
 
-// Weight w with the copies its GEMMs read in m's precision
+// Weight w (a pointer into m.params) with the copies its GEMMs read in m's precision: none in FP32 mode, the BF16
+// working copy in BF16 mode, and in FP8 mode the E4M3 copies too for the blocks' linear layers
 gpu::GemmWeight weight_of(const GpuModel& m, const float* w) {
     const auto f = m.fp8_weights.find(w - m.params);
     const gpu::Fp8Weight w8 = f == m.fp8_weights.end() ? gpu::Fp8Weight{}
                                                        : gpu::Fp8Weight{f->second.q, f->second.qt, f->second.scales,
                                                                         f->second.scales_t};
-    return gpu::GemmWeight(w, bf16_of(m, w), w8);
+    return gpu::GemmWeight(w, m.params_bf16 ? m.params_bf16 + (w - m.params) : nullptr, w8);
 }
 
 // BF16 mode: copy16 = the BF16 rounding of the n floats at src, the GEMM inputs' copy (see gpu_model.h). FP32 mode
