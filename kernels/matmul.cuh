@@ -128,7 +128,6 @@ struct Fp8Scales {
     bool a_blocks = false, b_blocks = false;
 };
 
-
 // E4M3 values and their scales: one of a Matmul's three FP8 scratch buffers, grown on demand
 struct Fp8Buffer {
     __nv_fp8_storage_t* values = nullptr;
@@ -232,13 +231,18 @@ inline Fp8Buffer& matmul_fp8_buffer(Matmul& mm, int which, int64_t values, int64
     CUDA_CHECK(cudaFree(b.scales));
     const int64_t value_room = std::max(values, b.values_capacity), scale_room = std::max(scales, b.scales_capacity);
     b = Fp8Buffer{};
-    matmul_alloc(mm, (void**)&mm.fp8[which].values, (size_t)value_room, "the FP8 GEMM operands");
-    matmul_alloc(mm, (void**)&mm.fp8[which].scales, (size_t)scale_room * sizeof(float), "the FP8 GEMM scales");
-    mm.fp8[which].values_capacity = value_room;
-    mm.fp8[which].scales_capacity = scale_room;
-    return mm.fp8[which];
+    matmul_alloc(mm, (void**)&b.values, (size_t)value_room, "the FP8 GEMM operands");
+    matmul_alloc(mm, (void**)&b.scales, (size_t)scale_room * sizeof(float), "the FP8 GEMM scales");
+    b.values_capacity = value_room;
+    b.scales_capacity = scale_room;
+    return b;
 }
 
+// The three FP8 buffers grown to their sizes for GEMMs of up to `casts` elements (matmul_fp8_sizes)
+inline void matmul_fp8_reserve(Matmul& mm, MatmulCasts casts) {
+    const auto sizes = matmul_fp8_sizes(casts);
+    for (int i = 0; i < 3; i++) matmul_fp8_buffer(mm, i, sizes[i][0], sizes[i][1]);
+}
 
 // casts: the largest input and output gradient any BF16 call will cast; {0, 0} for FP32-only use. fp8: the FP8
 // buffers are allocated for GEMMs of those sizes too (and grown by matmul_reserve).
@@ -253,18 +257,14 @@ inline void matmul_create(Matmul& mm, cudaStream_t stream, MatmulCasts casts, bo
     mm.workspace_bytes = MATMUL_WORKSPACE_BYTES;
     if (casts.inputs > 0 || casts.output_grads > 0) matmul_alloc_casts(mm, casts);
     mm.fp8_enabled = fp8;
-    if (fp8)
-        for (int i = 0; i < 3; i++)
-            matmul_fp8_buffer(mm, i, matmul_fp8_sizes(casts)[i][0], matmul_fp8_sizes(casts)[i][1]);
+    if (fp8) matmul_fp8_reserve(mm, casts);
 }
 
 // Grows the cast buffers to at least casts (the routed experts' rows grow with the routing). A Matmul created for
 // FP32 only never casts and stays without buffers. Waits for mm's stream first: queued casts and GEMMs may still
 // read the old buffers. Throws as matmul_create.
 inline void matmul_reserve(Matmul& mm, MatmulCasts casts) {
-    if (mm.fp8_enabled)
-        for (int i = 0; i < 3; i++)
-            matmul_fp8_buffer(mm, i, matmul_fp8_sizes(casts)[i][0], matmul_fp8_sizes(casts)[i][1]);
+    if (mm.fp8_enabled) matmul_fp8_reserve(mm, casts);
     const MatmulCasts have = mm.cast_capacity;
     const bool fp32_only = have.inputs + have.output_grads == 0;
     if (fp32_only || (casts.inputs <= have.inputs && casts.output_grads <= have.output_grads)) return;
@@ -466,19 +466,8 @@ inline MatmulProblem fp8_dinp_problem(float* dinp, const __nv_fp8_storage_t* dou
 inline MatmulProblem fp8_dW_problem(float* dW, const __nv_fp8_storage_t* dout_t, const float* dout_t_scales,
                                     const __nv_fp8_storage_t* inp_t, const float* inp_t_scales, int64_t Mp, int64_t K,
                                     int64_t N) {
-    return {GemmType::FP8,
-            true,
-            false,
-            K,
-            N,
-            Mp,
-            inp_t,
-            Mp,
-            dout_t,
-            Mp,
-            dW,
-            K,
-            {inp_t_scales, dout_t_scales, false, false}};
+    const Fp8Scales scales{inp_t_scales, dout_t_scales, false, false};
+    return {GemmType::FP8, true, false, K, N, Mp, inp_t, Mp, dout_t, Mp, dW, K, scales};
 }
 // Whether cuBLASLt takes an FP8 problem (an empty one trivially)
 inline bool fp8_takes(Matmul& mm, const MatmulSite& s, const MatmulProblem& q) {
@@ -675,13 +664,14 @@ inline void grouped_matmul_forward(Matmul& mm, float* out, GemmInput inp, const 
         const int64_t r0 = offsets[g], M = offsets[g + 1] - r0;
         const MatmulSite sg{"grouped_matmul_forward (one group)", M, K, N};
         const GemmWeight Wg = W.at(g, N, K);
-        if (type == GemmType::FP8)
+        if (type == GemmType::FP8) {
             matmul_lt(mm, lane, sg, fp8_problem(g), false);
-        else if (type == GemmType::BF16)
-            matmul_lt(mm, lane, sg,
-                      gemm_forward_problem(type, out + r0 * N, inp16 + (r0 - first) * K, Wg.bf16, M, K, N), false);
-        else
-            matmul_lt(mm, lane, sg, gemm_forward_problem(type, out + r0 * N, inp32 + r0 * K, Wg.fp32, M, K, N), false);
+            return;
+        }
+        const bool bf16 = type == GemmType::BF16;
+        const void* x = bf16 ? (const void*)(inp16 + (r0 - first) * K) : (const void*)(inp32 + r0 * K);
+        const void* w = bf16 ? (const void*)Wg.bf16 : (const void*)Wg.fp32;
+        matmul_lt(mm, lane, sg, gemm_forward_problem(type, out + r0 * N, x, w, M, K, N), false);
     });
 }
 
@@ -741,15 +731,14 @@ inline void grouped_matmul_backward(Matmul& mm, float* dinp, float* dW, const fl
         if (type == GemmType::FP8) {
             if (dinp) matmul_lt(mm, lane, sg, fp8_dinp(g), false);
             matmul_lt(mm, lane, sg, fp8_dW(g), true);
-        } else if (type == GemmType::BF16) {
-            const __nv_bfloat16 *dout_g = dout16 + (r0 - first) * N, *inp_g = inp16 + (r0 - first) * K;
-            if (dinp) matmul_lt(mm, lane, sg, gemm_dinp_problem(type, dinp + r0 * K, dout_g, Wg.bf16, M, K, N), false);
-            matmul_lt(mm, lane, sg, gemm_dW_problem(type, dW_g, dout_g, inp_g, M, K, N), true);
-        } else {
-            if (dinp)
-                matmul_lt(mm, lane, sg, gemm_dinp_problem(type, dinp + r0 * K, dout + r0 * N, Wg.fp32, M, K, N), false);
-            matmul_lt(mm, lane, sg, gemm_dW_problem(type, dW_g, dout + r0 * N, inp32 + r0 * K, M, K, N), true);
+            return;
         }
+        const bool bf16 = type == GemmType::BF16;
+        const void* grad_g = bf16 ? (const void*)(dout16 + (r0 - first) * N) : (const void*)(dout + r0 * N);
+        const void* x = bf16 ? (const void*)(inp16 + (r0 - first) * K) : (const void*)(inp32 + r0 * K);
+        const void* w = bf16 ? (const void*)Wg.bf16 : (const void*)Wg.fp32;
+        if (dinp) matmul_lt(mm, lane, sg, gemm_dinp_problem(type, dinp + r0 * K, grad_g, w, M, K, N), false);
+        matmul_lt(mm, lane, sg, gemm_dW_problem(type, dW_g, grad_g, x, M, K, N), true);
     });
 }
 

@@ -1,5 +1,6 @@
 // CPU stand-in (see stand_in.h): the E4M3 byte and the conversion the kernels use, __nv_cvt_float_to_fp8 with
-// saturation to the largest finite value (__NV_SATFINITE), round to nearest even. Written from the format, not from
+// saturation to the largest finite value (__NV_SATFINITE), round to nearest even; and the other way, the value of a
+// byte, for the stand-ins and the emulator's cuBLASLt, which read E4M3 operands. Written from the format, not from
 // model/fp8.cpp, so that the CPU reference and this stand-in check each other (test_gpu_kernels' FP8 checks).
 #pragma once
 #include <cmath>
@@ -31,4 +32,13 @@ inline __nv_fp8_storage_t __nv_cvt_float_to_fp8(float x, __nv_saturation_t satur
     const uint32_t exponent = (u >> 23) - 127 + 7, mantissa = (u >> 20) & 7u;
     if (exponent > 15 || (exponent == 15 && mantissa == 7)) return (__nv_fp8_storage_t)(sign | 0x7e);  // saturate
     return (__nv_fp8_storage_t)(sign | exponent << 3 | mantissa);
+}
+
+// The value of an E4M3 byte (exact in a float); S.1111.111 is NaN
+inline float stand_in_e4m3_value(__nv_fp8_storage_t byte) {
+    const int e = (byte >> 3) & 15, m = byte & 7;
+    const float magnitude = (e == 15 && m == 7) ? NAN
+                            : e == 0            ? std::ldexp((float)m, -9)
+                                                : std::ldexp(8.0f + m, e - 10);
+    return byte & 0x80 ? -magnitude : magnitude;
 }

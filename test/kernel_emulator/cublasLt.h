@@ -30,6 +30,7 @@
 #include <vector>
 
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 enum cublasStatus_t {
@@ -236,17 +237,10 @@ inline void check_alignment(const void* p, uint64_t promised, const char* operan
                             std::to_string(promised) + " bytes the heuristic was told");
 }
 
-// The value of an E4M3 byte: sign, 4 exponent bits (bias 7), 3 mantissa bits; S.1111.111 is NaN.
-inline double e4m3_value(uint8_t byte) {
-    const int e = (byte >> 3) & 15, m = byte & 7;
-    const double magnitude = (e == 15 && m == 7) ? NAN : e == 0 ? std::ldexp(m, -9) : std::ldexp(8 + m, e - 10);
-    return byte & 0x80 ? -magnitude : magnitude;
-}
-
 // Element (i, j) of a stored column-major matrix, as a double (E4M3 without its scale).
 inline double element(const void* p, cudaDataType_t type, int64_t ld, uint64_t i, uint64_t j) {
     const int64_t at = (int64_t)i + (int64_t)j * ld;
-    if (type == CUDA_R_8F_E4M3) return e4m3_value(((const uint8_t*)p)[at]);
+    if (type == CUDA_R_8F_E4M3) return stand_in_e4m3_value(((const __nv_fp8_storage_t*)p)[at]);
     if (type == CUDA_R_16BF) return (double)__bfloat162float(((const __nv_bfloat16*)p)[at]);
     return (double)((const float*)p)[at];
 }

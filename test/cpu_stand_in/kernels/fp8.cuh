@@ -17,13 +17,6 @@ inline int64_t fp8_blk128_scales(int64_t outer, int64_t inner) {
     return ceil_div(outer, FP8_TILE) * round_up(ceil_div(inner, FP8_TILE), 4);
 }
 
-// The value of an E4M3 byte (for the stand-in matmul, which reads the weights' copies)
-inline float stand_in_e4m3_value(__nv_fp8_storage_t byte) {
-    const int e = (byte >> 3) & 15, m = byte & 7;
-    const float magnitude = (e == 15 && m == 7) ? NAN : e == 0 ? std::ldexp((float)m, -9) : std::ldexp(8.0f + m, e - 10);
-    return byte & 0x80 ? -magnitude : magnitude;
-}
-
 // For each of the batch matrices W (rows, cols): q (rows, cols) with scales and q^T (cols, rows) with scales_t
 inline void fp8_quantize_blocks(__nv_fp8_storage_t* q, __nv_fp8_storage_t* qt, float* scales, float* scales_t,
                                 const float* W, int64_t batch, int64_t rows, int64_t cols, cudaStream_t stream) {
@@ -41,7 +34,8 @@ inline void fp8_quantize_blocks(__nv_fp8_storage_t* q, __nv_fp8_storage_t* qt, f
             fp8_quantize(values.data(), block_scales.data(), W + z * rows * cols, rows, cols, FP8_TILE, FP8_TILE);
             for (int64_t r = 0; r < rows; r++)
                 for (int64_t c = 0; c < cols; c++) {
-                    const __nv_fp8_storage_t byte = __nv_cvt_float_to_fp8(values[r * cols + c], __NV_SATFINITE, __NV_E4M3);
+                    const __nv_fp8_storage_t byte =
+                        __nv_cvt_float_to_fp8(values[r * cols + c], __NV_SATFINITE, __NV_E4M3);
                     q[z * rows * cols + r * cols + c] = byte;
                     qt[z * rows * cols + c * rows + r] = byte;
                 }

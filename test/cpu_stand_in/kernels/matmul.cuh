@@ -1,5 +1,6 @@
 // CPU stand-in (see test/cpu_stand_in/stand_in.h) for kernels/matmul.cuh: the same calls, on the same operand types
-// (kernels/gemm_operands.cuh), the products by model/ops.h's matmul_forward / matmul_backward. Row-major, weights W (N, K) = [out, in]:
+// (kernels/gemm_operands.cuh), the products by model/ops.h's matmul_forward / matmul_backward. Row-major, weights
+// W (N, K) = [out, in]:
 //   forward:  out (M, N) (=|+=) inp (M, K) @ W^T;   backward: dinp (M, K) (=|+=) dout @ W,  dW (N, K) += dout^T inp
 //   grouped:  rows [offsets[g], offsets[g+1]) (host offsets) use W_g of W (G, N, K); the forward and dinp are
 //             overwritten (=), dW_g +=.
