@@ -8,7 +8,7 @@
 CXX      ?= g++
 CXXFLAGS ?= -O3 -march=native -std=c++17 -fopenmp -Wall -Wextra -Wno-unused-parameter -I.
 NVCC     ?= /usr/local/cuda/bin/nvcc
-NVFLAGS  ?= -O3 -std=c++17 -I. -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=compute_90
+NVFLAGS  ?= -O3 -std=c++17 -I. -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_80,code=compute_80
 PYTHON   ?= /usr/bin/python3
 MPI_CFLAGS = $(shell mpicxx --showme:compile 2>/dev/null)
 MPI_LIBS   = $(filter-out -lmpi_cxx,$(shell mpicxx --showme:link 2>/dev/null))
@@ -147,8 +147,9 @@ clean:
 	  gpu_model_cpu_check train_stand_in test_gpu_emulated gpu_model_emulated_check train_emulated bench_gpu_emulated \
 	  bench_comm_emulated
 
-# GPU trainer: CUDA code compiled with nvcc for Hopper (sm_90a, plus PTX for newer GPUs), linked with the shared
-# host code. It builds anywhere the toolkit is; running it needs a GPU.
+# GPU trainer: CUDA code compiled with nvcc for Hopper (sm_90a), plus compute_80 PTX that the driver compiles, at
+# first start, for any other GPU from Ampere on (A100, RTX 30xx/40xx, L40S, Blackwell), linked with the shared host
+# code. It builds anywhere the toolkit is; running it needs a GPU.
 GPU_HEADERS := $(HEADERS) $(wildcard gpu/*.h)
 GPU_LIBS := -Xcompiler -fopenmp -lcublasLt -lnccl $(MPI_LIBS)
 build/comm/nccl_comm.o: comm/nccl_comm.cu comm/comm.h

@@ -44,7 +44,7 @@ public:
                "%.2f GiB, expert rows %.2f GiB, workspace %.2f GiB; free %.2f GiB before, %.2f GiB after\n",
                plan.params / gib, plan.grads / gib, plan.optimizer / gib, plan.activations / gib,
                plan.expert_rows / gib, plan.scratch / gib, free_before / gib, free_after / gib);
-        if (peak_ == 0.0) printf("MFU: %s is not in the peak table (H100, H200, B200): not printed\n", prop.name);
+        if (peak_ == 0.0) printf("MFU: %s is not in the peak table (A100, H100, H200, B200): not printed\n", prop.name);
     }
     ~GpuBackend() override { gpu_model_free(model_); }
 

@@ -137,6 +137,31 @@ bool bf16_attention(const Config& c, bool bf16) {
                                           c.v_head_dim);
 }
 
+// What the kernels need of the GPU: Ampere or newer (BF16 tensor cores, cp.async, ldmatrix: the build's PTX is
+// compute_80); for the attention on the tensor cores, its shared memory (99 KiB a block on sm_86 and sm_89, 163 on
+// sm_80, 227 on Hopper); for FP8, Hopper (cuBLASLt's 128-block scaled FP8 GEMMs are sm_90's).
+void check_device(const Config& c, gpu::Precision p) {
+    int device = 0;
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    const std::string sm = "sm_" + std::to_string(prop.major) + std::to_string(prop.minor);
+    if (prop.major < 8)
+        throw std::runtime_error(std::string(prop.name) + " (" + sm + ") is older than the Ampere GPUs (sm_80) " +
+                                 "moe.cu's kernels are built for");
+    if (p == gpu::Precision::FP8 && prop.major != 9)
+        throw std::runtime_error("--dtype fp8 runs on cuBLASLt's 128-block scaled FP8 GEMMs, which Hopper GPUs " +
+                                 std::string("(sm_90) have and this one (") + sm + ") does not: use --dtype bf16");
+    const int64_t attention_bytes =
+        bf16_attention(c, p != gpu::Precision::FP32) ? gpu::attn_bf16_backward_bytes(c.qk_head_dim(), c.v_head_dim) : 0;
+    if (attention_bytes > (int64_t)prop.sharedMemPerBlockOptin)
+        throw std::runtime_error("the attention at head dims " + std::to_string(c.qk_head_dim()) + " / " +
+                                 std::to_string(c.v_head_dim) + " needs " + std::to_string(attention_bytes >> 10) +
+                                 " KiB of shared memory a block on the tensor cores and " + sm + " has " +
+                                 std::to_string(prop.sharedMemPerBlockOptin >> 10) +
+                                 " KiB: use --dtype fp32, or smaller head dims");
+}
+
 int64_t ffn_width(const Config& c, int layer) {
     return c.is_moe_layer(layer) ? (int64_t)c.n_shared_experts * c.moe_intermediate_size : c.intermediate_size;
 }
@@ -855,17 +880,8 @@ void gpu_model_init(GpuModel& m, const Config& c, Comm& comm, gpu::Precision p, 
     if (c.qk_rope_head_dim % 2 != 0)
         throw std::runtime_error("qk_rope_head_dim " + std::to_string(c.qk_rope_head_dim) +
                                  " is odd: RoPE rotates pairs");
-    if (p == gpu::Precision::FP8) {
-        check_fp8_widths(c);
-        int device = 0;
-        cudaDeviceProp prop;
-        CUDA_CHECK(cudaGetDevice(&device));
-        CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-        if (prop.major != 9)
-            throw std::runtime_error("--dtype fp8 runs on cuBLASLt's 128-block scaled FP8 GEMMs, which Hopper GPUs "
-                                     "(sm_90) have and this one (sm_" + std::to_string(prop.major) +
-                                     std::to_string(prop.minor) + ") does not: use --dtype bf16");
-    }
+    if (p == gpu::Precision::FP8) check_fp8_widths(c);
+    check_device(c, p);
     if (p != gpu::Precision::FP32 && comm.ep_size > 1 && c.hidden_size % 2 != 0)
         throw std::runtime_error("hidden_size " + std::to_string(c.hidden_size) +
                                  " is odd: with --dtype bf16 and --ep > 1 the expert rows travel as pairs of BF16 "
@@ -1134,5 +1150,6 @@ double gpu_peak_flops(const cudaDeviceProp& prop) {
     if (has("H100") && has("PCIe")) return 756.5e12;
     if (has("H100") && has("NVL")) return 835.5e12;
     if (has("H100")) return 989.4e12;
+    if (has("A100")) return 312e12;  // SXM and PCIe, 40 and 80 GB
     return 0.0;
 }

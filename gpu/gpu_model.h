@@ -150,5 +150,5 @@ void gpu_model_logits_row(const GpuModel& m, int64_t row, float* out);
 // Gradients to a host array laid out by the table (the tests compare them with the CPU model's).
 std::vector<float> gpu_model_grads(const GpuModel& m);
 
-// The dense BF16 peak of the device in FLOP/s from a table of known GPUs (H100 SXM/PCIe, H200, B200), or 0.
+// The dense BF16 peak of the device in FLOP/s from a table of known GPUs (A100, H100 SXM/PCIe/NVL, H200, B200), or 0.
 double gpu_peak_flops(const cudaDeviceProp& prop);

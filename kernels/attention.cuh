@@ -372,11 +372,6 @@ static __global__ void __launch_bounds__(ATTN_THREADS)
         attn_write_rows(dv_out + (seq * T * H + h) * v_ld, v_stride, acc, one, j0, T, col_base, width);
 }
 
-// Whether Precision::BF16 runs on the tensor cores for these head dims
-inline bool attention_on_tensor_cores(Precision precision, int dqk, int dv) {
-    return precision == Precision::BF16 && dqk <= ATTN_BF16_MAX_DIM && dv <= ATTN_BF16_MAX_DIM;
-}
-
 // q, k (B*T, H, dqk); v strided by v_ld (see the top) -> o (B*T, H, dv), lse (B, H, T). scale: the softmax scale
 // (attention_softmax_scale of model/rope.h). FP32 throughout (attention_forward_bf16 for BF16).
 inline void attention_forward(float* o, float* lse, const float* q, const float* k, const float* v, int64_t v_ld,

@@ -1,9 +1,9 @@
 // Causal multi-head attention core on the tensor cores: BF16 products, FP32 accumulation and softmax. The same
 // math and layouts as kernels/attention.cuh (read its top first), for Precision::BF16 when both head dims are at
-// most ATTN_BF16_MAX_DIM (attention_on_tensor_cores there), with BF16 inputs: q, k, v (and dO for the backward)
-// are stored in BF16 by the caller (rope_heads_forward_bf16 writes q, k and v; the model casts dO), half the bytes
-// of FP32 for the tiles that every block streams again and again (each key tile is read by every query tile after
-// it), and the tiles are plain 16-byte copies into shared memory.
+// most ATTN_BF16_MAX_DIM (kernels/attention_tiles.cuh: the tiles and their shared memory), with BF16 inputs: q, k,
+// v (and dO for the backward) are stored in BF16 by the caller (rope_heads_forward_bf16 writes q, k and v; the
+// model casts dO), half the bytes of FP32 for the tiles that every block streams again and again (each key tile is
+// read by every query tile after it), and the tiles are plain 16-byte copies into shared memory.
 //
 // Rounding: q, k, v and dO are BF16 (rounded once, where they are stored); so are the probabilities P before P V,
 // and dS before dS K and dS^T Q (the usual BF16 flash-attention recipe). The softmax statistics, the log-sum-exp,
@@ -52,30 +52,13 @@
 #include <cuda_bf16.h>
 
 #include "kernels/async_copy.cuh"
+#include "kernels/attention_tiles.cuh"
 #include "kernels/common.cuh"
 #include "kernels/mma_sync.cuh"
 
 namespace gpu {
 
-constexpr int ATTN_BF16_ROWS = 64;      // rows of the block's tile, and of each streamed tile
 constexpr int ATTN_BF16_THREADS = 128;  // 4 warps x 16 rows
-constexpr int ATTN_BF16_MAX_DIM = 256;  // head dims above this take the FP32 kernels
-
-__host__ __device__ inline int attn_bf16_pad(int d) { return (d + 15) / 16 * 16; }
-// row stride in shared memory (BF16 elements)
-__host__ __device__ inline int attn_bf16_ld(int d) { return attn_bf16_pad(d) + 8; }
-// bytes of a 64-row tile of width d: 128 (pad + 8), so every tile after another starts 128-byte aligned
-__host__ __device__ inline int64_t attn_bf16_tile_bytes(int d) {
-    return (int64_t)ATTN_BF16_ROWS * attn_bf16_ld(d) * (int64_t)sizeof(__nv_bfloat16);
-}
-// forward: Q, K (dqk wide), V (dv wide)
-__host__ __device__ inline int64_t attn_bf16_forward_bytes(int dqk, int dv) {
-    return 2 * attn_bf16_tile_bytes(dqk) + attn_bf16_tile_bytes(dv);
-}
-// backward: the own pair (dqk, dv wide), the streamed pair, then 2 x 64 floats
-__host__ __device__ inline int64_t attn_bf16_backward_bytes(int dqk, int dv) {
-    return 2 * (attn_bf16_tile_bytes(dqk) + attn_bf16_tile_bytes(dv)) + 2 * ATTN_BF16_ROWS * (int64_t)sizeof(float);
-}
 
 // two BF16 as one register, the first in the low half (the fragments' packing, kernels/mma_sync.cuh)
 __device__ inline uint32_t attn_bf16_pack(__nv_bfloat16 lo, __nv_bfloat16 hi) {

@@ -380,6 +380,43 @@ void check_low_precision(const std::string& tag, const Config& c, gpu::Precision
     gpu_model_free(gm);
 }
 
+// What gpu_model_init asks of the GPU, on stand-in devices other than the default Hopper one
+void check_device_refusals(const Config& tiny) {
+    cudaDeviceProp& device = stand_in::device_properties();
+    const cudaDeviceProp hopper = device;
+    GpuModel gm;
+    Config fp8_widths = tiny, wide_heads = tiny, deepseek_heads = tiny;
+    fp8_widths.qk_nope_head_dim = fp8_widths.qk_rope_head_dim = 16;
+    wide_heads.qk_nope_head_dim = 192, wide_heads.qk_rope_head_dim = 64, wide_heads.v_head_dim = 256;
+    deepseek_heads.qk_nope_head_dim = 128, deepseek_heads.qk_rope_head_dim = 64, deepseek_heads.v_head_dim = 128;
+    device.major = 7, device.minor = 5;
+    expect_throw("init: a GPU older than Ampere is refused", "older than the Ampere GPUs", [&] {
+        gpu_model_init(gm, tiny, local_comm(), gpu::Precision::FP32, 1, 8);
+    });
+    device.major = 8, device.minor = 6, device.sharedMemPerBlockOptin = 99 << 10;  // an RTX 3090's
+    expect_throw("init: fp8 on a GPU other than Hopper is refused", "which Hopper GPUs", [&] {
+        gpu_model_init(gm, fp8_widths, local_comm(), gpu::Precision::FP8, 1, 8);
+    });
+    // head dims 256 / 256: 2 x (64 x 264 x 2) x 2 + 512 bytes = 132 KiB a backward block
+    expect_throw("init: tensor-core attention above the GPU's shared memory is refused", "needs 132 KiB",
+                 [&] { gpu_model_init(gm, wide_heads, local_comm(), gpu::Precision::BF16, 1, 8); });
+    auto accepted = [&](const std::string& name, const Config& c, gpu::Precision p) {
+        std::string error;
+        try {
+            gpu_model_init(gm, c, local_comm(), p, 1, 8);
+            gpu_model_free(gm);
+        } catch (const std::exception& e) {
+            error = e.what();
+        }
+        stand_in::discard_all();
+        report(name, error.empty(), error);
+    };
+    accepted("init: DeepSeek's head dims 192 / 128 fit an sm_86 GPU (84.5 of 99 KiB)", deepseek_heads,
+             gpu::Precision::BF16);
+    accepted("init: wide heads in fp32 take the FP32 kernels, which fit", wide_heads, gpu::Precision::FP32);
+    device = hopper;
+}
+
 void check_errors(const Config& tiny) {
     GpuModel gm;
     Config odd = tiny;
@@ -395,6 +432,7 @@ void check_errors(const Config& tiny) {
         gpu_model_init(gm, load_config("deepseek-v3"), local_comm(), gpu::Precision::BF16, 1, 4096);
     });
     report("init: refused before allocating anything", stand_in::memory().live_bytes == before, "");
+    check_device_refusals(tiny);
 
     Model cpu;
     model_init(cpu, tiny);

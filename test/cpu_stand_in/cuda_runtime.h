@@ -9,6 +9,10 @@
 
 #include "stand_in.h"
 
+// What the host-and-device helpers shared with the real kernels are marked with (kernels/attention_tiles.cuh)
+#define __host__
+#define __device__
+
 enum cudaError_t { cudaSuccess = 0, cudaErrorMemoryAllocation = 2, cudaErrorInvalidValue = 1 };
 enum cudaMemcpyKind {
     cudaMemcpyHostToHost = 0,
@@ -27,8 +31,16 @@ constexpr unsigned cudaStreamNonBlocking = 1, cudaEventDisableTiming = 2;
 struct cudaDeviceProp {
     char name[256] = "CPU stand-in";
     size_t totalGlobalMem = size_t(16) << 30;
+    size_t sharedMemPerBlockOptin = size_t(227) << 10;
     int major = 9, minor = 0, multiProcessorCount = 1;
 };
+namespace stand_in {
+// The device cudaGetDeviceProperties describes: a Hopper GPU, unless a test says otherwise
+inline cudaDeviceProp& device_properties() {
+    static cudaDeviceProp properties;
+    return properties;
+}
+}  // namespace stand_in
 
 inline const char* cudaGetErrorName(cudaError_t e) {
     return e == cudaSuccess ? "cudaSuccess" : e == cudaErrorMemoryAllocation ? "cudaErrorMemoryAllocation"
@@ -211,6 +223,6 @@ inline cudaError_t cudaRuntimeGetVersion(int* v) {  // "CUDA 13.0", the toolkit 
 }
 inline cudaError_t cudaDriverGetVersion(int* v) { return cudaRuntimeGetVersion(v); }
 inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int) {
-    *p = cudaDeviceProp{};
+    *p = stand_in::device_properties();
     return cudaSuccess;
 }

@@ -15,16 +15,11 @@
 
 #include <cuda_bf16.h>
 
+#include "kernels/attention_tiles.cuh"
 #include "kernels/common.cuh"
 #include "model/mla.h"
 
 namespace gpu {
-
-constexpr int ATTN_BF16_MAX_DIM = 256;
-
-inline bool attention_on_tensor_cores(Precision precision, int dqk, int dv) {
-    return precision == Precision::BF16 && dqk <= ATTN_BF16_MAX_DIM && dv <= ATTN_BF16_MAX_DIM;
-}
 
 // floats of scratch attention_backward needs (D, one per (b, h, t))
 inline int64_t attention_backward_scratch_floats(int B, int T, int H) { return (int64_t)B * H * T; }
