@@ -960,7 +960,7 @@ LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* t
                         V, false);
     if (!targets) {
         sync(m);
-        return m.loss = loss;
+        return loss;
     }
     upload_tokens(m, m.targets, targets, N);
     m.timer.mark("cross-entropy");
@@ -994,7 +994,7 @@ LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* t
         loss.mtp = sum_losses(m, N) / ((double)B * (T - 1));
     }
     loss.total = loss.main + c.mtp_loss_weight * loss.mtp + loss.balance;
-    return m.loss = loss;
+    return loss;
 }
 
 // One output head's backward: dlogits = scale (softmax(logits) - onehot(targets)), then dnormed = dlogits W_head

@@ -118,7 +118,6 @@ struct GpuModel {
     std::vector<double> tensor_norms;                 // host copy of the per-tensor squared norms
     double* norm_slots = nullptr;                     // device (tensors) + scratch
     RegionTimer timer;
-    LossParts loss;
 };
 
 // What init will allocate, in bytes (for the plan printed at start and the out-of-memory check).

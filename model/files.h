@@ -9,8 +9,7 @@
 #include <stdexcept>
 #include <string>
 
-// The whole file; throws "cannot open PATH: reason" or "cannot read PATH: reason". Inline because model/config.o
-// is linked into the GPU trainer without the rest of model/ (the Makefile's HOST_OBJ).
+// The whole file; throws "cannot open PATH: reason" or "cannot read PATH: reason".
 inline std::string read_file(const std::string& path) {
     FILE* f = fopen(path.c_str(), "rb");
     if (!f) throw std::runtime_error("cannot open " + path + ": " + strerror(errno));

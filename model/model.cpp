@@ -162,7 +162,7 @@ LossParts model_forward(Model& m, const int32_t* inputs, const int32_t* targets,
     matmul_forward(a.logits, a.final_normed, m.w.head, N, d, V);
     if (!targets) {
         m.targets.clear();
-        return m.loss = loss;
+        return loss;
     }
     m.targets.assign(targets, targets + N);
     loss.main = cross_entropy_forward_backward(nullptr, a.logits, targets, N, V, 0.0f) / N;
@@ -185,7 +185,7 @@ LossParts model_forward(Model& m, const int32_t* inputs, const int32_t* targets,
                    ((double)B * (T - 1));
     }
     loss.total = loss.main + c.mtp_loss_weight * loss.mtp + loss.balance;
-    return m.loss = loss;
+    return loss;
 }
 
 void model_backward(Model& m, float loss_scale) {

@@ -66,7 +66,6 @@ struct Model {
     std::vector<int32_t> inputs, targets, mtp_targets;  // (N) each; mtp_targets[b, T-1] = -1
     // tokens routed to each expert of each block since the last bias update (empty for dense blocks)
     std::vector<std::vector<int64_t>> expert_counts;
-    LossParts loss;
 };
 
 // Table and zeroed buffers. With comm (default: one process), the routed experts are split over its EP group.

@@ -65,8 +65,8 @@ void moe_forward(const Config& c, LinearPrecision precision, const BlockWeights&
         for (int64_t e = 0; e < E; e++) s[e] = sigmoidf_(s[e]);
         router_select(c, s, w.router_bias, scratch.data(), a.chosen.data() + t * k, a.gate_weights + t * k);
     }
-    for (int64_t a_slot = 0; a_slot < N * k; a_slot++)
-        if (a.chosen[a_slot] < 0)
+    for (int64_t slot = 0; slot < N * k; slot++)
+        if (a.chosen[slot] < 0)
             throw std::runtime_error("the router scores are not finite (the weights hold NaN or inf)");
     a.plan = build_expert_plan(a.chosen.data(), N * k, (int)E);
     const int64_t E_local = E / comm.ep_size;

@@ -5,7 +5,8 @@
 #pragma once
 #include <cstdint>
 
-// C (M, N) (=|+=) A (M, K) @ B (K, N), all row-major. The one GEMM kernel everything else uses.
+// C (M, N) (=|+=) A (M, K) @ B (K, N), all row-major. The GEMM kernel behind it also serves matmul_forward and
+// matmul_backward, reading their transposed operands in place.
 void gemm_nn(float* C, const float* A, const float* B, int64_t M, int64_t K, int64_t N, bool accumulate);
 // out (M, N) = inp (M, K) @ W^T, W (N, K)
 void matmul_forward(float* out, const float* inp, const float* W, int64_t M, int64_t K, int64_t N);

@@ -12,16 +12,19 @@
 
 #include "params.h"
 
-// Parameters one token's forward passes through: the active ones, plus the MTP block less its unused routed experts.
+// Parameters one token's forward passes through: the active ones, plus the MTP block less its unused routed experts,
+// plus the output head a second time (the MTP prediction's logits come from the shared head).
 static double active_params_with_mtp(const Config& c) {
+    if (c.num_nextn_predict_layers == 0) return count_active_params(c);
     const double unused_mtp_experts = (double)(c.n_routed_experts - c.num_experts_per_tok) * 3 *
                                       c.moe_intermediate_size * c.hidden_size;
-    return count_active_params(c) + (c.num_nextn_predict_layers > 0 ? count_mtp_params(c) - unused_mtp_experts : 0);
+    return count_active_params(c) + count_mtp_params(c) - unused_mtp_experts + (double)c.vocab_size * c.hidden_size;
 }
 
-// The attention scores and their weighted sum per token, forward and backward (x6), causal (halved), every block.
+// The attention scores and their weighted sum, every block: a query at position t multiplies with t + 1 keys, T / 2
+// on average (causal), H (dqk + dv) multiply-adds each; 2 FLOPs a multiply-add, x3 for the forward and backward.
 static double attention_flops_per_token(const Config& c, int T) {
-    return 6.0 * 2 * c.num_attention_heads * T * (c.qk_head_dim() + c.v_head_dim) / 2 * c.num_blocks();
+    return 3.0 * c.num_attention_heads * T * (c.qk_head_dim() + c.v_head_dim) * c.num_blocks();
 }
 
 double model_flops_per_token(const Config& c, int T) {

@@ -4,8 +4,8 @@
 #include "config.h"
 
 struct PlanInputs {
-    int gpus = 8, gpus_per_node = 8, ep = 8;
-    int batch = 1, seq = 4096, grad_accum = 1;  // micro-batch per GPU, micro-steps per step
+    int gpus = 8, gpus_per_node = 8;
+    int ep = 0, batch = 0, seq = 0, grad_accum = 0;  // the training flags --ep, --batch (per GPU), --seq, --grad-accum
     double matmul_tflops = 400;   // sustained dense BF16 rate per GPU (not the datasheet peak)
     double nvlink_gbps = 160;     // GB/s per GPU to GPUs of the same node, achieved for all-to-all
     double network_gbps = 40;     // GB/s per GPU to other nodes (400 Gb/s InfiniBand ~ 50 GB/s, ~80% achieved)

@@ -45,10 +45,17 @@ static const char* USAGE =
     "                         --gpus N (8) --gpus-per-node N (8) --ep M --batch B --seq T --grad-accum N\n"
     "                         --matmul-tflops X (400) --nvlink-gbps X (160) --network-gbps X (40) --gpu-memory-gib X (80)\n";
 
+// Whether this process is rank 0 of its job, from the launcher's environment (mpirun's, or srun's with PMIx or PMI):
+// the flags are parsed before MPI starts
+static bool rank_zero() {
+    for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"})
+        if (const char* rank = getenv(name)) return !strcmp(rank, "0");
+    return true;
+}
+
 // Every rank of an mpirun job parses the same flags; only rank 0 says what is wrong.
 [[noreturn]] static void bad(const char* program, const std::string& msg) {
-    const char* rank = getenv("OMPI_COMM_WORLD_RANK");
-    if (!rank || !strcmp(rank, "0")) fprintf(stderr, "%s: %s (see --help)\n", program, msg.c_str());
+    if (rank_zero()) fprintf(stderr, "%s: %s (see --help)\n", program, msg.c_str());
     exit(2);
 }
 

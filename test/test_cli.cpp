@@ -7,7 +7,9 @@
 #include <sstream>
 #include <string>
 #include <sys/wait.h>
+#include <vector>
 
+#include "data/shards.h"
 #include "test/test_helpers.h"
 
 namespace {
@@ -85,6 +87,23 @@ TEST_CASE("cli: a damaged checkpoint is refused and left alone") {
     system(("rm -rf " + ckpt).c_str());
 }
 
+TEST_CASE("cli: --eval-only reports a bad token in a later validation shard in one line") {
+    // the loader checks a shard's tokens against the vocabulary when it reaches that shard, inside the evaluation
+    std::vector<uint32_t> good(64);
+    for (size_t i = 0; i < good.size(); i++) good[i] = (uint32_t)(i * 7 % 64);
+    std::vector<uint32_t> bad = good;
+    bad[5] = 100;  // tiny's vocabulary is 64
+    write_shard(test_path("cli_eval_train.bin"), good, 1);
+    write_shard(test_path("cli_eval_val_0.bin"), good, 1);
+    write_shard(test_path("cli_eval_val_1.bin"), bad, 1);
+    const std::string ckpt = test_path("cli_eval_ckpt");
+    REQUIRE(system(("./train_cpu --config tiny --batch 1 --seq 8 --steps 1 --data " + test_path("cli_eval_train.bin") +
+                    " --checkpoint-dir " + ckpt + " > /dev/null").c_str()) == 0);
+    expect_clean_failure("./train_cpu --resume --checkpoint-dir " + ckpt + " --eval-only --batch 1 --seq 8 " +
+                             "--eval-batches 100 --val '" + test_path("cli_eval_val_*.bin") + "'",
+                         "100");
+}
+
 TEST_CASE("cli: prepare_data rejects a missing input and an unknown flag") {
     expect_clean_failure("./prepare_data --input /nonexistent/file --out-dir " + test_path("cli_out"), "prepare_data");
     expect_clean_failure("./prepare_data --bogus", "prepare_data");
@@ -98,9 +117,10 @@ TEST_CASE("cli: --plan for DeepSeek-V3 on 256 GPUs") {
     std::stringstream ss;
     ss << f.rdbuf();
     const std::string out = ss.str();
-    // FLOPs per token by hand: 6 x 37.31e9 active (36.63e9 + the MTP block's attention, shared and 8 routed experts)
-    // + attention 6 x 2 x 128 heads x 4096 x (192 + 128) / 2 x 62 blocks = 6.24e10  ->  2.86e11
-    CHECK(out.find("FLOPs per token: 2.863e+11") != std::string::npos);
+    // FLOPs per token by hand: 6 x 38.24e9 active (36.63e9 + the MTP block's attention, shared and 8 routed experts,
+    // and the head again: 129280 x 7168 = 0.93e9) + attention, causal: 3 x 128 heads x 4096 x (192 + 128) x 62 blocks
+    // = 3.12e10  ->  2.606e11
+    CHECK(out.find("FLOPs per token: 2.606e+11") != std::string::npos);
     // all-to-all: 4 x 59 MoE blocks x 4096 tokens x 8 rows x 7168 x 2 bytes = 111 GB
     CHECK(out.find("111 GB sent") != std::string::npos);
     CHECK(out.find("does NOT fit") != std::string::npos);  // 28B parameters x 18 bytes on one 80 GiB GPU

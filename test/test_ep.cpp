@@ -179,5 +179,5 @@ TEST_CASE("ep: bad layouts are one error from rank 0 and a non-zero exit everywh
     // two ranks started with different configs (mpirun's MPMD form: one program line per rank)
     Job mismatch = mpirun(1, TRAIN + " --steps 2 --batch 1 : -np 1 " + TRAIN + " --steps 2 --batch 1 --config tiny");
     CHECK(mismatch.status != 0);
-    CHECK(count(mismatch.err, "rank 1's config or build differs from rank 0's") == 1);
+    CHECK(count(mismatch.err, "rank 1's config, checkpoint or build differs from rank 0's") == 1);
 }

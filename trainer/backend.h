@@ -40,6 +40,8 @@ public:
 };
 
 // Builds the backend for host model m (already model_init'ed and initialised) and batches of B x T: it allocates
-// what it needs now, so "out of memory" comes before training (std::bad_alloc or std::runtime_error with the
-// reason). The trainer calls load() before the first step.
+// what it can now, so that "out of memory" mostly comes before training (std::bad_alloc or std::runtime_error with
+// the reason): the GPU backend everything; the CPU backend the forward's activations, while the backward's scratch
+// (the logits' gradients, the attention scores' gradients) is allocated in each step. The trainer calls load()
+// before the first step.
 using MakeBackend = std::unique_ptr<Backend> (*)(Model& m, const TrainArgs& args);

@@ -202,7 +202,11 @@ static void resolve_config(Run& r) {
     }
     agree_on_setup(r, error);
 
-    uint64_t fingerprint = fnv1a(config_to_json(r.config) + " built " __DATE__ " " __TIME__, 1469598103934665603ull);
+    // the checkpoint too: ranks whose listings of --checkpoint-dir differ (a shared file system's cache) would resume
+    // from different steps
+    uint64_t fingerprint =
+        fnv1a(config_to_json(r.config) + " resuming " + r.resume_from + " built " __DATE__ " " __TIME__,
+              1469598103934665603ull);
     uint64_t lead_fingerprint = fingerprint;
     comm.broadcast(&lead_fingerprint, sizeof(lead_fingerprint), 0);
     std::vector<int64_t> differs(comm.world, 0);
@@ -210,7 +214,8 @@ static void resolve_config(Run& r) {
     comm.all_reduce_sum(differs.data(), comm.world, Group::World);
     for (int rank = 0; rank < comm.world; rank++) {
         if (!differs[rank]) continue;
-        if (comm.rank == 0) fprintf(stderr, "%s: rank %d's config or build differs from rank 0's\n", r.program, rank);
+        if (comm.rank == 0)
+            fprintf(stderr, "%s: rank %d's config, checkpoint or build differs from rank 0's\n", r.program, rank);
         delete g_comm;
         exit(1);
     }
@@ -260,9 +265,6 @@ static void setup_run(Run& r, MakeBackend make_backend) {
             if (r.train) r.train->restore({r.state.data_shard, r.state.data_position, r.state.data_file, r.state.data_tokens});
             r.rng.state = r.state.rng_state;
         }
-        if (!r.train && r.state.step < args.steps && !args.eval_only)
-            throw std::runtime_error("--data PATTERN is required to train from step " + std::to_string(r.state.step) +
-                                     " to " + std::to_string(args.steps));
         if (args.sample > 0) {
             std::string path = args.tokenizer;
             if (path.empty() && args.data.empty())
@@ -290,7 +292,7 @@ static void setup_run(Run& r, MakeBackend make_backend) {
         error = e.what();
     }
     agree_on_setup(r, error);
-    if (comm.rank == 0 && !r.resume_from.empty() && r.state.run != run && !r.state.run.empty())
+    if (comm.rank == 0 && !args.eval_only && !r.resume_from.empty() && r.state.run != run && !r.state.run.empty())
         fprintf(stderr, "%s: note: the checkpoint's run had %s; this one has %s (the schedule changes)\n",
                 r.program, r.state.run.c_str(), run.c_str());
     r.state.run = run;
@@ -310,7 +312,7 @@ static StepResult train_step(Run& r, int64_t step) {
     const int B = args.batch, T = args.seq;
     std::vector<int32_t> inputs((int64_t)B * T), targets((int64_t)B * T);
     // backward of the global mean loss: each rank's mean over its tokens, averaged over micro-steps and ranks
-    const float loss_scale = 1.0f / (args.grad_accum * comm.world);
+    const float loss_scale = 1.0f / (float)((int64_t)args.grad_accum * comm.world);
     Backend& backend = *r.backend;
     StepResult s;
     backend.zero_grads();
@@ -415,8 +417,12 @@ int train_main(int argc, char** argv, const char* program, MakeComm make_comm, M
     setup_run(r, make_backend);
     const int B = args.batch, T = args.seq;
     if (args.eval_only) {
-        const double val_loss = evaluate(r);
-        if (lead) printf("val_loss %.6f\n", val_loss);
+        try {  // a shard's tokens are checked against the vocabulary when it is loaded
+            const double val_loss = evaluate(r);
+            if (lead) printf("val_loss %.6f\n", val_loss);
+        } catch (const std::exception& e) {
+            fail(e.what());
+        }
         r.backend.reset();  // before the ranks' transport it may use
         delete g_comm;
         return 0;
@@ -432,15 +438,16 @@ int train_main(int argc, char** argv, const char* program, MakeComm make_comm, M
     }
 
     const double tokens_per_step = (double)B * T * args.grad_accum * comm.world;
+    const int64_t first_step = r.state.step;
     double train_seconds = 0.0;  // steps after the first of this process (the first pays for warm-up)
     int timed_steps = 0;
-    for (int64_t step = r.state.step; step < args.steps; step++) {
+    for (int64_t step = first_step; step < args.steps; step++) {
         try {  // data read errors, allocation failures, checkpoint writes: one line, the job ends
             maybe_inject_fault(comm, step);
             auto t0 = std::chrono::steady_clock::now();
             StepResult s = train_step(r, step);
             const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-            if (step > r.state.step || args.steps - r.state.step == 1) {
+            if (step > first_step || args.steps - first_step == 1) {
                 train_seconds += seconds;
                 timed_steps++;
             }
@@ -476,7 +483,11 @@ int train_main(int argc, char** argv, const char* program, MakeComm make_comm, M
             fail(e.what());
         }
     }
-    if (args.sample > 0) sample_text(r);
+    try {
+        if (args.sample > 0) sample_text(r);
+    } catch (const std::exception& e) {
+        fail(e.what());
+    }
     r.backend.reset();  // before the ranks' transport it may use
     delete g_comm;
     return 0;
