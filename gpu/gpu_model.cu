@@ -1,8 +1,9 @@
 // The GPU model: model/model.cpp, model/mla.cpp, model/moe.cpp and model/ffn.cpp step for step, with kernels/
 // launches and cuBLASLt GEMMs in place of the CPU loops. Read it beside the CPU files: the function names, the
 // order of the operations and the buffers match, so the CPU reference checks it (test/test_gpu_train.cu).
-// Everything runs on one stream, m.stream. The Comm (NCCL) runs on a stream of its own and every call returns
-// when complete, so the stream is synchronised before each call that reads what the stream wrote.
+// Everything runs on one stream, m.stream (the grouped GEMMs fork onto the Matmul's lanes and join back into it).
+// The Comm (NCCL) runs on a stream of its own and every call returns when complete, so the stream is synchronised
+// before each call that reads what the stream wrote.
 #include "gpu/gpu_model.h"
 
 #include <algorithm>
@@ -56,14 +57,13 @@ void sync(const GpuModel& m) { CUDA_CHECK(cudaStreamSynchronize(m.stream)); }
 
 int64_t tokens(const GpuModel& m) { return (int64_t)m.B * m.T; }
 
-// FP8 mode's weights: the linear layers inside the blocks (every self_attn.*_proj and mlp.*_proj tensor: the
-// attention's projections, the dense FFN's, the shared and routed experts'), as the CPU model's LinearPrecision::FP8;
-// not the router (mlp.gate), the embedding, the head or the MTP projection (eh_proj).
+// FP8 mode's weights: the linear layers inside the blocks (every self_attn.*_proj* and mlp.*_proj weight: the
+// attention's projections, kv_a_proj_with_mqa included, the dense FFN's, the shared and routed experts'), as the CPU
+// model's LinearPrecision::FP8; not the router (mlp.gate), the embedding, the head or the MTP projection (eh_proj).
 bool fp8_linear(const ParamTensor& t) {
     const std::string& n = t.name;
-    const std::string suffix = "_proj.weight";
     const bool in_block = n.find(".self_attn.") != std::string::npos || n.find(".mlp.") != std::string::npos;
-    return in_block && n.size() > suffix.size() && n.compare(n.size() - suffix.size(), suffix.size(), suffix) == 0;
+    return in_block && n.find("_proj") != std::string::npos;
 }
 
 // The E4M3 copies of every FP8 weight, carved from ar, by the weights' offsets (params: the device weights, or
@@ -357,17 +357,22 @@ ExpertScratch expert_scratch_of(const GpuModel& m) {
     return carve_expert_scratch(ar, m.config, m.comm->ep_size, m.expert_scratch_rows);
 }
 
-// The largest operands the BF16 GEMM calls cast, for N tokens and the routed experts' R rows: output gradients
-// (rows x N), except the logits' (by far the largest with a big vocabulary), which the cross-entropy writes in BF16.
-// No inputs: the model passes every GEMM input's BF16 copy (a call that did not would stop with an internal error).
+// The largest operands the BF16 GEMM calls cast, for N tokens and the routed experts' R rows, and those the FP8
+// calls quantize: output gradients (rows x N), except the logits' (by far the largest with a big vocabulary), which
+// the cross-entropy writes in BF16; no BF16 inputs: the model passes every GEMM input's BF16 copy (a call that did not
+// would stop with an internal error); FP8 inputs (rows x K) of the blocks' linear layers. The experts' rows count
+// the weight gradient's padding of each expert's rows to 16 (kernels/matmul.cuh, fp8_padded_rows).
 gpu::MatmulCasts cast_elements(const Config& c, int64_t N, int64_t R) {
     const int64_t d = c.hidden_size, H = c.num_attention_heads, width = std::max<int64_t>(
         c.intermediate_size, (int64_t)c.n_shared_experts * c.moe_intermediate_size);
-    const int64_t expert_rows = R * std::max<int64_t>(d, c.moe_intermediate_size);
+    const int64_t experts = c.n_routed_experts > 0 ? c.n_routed_experts : 0;
+    const int64_t expert_rows = (R + 15 * experts) * std::max<int64_t>(d, c.moe_intermediate_size);
     const int64_t grad_cols = std::max<int64_t>({d, H * c.qk_head_dim(),
                                                  H * (c.qk_nope_head_dim + c.v_head_dim), width,
                                                  (int64_t)c.kv_lora_rank + c.qk_rope_head_dim, c.q_lora_rank});
-    return {0, std::max(N * grad_cols, expert_rows)};
+    const int64_t input_cols =
+        std::max<int64_t>({d, c.q_lora_rank, c.kv_lora_rank, H * c.v_head_dim, width});
+    return {0, std::max((N + 15) * grad_cols, expert_rows), std::max((N + 15) * input_cols, expert_rows)};
 }
 
 int64_t bytes_of(const std::function<void(ByteArena&)>& carve) {
@@ -613,7 +618,6 @@ double moe_forward(GpuModel& m, const BlockWeights& w, GpuBlockActs& a, gpu::Gem
     if (S > 0) ffn_forward(m, out, a.ffn_g, a.ffn_u, a.ffn_a, a.ffn_a16, x, w.gate, w.up, w.down, N, d, S);
     m.timer.mark("permute");
     gpu::combine_forward(out, a.rows_back, a.gate_weights, a.row_of_slot, N, (int)k, d, S > 0, m.stream);
-    a.balance_loss = 0.0;
     if (!with_loss || c.aux_loss_alpha <= 0) return 0.0;
     m.timer.mark("router");
     gpu::balance_loss(s.seq_balance, s.token_totals, s.seq_counts, a.scores, a.chosen, c, m.B, m.T, m.stream);
@@ -621,8 +625,9 @@ double moe_forward(GpuModel& m, const BlockWeights& w, GpuBlockActs& a, gpu::Gem
     CUDA_CHECK(cudaMemcpyAsync(per_sequence.data(), s.seq_balance, m.B * sizeof(double), cudaMemcpyDeviceToHost,
                                m.stream));
     sync(m);
-    for (double v : per_sequence) a.balance_loss += c.aux_loss_alpha * v / m.B;
-    return a.balance_loss;
+    double balance_loss = 0.0;
+    for (double v : per_sequence) balance_loss += c.aux_loss_alpha * v / m.B;
+    return balance_loss;
 }
 
 void moe_backward(GpuModel& m, const BlockWeights& w, BlockWeights& g, GpuBlockActs& a, gpu::GemmInput x,
@@ -786,12 +791,11 @@ void allocate(GpuModel& m, const Config& c, Comm& comm, gpu::Precision p, int B,
     }
     m.w = map_weights(c, m.table, m.params);
     m.g = map_weights(c, m.table, m.grads);
-    m.arena_bytes = plan.activations;
-    m.arena = device_alloc(m.arena_bytes, "the activations");
+    m.arena = device_alloc(plan.activations, "the activations");
     ByteArena ar{static_cast<char*>(m.arena), 0};
     carve_activations(ar, m, c, bf16, B, T);
-    m.scratch_bytes = bytes_of([&](ByteArena& counting) { carve_scratch(counting, c, bf16, B, T); });
-    m.scratch = device_alloc(m.scratch_bytes, "the backward's buffers");
+    m.scratch = device_alloc(bytes_of([&](ByteArena& counting) { carve_scratch(counting, c, bf16, B, T); }),
+                             "the backward's buffers");
     m.norm_slots = static_cast<double*>(
         device_alloc((int64_t)(m.table.tensors.size() + gpu::grad_norm_scratch_doubles(total)) * 8, "the norms"));
     gpu::matmul_create(m.matmul, m.stream, bf16 ? cast_elements(c, N, 0) : gpu::MatmulCasts{},

@@ -72,7 +72,6 @@ struct GpuBlockActs {
     void* expert_alloc = nullptr;                          // the allocation the pointers above live in
     std::vector<int64_t> counts_host;                      // (E) this rank's rows per expert, last forward
     DispatchPlan dispatch;                                 // host plan: what this rank sends, receives, computes
-    double balance_loss = 0.0;
 };
 
 // FP8 mode: the E4M3 copies of one weight tensor of the blocks' linear layers (a matrix rows x cols, or a stack of
@@ -100,7 +99,6 @@ struct GpuModel {
     int max_B = 0, T = 0, B = 0;           // allocated batch; the last forward's B
     // activations
     void* arena = nullptr;
-    int64_t arena_bytes = 0;
     std::vector<float*> residual;          // L+1 of (N, d)
     std::vector<GpuBlockActs> blocks;
     float *final_normed, *final_rstd, *logits, *losses;                  // (N, d), (N), (N, V), (N)
@@ -111,7 +109,6 @@ struct GpuModel {
     int32_t *inputs, *targets, *mtp_targets;  // (N) each, device
     // backward scratch, shared by the blocks (one block runs at a time)
     void* scratch = nullptr;
-    int64_t scratch_bytes = 0;
     void* expert_scratch = nullptr;  // the routed experts' backward buffers, grown with the largest layer
     int64_t expert_scratch_rows = 0;
     std::vector<std::vector<int64_t>> expert_counts;  // host, as Model::expert_counts

@@ -44,8 +44,8 @@
 //  - FA2-style: keep the Q (and dO) tile resident in shared memory or registers instead of re-streaming it for
 //    every key tile; fuse the dk and dv slabs; vector (float4) loads and cp.async double buffering of K/V chunks;
 //    exp2f with log2(e) folded into the scale; split-KV for long T with few (b, h);
-//  - occupancy: ptxas (CUDA 13, sm_90a) gives the forward 128 registers (2 blocks of 8 warps per SM), dq 171 and
-//    dk/dv 194 (1 block per SM); __launch_bounds__(256, 2) fits them in 128 with ~100-200 bytes of spills: measure;
+//  - occupancy: ptxas (CUDA 13.0, sm_90a) gives the forward 128 registers (2 blocks of 8 warps per SM), dq and
+//    dk/dv 195 each (1 block per SM); __launch_bounds__(256, 2) would hold them to 128, with spills: measure;
 //  - FA3-style warp specialisation: producer warps issuing TMA loads into a smem pipeline, consumer warpgroups
 //    doing wgmma, the softmax of one tile overlapped with the matmuls of the next.
 #pragma once

@@ -16,10 +16,12 @@ namespace gpu {
 constexpr size_t MATMUL_WORKSPACE_BYTES = size_t(32) << 20;  // per lane: what cuBLASLt recommends for Hopper
 constexpr int MATMUL_LANES = 4;                                // streams a grouped GEMM spreads its groups over
 
-// Sizes (elements) of a Matmul's two BF16 cast buffers: cast_a holds a GEMM's input (rows x K), cast_b its output
-// gradient (rows x N). 0 and 0: an FP32-only Matmul, without buffers.
+// Sizes (elements) of a Matmul's buffers. The two BF16 cast buffers: cast_a holds a GEMM's input (rows x K), cast_b
+// its output gradient (rows x N); 0 and 0: an FP32-only Matmul, without them. fp8_inputs: the largest input an FP8
+// GEMM quantizes (rows x K, or K x the rows padded to 16 for the weight gradient, all groups of a grouped call);
+// output_grads sizes the FP8 output gradients too, so it counts that padding as well.
 struct MatmulCasts {
-    int64_t inputs = 0, output_grads = 0;
+    int64_t inputs = 0, output_grads = 0, fp8_inputs = 0;
 };
 
 // The operands' type: FP32, BF16, or E4M3 with per-tile scales (kernels/fp8.cuh)
@@ -67,7 +69,7 @@ struct GemmWeight {
 // of 16), so at most values / 16 of them, plus the padding of a few groups; the buffers grow beyond when needed.
 inline std::array<std::array<int64_t, 2>, 3> matmul_fp8_sizes(MatmulCasts casts) {
     auto sized = [](int64_t values) { return std::array<int64_t, 2>{values, values / 16 + 1024}; };
-    return {sized(casts.inputs), sized(casts.output_grads), sized(casts.output_grads)};
+    return {sized(casts.fp8_inputs), sized(casts.output_grads), sized(casts.output_grads)};
 }
 
 // The workspaces, the cast buffers and with fp8 the FP8 buffers, as matmul_create allocates them for `casts`.

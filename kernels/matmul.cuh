@@ -34,15 +34,16 @@
 //                    by the model for every GEMM that reads it, forward and backward), or is cast here;
 //                    matmul_backward's output gradient likewise (the head's comes in BF16 from the cross-entropy
 //                    kernel), the grouped backward's is cast here. The casts here (round to nearest even) go into
-//                    the two cast buffers of the Matmul, sized at create for the largest operand. Products of two
-//                    BF16 values are exact in FP32, so the only error beyond FP32 is the rounding of the inputs
-//                    (relative 2^-8 each).
+//                    the two cast buffers of the Matmul, sized by the caller (MatmulCasts: at matmul_create, then
+//                    by matmul_reserve as the routed experts' rows grow). Products of two BF16 values are exact in
+//                    FP32, so the only error beyond FP32 is the rounding of the inputs (relative 2^-8 each).
 //                    The FP32 master weights and gradients are untouched: dW is FP32 +=.
 //   FP8              A and B E4M3 with DeepSeek-V3's fine-grained scales (kernels/fp8.cuh, model/fp8.h): the input's
 //                    rows quantized here in 1 x 128 tiles, the weight's E4M3 copies (W and W^T, 128 x 128 blocks) the
 //                    caller keeps, and for the weight gradient both operands quantized here in 128 x 1 tiles down the
 //                    tokens, transposed; cuBLASLt applies the scales and accumulates in FP32 (FAST_ACCUM off). The
-//                    operands are quantized into the Matmul's three FP8 buffers, grown on demand. Their own mapping
+//                    operands are quantized into the Matmul's three FP8 buffers, sized like the casts (MatmulCasts'
+//                    fp8_inputs and output_grads) and grown on demand beyond that. Their own mapping
 //                    (every product "TN") is described at fp8_forward_problem below.
 // Odd sizes: no padding. cuBLASLt documents leading-dimension rules only for FP8 and int8 (multiples of 16 bytes),
 // none for BF16 or FP32; the layouts carry the true ld and the alignment preferences below carry the true pointer
@@ -245,7 +246,7 @@ inline void matmul_fp8_reserve(Matmul& mm, MatmulCasts casts) {
 }
 
 // casts: the largest input and output gradient any BF16 call will cast; {0, 0} for FP32-only use. fp8: the FP8
-// buffers are allocated for GEMMs of those sizes too (and grown by matmul_reserve).
+// buffers are allocated too, for casts.fp8_inputs and casts.output_grads (and grown by matmul_reserve).
 inline void matmul_create(Matmul& mm, cudaStream_t stream, MatmulCasts casts, bool fp8 = false) {
     if (mm.handle || mm.workspace) matmul_destroy(mm);
     mm = Matmul{};

@@ -346,7 +346,7 @@ double measure_gemms(const Config& c, const Options& o, cudaStream_t stream) {
     fill_uniform(W, 2, -1.0f, 1.0f, stream);
     gpu::cast_to_bf16(W16.ptr, W.ptr, max_w, stream);
     gpu::Matmul mm;
-    gpu::matmul_create(mm, stream, gpu::MatmulCasts{max_inp, max_out}, true);
+    gpu::matmul_create(mm, stream, gpu::MatmulCasts{max_inp, max_out, max_inp}, true);
     double best = 0.0;
     // FP8 only when the run is about it (or a smoke run, which must run every line): a failing FP8 call exits, and
     // must not take the BF16 figures with it

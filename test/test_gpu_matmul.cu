@@ -487,7 +487,7 @@ void test_matmul(Rng& rng) {
 // partial token tiles, transposes padded to 16), then the shapes FP8 GEMMs cannot take.
 void test_matmul_fp8(Rng& rng) {
     gpu::Matmul mm;
-    gpu::matmul_create(mm, 0, gpu::MatmulCasts{300 * 256, 300 * 144}, true);
+    gpu::matmul_create(mm, 0, gpu::MatmulCasts{300 * 256, 300 * 144, 300 * 256}, true);
     matmul_test_fp8(mm, rng, {256}, 256, 128, false);
     matmul_test_fp8(mm, rng, {300}, 256, 96, false);
     matmul_test_fp8(mm, rng, {37}, 208, 144, false);
