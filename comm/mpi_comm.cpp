@@ -27,6 +27,9 @@ public:
     MpiComm(int ep, const char* program) : program_(program) {
         int provided = 0;
         check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+        // errors come back to check_mpi, which names the call (MPI's default handler aborts without a word); the
+        // split communicators inherit it
+        check_mpi(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
         check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &rank), "MPI_Comm_rank");
         check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &world), "MPI_Comm_size");
         MPI_Comm node;
@@ -57,15 +60,15 @@ public:
     void all_reduce_sum(int64_t* data, int64_t n, Group g) override { reduce(data, n, MPI_INT64_T, g); }
 
     void all_to_all(const int64_t* send, int64_t* recv, int64_t per_rank) override {
-        check_mpi(MPI_Alltoall(send, (int)per_rank, MPI_INT64_T, recv, (int)per_rank, MPI_INT64_T, ep_comm_),
-                  "MPI_Alltoall");
+        const int count = checked_int(per_rank);
+        check_mpi(MPI_Alltoall(send, count, MPI_INT64_T, recv, count, MPI_INT64_T, ep_comm_), "MPI_Alltoall");
     }
 
     // Point-to-point pairs with a row datatype: counts are in rows, so they stay far below 2^31.
     void all_to_all_v(const float* send, const int64_t* send_rows, float* recv, const int64_t* recv_rows,
                       int64_t width) override {
         MPI_Datatype row;
-        check_mpi(MPI_Type_contiguous((int)width, MPI_FLOAT, &row), "MPI_Type_contiguous");
+        check_mpi(MPI_Type_contiguous(checked_int(width), MPI_FLOAT, &row), "MPI_Type_contiguous");
         check_mpi(MPI_Type_commit(&row), "MPI_Type_commit");
         std::vector<MPI_Request> requests;
         int64_t send_at = 0, recv_at = 0;
@@ -130,12 +133,12 @@ private:
     MPI_Comm group(Group g) const {
         return g == Group::World ? MPI_COMM_WORLD : g == Group::ExpertParallel ? ep_comm_ : dp_comm_;
     }
-    int checked_int(int64_t rows) const {
-        if (rows > INT32_MAX) {
-            fprintf(stderr, "%s: a transfer of %lld rows is too large for MPI\n", program_, (long long)rows);
+    int checked_int(int64_t count) const {  // a count in rows, elements or row widths
+        if (count > INT32_MAX) {
+            fprintf(stderr, "%s: a count of %lld is too large for MPI's int\n", program_, (long long)count);
             MPI_Abort(MPI_COMM_WORLD, 1);
         }
-        return (int)rows;
+        return (int)count;
     }
 
     const char* program_;

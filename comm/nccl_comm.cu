@@ -26,6 +26,8 @@ public:
     NcclComm(int ep, const char* program) : program_(program), use_mpi_(launched_by_mpi()) {
         if (use_mpi_) {
             check_mpi(MPI_Init(nullptr, nullptr), "MPI_Init");
+            // errors come back to check_mpi, which names the call (MPI's default handler aborts without a word)
+            check_mpi(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
             check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &rank), "MPI_Comm_rank");
             check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &world), "MPI_Comm_size");
         }
@@ -39,13 +41,16 @@ public:
         }
         int gpus = 0;
         if (cudaGetDeviceCount(&gpus) != cudaSuccess) gpus = 0;
-        if (gpus == 0) fatal_setup("no CUDA GPU found; use ./train_cpu for the CPU trainer");
-        if (local_ranks > gpus)
-            fatal_setup(std::to_string(local_ranks) + " ranks on one host but only " + std::to_string(gpus) +
-                        " GPUs: start at most one rank per GPU");
-        if (ep < 1 || world % ep != 0)
-            fatal_setup("--ep " + std::to_string(ep) + " does not divide the " + std::to_string(world) +
-                        " ranks (world = EP x DP)");
+        std::string error;
+        if (gpus == 0)
+            error = "no CUDA GPU found; use ./train_cpu for the CPU trainer";
+        else if (local_ranks > gpus)
+            error = std::to_string(local_ranks) + " ranks on one host but only " + std::to_string(gpus) +
+                    " GPUs: start at most one rank per GPU";
+        else if (ep < 1 || world % ep != 0)
+            error = "--ep " + std::to_string(ep) + " does not divide the " + std::to_string(world) +
+                    " ranks (world = EP x DP)";
+        agree_on_setup(error);
         ep_size = ep;
         ep_rank = rank % ep;
         dp_size = world / ep;
@@ -150,7 +155,7 @@ public:
     [[noreturn]] void abort(const std::string& message) override {
         fprintf(stderr, "%s: [rank %d] %s\n", program_, rank, message.c_str());
         fflush(stderr);
-        ncclCommAbort(world_comm_);
+        // MPI_Abort ends every rank, those waiting inside NCCL too (ncclCommAbort first could itself wait for them)
         if (use_mpi_) MPI_Abort(MPI_COMM_WORLD, 1);
         exit(1);
     }
@@ -207,9 +212,14 @@ private:
     }
     void sync() { check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
 
-    // Before NCCL exists: rank 0 says what is wrong, every rank exits non-zero.
-    [[noreturn]] void fatal_setup(const std::string& message) {
-        if (rank == 0) fprintf(stderr, "%s: %s\n", program_, message.c_str());
+    // Before NCCL exists. The GPUs are counted per host, so some ranks may find a problem and others not: the
+    // ranks agree on the first rank with one, which says what is wrong, and every rank exits 1 (a rank that left
+    // alone would leave the others waiting in the next collective).
+    void agree_on_setup(const std::string& error) {
+        int first = error.empty() ? world : rank;
+        if (use_mpi_) check_mpi(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD), "setup");
+        if (first == world) return;
+        if (rank == first) fprintf(stderr, "%s: [rank %d] %s\n", program_, rank, error.c_str());
         if (use_mpi_) MPI_Finalize();
         exit(1);
     }

@@ -1,7 +1,10 @@
 // prepare_data: turns text into what the trainers read. Reads documents (text files, directories of files,
 // .jsonl with one JSON object per line), splits each document into train (the first 1-F of its bytes) and
 // validation (the rest, from the next whitespace), trains a byte-level BPE tokenizer on the train text (or
-// loads one), and writes DIR/tokenizer.bin, DIR/train_000000.bin and DIR/val_000000.bin as llm.c shards.
+// loads one), and writes DIR/tokenizer.bin and the tokens as llm.c shards of at most --shard-tokens tokens each,
+// DIR/train_000000.bin, train_000001.bin, ... and DIR/val_000000.bin, ... Every file is written under a temporary
+// name first and renamed only when all are written, so a failed run leaves the previous outputs as they were, and
+// shards of an earlier, longer run are removed.
 #include "data/shards.h"
 #include "data/tokenizer.h"
 #include "model/files.h"
@@ -21,12 +24,19 @@ static const char* USAGE =
     "usage: ./prepare_data --input PATH [--input PATH ...] --out-dir DIR [options]\n"
     "  --input PATH        a text file (one document), a .jsonl file (one JSON object per line), or a directory\n"
     "                      (every regular file below it, sorted by path; symbolic links are skipped)\n"
-    "  --out-dir DIR       writes DIR/tokenizer.bin, DIR/train_000000.bin, DIR/val_000000.bin (created if missing)\n"
+    "  --out-dir DIR       writes DIR/tokenizer.bin, DIR/train_000000.bin, ..., DIR/val_000000.bin, ... (created if\n"
+    "                      missing; files below it are not read as input)\n"
     "  --vocab N           tokenizer vocabulary size to train, >= 256 (default 1024)\n"
     "  --val-fraction F    the last F of each document's bytes goes to validation, 0 <= F < 1 (default 0.1;\n"
     "                      0 writes no validation shard)\n"
     "  --tokenizer FILE    use this tokenizer instead of training one\n"
-    "  --text-field KEY    the .jsonl field holding the document text (default \"text\")\n";
+    "  --text-field KEY    the .jsonl field holding the document text (default \"text\")\n"
+    "  --shard-tokens N    tokens per shard, at most (default 100000000, as llm.c's)\n";
+
+// A command-line mistake: exit status 2, as train_cpu's
+struct UsageError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
 
 struct Options {
     std::vector<std::string> inputs;
@@ -36,13 +46,19 @@ struct Options {
     double val_fraction = 0.1;
     std::string tokenizer_path;
     std::string text_field = "text";
+    int64_t shard_tokens = 100000000;
 };
 
 static Options parse_args(int argc, char** argv) {
     Options opt;
+    const std::vector<std::string> flags{"--input",     "--out-dir",    "--vocab",       "--val-fraction",
+                                         "--tokenizer", "--text-field", "--shard-tokens"};
     for (int i = 1; i < argc; i++) {
         std::string flag = argv[i];
-        if (i + 1 >= argc) throw std::runtime_error(flag.rfind("--", 0) == 0 ? flag + " needs a value" : "unexpected argument " + flag);
+        if (std::find(flags.begin(), flags.end(), flag) == flags.end())
+            throw UsageError(flag.rfind("--", 0) == 0 ? "unknown flag " + flag + " (see --help)"
+                                                      : "unexpected argument " + flag + " (see --help)");
+        if (i + 1 >= argc || std::string(argv[i + 1]).rfind("--", 0) == 0) throw UsageError(flag + " needs a value");
         std::string value = argv[++i];
         char* end = nullptr;
         if (flag == "--input") {
@@ -51,23 +67,28 @@ static Options parse_args(int argc, char** argv) {
             opt.out_dir = value;
         } else if (flag == "--vocab") {
             long v = strtol(value.c_str(), &end, 10);
-            if (*end || value.empty() || v < 256 || v > (1L << 24)) throw std::runtime_error("--vocab must be an integer in [256, 16777216], got '" + value + "'");
+            if (*end || value.empty() || v < 256 || v > (1L << 24))
+                throw UsageError("--vocab must be an integer in [256, 16777216], got '" + value + "'");
             opt.vocab = (int)v;
             opt.vocab_given = true;
         } else if (flag == "--val-fraction") {
             double f = strtod(value.c_str(), &end);
-            if (*end || value.empty() || !(f >= 0.0 && f < 1.0)) throw std::runtime_error("--val-fraction must be a number in [0, 1), got '" + value + "'");
+            if (*end || value.empty() || !(f >= 0.0 && f < 1.0))
+                throw UsageError("--val-fraction must be a number in [0, 1), got '" + value + "'");
             opt.val_fraction = f;
         } else if (flag == "--tokenizer") {
             opt.tokenizer_path = value;
         } else if (flag == "--text-field") {
             opt.text_field = value;
-        } else {
-            throw std::runtime_error("unknown flag " + flag + " (see --help)");
+        } else {  // --shard-tokens (a shard's header counts its tokens in an int32)
+            long long n = strtoll(value.c_str(), &end, 10);
+            if (*end || value.empty() || n < 1 || n > INT32_MAX)
+                throw UsageError("--shard-tokens must be an integer in [1, 2147483647], got '" + value + "'");
+            opt.shard_tokens = n;
         }
     }
-    if (opt.inputs.empty()) throw std::runtime_error("--input is required (see --help)");
-    if (opt.out_dir.empty()) throw std::runtime_error("--out-dir is required (see --help)");
+    if (opt.inputs.empty()) throw UsageError("--input is required (see --help)");
+    if (opt.out_dir.empty()) throw UsageError("--out-dir is required (see --help)");
     return opt;
 }
 
@@ -85,8 +106,10 @@ static void read_file_documents(const std::string& path, const std::string& text
         nlohmann::json object;
         try {
             object = nlohmann::json::parse(line);
-        } catch (const nlohmann::json::parse_error&) {
-            throw std::runtime_error(path + " line " + std::to_string(line_number) + ": not valid JSON");
+        } catch (const nlohmann::json::parse_error& e) {  // e.g. "... column 15: ... ill-formed UTF-8 byte ..."
+            const std::string why = e.what();
+            throw std::runtime_error(path + " line " + std::to_string(line_number) + ": not valid JSON (" +
+                                     why.substr(why.find("] ") == std::string::npos ? 0 : why.find("] ") + 2) + ")");
         }
         if (!object.is_object() || !object.contains(text_field) || !object[text_field].is_string())
             throw std::runtime_error(path + " line " + std::to_string(line_number) + ": no string field \"" + text_field + "\"");
@@ -94,15 +117,24 @@ static void read_file_documents(const std::string& path, const std::string& text
     }
 }
 
-static void read_input_documents(const std::string& path, const std::string& text_field, std::vector<std::string>& docs) {
+// Every document of an input; in a directory, not the files below out_dir (a second run would read the first's
+// shards and tokenizer as text)
+static void read_input_documents(const std::string& path, const std::string& text_field, const std::string& out_dir,
+                                 std::vector<std::string>& docs) {
     if (!fs::exists(path)) throw std::runtime_error("input " + path + " does not exist");
     if (!fs::is_directory(path)) {
         read_file_documents(path, text_field, docs);
         return;
     }
+    const fs::path out = fs::weakly_canonical(out_dir);
+    auto below_out = [&](const fs::path& file) {
+        const fs::path canonical = fs::weakly_canonical(file);
+        return std::mismatch(out.begin(), out.end(), canonical.begin(), canonical.end()).first == out.end();
+    };
     std::vector<std::string> files;
     for (const auto& entry : fs::recursive_directory_iterator(path))
-        if (!entry.is_symlink() && entry.is_regular_file()) files.push_back(entry.path().string());
+        if (!entry.is_symlink() && entry.is_regular_file() && !below_out(entry.path()))
+            files.push_back(entry.path().string());
     std::sort(files.begin(), files.end());
     for (const std::string& file : files) read_file_documents(file, text_field, docs);
 }
@@ -113,14 +145,43 @@ static void append_document(std::string& text, const std::string& doc) {
     text += doc;
 }
 
-static void print_split(const char* name, size_t bytes, const std::vector<uint32_t>& tokens, const std::string& path) {
-    printf("%s %zu bytes, %zu tokens, %.2f bytes/token -> %s\n", name, bytes, tokens.size(),
-           tokens.empty() ? 0.0 : (double)bytes / (double)tokens.size(), path.c_str());
+static void print_split(const char* name, size_t bytes, const std::vector<uint32_t>& tokens,
+                        const std::vector<std::string>& paths) {
+    printf("%s %zu bytes, %zu tokens, %.2f bytes/token -> %s%s\n", name, bytes, tokens.size(),
+           tokens.empty() ? 0.0 : (double)bytes / (double)tokens.size(), paths[0].c_str(),
+           paths.size() > 1 ? (" ... (" + std::to_string(paths.size()) + " shards)").c_str() : "");
+}
+
+// DIR/NAME_%06d.bin, the shard paths of one split
+static std::string shard_path(const std::string& dir, const std::string& name, size_t index) {
+    char file[64];
+    snprintf(file, sizeof file, "/%s_%06zu.bin", name.c_str(), index);
+    return dir + file;
+}
+
+// tokens in shards of at most shard_tokens (one shard when empty), each written to PATH.new; returns the PATHs
+static std::vector<std::string> write_split(const std::string& dir, const std::string& name,
+                                            const std::vector<uint32_t>& tokens, int64_t shard_tokens, int version) {
+    std::vector<std::string> paths;
+    for (size_t first = 0; first < tokens.size() || paths.empty(); first += (size_t)shard_tokens) {
+        const size_t last = std::min(tokens.size(), first + (size_t)shard_tokens);
+        paths.push_back(shard_path(dir, name, paths.size()));
+        write_shard(paths.back() + ".new", std::vector<uint32_t>(tokens.begin() + first, tokens.begin() + last),
+                    version);
+    }
+    return paths;
+}
+
+// Renames every PATH.new to PATH, after removing the split's shards that are not among them (an earlier run's)
+static void publish(const std::string& dir, const std::string& name, const std::vector<std::string>& paths) {
+    for (size_t index = paths.size(); fs::exists(shard_path(dir, name, index)); index++)
+        fs::remove(shard_path(dir, name, index));
+    for (const std::string& path : paths) fs::rename(path + ".new", path);
 }
 
 static void run(const Options& opt) {
     std::vector<std::string> docs;
-    for (const std::string& input : opt.inputs) read_input_documents(input, opt.text_field, docs);
+    for (const std::string& input : opt.inputs) read_input_documents(input, opt.text_field, opt.out_dir, docs);
     std::string train_text, val_text;
     size_t total_bytes = 0;
     for (const std::string& doc : docs) {
@@ -143,22 +204,26 @@ static void run(const Options& opt) {
                                  " (vocab " + std::to_string(tok.vocab_size()) + ")");
     int version = tok.vocab_size() <= 65536 ? 1 : 2;
     fs::create_directories(opt.out_dir);
-    std::string tokenizer_out = opt.out_dir + "/tokenizer.bin";
-    tok.save(tokenizer_out);
-    std::vector<uint32_t> train_tokens = tok.encode(train_text);
-    std::string train_out = opt.out_dir + "/train_000000.bin";
-    write_shard(train_out, train_tokens, version);
+    const std::string tokenizer_out = opt.out_dir + "/tokenizer.bin";
+    tok.save(tokenizer_out + ".new");
+    const std::vector<uint32_t> train_tokens = tok.encode(train_text);
+    const std::vector<std::string> train_out =
+        write_split(opt.out_dir, "train", train_tokens, opt.shard_tokens, version);
+    std::vector<uint32_t> val_tokens;
+    std::vector<std::string> val_out;
+    if (opt.val_fraction > 0) {
+        val_tokens = tok.encode(val_text);
+        val_out = write_split(opt.out_dir, "val", val_tokens, opt.shard_tokens, version);
+    }
+    fs::rename(tokenizer_out + ".new", tokenizer_out);
+    publish(opt.out_dir, "train", train_out);
+    publish(opt.out_dir, "val", val_out);  // with --val-fraction 0: no stale validation shards
 
     printf("prepare_data: %zu documents, %zu bytes\n", docs.size(), total_bytes);
     std::string source = opt.tokenizer_path.empty() ? "trained" : "from " + opt.tokenizer_path;
     printf("tokenizer: vocab %d (%s) -> %s\n", tok.vocab_size(), source.c_str(), tokenizer_out.c_str());
     print_split("train:", train_text.size(), train_tokens, train_out);
-    std::string val_out = opt.out_dir + "/val_000000.bin";
-    if (opt.val_fraction == 0) {
-        fs::remove(val_out);  // no stale validation shard from an earlier run
-    } else {
-        std::vector<uint32_t> val_tokens = tok.encode(val_text);
-        write_shard(val_out, val_tokens, version);
+    if (!val_out.empty()) {
         print_split("val:  ", val_text.size(), val_tokens, val_out);
         printf("val unigram entropy: %.4f nats\n", unigram_entropy_nats(val_tokens));
     }
@@ -172,6 +237,9 @@ int main(int argc, char** argv) {
         }
     try {
         run(parse_args(argc, argv));
+    } catch (const UsageError& e) {
+        fprintf(stderr, "prepare_data: %s\n", e.what());
+        return 2;
     } catch (const std::exception& e) {
         fprintf(stderr, "prepare_data: %s\n", e.what());
         return 1;

@@ -106,7 +106,9 @@ TEST_CASE("cli: --eval-only reports a bad token in a later validation shard in o
 
 TEST_CASE("cli: prepare_data rejects a missing input and an unknown flag") {
     expect_clean_failure("./prepare_data --input /nonexistent/file --out-dir " + test_path("cli_out"), "prepare_data");
-    expect_clean_failure("./prepare_data --bogus", "prepare_data");
+    expect_clean_failure("./prepare_data --bogus", "unknown flag --bogus");
+    expect_clean_failure("./prepare_data --input --out-dir " + test_path("cli_out"), "--input needs a value");
+    expect_clean_failure("./prepare_data --input x --out-dir y --shard-tokens 0", "--shard-tokens");
 }
 
 TEST_CASE("cli: --plan for DeepSeek-V3 on 256 GPUs") {

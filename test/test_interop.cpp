@@ -8,6 +8,7 @@
 #include <sstream>
 #include <string>
 #include <sys/stat.h>
+#include <vector>
 
 #include "data/shards.h"
 #include "model/rng.h"
@@ -149,5 +150,38 @@ TEST_CASE("interop: prepare_data reads a directory (skipping symbolic links) and
     out = run_output("./prepare_data --input " + dir + "/docs.jsonl --text-field body --out-dir " + dir + "/j2", &status);
     CHECK(status != 0);
     CHECK(out.find("body") != std::string::npos);
+    system(("rm -rf " + dir).c_str());
+}
+
+TEST_CASE("interop: prepare_data writes --shard-tokens shards, removes an earlier run's extra shards, and does not "
+          "read its own output") {
+    const std::string dir = test_path("shards");
+    system(("rm -rf " + dir + " && mkdir -p " + dir + "/texts").c_str());
+    std::string doc;
+    for (int i = 0; i < 300; i++) doc += "a line of text, number " + std::to_string(i) + ", for the shards\n";
+    std::ofstream(dir + "/texts/doc.txt") << doc;
+    const std::string prepare = "./prepare_data --input " + dir + "/texts --vocab 300 --val-fraction 0.2 --out-dir ";
+    int status = 0;
+    std::string out = run_output(prepare + dir + "/one", &status);
+    REQUIRE_MESSAGE(status == 0, out);
+    out = run_output(prepare + dir + "/texts/out --shard-tokens 1000", &status);  // below the input directory
+    REQUIRE_MESSAGE(status == 0, out);
+    const std::vector<uint32_t> whole = read_shard(dir + "/one/train_000000.bin");
+    std::vector<uint32_t> joined;
+    const std::vector<std::string> shards = glob_files(dir + "/texts/out/train_*.bin");
+    for (const std::string& shard : shards) {
+        const std::vector<uint32_t> tokens = read_shard(shard);
+        CHECK(tokens.size() <= 1000);
+        joined.insert(joined.end(), tokens.begin(), tokens.end());
+    }
+    CHECK(shards.size() == (whole.size() + 999) / 1000);
+    CHECK(joined == whole);
+    CHECK(read_shard(dir + "/texts/out/val_000000.bin") == read_shard(dir + "/one/val_000000.bin"));
+    // the second run reads the same single document (not the first run's shards and tokenizer), with fewer shards
+    out = run_output(prepare + dir + "/texts/out --shard-tokens 3000", &status);
+    REQUIRE_MESSAGE(status == 0, out);
+    CHECK(out.find("1 documents") != std::string::npos);
+    CHECK(glob_files(dir + "/texts/out/train_*.bin").size() == (whole.size() + 2999) / 3000);
+    CHECK_THROWS(glob_files(dir + "/texts/out/*.new"));  // nothing left under a temporary name: no file matches
     system(("rm -rf " + dir).c_str());
 }

@@ -27,8 +27,8 @@ fi
 if [ ! -e /usr/local/cuda/include/nccl.h ]; then  # NCCL from the image's Python wheel (nvidia-nccl-cu13)
     nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2> /dev/null)
     if [ -n "$nccl" ]; then
-        export CPATH="$nccl/include:$CPATH" LIBRARY_PATH="$nccl/lib:$LIBRARY_PATH"
-        export LD_LIBRARY_PATH="$nccl/lib:$LD_LIBRARY_PATH"
+        export CPATH="$nccl/include${CPATH:+:$CPATH}" LIBRARY_PATH="$nccl/lib${LIBRARY_PATH:+:$LIBRARY_PATH}"
+        export LD_LIBRARY_PATH="$nccl/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
         [ -e "$nccl/lib/libnccl.so" ] || ln -sf libnccl.so.2 "$nccl/lib/libnccl.so" 2> /dev/null
     fi
 fi
