@@ -8,8 +8,10 @@
 #include <sstream>
 #include <string>
 #include <sys/wait.h>
+#include <vector>
 
 #include "comm/expert_plan.h"
+#include "data/shards.h"
 #include "model/rng.h"
 #include "test/test_helpers.h"
 
@@ -164,6 +166,17 @@ TEST_CASE("ep: a failing or dying rank ends the whole job within seconds, the re
     Job crash = mpirun(4, "env MOE_FAULT=3:2:crash " + TRAIN + " --steps 50 --batch 1 --ep 2");
     CHECK(crash.status != 0);
     CHECK(crash.seconds < 60);
+    // a later shard with a token outside the vocabulary (the loader checks a shard when it reaches it): said once
+    std::vector<uint32_t> good(4096), bad(4096);
+    for (size_t i = 0; i < good.size(); i++) good[i] = bad[i] = (uint32_t)(i * 7 % 1024);
+    bad[100] = 5000;  // ep-tiny's vocabulary is 1024
+    write_shard(test_path("ep_shards_000.bin"), good, 1);
+    write_shard(test_path("ep_shards_001.bin"), bad, 1);
+    Job bad_shard = mpirun(2, "./train_cpu --config test/data/ep-tiny.json --seq 32 --batch 4 --steps 50 --data '" +
+                                  test_path("ep_shards_*.bin") + "'");
+    CHECK(bad_shard.status != 0);
+    CHECK(count(bad_shard.err, "holds token 5000") == 1);
+    CHECK(bad_shard.seconds < 60);
 }
 
 TEST_CASE("ep: bad layouts are one error from rank 0 and a non-zero exit everywhere") {

@@ -59,8 +59,9 @@ static Comm* g_comm = nullptr;
     exit(1);  // not reached: abort() ends the job (a virtual call hides that from the compiler)
 }
 
-// Setup (config, data, checkpoint) is checked on every rank; if any rank failed, the first of them prints its
-// reason once and every rank exits 1, so the job neither hangs nor repeats the message N times.
+// A check every rank makes at the same point (setup: config, data, checkpoint; each step: its batches): if any rank
+// failed, the first of them prints its reason once and every rank exits 1, so the job neither hangs nor repeats the
+// message N times.
 static void agree_on_setup(const Run& r, const std::string& error) {
     Comm& comm = *r.comm;
     std::vector<int64_t> failed(comm.world, 0);
@@ -310,15 +311,25 @@ static StepResult train_step(Run& r, int64_t step) {
     const TrainArgs& args = r.args;
     Comm& comm = *r.comm;
     const int B = args.batch, T = args.seq;
-    std::vector<int32_t> inputs((int64_t)B * T), targets((int64_t)B * T);
+    const int64_t batch_tokens = (int64_t)B * T;
+    // every micro-step's batch first: a shard's tokens are checked when a rank reaches that shard, not always in the
+    // same step on every rank, so a bad one is reported here, once, before any collective of the step
+    std::vector<int32_t> inputs(args.grad_accum * batch_tokens), targets(args.grad_accum * batch_tokens);
+    std::string data_error;
+    try {
+        for (int micro = 0; micro < args.grad_accum; micro++)
+            r.train->next_batch(&inputs[micro * batch_tokens], &targets[micro * batch_tokens]);
+    } catch (const std::exception& e) {
+        data_error = e.what();
+    }
+    agree_on_setup(r, data_error);
     // backward of the global mean loss: each rank's mean over its tokens, averaged over micro-steps and ranks
     const float loss_scale = 1.0f / (float)((int64_t)args.grad_accum * comm.world);
     Backend& backend = *r.backend;
     StepResult s;
     backend.zero_grads();
     for (int micro = 0; micro < args.grad_accum; micro++) {
-        r.train->next_batch(inputs.data(), targets.data());
-        LossParts l = backend.forward(inputs.data(), targets.data(), B, T, true);
+        LossParts l = backend.forward(&inputs[micro * batch_tokens], &targets[micro * batch_tokens], B, T, true);
         backend.backward(loss_scale);
         s.loss[0] += l.total * loss_scale;
         s.loss[1] += l.main * loss_scale;
