@@ -19,8 +19,7 @@ ExpertPlan build_expert_plan(const int32_t* expert_of_slot, int64_t num_slots, i
     return p;
 }
 
-DispatchPlan build_dispatch_plan(const ExpertPlan& local, const std::vector<int64_t>& recv_counts, int ep_size,
-                                 int ep_rank) {
+DispatchPlan build_dispatch_plan(const ExpertPlan& local, const std::vector<int64_t>& recv_counts, int ep_size) {
     DispatchPlan d;
     const int per_rank = local.num_experts / ep_size;
     d.send_rows.assign(ep_size, 0);

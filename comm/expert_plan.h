@@ -32,5 +32,4 @@ struct DispatchPlan {
 
 // local: this rank's plan over all E experts. recv_counts (P * E/P): rows from source rank s for local expert j at
 // [s * E/P + j] (what every rank's local.counts for this rank's experts were, exchanged by an all-to-all).
-DispatchPlan build_dispatch_plan(const ExpertPlan& local, const std::vector<int64_t>& recv_counts, int ep_size,
-                                 int ep_rank);
+DispatchPlan build_dispatch_plan(const ExpertPlan& local, const std::vector<int64_t>& recv_counts, int ep_size);

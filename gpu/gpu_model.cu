@@ -566,7 +566,7 @@ void moe_route(GpuModel& m, const BlockWeights& w, GpuBlockActs& a, const float*
     ExpertPlan local;
     local.num_experts = (int)E;
     local.counts = a.counts_host;
-    a.dispatch = build_dispatch_plan(local, recv_counts, comm.ep_size, comm.ep_rank);
+    a.dispatch = build_dispatch_plan(local, recv_counts, comm.ep_size);
     const int64_t R = a.dispatch.received();
     ensure_expert_rows(m, a, R);
     if (comm.ep_size > 1) {

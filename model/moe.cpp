@@ -72,7 +72,7 @@ void moe_forward(const Config& c, LinearPrecision precision, const BlockWeights&
     const int64_t E_local = E / comm.ep_size;
     std::vector<int64_t> recv_counts(E);  // (P, E_local): rows each source sends to each of this rank's experts
     comm.all_to_all(a.plan.counts.data(), recv_counts.data(), E_local);
-    a.dispatch = build_dispatch_plan(a.plan, recv_counts, comm.ep_size, comm.ep_rank);
+    a.dispatch = build_dispatch_plan(a.plan, recv_counts, comm.ep_size);
     const int64_t R = a.dispatch.received();
 
     // dispatch: gather token rows in plan order, send them to the experts' ranks, sort them by local expert

@@ -123,7 +123,7 @@ int main(int argc, char** argv) {
     const ExpertPlan plan = build_expert_plan(chosen.data(), N * k, E);
     std::vector<int64_t> recv_counts(E);
     comm->all_to_all(plan.counts.data(), recv_counts.data(), E / P);
-    const DispatchPlan dispatch = build_dispatch_plan(plan, recv_counts, P, comm->ep_rank);
+    const DispatchPlan dispatch = build_dispatch_plan(plan, recv_counts, P);
     const int64_t rows = N * k, R = dispatch.received(), peer_rows = rows / P;  // peer_rows: the equal split
     const std::vector<int64_t> equal_rows(P, peer_rows);
 

@@ -27,13 +27,13 @@ void check_dispatch(int P, int E, const std::vector<std::vector<int32_t>>& choic
         std::vector<int64_t> recv_counts(P * per_rank);
         for (int s = 0; s < P; s++)
             for (int j = 0; j < per_rank; j++) recv_counts[s * per_rank + j] = plans[s].counts[dst * per_rank + j];
-        DispatchPlan d = build_dispatch_plan(plans[dst], recv_counts, P, dst);
+        DispatchPlan d = build_dispatch_plan(plans[dst], recv_counts, P);
         // the rows that arrive at dst, tagged (source rank, slot), in arrival order
         std::vector<std::pair<int, int64_t>> arrived;
         for (int s = 0; s < P; s++) {
             int64_t first = plans[s].offsets[dst * per_rank], last = plans[s].offsets[(dst + 1) * per_rank];
             for (int64_t row = first; row < last; row++) arrived.push_back({s, plans[s].slot_of_row[row]});
-            DispatchPlan ds = build_dispatch_plan(plans[s], recv_counts, P, s);
+            DispatchPlan ds = build_dispatch_plan(plans[s], recv_counts, P);
             CHECK(ds.send_rows[dst] == last - first);
         }
         REQUIRE((int64_t)arrived.size() == d.received());
