@@ -2,6 +2,7 @@
 #include "config.h"
 
 #include <cmath>
+#include <cstdarg>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -77,6 +78,18 @@ static float get_float(const json& j, const char* key, float fallback) {
     return v;
 }
 
+static bool notes_on = true;
+void config_notes(bool on) { notes_on = on; }
+
+// A note about a config file (a replaced value, an ignored key, a default used) on stderr, unless turned off
+__attribute__((format(printf, 1, 2))) static void note(const char* format, ...) {
+    if (!notes_on) return;
+    va_list args;
+    va_start(args, format);
+    vfprintf(stderr, format, args);
+    va_end(args);
+}
+
 Config parse_config_json(const std::string& text, const std::string& source) {
     json j;
     try {
@@ -137,10 +150,10 @@ Config parse_config_json(const std::string& text, const std::string& source) {
         if (j.contains("moe_layer_freq") && j["moe_layer_freq"] != 1)
             throw std::runtime_error("moe_layer_freq must be 1 (every layer after first_k_dense_replace is MoE)");
         if (j.contains("scoring_func") && j["scoring_func"] != "sigmoid")
-            fprintf(stderr, "%s: note: scoring_func %s is replaced by DeepSeek-V3's sigmoid router\n", source.c_str(),
+            note("%s: note: scoring_func %s is replaced by DeepSeek-V3's sigmoid router\n", source.c_str(),
                     j["scoring_func"].dump().c_str());
         if (j.contains("topk_method") && j["topk_method"] != "noaux_tc")
-            fprintf(stderr, "%s: note: topk_method %s is replaced by DeepSeek-V3's group-limited top-k with bias\n",
+            note("%s: note: topk_method %s is replaced by DeepSeek-V3's group-limited top-k with bias\n",
                     source.c_str(), j["topk_method"].dump().c_str());
     } catch (const json::exception& e) {
         throw std::runtime_error(source + ": " + e.what());
@@ -157,7 +170,7 @@ Config parse_config_json(const std::string& text, const std::string& source) {
     for (auto it = j.begin(); it != j.end(); ++it) {
         bool found = is_ignored_hf_key(it.key());
         for (const char* k : known) found = found || it.key() == k;
-        if (!found) fprintf(stderr, "%s: note: unknown key '%s' is ignored\n", source.c_str(), it.key().c_str());
+        if (!found) note("%s: note: unknown key '%s' is ignored\n", source.c_str(), it.key().c_str());
     }
     try {
         validate_config(c);
@@ -173,7 +186,7 @@ Config parse_config_json(const std::string& text, const std::string& source) {
     for (const char* k : architectural)
         if (!j.contains(k)) defaulted += (defaulted.empty() ? "" : ", ") + std::string(k);
     if (!defaulted.empty())
-        fprintf(stderr, "%s: note: not given, so moe.cu's defaults are used (see model/config.h): %s\n", source.c_str(),
+        note("%s: note: not given, so moe.cu's defaults are used (see model/config.h): %s\n", source.c_str(),
                 defaulted.c_str());
     return c;
 }

@@ -57,6 +57,9 @@ struct Config {
 Config parse_config_file(const std::string& preset_or_path);
 // The same, but prints the error and exits 1: for tools and tests.
 Config load_config(const std::string& preset_or_path);
+// The notes the parsers print on stderr (a replaced value, an ignored key, a default used): on by default; the
+// ranks of a job other than rank 0 turn them off, so that each is said once.
+void config_notes(bool on);
 // Parses JSON text; on error throws std::runtime_error with a one-line message.
 Config parse_config_json(const std::string& json_text, const std::string& source_name);
 // Checks the values; throws std::runtime_error naming the offending key.

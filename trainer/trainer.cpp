@@ -179,6 +179,7 @@ static std::string format_eta(double seconds) {
 static void resolve_config(Run& r) {
     const TrainArgs& args = r.args;
     Comm& comm = *r.comm;
+    config_notes(comm.rank == 0);
     std::string error;
     try {
         r.resume_from = args.resume ? checkpoint_find_latest(args.checkpoint_dir) : "";
