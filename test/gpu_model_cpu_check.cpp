@@ -389,6 +389,9 @@ void check_low_precision(const std::string& tag, const Config& c, gpu::Precision
     const double cosine = dot / sqrt(got_sq * want_sq), ratio = sqrt(got_sq / want_sq);
     report(tag + " gradients: cosine, norm ratio", cosine >= bf16_min_cosine(moved) && fabs(ratio - 1.0) <= 0.02,
            fmt("cos %.6f norm ratio %.4f", cosine, ratio) + fmt(" (cos >= %.3f)", bf16_min_cosine(moved)));
+    const TensorError worst = worst_tensor_error(cpu.table, grads.data(), cpu.grads.data());
+    report(tag + " gradients: the worst tensor", worst.relative <= (moved > 0 ? MOVED_MAX_TENSOR_ERROR : 0.1),
+           fmt("%.3f ", worst.relative) + worst.name);
     OptimizerConfig oc;
     gpu_model_adamw(gm, opt, oc, 1e-2f, 1.0f);
     report(tag + " BF16 copy after AdamW", copy_is_fresh(), "");

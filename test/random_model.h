@@ -1,8 +1,10 @@
 // Random weights, batches and routing, for the CPU tests (test_helpers.h), the GPU tests and the benchmarks; and
 // the bounds of a BF16 step against the FP32 CPU model, which depend on the routing.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "model/model.h"
@@ -75,3 +77,32 @@ inline double bf16_min_cosine(int64_t moved) { return 0.999 - 3e-3 * (double)mov
 // 14, 0.9991). So up to 3% of the assignments (plus one) may move, and the cosine must be >= 0.98.
 inline int64_t fp8_max_moved(int64_t assignments) { return 3 * assignments / 100 + 1; }
 constexpr double FP8_MIN_COSINE = 0.98;
+
+// The cosine above is over all tensors together, so one small tensor could be wrong and hide in it (a router weight
+// carries ~2% of the gradient's norm). Each trainable tensor is therefore held to a relative L2 difference from the
+// reference: 0.1 when no assignment moved; otherwise MOVED_MAX_TENSOR_ERROR, as the tokens that changed experts
+// change the router's and those experts' gradients (measured worst: 0.47, a router weight in an FP8 step) while a
+// gradient of the wrong sign (2) or a missing one (1) stays above.
+constexpr double MOVED_MAX_TENSOR_ERROR = 0.75;
+struct TensorError {
+    double relative = 0.0;  // ||got - want|| / ||want|| of the worst tensor
+    std::string name;
+};
+inline TensorError worst_tensor_error(const ParamTable& table, const float* got, const float* want) {
+    TensorError worst;
+    for (const ParamTensor& t : table.tensors) {
+        if (!t.trainable) continue;
+        double diff_sq = 0.0, want_sq = 0.0;
+        for (int64_t i = t.offset; i < t.offset + t.numel; i++) {
+            diff_sq += ((double)got[i] - want[i]) * ((double)got[i] - want[i]);
+            want_sq += (double)want[i] * want[i];
+        }
+        const double relative = want_sq > 0 ? std::sqrt(diff_sq / want_sq) : std::sqrt(diff_sq);
+        if (!(relative <= worst.relative)) {  // a NaN is the worst
+            worst.relative = relative;
+            worst.name = t.name;
+            if (std::isnan(relative)) break;
+        }
+    }
+    return worst;
+}

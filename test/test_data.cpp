@@ -417,7 +417,9 @@ TEST_CASE("data: loader constructor rejects missing and too-small shards") {
     CHECK_THROWS_WITH_AS(DataLoader(dir.file("w_*.bin"), 2, 8, 0, 1), doctest::Contains("truncated header (100 bytes"), std::runtime_error);
 }
 
-TEST_CASE("data: unigram entropy of a uniform distribution over 4 symbols is ln 4") {
+TEST_CASE("data: unigram entropy is -sum p ln p over the token frequencies") {
     CHECK(unigram_entropy_nats({7, 1, 3, 9, 9, 3, 1, 7}) == doctest::Approx(std::log(4.0)).epsilon(1e-12));
     CHECK(unigram_entropy_nats({5, 5, 5}) == doctest::Approx(0.0));
+    // not uniform: p = 3/4, 1/4 (log of the number of distinct tokens would give ln 2 = 0.693)
+    CHECK(unigram_entropy_nats({2, 2, 8, 2}) == doctest::Approx(-(0.75 * std::log(0.75) + 0.25 * std::log(0.25))).epsilon(1e-12));
 }

@@ -88,25 +88,17 @@ void compare_step(const std::string& name, const Config& c, gpu::Precision preci
                   std::vector<float>(want_first, want_first + t.numel), 1e-4);
         }
     } else {
-        double dot = 0.0, got_sq = 0.0, want_sq = 0.0, worst_tensor = 0.0;
-        std::string worst_name;
+        double dot = 0.0, got_sq = 0.0, want_sq = 0.0;
         for (const ParamTensor& t : cpu.table.tensors) {
             if (!t.trainable) continue;
-            double diff_sq = 0.0, tensor_sq = 0.0;
             for (int64_t i = t.offset; i < t.offset + t.numel; i++) {
                 const double g = grads[i], w = cpu.grads[i];
                 dot += g * w;
                 got_sq += g * g;
                 want_sq += w * w;
-                diff_sq += (g - w) * (g - w);
-                tensor_sq += w * w;
-            }
-            const double rel = tensor_sq > 0 ? sqrt(diff_sq / tensor_sq) : sqrt(diff_sq);
-            if (!(rel <= worst_tensor) && !std::isnan(worst_tensor)) {
-                worst_tensor = rel;
-                worst_name = t.name;
             }
         }
+        const TensorError worst = worst_tensor_error(cpu.table, grads.data(), cpu.grads.data());
         const int64_t assignments = total_assignments(cpu.expert_counts);
         const int64_t moved = moved_assignments(gm.expert_counts, cpu.expert_counts);
         const double cosine = dot / sqrt(got_sq * want_sq), norm_ratio = sqrt(got_sq / want_sq);
@@ -114,10 +106,10 @@ void compare_step(const std::string& name, const Config& c, gpu::Precision preci
         const int64_t max_moved = fp8 ? fp8_max_moved(assignments) : bf16_max_moved(assignments);
         const double min_cosine = fp8 ? FP8_MIN_COSINE : bf16_min_cosine(moved);
         const bool ok = moved <= max_moved && cosine >= min_cosine && fabs(norm_ratio - 1.0) <= 0.02 &&
-                        (moved > 0 || worst_tensor <= 0.1);
+                        worst.relative <= (moved > 0 ? MOVED_MAX_TENSOR_ERROR : 0.1);
         printf("%-62s %ld of %ld assignments moved, cos %.6f norm ratio %.4f worst tensor %.3f (%s)  %s\n",
-               (tag + " gradients").c_str(), (long)moved, (long)assignments, cosine, norm_ratio, worst_tensor,
-               worst_name.c_str(), ok ? "ok" : "FAIL");
+               (tag + " gradients").c_str(), (long)moved, (long)assignments, cosine, norm_ratio, worst.relative,
+               worst.name.c_str(), ok ? "ok" : "FAIL");
         (ok ? passed : failed)++;
     }
     gpu_model_free(gm);

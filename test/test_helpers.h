@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -25,6 +26,19 @@
 #define CHECK_REL(got, want, rel)                                                                              \
     CHECK_MESSAGE(std::fabs((double)(got) - (double)(want)) <= (rel) * std::fabs((double)(want)),           \
                   "got " << fmt9(got) << ", want " << fmt9(want))
+// BF16 rounding computed from its definition, not from the writers' bit trick: the nearer of the two neighbouring
+// BF16 values (in double), ties to the even one. For finite x below the last BF16 value's rounding boundary.
+inline float bf16_reference(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    const uint32_t lo_bits = u & 0xffff0000u, hi_bits = lo_bits + 0x10000u;
+    float lo, hi;
+    memcpy(&lo, &lo_bits, 4);
+    memcpy(&hi, &hi_bits, 4);
+    const double dlo = std::fabs((double)x - lo), dhi = std::fabs((double)hi - x);
+    if (dlo != dhi) return dlo < dhi ? lo : hi;
+    return ((lo_bits >> 16) & 1) ? hi : lo;
+}
 inline std::string fmt9(double v) {
     char buf[32];
     snprintf(buf, sizeof buf, "%.9g", v);

@@ -56,15 +56,6 @@ float from_bits(uint32_t u) {
     return x;
 }
 
-// BF16 rounding computed another way: the two neighbouring BF16 values, the nearer in double, ties to even.
-float bf16_reference(float x) {
-    const uint32_t lo = bits(x) & 0xffff0000u, hi = lo + 0x10000u;
-    const double dlo = std::fabs((double)x - from_bits(lo)), dhi = std::fabs((double)from_bits(hi) - x);
-    if (dlo < dhi) return from_bits(lo);
-    if (dhi < dlo) return from_bits(hi);
-    return ((lo >> 16) & 1) ? from_bits(hi) : from_bits(lo);
-}
-
 // Every tensor of a safetensors file, bytes included (small files only).
 struct RawTensor {
     std::string name;

@@ -70,5 +70,6 @@ TEST_CASE("learning: --dtype fp8 follows the FP32 curve") {
     const Curve fp32 = train_small("learning_fp32", 100, ""), fp8 = train_small("learning_fp8", 100, "--dtype fp8");
     printf("learning: validation loss after 100 steps %.4f (fp8) vs %.4f (fp32)\n", fp8.val_loss, fp32.val_loss);
     REQUIRE(!std::isnan(fp8.val_loss));
+    CHECK(fp8.val_loss != fp32.val_loss);  // --dtype fp8 changed the arithmetic at all
     CHECK(std::fabs(fp8.val_loss - fp32.val_loss) < 0.02 * fp32.val_loss);
 }

@@ -56,10 +56,10 @@ void compare_with_twin(const Config& c, uint64_t seed, int B, int T) {
         ref.read(name, DType::F32, {1}, &v);
         return (double)v;
     };
-    CHECK(loss.total == doctest::Approx(scalar("loss")).epsilon(1e-5));
-    CHECK(loss.main == doctest::Approx(scalar("loss_main")).epsilon(1e-5));
-    CHECK(loss.mtp == doctest::Approx(scalar("loss_mtp")).epsilon(1e-5));
-    CHECK(loss.balance == doctest::Approx(scalar("loss_balance")).epsilon(1e-4));
+    CHECK_REL(loss.total, scalar("loss"), 1e-5);
+    CHECK_REL(loss.main, scalar("loss_main"), 1e-5);
+    CHECK_REL(loss.mtp, scalar("loss_mtp"), 1e-5);
+    CHECK_REL(loss.balance, scalar("loss_balance"), 1e-4);
     const int64_t V = c.vocab_size;
     std::vector<float> logits((int64_t)B * T * V);
     ref.read("logits", DType::F32, {B, T, V}, logits.data());
