@@ -111,6 +111,17 @@ TEST_CASE("cli: prepare_data rejects a missing input and an unknown flag") {
     expect_clean_failure("./prepare_data --input x --out-dir y --shard-tokens 0", "--shard-tokens");
 }
 
+TEST_CASE("cli: --describe prints the config and the README's parameter counts") {
+    const std::string out_path = test_path("cli_describe.txt");
+    REQUIRE(system(("./train_cpu --config small --describe > " + out_path).c_str()) == 0);
+    std::ifstream f(out_path);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    const std::string out = ss.str();
+    CHECK(out.find("\"hidden_size\": 192") != std::string::npos);
+    CHECK(out.find("total_params 3058496\nactive_params 1534784\nmtp_params 833120\n") != std::string::npos);
+}
+
 TEST_CASE("cli: --plan for DeepSeek-V3 on 256 GPUs") {
     const std::string out_path = test_path("cli_plan.txt");
     REQUIRE(system(("./train_cpu --config deepseek-v3 --plan --gpus 256 --ep 64 --batch 1 --seq 4096 --grad-accum 16 > " +

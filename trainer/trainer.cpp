@@ -29,6 +29,7 @@
 #include "model/plan.h"
 #include "model/rng.h"
 #include "model/safetensors.h"
+#include "model/sample.h"
 #include "model/train_args.h"
 #include "tools/plot.h"
 
@@ -144,19 +145,7 @@ static void sample_text(Run& r) {
         window.resize(T, 0);
         r.backend->forward(window.data(), nullptr, 1, T, false);
         r.backend->logits_row(last, logits.data());
-        std::vector<std::pair<float, int>> ranked(V);
-        for (int v = 0; v < V; v++) ranked[v] = {logits[v] / args.temperature, v};
-        int keep = args.top_k > 0 ? std::min(args.top_k, V) : V;
-        std::partial_sort(ranked.begin(), ranked.begin() + keep, ranked.end(),
-                          [](auto& a, auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
-        double sum = 0.0;
-        for (int j = 0; j < keep; j++) sum += exp(ranked[j].first - ranked[0].first);
-        double u = r.rng.uniform() * sum, acc = 0.0;
-        int next = ranked[keep - 1].second;
-        for (int j = 0; j < keep; j++) {
-            acc += exp(ranked[j].first - ranked[0].first);
-            if (acc > u) { next = ranked[j].second; break; }
-        }
+        const int next = sample_token(logits.data(), V, args.temperature, args.top_k, r.rng);
         context.push_back(next);
         if (speak && (uint32_t)next < (uint32_t)tok.vocab_size()) {
             printf("%s", tok.token_bytes(next).c_str());
