@@ -3,7 +3,8 @@
 // Checks that the distributed loss and every gradient (experts gathered from their owners) match the single
 // process, then that 10 optimizer steps give the same losses. Exit status 0 when all agree.
 // Tolerance: the routing and every per-row product are bit-identical in both layouts (the GEMM sums each output
-// in a fixed order whatever the batch); only the sums over tokens and ranks are reordered, ~1e-6 relative in fp32.
+// in a fixed order whatever the batch); only the sums over tokens and ranks are reordered, ~1e-6 relative in fp32
+// (measured: gradients 4.4e-7, losses over 10 steps 1.1e-8, for EP 2, EP 4 and EP 2 x DP 2), so 1e-5 for both.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -87,7 +88,7 @@ int main(int argc, char** argv) {
         if (comm->rank != 0) continue;
         double err = rel_error(whole.data(), alone.grads.data() + alone.table.at(t.name).offset, (int64_t)whole.size());
         worst = std::max(worst, err);
-        if (err > 1e-4) {
+        if (err > 1e-5) {
             printf("gradient of %s differs: relative max error %.3g\n", t.name.c_str(), err);
             failures++;
         }
@@ -101,7 +102,7 @@ int main(int argc, char** argv) {
             worst_loss = std::max(worst_loss, fabs(loss_dist - loss_alone) / fabs(loss_alone));
         }
     }
-    if (comm->rank == 0 && worst_loss > 1e-4) {
+    if (comm->rank == 0 && worst_loss > 1e-5) {
         printf("losses after optimizer steps differ: relative %.3g\n", worst_loss);
         failures++;
     }

@@ -47,7 +47,8 @@ namespace {
 
 // The command's status and output (kept in test_path("stand_in_NAME.txt")), within 120 s.
 using Job = CommandResult;
-Job sh(const std::string& name, const std::string& cmd) { return run_logged(cmd, "stand_in_" + name + ".txt", 120); }
+// 300 s: the jobs take ~30 s alone, and run two or four processes at a time on two cores
+Job sh(const std::string& name, const std::string& cmd) { return run_logged(cmd, "stand_in_" + name + ".txt", 300); }
 
 std::string dir(const std::string& name) { return test_path("stand_in_" + name); }
 std::string log_of(const std::string& name) { return test_path("stand_in_" + name + ".jsonl"); }
