@@ -111,6 +111,20 @@ TEST_CASE("cli: prepare_data rejects a missing input and an unknown flag") {
     expect_clean_failure("./prepare_data --input x --out-dir y --shard-tokens 0", "--shard-tokens");
 }
 
+TEST_CASE("cli: a loss or gradient norm that stops being finite ends the run with the step; a tokenizer larger than "
+          "the vocabulary is refused") {
+    // learning rate 10 without clipping: the weights blow up within a few dozen steps
+    expect_clean_failure("./train_cpu --config small" + DATA + " --steps 80 --batch 2 --seq 32 --lr 10 --warmup 0 "
+                         "--grad-clip 0",
+                         "at step");
+    std::vector<uint32_t> tokens(256);
+    for (size_t i = 0; i < tokens.size(); i++) tokens[i] = (uint32_t)(i % 64);
+    write_shard(test_path("cli_tiny_train.bin"), tokens, 1);
+    expect_clean_failure("./train_cpu --config tiny --data " + test_path("cli_tiny_train.bin") + " --steps 1 " +
+                             "--batch 1 --seq 8 --sample 5 --tokenizer data/default/tokenizer.bin",
+                         "more than the model's vocab_size 64");
+}
+
 TEST_CASE("cli: --describe prints the config and the README's parameter counts") {
     const std::string out_path = test_path("cli_describe.txt");
     REQUIRE(system(("./train_cpu --config small --describe > " + out_path).c_str()) == 0);

@@ -51,6 +51,8 @@ TEST_CASE("interop: a checkpoint, its F32 export and the re-import evaluate to t
     CHECK(exists(dir + "/hf/config.json"));
     CHECK(exists(dir + "/hf/model.safetensors"));
     CHECK(exists(dir + "/plot.png"));
+    REQUIRE(system(("./plot --log " + dir + "/log.jsonl --out " + dir + "/plot_again.png > /dev/null").c_str()) == 0);
+    CHECK(read_file(dir + "/plot.png") == read_file(dir + "/plot_again.png"));  // --plot is ./plot on the log
     const double trained = value_after(out, "| val ");
 
     out = run_output("./train_cpu --resume --checkpoint-dir " + dir + "/ckpt --eval-only" + DATA, &status);
