@@ -126,24 +126,19 @@ TEST_CASE("cli: a loss or gradient norm that stops being finite ends the run wit
 }
 
 TEST_CASE("cli: --describe prints the config and the README's parameter counts") {
-    const std::string out_path = test_path("cli_describe.txt");
-    REQUIRE(system(("./train_cpu --config small --describe > " + out_path).c_str()) == 0);
-    std::ifstream f(out_path);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    const std::string out = ss.str();
+    const CommandResult describe = run_logged("./train_cpu --config small --describe", "cli_describe.txt", 60);
+    REQUIRE(describe.status == 0);
+    const std::string& out = describe.out;
     CHECK(out.find("\"hidden_size\": 192") != std::string::npos);
     CHECK(out.find("total_params 3058496\nactive_params 1534784\nmtp_params 833120\n") != std::string::npos);
 }
 
 TEST_CASE("cli: --plan for DeepSeek-V3 on 256 GPUs") {
-    const std::string out_path = test_path("cli_plan.txt");
-    REQUIRE(system(("./train_cpu --config deepseek-v3 --plan --gpus 256 --ep 64 --batch 1 --seq 4096 --grad-accum 16 > " +
-                    out_path).c_str()) == 0);
-    std::ifstream f(out_path);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    const std::string out = ss.str();
+    const CommandResult plan = run_logged(
+        "./train_cpu --config deepseek-v3 --plan --gpus 256 --ep 64 --batch 1 --seq 4096 --grad-accum 16", "cli_plan.txt",
+        60);
+    REQUIRE(plan.status == 0);
+    const std::string& out = plan.out;
     // FLOPs per token by hand: 6 x 38.24e9 active (36.63e9 + the MTP block's attention, shared and 8 routed experts,
     // and the head again: 129280 x 7168 = 0.93e9) + attention, causal: 3 x 128 heads x 4096 x (192 + 128) x 62 blocks
     // = 3.12e10  ->  2.606e11
