@@ -151,10 +151,10 @@ Config parse_config_json(const std::string& text, const std::string& source) {
             throw std::runtime_error("moe_layer_freq must be 1 (every layer after first_k_dense_replace is MoE)");
         if (j.contains("scoring_func") && j["scoring_func"] != "sigmoid")
             note("%s: note: scoring_func %s is replaced by DeepSeek-V3's sigmoid router\n", source.c_str(),
-                    j["scoring_func"].dump().c_str());
+                 j["scoring_func"].dump().c_str());
         if (j.contains("topk_method") && j["topk_method"] != "noaux_tc")
             note("%s: note: topk_method %s is replaced by DeepSeek-V3's group-limited top-k with bias\n",
-                    source.c_str(), j["topk_method"].dump().c_str());
+                 source.c_str(), j["topk_method"].dump().c_str());
     } catch (const json::exception& e) {
         throw std::runtime_error(source + ": " + e.what());
     } catch (const std::runtime_error& e) {
@@ -187,7 +187,7 @@ Config parse_config_json(const std::string& text, const std::string& source) {
         if (!j.contains(k)) defaulted += (defaulted.empty() ? "" : ", ") + std::string(k);
     if (!defaulted.empty())
         note("%s: note: not given, so moe.cu's defaults are used (see model/config.h): %s\n", source.c_str(),
-                defaulted.c_str());
+             defaulted.c_str());
     return c;
 }
 
