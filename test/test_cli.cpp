@@ -125,6 +125,21 @@ TEST_CASE("cli: a loss or gradient norm that stops being finite ends the run wit
                          "more than the model's vocab_size 64");
 }
 
+TEST_CASE("cli: --eval-every evaluates every N steps and after the last; a resume with another schedule says so") {
+    const std::string log = test_path("cli_eval_every.jsonl"), ckpt = test_path("cli_eval_every_ckpt");
+    const std::string train = "./train_cpu --config test/data/ep-tiny.json" + DATA + " --val 'data/default/val_*.bin' " +
+                              "--seq 32 --batch 2 --eval-every 2 --eval-batches 1 --checkpoint-dir " + ckpt;
+    REQUIRE(run_capture(train + " --steps 5 --log " + log).status == 0);
+    std::ifstream f(log);
+    std::vector<int> evaluated;
+    for (std::string line; std::getline(f, line);)
+        if (line.find("\"val_loss\"") != std::string::npos) evaluated.push_back(atoi(line.c_str() + 9));  // {"step": N
+    CHECK(evaluated == std::vector<int>{2, 4, 5});
+    const Result resumed = run_capture(train + " --steps 7 --lr 1e-3 --resume");
+    CHECK(resumed.status == 0);
+    CHECK(resumed.err.find("note: the checkpoint's run had") != std::string::npos);
+}
+
 TEST_CASE("cli: --describe prints the config and the README's parameter counts") {
     const CommandResult describe = run_logged("./train_cpu --config small --describe", "cli_describe.txt", 60);
     REQUIRE(describe.status == 0);

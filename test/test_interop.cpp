@@ -2,6 +2,7 @@
 // checkpoint or an export, sampling without training, plots at the end of a run, and llm.c's GPT-2 shards.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -185,5 +186,15 @@ TEST_CASE("interop: prepare_data writes --shard-tokens shards, removes an earlie
     CHECK(out.find("1 documents") != std::string::npos);
     CHECK(glob_files(dir + "/texts/out/train_*.bin").size() == (whole.size() + 2999) / 3000);
     CHECK_THROWS(glob_files(dir + "/texts/out/*.new"));  // nothing left under a temporary name: no file matches
+
+    // --tokenizer: the given one is used as it is (the same encoding as the run that trained it); --val-fraction 0
+    // puts everything in train and removes the validation shard an earlier run left
+    out = run_output(prepare + dir + "/one --tokenizer " + dir + "/one/tokenizer.bin --val-fraction 0", &status);
+    REQUIRE_MESSAGE(status == 0, out);
+    CHECK(out.find("(from " + dir + "/one/tokenizer.bin)") != std::string::npos);
+    CHECK(!exists(dir + "/one/val_000000.bin"));
+    const std::vector<uint32_t> everything = read_shard(dir + "/one/train_000000.bin");
+    CHECK(everything.size() > whole.size());
+    CHECK(std::equal(whole.begin(), whole.end() - 8, everything.begin()));  // the same text encoded the same way
     system(("rm -rf " + dir).c_str());
 }
