@@ -219,8 +219,8 @@ private:
         int first = error.empty() ? world : rank;
         if (use_mpi_) check_mpi(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD), "setup");
         if (first == world) return;
-        if (rank == first && world > 1) fprintf(stderr, "%s: [rank %d] %s\n", program_, rank, error.c_str());
-        if (rank == first && world == 1) fprintf(stderr, "%s: %s\n", program_, error.c_str());
+        const std::string where = world > 1 ? "[rank " + std::to_string(rank) + "] " : "";
+        if (rank == first) fprintf(stderr, "%s: %s%s\n", program_, where.c_str(), error.c_str());
         if (use_mpi_) MPI_Finalize();
         exit(1);
     }

@@ -376,22 +376,16 @@ void check_low_precision(const std::string& tag, const Config& c, gpu::Precision
            fmt("%.0f bytes more", (double)(stand_in::memory().live_bytes - allocated)));
     check_value(tag + " loss total", got.total, want.total, 2e-2);
     const std::vector<float> grads = gpu_model_grads(gm);
-    double dot = 0.0, got_sq = 0.0, want_sq = 0.0;
-    for (size_t i = 0; i < grads.size(); i++) {
-        dot += (double)grads[i] * cpu.grads[i];
-        got_sq += (double)grads[i] * grads[i];
-        want_sq += (double)cpu.grads[i] * cpu.grads[i];
-    }
+    const GradientAgreement a = gradient_agreement(cpu.table, grads.data(), cpu.grads.data());
     const int64_t assignments = total_assignments(cpu.expert_counts);
     const int64_t moved = moved_assignments(gm.expert_counts, cpu.expert_counts);
     report(tag + " expert counts: assignments that changed experts", moved <= bf16_max_moved(assignments),
            fmt("%.0f of %.0f moved", (double)moved, (double)assignments));
-    const double cosine = dot / sqrt(got_sq * want_sq), ratio = sqrt(got_sq / want_sq);
-    report(tag + " gradients: cosine, norm ratio", cosine >= bf16_min_cosine(moved) && fabs(ratio - 1.0) <= 0.02,
-           fmt("cos %.6f norm ratio %.4f", cosine, ratio) + fmt(" (cos >= %.3f)", bf16_min_cosine(moved)));
-    const TensorError worst = worst_tensor_error(cpu.table, grads.data(), cpu.grads.data());
-    report(tag + " gradients: the worst tensor", worst.relative <= (moved > 0 ? MOVED_MAX_TENSOR_ERROR : 0.1),
-           fmt("%.3f ", worst.relative) + worst.name);
+    report(tag + " gradients: cosine, norm ratio",
+           a.cosine >= bf16_min_cosine(moved) && fabs(a.norm_ratio - 1.0) <= 0.02,
+           fmt("cos %.6f norm ratio %.4f", a.cosine, a.norm_ratio) + fmt(" (cos >= %.3f)", bf16_min_cosine(moved)));
+    report(tag + " gradients: the worst tensor", a.worst_relative <= (moved > 0 ? MOVED_MAX_TENSOR_ERROR : 0.1),
+           fmt("%.3f ", a.worst_relative) + a.worst_name);
     OptimizerConfig oc;
     gpu_model_adamw(gm, opt, oc, 1e-2f, 1.0f);
     report(tag + " BF16 copy after AdamW", copy_is_fresh(), "");

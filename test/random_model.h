@@ -84,25 +84,35 @@ constexpr double FP8_MIN_COSINE = 0.98;
 // change the router's and those experts' gradients (measured worst: 0.47, a router weight in an FP8 step) while a
 // gradient of the wrong sign (2) or a missing one (1) stays above.
 constexpr double MOVED_MAX_TENSOR_ERROR = 0.75;
-struct TensorError {
-    double relative = 0.0;  // ||got - want|| / ||want|| of the worst tensor
-    std::string name;
+
+// How a low-precision step's gradients (got) agree with the reference's (want), over the trainable tensors: the
+// cosine and the norm ratio of all of them together, and the worst tensor's relative L2 difference.
+struct GradientAgreement {
+    double cosine = 0.0, norm_ratio = 0.0;
+    double worst_relative = 0.0;  // ||got - want|| / ||want|| of the worst tensor (a NaN is the worst)
+    std::string worst_name;
 };
-inline TensorError worst_tensor_error(const ParamTable& table, const float* got, const float* want) {
-    TensorError worst;
+inline GradientAgreement gradient_agreement(const ParamTable& table, const float* got, const float* want) {
+    GradientAgreement a;
+    double dot = 0.0, got_sq = 0.0, want_sq = 0.0;
     for (const ParamTensor& t : table.tensors) {
         if (!t.trainable) continue;
-        double diff_sq = 0.0, want_sq = 0.0;
+        double diff_sq = 0.0, tensor_sq = 0.0;
         for (int64_t i = t.offset; i < t.offset + t.numel; i++) {
-            diff_sq += ((double)got[i] - want[i]) * ((double)got[i] - want[i]);
-            want_sq += (double)want[i] * want[i];
+            const double g = got[i], w = want[i];
+            dot += g * w;
+            got_sq += g * g;
+            want_sq += w * w;
+            diff_sq += (g - w) * (g - w);
+            tensor_sq += w * w;
         }
-        const double relative = want_sq > 0 ? std::sqrt(diff_sq / want_sq) : std::sqrt(diff_sq);
-        if (!(relative <= worst.relative)) {  // a NaN is the worst
-            worst.relative = relative;
-            worst.name = t.name;
-            if (std::isnan(relative)) break;
+        const double relative = tensor_sq > 0 ? std::sqrt(diff_sq / tensor_sq) : std::sqrt(diff_sq);
+        if (!(relative <= a.worst_relative) && !std::isnan(a.worst_relative)) {
+            a.worst_relative = relative;
+            a.worst_name = t.name;
         }
     }
-    return worst;
+    a.cosine = dot / std::sqrt(got_sq * want_sq);
+    a.norm_ratio = std::sqrt(got_sq / want_sq);
+    return a;
 }

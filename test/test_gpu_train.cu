@@ -88,28 +88,17 @@ void compare_step(const std::string& name, const Config& c, gpu::Precision preci
                   std::vector<float>(want_first, want_first + t.numel), 1e-4);
         }
     } else {
-        double dot = 0.0, got_sq = 0.0, want_sq = 0.0;
-        for (const ParamTensor& t : cpu.table.tensors) {
-            if (!t.trainable) continue;
-            for (int64_t i = t.offset; i < t.offset + t.numel; i++) {
-                const double g = grads[i], w = cpu.grads[i];
-                dot += g * w;
-                got_sq += g * g;
-                want_sq += w * w;
-            }
-        }
-        const TensorError worst = worst_tensor_error(cpu.table, grads.data(), cpu.grads.data());
+        const GradientAgreement a = gradient_agreement(cpu.table, grads.data(), cpu.grads.data());
         const int64_t assignments = total_assignments(cpu.expert_counts);
         const int64_t moved = moved_assignments(gm.expert_counts, cpu.expert_counts);
-        const double cosine = dot / sqrt(got_sq * want_sq), norm_ratio = sqrt(got_sq / want_sq);
         const bool fp8 = precision == gpu::Precision::FP8;
         const int64_t max_moved = fp8 ? fp8_max_moved(assignments) : bf16_max_moved(assignments);
         const double min_cosine = fp8 ? FP8_MIN_COSINE : bf16_min_cosine(moved);
-        const bool ok = moved <= max_moved && cosine >= min_cosine && fabs(norm_ratio - 1.0) <= 0.02 &&
-                        worst.relative <= (moved > 0 ? MOVED_MAX_TENSOR_ERROR : 0.1);
+        const bool ok = moved <= max_moved && a.cosine >= min_cosine && fabs(a.norm_ratio - 1.0) <= 0.02 &&
+                        a.worst_relative <= (moved > 0 ? MOVED_MAX_TENSOR_ERROR : 0.1);
         printf("%-62s %ld of %ld assignments moved, cos %.6f norm ratio %.4f worst tensor %.3f (%s)  %s\n",
-               (tag + " gradients").c_str(), (long)moved, (long)assignments, cosine, norm_ratio, worst.relative,
-               worst.name.c_str(), ok ? "ok" : "FAIL");
+               (tag + " gradients").c_str(), (long)moved, (long)assignments, a.cosine, a.norm_ratio,
+               a.worst_relative, a.worst_name.c_str(), ok ? "ok" : "FAIL");
         (ok ? passed : failed)++;
     }
     gpu_model_free(gm);
