@@ -177,6 +177,15 @@ TEST_CASE("ep: a failing or dying rank ends the whole job within seconds, the re
     CHECK(bad_shard.status != 0);
     CHECK(count(bad_shard.err, "holds token 5000") == 1);
     CHECK(bad_shard.seconds < 60);
+    // the same shards as validation data, which every rank reaches in the same evaluation: said once too
+    const std::string ckpt = test_path("ep_eval_ckpt");
+    REQUIRE(mpirun(1, TRAIN + " --steps 1 --batch 1 --checkpoint-dir " + ckpt).status == 0);
+    Job bad_val = mpirun(2, "./train_cpu --config test/data/ep-tiny.json --seq 32 --batch 4 --eval-only --resume "
+                            "--eval-batches 40 --checkpoint-dir " + ckpt + " --val '" + test_path("ep_shards_*.bin") +
+                            "'");
+    CHECK(bad_val.status != 0);
+    CHECK(count(bad_val.err, "holds token 5000") == 1);
+    system(("rm -rf " + ckpt).c_str());
 }
 
 TEST_CASE("ep: bad layouts are one error from rank 0 and a non-zero exit everywhere") {

@@ -63,7 +63,7 @@ static Comm* g_comm = nullptr;
 // A check every rank makes at the same point (setup: config, data, checkpoint; each step: its batches): if any rank
 // failed, the first of them prints its reason once and every rank exits 1, so the job neither hangs nor repeats the
 // message N times.
-static void agree_on_setup(const Run& r, const std::string& error) {
+static void agree_or_exit(const Run& r, const std::string& error) {
     Comm& comm = *r.comm;
     std::vector<int64_t> failed(comm.world, 0);
     failed[comm.rank] = error.empty() ? 0 : 1;
@@ -96,16 +96,24 @@ static void maybe_inject_fault(const Comm& comm, int64_t step) {
     fail("injected fault at step " + std::to_string(step) + " (MOE_FAULT)");
 }
 
-// Mean main-head cross-entropy over eval_batches validation batches from the start of every rank's slice.
+// Mean main-head cross-entropy over eval_batches validation batches from the start of every rank's slice. The
+// batches are read first, as a training step's are, so a bad shard is reported once before the forward's collectives.
 static double evaluate(Run& r) {
     const int B = r.args.batch, T = r.args.seq;
-    std::vector<int32_t> inputs((int64_t)B * T), targets((int64_t)B * T);
-    r.val->reset();
-    double total = 0.0;
-    for (int i = 0; i < r.eval_batches; i++) {
-        r.val->next_batch(inputs.data(), targets.data());
-        total += r.backend->forward(inputs.data(), targets.data(), B, T, false).main;
+    const int64_t batch_tokens = (int64_t)B * T;
+    std::vector<int32_t> inputs(r.eval_batches * batch_tokens), targets(r.eval_batches * batch_tokens);
+    std::string data_error;
+    try {
+        r.val->reset();
+        for (int i = 0; i < r.eval_batches; i++)
+            r.val->next_batch(&inputs[i * batch_tokens], &targets[i * batch_tokens]);
+    } catch (const std::exception& e) {
+        data_error = e.what();
     }
+    agree_or_exit(r, data_error);
+    double total = 0.0;
+    for (int i = 0; i < r.eval_batches; i++)
+        total += r.backend->forward(&inputs[i * batch_tokens], &targets[i * batch_tokens], B, T, false).main;
     r.comm->all_reduce_sum(&total, 1, Group::World);
     return total / r.eval_batches / r.comm->world;
 }
@@ -191,7 +199,7 @@ static void resolve_config(Run& r) {
     } catch (const std::exception& e) {
         error = e.what();
     }
-    agree_on_setup(r, error);
+    agree_or_exit(r, error);
 
     // the checkpoint too: ranks whose listings of --checkpoint-dir differ (a shared file system's cache) would resume
     // from different steps
@@ -282,7 +290,7 @@ static void setup_run(Run& r, MakeBackend make_backend) {
     } catch (const std::exception& e) {
         error = e.what();
     }
-    agree_on_setup(r, error);
+    agree_or_exit(r, error);
     if (comm.rank == 0 && !args.eval_only && !r.resume_from.empty() && r.state.run != run && !r.state.run.empty())
         fprintf(stderr, "%s: note: the checkpoint's run had %s; this one has %s (the schedule changes)\n",
                 r.program, r.state.run.c_str(), run.c_str());
@@ -312,7 +320,7 @@ static StepResult train_step(Run& r, int64_t step) {
     } catch (const std::exception& e) {
         data_error = e.what();
     }
-    agree_on_setup(r, data_error);
+    agree_or_exit(r, data_error);
     // backward of the global mean loss: each rank's mean over its tokens, averaged over micro-steps and ranks
     const float loss_scale = 1.0f / (float)((int64_t)args.grad_accum * comm.world);
     Backend& backend = *r.backend;
