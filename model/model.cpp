@@ -1,6 +1,7 @@
 // Model forward and backward on the CPU: the blocks, the head, the losses and MTP glued together.
 #include "model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -242,6 +243,20 @@ void model_update_router_bias(Model& m, const std::vector<std::vector<int64_t>>&
         }
         std::fill(m.expert_counts[l].begin(), m.expert_counts[l].end(), 0);
     }
+}
+
+std::vector<double> load_imbalance(const Config& c, const std::vector<std::vector<int64_t>>& counts) {
+    std::vector<double> imbalance;
+    for (int l = 0; l < c.num_blocks(); l++) {
+        if (!c.is_moe_layer(l)) continue;
+        int64_t max = 0, total = 0;
+        for (int64_t n : counts[l]) {
+            max = std::max(max, n);
+            total += n;
+        }
+        imbalance.push_back(total > 0 ? (double)max * c.n_routed_experts / (double)total : 0.0);
+    }
+    return imbalance;
 }
 
 void model_reduce_grads(Model& m) {

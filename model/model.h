@@ -90,3 +90,6 @@ double model_grad_norm(const Model& m);
 // Aux-loss-free balancing: b_i += gamma * sign(mean(count) - count_i) per MoE block, then counts reset.
 // counts are the global counts (summed over ranks and micro-batches).
 void model_update_router_bias(Model& m, const std::vector<std::vector<int64_t>>& counts);
+// The balance the log reports: per MoE block, the largest global expert count over the mean count (1 is perfect
+// balance, n_routed_experts the worst: every token to one expert; 0 when no token was routed).
+std::vector<double> load_imbalance(const Config& c, const std::vector<std::vector<int64_t>>& counts);

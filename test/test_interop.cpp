@@ -67,9 +67,15 @@ TEST_CASE("interop: a checkpoint, its F32 export and the re-import evaluate to t
     CHECK(from_export == from_checkpoint);                             // F32 export: the same weights, bit for bit
 
     // a BF16 export evaluates within BF16 rounding of the weights (relative 2^-9 per weight; the loss moves far less)
+    // (and --plot-log-scale is ./plot --log-scale on the log, which a resume at the last step leaves as it is)
     out = run_output("./train_cpu --resume --checkpoint-dir " + dir + "/ckpt --steps 5 --export-hf " + dir +
-                     "/hf16" + DATA, &status);
+                     "/hf16 --log " + dir + "/log.jsonl --plot " + dir + "/plot_log.png --plot-log-scale" + DATA,
+                     &status);
     REQUIRE_MESSAGE(status == 0, out);
+    REQUIRE(system(("./plot --log " + dir + "/log.jsonl --out " + dir + "/plot_log_again.png --log-scale > /dev/null")
+                       .c_str()) == 0);
+    CHECK(read_file(dir + "/plot_log.png") == read_file(dir + "/plot_log_again.png"));
+    CHECK(read_file(dir + "/plot_log.png") != read_file(dir + "/plot.png"));
     out = run_output("./train_cpu --init-from-hf " + dir + "/hf16 --eval-only" + DATA, &status);
     REQUIRE_MESSAGE(status == 0, out);
     CHECK(value_after(out, "val_loss ") == doctest::Approx(from_checkpoint).epsilon(1e-2));

@@ -236,6 +236,19 @@ TEST_CASE("router: bias update moves each expert by gamma toward the mean load")
     check_bias_update(six, {3, 9, 7, 7, 7, 9}, {+1, -1, 0, 0, 0, -1});
 }
 
+TEST_CASE("router: load imbalance is the largest expert count over the mean, per MoE block") {
+    const Config c = load_config("tiny");  // 8 experts; block 0 dense, blocks 1 and 2 (MTP) MoE
+    std::vector<std::vector<int64_t>> counts(c.num_blocks());
+    counts[1] = {3, 5, 4, 4, 0, 8, 4, 4};  // mean 4, largest 8
+    counts[2] = {0, 0, 0, 0, 0, 0, 0, 0};  // nothing routed
+    CHECK(load_imbalance(c, counts) == std::vector<double>{2.0, 0.0});
+    counts[2] = {5, 5, 5, 5, 5, 5, 5, 5};  // perfect balance
+    counts[1] = {0, 0, 0, 0, 0, 0, 0, 16};  // every token to one expert: the worst, E
+    CHECK(load_imbalance(c, counts) == std::vector<double>{8.0, 1.0});
+    counts[1] = {2, 3, 0, 9, 1, 2, 2, 0};  // mean 19/8
+    CHECK(load_imbalance(c, counts)[0] == doctest::Approx(9.0 / (19.0 / 8.0)).epsilon(1e-15));
+}
+
 namespace {
 struct MoEFixture {
     Config c;

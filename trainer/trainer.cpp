@@ -118,16 +118,12 @@ static double evaluate(Run& r) {
     return total / r.eval_batches / r.comm->world;
 }
 
-// Largest-over-mean expert load of each MoE block: 1 is perfectly balanced.
+// The per-block load imbalance as a JSON list
 static std::string load_imbalance_json(const Config& c, const std::vector<std::vector<int64_t>>& expert_counts) {
     std::string s = "[";
-    for (int l = 0; l < c.num_blocks(); l++) {
-        if (!c.is_moe_layer(l)) continue;
-        int64_t max = 0, sum = 0;
-        for (int64_t n : expert_counts[l]) { max = std::max(max, n); sum += n; }
-        double mean = (double)sum / c.n_routed_experts;
+    for (double imbalance : load_imbalance(c, expert_counts)) {
         char buf[32];
-        snprintf(buf, sizeof(buf), "%s%.3f", s.size() > 1 ? "," : "", mean > 0 ? max / mean : 0.0);
+        snprintf(buf, sizeof(buf), "%s%.3f", s.size() > 1 ? "," : "", imbalance);
         s += buf;
     }
     return s + "]";
