@@ -410,6 +410,7 @@ inline void attention_backward(float* dq, float* dk, float* dv_out, float* scrat
 
 // The BF16 backward (kernels/attention_bf16.cuh): q, k, v (strided by v_ld) and dout16 (B*T, H, dv) in BF16; dout
 // (the same values in FP32) and o for D; -> dq, dk (B*T, H, dqk) and dv_out (strided by dv_ld), FP32, overwritten.
+template <int WARPS = ATTN_BF16_WARPS>
 inline void attention_backward_bf16(float* dq, float* dk, float* dv_out, int64_t dv_ld, float* scratch,
                                     const float* dout, const __nv_bfloat16* dout16, const __nv_bfloat16* q,
                                     const __nv_bfloat16* k, const __nv_bfloat16* v, int64_t v_ld, const float* o,
@@ -417,8 +418,8 @@ inline void attention_backward_bf16(float* dq, float* dk, float* dv_out, int64_t
                                     cudaStream_t stream) {
     if ((int64_t)B * T * H == 0) return;
     attention_backward_d(scratch, dout, o, B, T, H, dv, stream);
-    attn_bf16_backward_tiles(dq, dk, dv_out, dv_ld, scratch, dout16, q, k, v, v_ld, lse, B, T, H, dqk, dv, scale,
-                             stream);
+    attn_bf16_backward_tiles<WARPS>(dq, dk, dv_out, dv_ld, scratch, dout16, q, k, v, v_ld, lse, B, T, H, dqk, dv,
+                                    scale, stream);
 }
 
 }  // namespace gpu

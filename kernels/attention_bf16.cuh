@@ -11,8 +11,9 @@
 // normalises by the sum of the rounded P, so o is exactly the weighted mean of the rounded P it multiplied.
 //
 // Design: FlashAttention-2's structure on mma.sync (kernels/mma_sync.cuh: 16 x 8 x 16 products, whose fragment
-// layout is documented). A block has 4 warps and one 64-row tile (queries for the forward and dq, keys for dk/dv);
-// warp w owns rows 16w..16w+15. The tiles of the other side (64 keys, or 64 queries) stream through shared memory,
+// layout is documented). A block has WARPS warps (4 or 8) and one tile of 16 x WARPS rows (queries for the forward
+// and dq, keys for dk/dv); warp w owns rows 16w..16w+15. The tiles of the other side (64 keys, or 64 queries) stream
+// through shared memory,
 // converted to BF16 with the head dims zero-padded to multiples of 16. Per streamed tile a warp computes its
 // 16 x 64 scores as eight 16 x 8 accumulator tiles in registers (lane g = lane / 4, t = lane % 4 holds rows g and
 // g + 8, columns 8n + 2t and 8n + 2t + 1 of tile n), masks them and applies the softmax there (a row's maximum and
@@ -21,6 +22,7 @@
 // accumulates into its output tiles, which stay in registers across the streamed tiles (NT tiles of 8 columns:
 // the template parameter).
 //   forward:  block (b, h, query tile): S = Q K^T, online softmax, O += P V; at the end o = O / l, L = m + log l.
+//             (With 8 warps the block's last key tile is above the diagonal for its first four warps: masked.)
 //   backward: D by attention.cuh's kernel; dq: block (b, h, query tile): S, dP = dO V^T, dS = P (dP - D) scale,
 //             dq += dS K; dk/dv: block (b, h, key tile, z): S^T = K Q^T (and dP^T = V dO^T for dk), dv += P^T dO
 //             (z = 1) or dk += dS^T Q (z = 0). No atomics: deterministic.
@@ -31,9 +33,12 @@
 // reads fall in 8 different 16-byte bank groups, free of conflicts.
 // Masks as in attention.cuh: (i, j) counts iff j <= i < T; padding rows and columns are zeros in shared memory.
 //
-// Shared memory (dynamic; > 48 KiB, so launch_kernel raises the kernel's limit): the forward's Q, K and V tiles,
-// 69 KB at DeepSeek-V3's head dims (192, 128), 3 blocks per SM; the backward's four tiles and the streamed tile's
-// L and D, 87 KB, 2 blocks per SM.
+// Shared memory (dynamic; > 48 KiB, so launch_kernel raises the kernel's limit; kernels/attention_tiles.cuh): at
+// DeepSeek-V3's head dims (192, 128), with 4 warps the forward's Q, K and V tiles take 69 KB (3 blocks per SM), the
+// backward's four tiles and the streamed queries' L and D 87 KB (2 blocks per SM); with 8 warps 98 KB and 132.5 KB.
+// Registers (ptxas, CUDA 13.0, sm_90a, no spills at these dims) limit the SM to 11-12 warps in the forward (168-174
+// registers: three blocks of 4 warps, or one of 8) and to 8 in the backward (246-248: two blocks of 4, or one of 8).
+// So 8 warps halve the bytes streamed per product, at the backward's occupancy and two thirds of the forward's.
 //
 // Loads overlap the products without more shared memory (FlashAttention-2's order): the streamed pair's two tiles
 // are fetched by cp.async (kernels/async_copy.cuh) at different points of the loop, each while the products that
@@ -42,8 +47,7 @@
 // Determinism costs products: dq, dk and dv each recompute S (and dq, dk dP), 1.6x FlashAttention-2's backward,
 // which adds dq with float atomics (counted in docs/performance.md).
 //
-// Performance work left: 128-row tiles with 8 warps (half the L2 traffic per FLOP); dk and dv in one block (one
-// S^T fewer); TMA; wgmma (FlashAttention-3).
+// Performance work left: dk and dv in one block (one S^T fewer); TMA; wgmma (FlashAttention-3).
 #pragma once
 #include <cstdint>
 #include <cstdio>
@@ -58,25 +62,23 @@
 
 namespace gpu {
 
-constexpr int ATTN_BF16_THREADS = 128;  // 4 warps x 16 rows
-
 // two BF16 as one register, the first in the low half (the fragments' packing, kernels/mma_sync.cuh)
 __device__ inline uint32_t attn_bf16_pack(__nv_bfloat16 lo, __nv_bfloat16 hi) {
     return (uint32_t)*reinterpret_cast<const uint16_t*>(&lo) | (uint32_t)*reinterpret_cast<const uint16_t*>(&hi) << 16;
 }
 
-// dst (64 x attn_bf16_ld(width)) = rows 0..min(rows, 64)-1 of src (row r at src + r * stride; rows: those left
-// before T), columns < width; zeros in the padding rows and columns. All threads of the block; the caller commits
+// dst (tile_rows x attn_bf16_ld(width)) = rows 0..min(rows, tile_rows)-1 of src (row r at src + r * stride; rows:
+// those left before T), columns < width; zeros in the padding rows and columns. All threads of the block; the caller commits
 // the copies as a group and waits for them (kernels/async_copy.cuh) before the __syncthreads after which they read.
 // A warp per row at a time, its lanes over consecutive columns (coalesced): 8 columns per lane, as 16-byte cp.async
 // copies (every row of dst starts 16-byte aligned), when every row of src does too and width is a multiple of 8
 // (DeepSeek's dims); else one column per lane, by plain loads and stores.
 __device__ inline void attn_bf16_load(__nv_bfloat16* dst, const __nv_bfloat16* src, int64_t stride, int rows,
-                                      int width) {
-    const int padded = attn_bf16_pad(width), ld = attn_bf16_ld(width), warps = ATTN_BF16_THREADS / 32;
+                                      int width, int tile_rows = ATTN_BF16_ROWS) {
+    const int padded = attn_bf16_pad(width), ld = attn_bf16_ld(width), warps = blockDim.x / 32;
     const int lane = threadIdx.x % 32;
     if (width % 8 == 0 && stride % 8 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0) {
-        for (int r = threadIdx.x / 32; r < ATTN_BF16_ROWS; r += warps)
+        for (int r = threadIdx.x / 32; r < tile_rows; r += warps)
             for (int e = 8 * lane; e < padded; e += 8 * 32) {  // e < width: all eight columns are (width % 8 == 0)
                 if (r < rows && e < width) cp_async_16(dst + r * ld + e, src + r * stride + e);
                 else *reinterpret_cast<uint4*>(dst + r * ld + e) = uint4{0, 0, 0, 0};
@@ -84,7 +86,7 @@ __device__ inline void attn_bf16_load(__nv_bfloat16* dst, const __nv_bfloat16* s
         return;
     }
     const __nv_bfloat16 zero = __float2bfloat16_rn(0.0f);
-    for (int r = threadIdx.x / 32; r < ATTN_BF16_ROWS; r += warps)
+    for (int r = threadIdx.x / 32; r < tile_rows; r += warps)
         for (int e = lane; e < padded; e += 32) dst[r * ld + e] = r < rows && e < width ? src[r * stride + e] : zero;
 }
 
@@ -174,24 +176,33 @@ __device__ inline int attn_bf16_col(int n, int e) { return 8 * n + 2 * (threadId
 
 // ---- kernels -----------------------------------------------------------------------------------------------------
 
-// grid (B*H, query tiles counted from the last), ATTN_BF16_THREADS threads; NT * 8 >= attn_bf16_pad(dv)
-template <int NT>
-static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
+// The last streamed tile of 64 that a causal block whose own tile starts at row0 (16 x WARPS rows) reaches
+template <int WARPS>
+__device__ inline int attn_bf16_last_tile(int row0, int T) {
+    const int last_row = (row0 + 16 * WARPS < T ? row0 + 16 * WARPS : T) - 1;
+    return last_row / ATTN_BF16_ROWS;
+}
+
+// grid (B*H, query tiles of 16 x WARPS rows counted from the last), 32 x WARPS threads; NT * 8 >= attn_bf16_pad(dv)
+template <int NT, int WARPS>
+static __global__ void __launch_bounds__(32 * WARPS)
     attention_forward_bf16_kernel(float* o, float* lse, const __nv_bfloat16* q, const __nv_bfloat16* k,
                                   const __nv_bfloat16* v, int64_t v_ld, int T, int H, int dqk, int dv, float scale) {
+    constexpr int OWN_ROWS = 16 * WARPS;
     unsigned char* smem = dynamic_shared<unsigned char>();
     __nv_bfloat16* q_s = reinterpret_cast<__nv_bfloat16*>(smem);
-    __nv_bfloat16* k_s = reinterpret_cast<__nv_bfloat16*>(smem + attn_bf16_tile_bytes(dqk));
-    __nv_bfloat16* v_s = reinterpret_cast<__nv_bfloat16*>(smem + 2 * attn_bf16_tile_bytes(dqk));
+    __nv_bfloat16* k_s = reinterpret_cast<__nv_bfloat16*>(smem + attn_bf16_tile_bytes(dqk, OWN_ROWS));
+    __nv_bfloat16* v_s = reinterpret_cast<__nv_bfloat16*>(smem + attn_bf16_tile_bytes(dqk, OWN_ROWS) +
+                                                          attn_bf16_tile_bytes(dqk, ATTN_BF16_ROWS));
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t bh = blockIdx.x, seq = bh / H, h = bh % H;
-    const int qt = gridDim.y - 1 - blockIdx.y, i0 = qt * ATTN_BF16_ROWS;
+    const int i0 = (gridDim.y - 1 - blockIdx.y) * OWN_ROWS, last_kt = attn_bf16_last_tile<WARPS>(i0, T);
     const int64_t qk_stride = (int64_t)H * dqk, v_stride = (int64_t)H * v_ld;
     const int ldq = attn_bf16_ld(dqk), ldv = attn_bf16_ld(dv), tiles = attn_bf16_pad(dv) / 8;
 
     auto load_k = [&](int j0) { attn_bf16_load(k_s, k + ((seq * T + j0) * H + h) * dqk, qk_stride, T - j0, dqk); };
     auto load_v = [&](int j0) { attn_bf16_load(v_s, v + ((seq * T + j0) * H + h) * v_ld, v_stride, T - j0, dv); };
-    attn_bf16_load(q_s, q + ((seq * T + i0) * H + h) * dqk, qk_stride, T - i0, dqk);
+    attn_bf16_load(q_s, q + ((seq * T + i0) * H + h) * dqk, qk_stride, T - i0, dqk, OWN_ROWS);
     load_k(0);
     cp_async_commit();
     load_v(0);
@@ -202,7 +213,7 @@ static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
     float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
 
     // Pipelined: V of this key tile lands while S = Q K^T and the softmax run, the next K while P V runs.
-    for (int kt = 0; kt <= qt; kt++) {
+    for (int kt = 0; kt <= last_kt; kt++) {
         const int j0 = kt * ATTN_BF16_ROWS;
         cp_async_wait<1>();
         __syncthreads();  // Q and this K have landed (this V may still be in flight)
@@ -248,12 +259,12 @@ static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
         attn_bf16_to_a(p, s);
         cp_async_wait<0>();
         __syncthreads();  // this V has landed, and every warp is done with this K
-        if (kt < qt) {
+        if (kt < last_kt) {
             load_k(j0 + ATTN_BF16_ROWS);
             cp_async_commit();
         }
         attn_bf16_accumulate(acc, p, v_s, ldv, tiles);
-        if (kt < qt) {
+        if (kt < last_kt) {
             __syncthreads();  // every warp is done with this V
             load_v(j0 + ATTN_BF16_ROWS);
             cp_async_commit();
@@ -266,39 +277,42 @@ static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
     }
 }
 
-// The backward kernels' shared memory: the block's own two tiles (dqk wide, then dv wide: Q and dO for dq, K and V
-// for dk/dv), the two streamed ones (the other pair), and 2 x 64 floats.
+// The backward kernels' shared memory: the block's own two tiles of own_rows (dqk wide, then dv wide: Q and dO for
+// dq, K and V for dk/dv), the two streamed ones of 64 rows (the other pair), and 2 x 64 floats.
 struct AttnBf16BackwardSmem {
     __nv_bfloat16 *own_qk, *own_v, *streamed_qk, *streamed_v;
     float* stats;
 };
-__device__ inline AttnBf16BackwardSmem attn_bf16_backward_smem(int dqk, int dv) {
+__device__ inline AttnBf16BackwardSmem attn_bf16_backward_smem(int dqk, int dv, int own_rows) {
     unsigned char* smem = dynamic_shared<unsigned char>();
-    const int64_t qk = attn_bf16_tile_bytes(dqk), vv = attn_bf16_tile_bytes(dv);
-    return AttnBf16BackwardSmem{reinterpret_cast<__nv_bfloat16*>(smem), reinterpret_cast<__nv_bfloat16*>(smem + qk),
-                                reinterpret_cast<__nv_bfloat16*>(smem + qk + vv),
-                                reinterpret_cast<__nv_bfloat16*>(smem + 2 * qk + vv),
-                                reinterpret_cast<float*>(smem + 2 * (qk + vv))};
+    const int64_t own_qk = attn_bf16_tile_bytes(dqk, own_rows), own_v = attn_bf16_tile_bytes(dv, own_rows);
+    const int64_t qk = attn_bf16_tile_bytes(dqk, ATTN_BF16_ROWS), vv = attn_bf16_tile_bytes(dv, ATTN_BF16_ROWS);
+    return AttnBf16BackwardSmem{reinterpret_cast<__nv_bfloat16*>(smem),
+                                reinterpret_cast<__nv_bfloat16*>(smem + own_qk),
+                                reinterpret_cast<__nv_bfloat16*>(smem + own_qk + own_v),
+                                reinterpret_cast<__nv_bfloat16*>(smem + own_qk + own_v + qk),
+                                reinterpret_cast<float*>(smem + own_qk + own_v + qk + vv)};
 }
 
-// grid (B*H, query tiles counted from the last); NT * 8 >= attn_bf16_pad(dqk)
-template <int NT>
-static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
+// grid (B*H, query tiles of 16 x WARPS rows counted from the last), 32 x WARPS threads; NT * 8 >= attn_bf16_pad(dqk)
+template <int NT, int WARPS>
+static __global__ void __launch_bounds__(32 * WARPS)
     attention_backward_dq_bf16_kernel(float* dq, const __nv_bfloat16* dout, const __nv_bfloat16* q,
                                       const __nv_bfloat16* k, const __nv_bfloat16* v, int64_t v_ld, const float* lse,
                                       const float* D, int T, int H, int dqk, int dv, float scale) {
-    const AttnBf16BackwardSmem sm = attn_bf16_backward_smem(dqk, dv);
+    constexpr int OWN_ROWS = 16 * WARPS;
+    const AttnBf16BackwardSmem sm = attn_bf16_backward_smem(dqk, dv, OWN_ROWS);
     __nv_bfloat16 *q_s = sm.own_qk, *do_s = sm.own_v, *k_s = sm.streamed_qk, *v_s = sm.streamed_v;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t bh = blockIdx.x, seq = bh / H, h = bh % H;
-    const int qt = gridDim.y - 1 - blockIdx.y, i0 = qt * ATTN_BF16_ROWS;
+    const int i0 = (gridDim.y - 1 - blockIdx.y) * OWN_ROWS, last_kt = attn_bf16_last_tile<WARPS>(i0, T);
     const int64_t qk_stride = (int64_t)H * dqk, v_stride = (int64_t)H * v_ld, o_stride = (int64_t)H * dv;
     const int ldq = attn_bf16_ld(dqk), ldv = attn_bf16_ld(dv), tiles = attn_bf16_pad(dqk) / 8;
 
     auto load_k = [&](int j0) { attn_bf16_load(k_s, k + ((seq * T + j0) * H + h) * dqk, qk_stride, T - j0, dqk); };
     auto load_v = [&](int j0) { attn_bf16_load(v_s, v + ((seq * T + j0) * H + h) * v_ld, v_stride, T - j0, dv); };
-    attn_bf16_load(q_s, q + ((seq * T + i0) * H + h) * dqk, qk_stride, T - i0, dqk);
-    attn_bf16_load(do_s, dout + ((seq * T + i0) * H + h) * dv, o_stride, T - i0, dv);
+    attn_bf16_load(q_s, q + ((seq * T + i0) * H + h) * dqk, qk_stride, T - i0, dqk, OWN_ROWS);
+    attn_bf16_load(do_s, dout + ((seq * T + i0) * H + h) * dv, o_stride, T - i0, dv, OWN_ROWS);
     load_v(0);
     cp_async_commit();
     load_k(0);
@@ -310,7 +324,7 @@ static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
     const float d_lo = i_lo < T ? D[bh * T + i_lo] : 0.0f, d_hi = i_hi < T ? D[bh * T + i_hi] : 0.0f;
 
     // Pipelined: K of this key tile lands while dP = dO V^T runs, the next V while S, dS and dq += dS K run.
-    for (int kt = 0; kt <= qt; kt++) {
+    for (int kt = 0; kt <= last_kt; kt++) {
         const int j0 = kt * ATTN_BF16_ROWS;
         cp_async_wait<1>();
         __syncthreads();  // Q, dO and this V have landed (this K may still be in flight)
@@ -318,7 +332,7 @@ static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
         attn_bf16_scores(dp, do_s, ldv, warp * 16, v_s, ldv, attn_bf16_pad(dv));
         cp_async_wait<0>();
         __syncthreads();  // this K has landed, and every warp is done with this V
-        if (kt < qt) {
+        if (kt < last_kt) {
             load_v(j0 + ATTN_BF16_ROWS);
             cp_async_commit();
         }
@@ -333,7 +347,7 @@ static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
         uint32_t ds[4][4];
         attn_bf16_to_a(ds, s);
         attn_bf16_accumulate(acc, ds, k_s, ldq, tiles);
-        if (kt < qt) {
+        if (kt < last_kt) {
             __syncthreads();  // every warp is done with this K
             load_k(j0 + ATTN_BF16_ROWS);
             cp_async_commit();
@@ -342,19 +356,21 @@ static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
     attn_bf16_write(dq + (seq * T * H + h) * dqk, qk_stride, acc, tiles, i0, T, dqk, 1.0f, 1.0f);
 }
 
-// grid (B*H, key tiles, 2): z = 0 writes dk, z = 1 writes dv; NT * 8 >= attn_bf16_pad(max(dqk, dv))
-template <int NT>
-static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
+// grid (B*H, key tiles of 16 x WARPS rows, 2), 32 x WARPS threads: z = 0 writes dk, z = 1 writes dv;
+// NT * 8 >= attn_bf16_pad(max(dqk, dv))
+template <int NT, int WARPS>
+static __global__ void __launch_bounds__(32 * WARPS)
     attention_backward_dkdv_bf16_kernel(float* dk, float* dv_out, int64_t dv_ld, const __nv_bfloat16* dout,
                                         const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,
                                         int64_t v_ld, const float* lse, const float* D, int T, int H, int dqk, int dv,
                                         float scale) {
-    const AttnBf16BackwardSmem sm = attn_bf16_backward_smem(dqk, dv);
+    constexpr int OWN_ROWS = 16 * WARPS;
+    const AttnBf16BackwardSmem sm = attn_bf16_backward_smem(dqk, dv, OWN_ROWS);
     __nv_bfloat16 *k_s = sm.own_qk, *v_s = sm.own_v, *q_s = sm.streamed_qk, *do_s = sm.streamed_v;
     float *col_lse = sm.stats, *col_d = sm.stats + ATTN_BF16_ROWS;  // of the streamed tile's 64 queries
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t bh = blockIdx.x, seq = bh / H, h = bh % H;
-    const int kt = blockIdx.y, j0 = kt * ATTN_BF16_ROWS, q_tiles = gridDim.y;
+    const int j0 = blockIdx.y * OWN_ROWS, q_tiles = (T + ATTN_BF16_ROWS - 1) / ATTN_BF16_ROWS;
     const bool is_dk = blockIdx.z == 0;  // the same for the whole block
     const int64_t qk_stride = (int64_t)H * dqk, v_stride = (int64_t)H * v_ld, o_stride = (int64_t)H * dv;
     const int ldq = attn_bf16_ld(dqk), ldv = attn_bf16_ld(dv);
@@ -371,13 +387,14 @@ static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
     auto load_second = [&](int i0) {
         if (is_dk) load_q(i0);
         else load_do(i0);
-        for (int c = threadIdx.x; c < ATTN_BF16_ROWS; c += ATTN_BF16_THREADS) {
+        for (int c = threadIdx.x; c < ATTN_BF16_ROWS; c += 32 * WARPS) {
             col_lse[c] = i0 + c < T ? lse[bh * T + i0 + c] : 0.0f;
             col_d[c] = i0 + c < T ? D[bh * T + i0 + c] : 0.0f;
         }
     };
-    attn_bf16_load(k_s, k + ((seq * T + j0) * H + h) * dqk, qk_stride, T - j0, dqk);
-    attn_bf16_load(v_s, v + ((seq * T + j0) * H + h) * v_ld, v_stride, T - j0, dv);
+    attn_bf16_load(k_s, k + ((seq * T + j0) * H + h) * dqk, qk_stride, T - j0, dqk, OWN_ROWS);
+    attn_bf16_load(v_s, v + ((seq * T + j0) * H + h) * v_ld, v_stride, T - j0, dv, OWN_ROWS);
+    const int first_qt = j0 / ATTN_BF16_ROWS;  // the first query tile at or below the block's first key
     load_first(j0);
     cp_async_commit();
     load_second(j0);
@@ -387,7 +404,7 @@ static __global__ void __launch_bounds__(ATTN_BF16_THREADS)
     const int j_lo = j0 + warp * 16 + lane / 4, j_hi = j_lo + 8;  // this lane's two keys
 
     // Pipelined: the second tile lands while the first product runs, the next first tile while the rest runs.
-    for (int qt = kt; qt < q_tiles; qt++) {
+    for (int qt = first_qt; qt < q_tiles; qt++) {
         const int i0 = qt * ATTN_BF16_ROWS;
         cp_async_wait<1>();
         __syncthreads();  // K, V and the first tile have landed
@@ -441,43 +458,48 @@ inline void attn_bf16_check_dims(const char* name, int dqk, int dv) {
     }
 }
 
-// q, k (B*T, H, dqk), v (value e of (n, h) at [(n*H + h)*v_ld + e]), all BF16 -> o (B*T, H, dv), lse (B, H, T)
+// q, k (B*T, H, dqk), v (value e of (n, h) at [(n*H + h)*v_ld + e]), all BF16 -> o (B*T, H, dv), lse (B, H, T).
+// WARPS: 4 or 8 (kernels/attention_tiles.cuh); the same bits either way (each row's sums run in the same order).
+template <int WARPS = ATTN_BF16_WARPS>
 inline void attention_forward_bf16(float* o, float* lse, const __nv_bfloat16* q, const __nv_bfloat16* k,
                                    const __nv_bfloat16* v, int64_t v_ld, int B, int T, int H, int dqk, int dv,
                                    float scale, cudaStream_t stream) {
+    static_assert(WARPS == 4 || WARPS == 8, "blocks of 4 or 8 warps");
     if ((int64_t)B * T * H == 0) return;
     attn_bf16_check_dims("attention_forward_bf16", dqk, dv);
-    const dim3 grid((unsigned)((int64_t)B * H), (unsigned)ceil_div(T, ATTN_BF16_ROWS));
-    const size_t bytes = (size_t)attn_bf16_forward_bytes(dqk, dv);
+    const dim3 grid((unsigned)((int64_t)B * H), (unsigned)ceil_div(T, 16 * WARPS));
+    const size_t bytes = (size_t)attn_bf16_forward_bytes(dqk, dv, WARPS);
     const int nt = attn_bf16_tile_class(dv);
-    auto kernel = nt == 8    ? attention_forward_bf16_kernel<8>
-                  : nt == 16 ? attention_forward_bf16_kernel<16>
-                  : nt == 24 ? attention_forward_bf16_kernel<24>
-                             : attention_forward_bf16_kernel<32>;
-    launch_kernel(kernel, grid, ATTN_BF16_THREADS, bytes, stream, o, lse, q, k, v, v_ld, T, H, dqk, dv, scale);
+    auto kernel = nt == 8    ? attention_forward_bf16_kernel<8, WARPS>
+                  : nt == 16 ? attention_forward_bf16_kernel<16, WARPS>
+                  : nt == 24 ? attention_forward_bf16_kernel<24, WARPS>
+                             : attention_forward_bf16_kernel<32, WARPS>;
+    launch_kernel(kernel, grid, 32 * WARPS, bytes, stream, o, lse, q, k, v, v_ld, T, H, dqk, dv, scale);
 }
 
 // The dq and dk/dv kernels of attention_backward_bf16 (kernels/attention.cuh), D already computed.
+template <int WARPS = ATTN_BF16_WARPS>
 inline void attn_bf16_backward_tiles(float* dq, float* dk, float* dv_out, int64_t dv_ld, const float* D,
                                      const __nv_bfloat16* dout, const __nv_bfloat16* q, const __nv_bfloat16* k,
                                      const __nv_bfloat16* v, int64_t v_ld, const float* lse, int B, int T, int H,
                                      int dqk, int dv, float scale, cudaStream_t stream) {
+    static_assert(WARPS == 4 || WARPS == 8, "blocks of 4 or 8 warps");
     attn_bf16_check_dims("attention_backward_bf16", dqk, dv);
-    const unsigned bh = (unsigned)((int64_t)B * H), tiles = (unsigned)ceil_div(T, ATTN_BF16_ROWS);
-    const size_t bytes = (size_t)attn_bf16_backward_bytes(dqk, dv);
+    const unsigned bh = (unsigned)((int64_t)B * H), tiles = (unsigned)ceil_div(T, 16 * WARPS);
+    const size_t bytes = (size_t)attn_bf16_backward_bytes(dqk, dv, WARPS);
     const int dq_nt = attn_bf16_tile_class(dqk), kv_nt = attn_bf16_tile_class(dqk > dv ? dqk : dv);
-    auto dq_kernel = dq_nt == 8    ? attention_backward_dq_bf16_kernel<8>
-                     : dq_nt == 16 ? attention_backward_dq_bf16_kernel<16>
-                     : dq_nt == 24 ? attention_backward_dq_bf16_kernel<24>
-                                   : attention_backward_dq_bf16_kernel<32>;
-    auto kv_kernel = kv_nt == 8    ? attention_backward_dkdv_bf16_kernel<8>
-                     : kv_nt == 16 ? attention_backward_dkdv_bf16_kernel<16>
-                     : kv_nt == 24 ? attention_backward_dkdv_bf16_kernel<24>
-                                   : attention_backward_dkdv_bf16_kernel<32>;
-    launch_kernel(dq_kernel, dim3(bh, tiles), ATTN_BF16_THREADS, bytes, stream, dq, dout, q, k, v, v_ld, lse, D, T, H,
-                  dqk, dv, scale);
-    launch_kernel(kv_kernel, dim3(bh, tiles, 2), ATTN_BF16_THREADS, bytes, stream, dk, dv_out, dv_ld, dout, q, k, v,
-                  v_ld, lse, D, T, H, dqk, dv, scale);
+    auto dq_kernel = dq_nt == 8    ? attention_backward_dq_bf16_kernel<8, WARPS>
+                     : dq_nt == 16 ? attention_backward_dq_bf16_kernel<16, WARPS>
+                     : dq_nt == 24 ? attention_backward_dq_bf16_kernel<24, WARPS>
+                                   : attention_backward_dq_bf16_kernel<32, WARPS>;
+    auto kv_kernel = kv_nt == 8    ? attention_backward_dkdv_bf16_kernel<8, WARPS>
+                     : kv_nt == 16 ? attention_backward_dkdv_bf16_kernel<16, WARPS>
+                     : kv_nt == 24 ? attention_backward_dkdv_bf16_kernel<24, WARPS>
+                                   : attention_backward_dkdv_bf16_kernel<32, WARPS>;
+    launch_kernel(dq_kernel, dim3(bh, tiles), 32 * WARPS, bytes, stream, dq, dout, q, k, v, v_ld, lse, D, T, H, dqk,
+                  dv, scale);
+    launch_kernel(kv_kernel, dim3(bh, tiles, 2), 32 * WARPS, bytes, stream, dk, dv_out, dv_ld, dout, q, k, v, v_ld,
+                  lse, D, T, H, dqk, dv, scale);
 }
 
 }  // namespace gpu

@@ -1,9 +1,12 @@
 // The tensor-core attention's tiles (kernels/attention_bf16.cuh), shared by its kernels, by the GPU model's device
 // check and by the CPU stand-in: which head dims run on the tensor cores, and the shared memory a block takes.
-// A tile is 64 rows of BF16, each row padded to a multiple of 16 values plus 8 (so that ldmatrix's eight row
-// addresses fall in different banks): 64 x (pad16(d) + 8) x 2 bytes, a multiple of 128.
-//   forward block:  Q and K (dqk wide), V (dv wide)                                  2 tile(dqk) + tile(dv)
-//   backward block: its own pair, the streamed pair, 2 x 64 floats of statistics     2 (tile(dqk) + tile(dv)) + 512
+// A block has 4 or 8 warps of 16 rows each: its own tile (the queries of the forward and of dq, the keys of dk/dv) has
+// 16 x warps rows; the tiles it streams (keys, or queries) have 64. A tile's rows are BF16, each padded to a multiple
+// of 16 values plus 8 (so that ldmatrix's eight row addresses fall in different banks): rows x (pad16(d) + 8) x 2 bytes.
+//   forward block:  Q (own, dqk wide), K (dqk) and V (dv) streamed
+//   backward block: its own pair, the streamed pair, 2 x 64 floats of statistics of the streamed queries
+// ATTN_BF16_WARPS is what the model runs; `make bench` times both (8 warps: half the streamed bytes per product,
+// twice the shared memory per block).
 #pragma once
 #include <cstdint>
 
@@ -11,7 +14,8 @@
 
 namespace gpu {
 
-constexpr int ATTN_BF16_ROWS = 64;      // rows of the block's tile, and of each streamed tile
+constexpr int ATTN_BF16_ROWS = 64;      // rows of each streamed tile
+constexpr int ATTN_BF16_WARPS = 4;      // warps of the model's blocks: own tiles of 64 rows
 constexpr int ATTN_BF16_MAX_DIM = 256;  // head dims above this take the FP32 kernels (kernels/attention.cuh)
 
 // Whether Precision::BF16 runs on the tensor cores for these head dims
@@ -22,14 +26,17 @@ inline bool attention_on_tensor_cores(Precision precision, int dqk, int dv) {
 __host__ __device__ inline int attn_bf16_pad(int d) { return (d + 15) / 16 * 16; }
 // row stride in shared memory (BF16 elements)
 __host__ __device__ inline int attn_bf16_ld(int d) { return attn_bf16_pad(d) + 8; }
-__host__ __device__ inline int64_t attn_bf16_tile_bytes(int d) {
-    return (int64_t)ATTN_BF16_ROWS * attn_bf16_ld(d) * 2;  // 2 bytes a BF16 value
+__host__ __device__ inline int64_t attn_bf16_tile_bytes(int d, int rows) {
+    return (int64_t)rows * attn_bf16_ld(d) * 2;  // 2 bytes a BF16 value
 }
-__host__ __device__ inline int64_t attn_bf16_forward_bytes(int dqk, int dv) {
-    return 2 * attn_bf16_tile_bytes(dqk) + attn_bf16_tile_bytes(dv);
+__host__ __device__ inline int64_t attn_bf16_forward_bytes(int dqk, int dv, int warps = ATTN_BF16_WARPS) {
+    return attn_bf16_tile_bytes(dqk, 16 * warps) + attn_bf16_tile_bytes(dqk, ATTN_BF16_ROWS) +
+           attn_bf16_tile_bytes(dv, ATTN_BF16_ROWS);
 }
-__host__ __device__ inline int64_t attn_bf16_backward_bytes(int dqk, int dv) {
-    return 2 * (attn_bf16_tile_bytes(dqk) + attn_bf16_tile_bytes(dv)) + 2 * ATTN_BF16_ROWS * (int64_t)sizeof(float);
+__host__ __device__ inline int64_t attn_bf16_backward_bytes(int dqk, int dv, int warps = ATTN_BF16_WARPS) {
+    return attn_bf16_tile_bytes(dqk, 16 * warps) + attn_bf16_tile_bytes(dv, 16 * warps) +
+           attn_bf16_tile_bytes(dqk, ATTN_BF16_ROWS) + attn_bf16_tile_bytes(dv, ATTN_BF16_ROWS) +
+           2 * ATTN_BF16_ROWS * (int64_t)sizeof(float);
 }
 
 }  // namespace gpu

@@ -38,7 +38,8 @@
 //      that as % of the measured copy rate. "<70%" marks those under the target; a kernel whose implementation
 //      makes several passes over its data (rmsnorm_backward, cross-entropy) shows that here as a lower %.
 //   5. the attention kernels alone on the preset's shapes, in both precisions (BF16: the tensor-core kernels of
-//      kernels/attention_bf16.cuh on BF16 q, k, v, dO, as the model stores them; FP32: kernels/attention.cuh's): ms
+//      kernels/attention_bf16.cuh on BF16 q, k, v, dO, as the model stores them, in blocks of 4 warps, the model's,
+//      and of 8, which stream half the bytes per product; FP32: kernels/attention.cuh's): ms
 //      and TFLOP/s counted as the model counts them (forward B H T^2 (dqk + dv): the causal half of the
 //      2 T^2 (dqk + dv) of QK^T and PV; backward twice that).
 // Weights from model_init_weights (N(0, initializer_range) matrices, norms 1), tokens uniformly random:
@@ -784,22 +785,22 @@ void bench_attention(const Config& c, const Options& o, cudaStream_t s) {
         gpu::cast_to_bf16(k16.ptr, k.ptr, k.n, s);
         gpu::cast_to_bf16(v16.ptr, kv.ptr, v16.n, s);  // any N*H*dv values: the timing does not depend on them
         gpu::cast_to_bf16(dout16.ptr, dout.ptr, dout.n, s);
-        const double fwd = time_ms(
-            s,
-            [&] {
-                gpu::attention_forward_bf16(out.ptr, lse.ptr, q16.ptr, k16.ptr, v16.ptr, dv, B, T, H, dqk, dv, scale,
-                                            s);
-            },
-            o.iters, o.trials);
-        const double bwd = time_ms(
-            s,
-            [&] {
-                gpu::attention_backward_bf16(dq.ptr, dk.ptr, dkv.ptr + dn, ld, scratch.ptr, dout.ptr, dout16.ptr,
-                                             q16.ptr, k16.ptr, v16.ptr, dv, out.ptr, lse.ptr, B, T, H, dqk, dv, scale,
-                                             s);
-            },
-            o.iters, o.trials);
-        row("bf16 (tensor cores)", fwd, bwd);
+        // blocks of 4 warps (the model's, ATTN_BF16_WARPS) and of 8 (half the streamed bytes per product)
+        auto time_warps = [&](auto forward, auto backward, const char* name) {
+            const double fwd = time_ms(
+                s, [&] { forward(out.ptr, lse.ptr, q16.ptr, k16.ptr, v16.ptr, dv, B, T, H, dqk, dv, scale, s); },
+                o.iters, o.trials);
+            const double bwd = time_ms(
+                s,
+                [&] {
+                    backward(dq.ptr, dk.ptr, dkv.ptr + dn, ld, scratch.ptr, dout.ptr, dout16.ptr, q16.ptr, k16.ptr,
+                             v16.ptr, dv, out.ptr, lse.ptr, B, T, H, dqk, dv, scale, s);
+                },
+                o.iters, o.trials);
+            row(name, fwd, bwd);
+        };
+        time_warps(gpu::attention_forward_bf16<4>, gpu::attention_backward_bf16<4>, "bf16 tensor, 4 warps");
+        time_warps(gpu::attention_forward_bf16<8>, gpu::attention_backward_bf16<8>, "bf16 tensor, 8 warps");
     }
     const double fwd = time_ms(
         s,
@@ -814,7 +815,7 @@ void bench_attention(const Config& c, const Options& o, cudaStream_t s) {
                                     out.ptr, lse.ptr, B, T, H, dqk, dv, scale, s);
         },
         o.iters, o.trials);
-    row("fp32 (CUDA cores)", fwd, bwd);
+    row("fp32 CUDA cores", fwd, bwd);
 }
 
 }  // namespace

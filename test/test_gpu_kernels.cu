@@ -631,14 +631,15 @@ static void test_rope(const CpuMLA& m, Rng& rng, const std::string& shape) {
 // The attention kernels on q, k (N*H, dqk), kv (N*H, dn + dv: v at column dn) and dO: the forward, then the backward
 // from its o and lse; dv lands in dkv at column dn. Outputs poisoned first; dkv starts as dkv0, whose k_nope columns
 // must come back untouched. FP32: v read inside kv, as the trainer does. BF16: q, k, v and dO cast to BF16 on the
-// device; v either contiguous (N*H, dv), as the trainer stores it, or read inside the cast of kv (v_in_kv).
+// device; v either contiguous (N*H, dv), as the trainer stores it, or read inside the cast of kv (v_in_kv); blocks
+// of 4 warps (the model's) or 8 (wide).
 struct GpuAttention {
     std::vector<float> o, lse, dq, dk, dkv;
 };
 static GpuAttention gpu_attention(gpu::Precision precision, const std::vector<float>& q, const std::vector<float>& k,
                                   const std::vector<float>& kv, const std::vector<float>& d_out,
                                   const std::vector<float>& dkv0, int B, int T, int H, int dn, int dqk, int dv,
-                                  float scale, bool v_in_kv = false) {
+                                  float scale, bool v_in_kv = false, bool wide = false) {
     const int64_t N = (int64_t)B * T, ld = dn + dv;
     Dev<float> d_q(q), d_k(k), d_kv(kv), d_v(columns(kv, ld, dn, ld)), d_o(N * H * dv), d_lse((int64_t)B * H * T);
     Dev<float> d_dout(d_out), d_dq(N * H * dqk), d_dk(N * H * dqk), d_dkv(dkv0);
@@ -660,9 +661,11 @@ static GpuAttention gpu_attention(gpu::Precision precision, const std::vector<fl
         gpu::cast_to_bf16(to->ptr, from->ptr, (int64_t)from->n, 0);
     const __nv_bfloat16* v = v_in_kv ? kv16.ptr + dn : v16.ptr;
     const int64_t v_ld = v_in_kv ? ld : dv;
-    gpu::attention_forward_bf16(d_o.ptr, d_lse.ptr, q16.ptr, k16.ptr, v, v_ld, B, T, H, dqk, dv, scale, 0);
-    gpu::attention_backward_bf16(d_dq.ptr, d_dk.ptr, d_dkv.ptr + dn, ld, scratch.ptr, d_dout.ptr, dout16.ptr, q16.ptr,
-                                 k16.ptr, v, v_ld, d_o.ptr, d_lse.ptr, B, T, H, dqk, dv, scale, 0);
+    auto forward = wide ? gpu::attention_forward_bf16<8> : gpu::attention_forward_bf16<4>;
+    auto backward = wide ? gpu::attention_backward_bf16<8> : gpu::attention_backward_bf16<4>;
+    forward(d_o.ptr, d_lse.ptr, q16.ptr, k16.ptr, v, v_ld, B, T, H, dqk, dv, scale, 0);
+    backward(d_dq.ptr, d_dk.ptr, d_dkv.ptr + dn, ld, scratch.ptr, d_dout.ptr, dout16.ptr, q16.ptr, k16.ptr, v, v_ld,
+             d_o.ptr, d_lse.ptr, B, T, H, dqk, dv, scale, 0);
     return {d_o.get(), d_lse.get(), d_dq.get(), d_dk.get(), d_dkv.get()};
 }
 
@@ -673,7 +676,8 @@ static GpuAttention gpu_attention(gpu::Precision precision, const std::vector<fl
 // divides at the end, and the backward uses D = dO.o instead of sum_j P dP. The log-sum-exp against a double
 // computation, 1e-5 (the float scores' rounding, relative to max |L|).
 // deterministic: a second run gives the same bits (no atomics; every sum in a fixed order). For BF16 the second run
-// reads v inside kv (another stride, the same values): the same bits too.
+// reads v inside kv (another stride, the same values): the same bits too; and so do blocks of 8 warps, whose rows
+// see the same key tiles in the same order (plus, for some warps, a tile that is all masked: it adds exact zeros).
 static void check_rerun(const GpuAttention& first, const GpuAttention& second, const std::string& what,
                         const std::string& shape) {
     for (auto [name, a, b] : {std::tuple{"o", &first.o, &second.o}, std::tuple{"dq", &first.dq, &second.dq},
@@ -783,11 +787,11 @@ static void test_attention_bf16(const CpuMLA& m, Rng& rng, const std::string& sh
     for (size_t i = 0; i < dv_heads.size(); i++) dv_heads[i] = (float)dv_acc[i];
 
     const std::vector<float> dkv0 = poisoned_columns(N * H, ld, dn, ld, rng);
-    auto run = [&](bool v_in_kv) {
+    auto run = [&](bool v_in_kv, bool wide) {
         return gpu_attention(gpu::Precision::BF16, q, k, kv, d_out, dkv0, (int)B, (int)T, (int)H, (int)dn, (int)dqk,
-                             (int)dv, (float)scale, v_in_kv);
+                             (int)dv, (float)scale, v_in_kv, wide);
     };
-    const GpuAttention got = run(false);
+    const GpuAttention got = run(false, false);
     check("attention_forward bf16 o " + shape, got.o, o, 1e-2);
     check("attention_forward bf16 lse " + shape, got.lse, lse, 1e-2);
     check("attention_backward bf16 dq_heads " + shape, got.dq, dq, 1e-2);
@@ -795,7 +799,8 @@ static void test_attention_bf16(const CpuMLA& m, Rng& rng, const std::string& sh
     check("attention_backward bf16 dv (in dkv) " + shape, columns(got.dkv, ld, dn, ld), dv_heads, 1e-2);
     check("attention_backward bf16 dkv k_nope part untouched " + shape, columns(got.dkv, ld, 0, dn),
           columns(dkv0, ld, 0, dn), 0);
-    check_rerun(got, run(true), "bf16 (v inside kv) ", shape);
+    check_rerun(got, run(true, false), "bf16 (v inside kv) ", shape);
+    check_rerun(got, run(false, true), "bf16 (8 warps) ", shape);
 }
 
 // One mma.sync with its fragments built from row-major A (16 x 16), B (16 x 8, k x n) and C (16 x 8) by the layout

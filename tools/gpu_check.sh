@@ -70,7 +70,7 @@ status "FP8 shapes refused" "$(grep -c 'no FP8 algorithm' "$out/test_gpu.txt") (
 timeout "$(budget 150)" ./bench_gpu --layers 4 > "$out/bench.txt" 2>&1
 cat "$out/bench.txt"
 status "make bench" "$(grep -E 'model TFLOP/s|MFU' "$out/bench.txt" | head -2 | tr -s ' ' | tr '\n' ';')"
-status "attention kernels" "$(grep -E '^(bf16|fp32) \((tensor|CUDA) cores\)' "$out/bench.txt" | tr -s ' ' | tr '\n' ';')"
+status "attention kernels" "$(grep -E '^(bf16 tensor, [48] warps|fp32 CUDA cores)' "$out/bench.txt" | tr -s ' ' | tr '\n' ';')"
 status "expert GEMMs" "$(grep -E '^[0-9]+ experts, [0-9]+ lanes?' "$out/bench.txt" | tr -s ' ' | tr '\n' ';')"
 # --dtype fp8 (its GEMM table, then its step), appended to bench.txt: one more file would not come back
 timeout "$(budget 120)" ./bench_gpu --layers 4 --dtype fp8 --steps 3 > "$out/bench_fp8.txt" 2>&1
