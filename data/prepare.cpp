@@ -51,40 +51,43 @@ struct Options {
 
 static Options parse_args(int argc, char** argv) {
     Options opt;
-    const std::vector<std::string> flags{"--input",     "--out-dir",    "--vocab",       "--val-fraction",
-                                         "--tokenizer", "--text-field", "--shard-tokens"};
     for (int i = 1; i < argc; i++) {
-        std::string flag = argv[i];
-        if (std::find(flags.begin(), flags.end(), flag) == flags.end())
-            throw UsageError(flag.rfind("--", 0) == 0 ? "unknown flag " + flag + " (see --help)"
-                                                      : "unexpected argument " + flag + " (see --help)");
-        if (i + 1 >= argc || std::string(argv[i + 1]).rfind("--", 0) == 0) throw UsageError(flag + " needs a value");
-        std::string value = argv[++i];
+        const std::string flag = argv[i];
+        auto value = [&]() -> std::string {
+            if (i + 1 >= argc || std::string(argv[i + 1]).rfind("--", 0) == 0) throw UsageError(flag + " needs a value");
+            return argv[++i];
+        };
         char* end = nullptr;
         if (flag == "--input") {
-            opt.inputs.push_back(value);
+            opt.inputs.push_back(value());
         } else if (flag == "--out-dir") {
-            opt.out_dir = value;
+            opt.out_dir = value();
         } else if (flag == "--vocab") {
-            long v = strtol(value.c_str(), &end, 10);
-            if (*end || value.empty() || v < 256 || v > (1L << 24))
-                throw UsageError("--vocab must be an integer in [256, 16777216], got '" + value + "'");
-            opt.vocab = (int)v;
+            const std::string v = value();
+            const long n = strtol(v.c_str(), &end, 10);
+            if (*end || v.empty() || n < 256 || n > (1L << 24))
+                throw UsageError("--vocab must be an integer in [256, 16777216], got '" + v + "'");
+            opt.vocab = (int)n;
             opt.vocab_given = true;
         } else if (flag == "--val-fraction") {
-            double f = strtod(value.c_str(), &end);
-            if (*end || value.empty() || !(f >= 0.0 && f < 1.0))
-                throw UsageError("--val-fraction must be a number in [0, 1), got '" + value + "'");
+            const std::string v = value();
+            const double f = strtod(v.c_str(), &end);
+            if (*end || v.empty() || !(f >= 0.0 && f < 1.0))
+                throw UsageError("--val-fraction must be a number in [0, 1), got '" + v + "'");
             opt.val_fraction = f;
         } else if (flag == "--tokenizer") {
-            opt.tokenizer_path = value;
+            opt.tokenizer_path = value();
         } else if (flag == "--text-field") {
-            opt.text_field = value;
-        } else {  // --shard-tokens (a shard's header counts its tokens in an int32)
-            long long n = strtoll(value.c_str(), &end, 10);
-            if (*end || value.empty() || n < 1 || n > INT32_MAX)
-                throw UsageError("--shard-tokens must be an integer in [1, 2147483647], got '" + value + "'");
+            opt.text_field = value();
+        } else if (flag == "--shard-tokens") {  // a shard's header counts its tokens in an int32
+            const std::string v = value();
+            const long long n = strtoll(v.c_str(), &end, 10);
+            if (*end || v.empty() || n < 1 || n > INT32_MAX)
+                throw UsageError("--shard-tokens must be an integer in [1, 2147483647], got '" + v + "'");
             opt.shard_tokens = n;
+        } else {
+            throw UsageError(flag.rfind("--", 0) == 0 ? "unknown flag " + flag + " (see --help)"
+                                                      : "unexpected argument " + flag + " (see --help)");
         }
     }
     if (opt.inputs.empty()) throw UsageError("--input is required (see --help)");
