@@ -512,10 +512,12 @@ inline Fp8GroupPlace fp8_group_place(const int64_t* offsets, int64_t G, int64_t 
 // ---------------------------------------------------------------------------------------------------------------
 // The API
 
-// The BF16 rows of inp from row `first` on (n elements): the caller's copy, or a cast into the input buffer.
-inline const __nv_bfloat16* matmul_input_bf16(Matmul& mm, const GemmInput& inp, int64_t first, int64_t K, int64_t n,
-                                              const MatmulSite& site) {
-    return inp.bf16 ? inp.bf16 + first * K : matmul_cast(mm, false, inp.fp32 + first * K, n, site, "inp");
+// The BF16 rows of x (width wide) from row `first` on (n elements): the caller's copy, or a cast into the buffer of
+// inputs or, for an output gradient, of output gradients.
+inline const __nv_bfloat16* matmul_bf16_rows(Matmul& mm, const GemmInput& x, int64_t first, int64_t width, int64_t n,
+                                             const MatmulSite& site, bool output_grad = false) {
+    return x.bf16 ? x.bf16 + first * width
+                  : matmul_cast(mm, output_grad, x.fp32 + first * width, n, site, output_grad ? "dout" : "inp");
 }
 // The FP32 rows of inp, for an FP32 GEMM: they must be there.
 inline const float* matmul_input_fp32(const GemmInput& inp, const MatmulSite& site) {
@@ -543,7 +545,7 @@ inline void matmul_forward(Matmul& mm, float* out, GemmInput inp, const GemmWeig
         }
         type = GemmType::BF16;
     }
-    const void* x = type == GemmType::BF16 ? (const void*)matmul_input_bf16(mm, inp, 0, K, M * K, s)
+    const void* x = type == GemmType::BF16 ? (const void*)matmul_bf16_rows(mm, inp, 0, K, M * K, s)
                                            : (const void*)matmul_input_fp32(inp, s);
     const void* w = type == GemmType::BF16 ? (const void*)W.bf16 : (const void*)W.fp32;
     matmul_lt(mm, 0, s, gemm_forward_problem(type, out, x, w, M, K, N), accumulate);
@@ -580,14 +582,14 @@ inline void matmul_backward(Matmul& mm, float* dinp, float* dW, GemmInput dout, 
     }
     if (!dinp_left && !dW_left) return;
     const bool bf16 = type == GemmType::BF16;
-    const void* g = bf16 ? (const void*)(dout.bf16 ? dout.bf16 : matmul_cast(mm, true, dout.fp32, M * N, s, "dout"))
+    const void* g = bf16 ? (const void*)matmul_bf16_rows(mm, dout, 0, N, M * N, s, /*output_grad*/ true)
                          : (const void*)matmul_input_fp32(dout, s);
     if (dinp_left)
         matmul_lt(mm, 0, s, gemm_dinp_problem(type, dinp, g, bf16 ? (const void*)W.bf16 : W.fp32, M, K, N),
                   accumulate_dinp);
     if (dW_left) {
         const void* x =
-            bf16 ? (const void*)matmul_input_bf16(mm, inp, 0, K, M * K, s) : (const void*)matmul_input_fp32(inp, s);
+            bf16 ? (const void*)matmul_bf16_rows(mm, inp, 0, K, M * K, s) : (const void*)matmul_input_fp32(inp, s);
         matmul_lt(mm, 0, s, gemm_dW_problem(type, dW, g, x, M, K, N), /*accumulate*/ true);
     }
 }
@@ -659,7 +661,7 @@ inline void grouped_matmul_forward(Matmul& mm, float* out, GemmInput inp, const 
             if (offsets[g + 1] > offsets[g])
                 fp8_rows_of(inp, offsets[g], offsets[g + 1] - offsets[g], K, q->values + (offsets[g] - first) * K,
                             q->scales + place.row_scales[g], mm.stream);
-    const __nv_bfloat16* inp16 = type == GemmType::BF16 ? matmul_input_bf16(mm, inp, first, K, rows * K, s) : nullptr;
+    const __nv_bfloat16* inp16 = type == GemmType::BF16 ? matmul_bf16_rows(mm, inp, first, K, rows * K, s) : nullptr;
     const float* inp32 = type == GemmType::FP32 ? matmul_input_fp32(inp, s) : nullptr;
     grouped_on_lanes(mm, offsets, G, [&](int64_t g, int lane) {
         const int64_t r0 = offsets[g], M = offsets[g + 1] - r0;
@@ -720,7 +722,7 @@ inline void grouped_matmul_backward(Matmul& mm, float* dinp, float* dW, const fl
     const float* inp32 = nullptr;
     if (type == GemmType::BF16) {
         dout16 = matmul_cast(mm, true, dout + first * N, rows * N, s, "dout");
-        inp16 = matmul_input_bf16(mm, inp, first, K, rows * K, s);
+        inp16 = matmul_bf16_rows(mm, inp, first, K, rows * K, s);
     } else if (type == GemmType::FP32) {
         inp32 = matmul_input_fp32(inp, s);
     }

@@ -160,11 +160,13 @@ inline const __nv_bfloat16* stand_in_checked_copy(Matmul& mm, const __nv_bfloat1
     return copy;
 }
 
-// The BF16 rows of inp from row `first` on (n elements): a cast into the input buffer, or the caller's copy.
-inline const __nv_bfloat16* matmul_input_bf16(Matmul& mm, const GemmInput& inp, int64_t first, int64_t K, int64_t n,
-                                              const char* site) {
-    if (!inp.bf16) return matmul_cast(mm, false, inp.fp32 + first * K, n, site, "inp");
-    return stand_in_checked_copy(mm, inp.bf16 + first * K, stand_in_rows(inp, first, K), n, site, "inp");
+// The BF16 rows of x (width wide) from row `first` on (n elements): a cast into the buffer of inputs (or of output
+// gradients), or the caller's copy.
+inline const __nv_bfloat16* matmul_bf16_rows(Matmul& mm, const GemmInput& x, int64_t first, int64_t width, int64_t n,
+                                             const char* site, bool output_grad = false) {
+    const char* operand = output_grad ? "dout" : "inp";
+    if (!x.bf16) return matmul_cast(mm, output_grad, x.fp32 + first * width, n, site, operand);
+    return stand_in_checked_copy(mm, x.bf16 + first * width, stand_in_rows(x, first, width), n, site, operand);
 }
 
 // The FP32 rows of an operand (rows elements from row `first`), checked to lie in device memory; they may be absent
@@ -233,7 +235,7 @@ inline void matmul_forward(Matmul& mm, float* out, GemmInput inp, const GemmWeig
     const __nv_bfloat16* inp16 = nullptr;
     if (W16) {
         dev(W16, N * K, "matmul_forward W16");
-        inp16 = matmul_input_bf16(mm, inp, 0, K, M * K, "matmul_forward");
+        inp16 = matmul_bf16_rows(mm, inp, 0, K, M * K, "matmul_forward");
     }
     if (type == GemmType::FP8) stand_in_fp8_weight(W8, N, K, "matmul_forward");
     launch(mm.stream, [=] {
@@ -267,9 +269,8 @@ inline void matmul_backward(Matmul& mm, float* dinp, float* dW, GemmInput dout, 
     const __nv_bfloat16 *dout16 = nullptr, *inp16 = nullptr;
     if (W16) {
         dev(W16, N * K, "matmul_backward W16");
-        dout16 = dout.bf16 ? stand_in_checked_copy(mm, dout.bf16, dout.fp32, M * N, "matmul_backward", "dout")
-                           : matmul_cast(mm, true, dout.fp32, M * N, "matmul_backward", "dout");
-        inp16 = matmul_input_bf16(mm, inp, 0, K, M * K, "matmul_backward");
+        dout16 = matmul_bf16_rows(mm, dout, 0, N, M * N, "matmul_backward", /*output_grad*/ true);
+        inp16 = matmul_bf16_rows(mm, inp, 0, K, M * K, "matmul_backward");
     }
     if (type == GemmType::FP8) stand_in_fp8_weight(W8, N, K, "matmul_backward");
     launch(mm.stream, [=] {
@@ -309,7 +310,7 @@ inline void grouped_matmul_forward(Matmul& mm, float* out, GemmInput inp, const 
     const __nv_bfloat16* inp16 = nullptr;
     if (W16) {
         dev(W16, G * N * K, "grouped_matmul_forward W16");
-        inp16 = matmul_input_bf16(mm, inp, first, K, rows * K, "grouped_matmul_forward");
+        inp16 = matmul_bf16_rows(mm, inp, first, K, rows * K, "grouped_matmul_forward");
     }
     if (type == GemmType::FP8)
         for (int64_t g = 0; g < G; g++) stand_in_fp8_weight(Wt.fp8.at(g, N, K), N, K, "grouped_matmul_forward");
@@ -351,7 +352,7 @@ inline void grouped_matmul_backward(Matmul& mm, float* dinp, float* dW, const fl
     if (W16) {
         dev(W16, G * N * K, "grouped_matmul_backward W16");
         dout16 = matmul_cast(mm, true, dout + first * N, rows * N, "grouped_matmul_backward", "dout");
-        inp16 = matmul_input_bf16(mm, inp, first, K, rows * K, "grouped_matmul_backward");
+        inp16 = matmul_bf16_rows(mm, inp, first, K, rows * K, "grouped_matmul_backward");
     }
     if (type == GemmType::FP8)
         for (int64_t g = 0; g < G; g++) stand_in_fp8_weight(Wt.fp8.at(g, N, K), N, K, "grouped_matmul_backward");
