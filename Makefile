@@ -1,5 +1,6 @@
 # moe.cu build. The only build entry: binaries land in the repository root, objects in build/.
-#   make run        install what is missing, prepare the default data, train `small` on CPU, sample
+#   make run        install what is missing, prepare the default data, train `small` (on the GPU if there is
+#                   one and the CUDA toolkit, else on the CPU), sample
 #   make test       install what is missing, build everything (CUDA too), run the CPU tests
 #   make train      the GPU trainer ./train          make test-gpu   kernels, step and trainers against the CPU (GPU)
 #   make bench      the GPU benchmark (GPU)          make bench-comm dispatch/combine vs NCCL all-to-all (GPU)
@@ -60,10 +61,17 @@ data/default/train_000000.bin: prepare_data
 
 data: data/default/train_000000.bin
 
+# The main job, with the same flags on either trainer: on the GPU when nvidia-smi lists one and nvcc is here
+RUN_ARGS := --config small --data 'data/default/train_*.bin' --val 'data/default/val_*.bin' --steps 400 --batch 8 \
+            --seq 128 --lr 3e-3 --eval-every 50 --log run.jsonl --sample 200
 run: deps-run
-	$(MAKE) -j$(THREADS) train_cpu data
-	OMP_NUM_THREADS=$(THREADS) ./train_cpu --config small --data 'data/default/train_*.bin' --val 'data/default/val_*.bin' \
-	  --steps 400 --batch 8 --seq 128 --lr 3e-3 --eval-every 50 --log run.jsonl --sample 200
+	$(MAKE) -j$(THREADS) data
+	@if [ -x $(NVCC) ] && nvidia-smi -L > /dev/null 2>&1; then \
+	  echo "make run: a GPU is listed by nvidia-smi: training on it (./train)"; \
+	  $(MAKE) -j$(THREADS) train && ./train $(RUN_ARGS); \
+	else \
+	  $(MAKE) -j$(THREADS) train_cpu && OMP_NUM_THREADS=$(THREADS) ./train_cpu $(RUN_ARGS); \
+	fi
 
 test: deps
 	$(MAKE) -j$(THREADS) all data
