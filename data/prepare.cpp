@@ -54,7 +54,8 @@ static Options parse_args(int argc, char** argv) {
     for (int i = 1; i < argc; i++) {
         const std::string flag = argv[i];
         auto value = [&]() -> std::string {
-            if (i + 1 >= argc || std::string(argv[i + 1]).rfind("--", 0) == 0) throw UsageError(flag + " needs a value");
+            if (i + 1 >= argc || std::string(argv[i + 1]).rfind("--", 0) == 0)
+                throw UsageError(flag + " needs a value");
             return argv[++i];
         };
         char* end = nullptr;

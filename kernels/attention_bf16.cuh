@@ -13,8 +13,7 @@
 // Design: FlashAttention-2's structure on mma.sync (kernels/mma_sync.cuh: 16 x 8 x 16 products, whose fragment
 // layout is documented). A block has WARPS warps (4 or 8) and one tile of 16 x WARPS rows (queries for the forward
 // and dq, keys for dk/dv); warp w owns rows 16w..16w+15. The tiles of the other side (64 keys, or 64 queries) stream
-// through shared memory,
-// converted to BF16 with the head dims zero-padded to multiples of 16. Per streamed tile a warp computes its
+// through shared memory, BF16 with the head dims zero-padded to multiples of 16. Per streamed tile a warp computes its
 // 16 x 64 scores as eight 16 x 8 accumulator tiles in registers (lane g = lane / 4, t = lane % 4 holds rows g and
 // g + 8, columns 8n + 2t and 8n + 2t + 1 of tile n), masks them and applies the softmax there (a row's maximum and
 // sum over the 4 lanes that hold it: two xor shuffles), rounds P (or dS) to BF16 straight into the A fragments of
@@ -68,8 +67,9 @@ __device__ inline uint32_t attn_bf16_pack(__nv_bfloat16 lo, __nv_bfloat16 hi) {
 }
 
 // dst (tile_rows x attn_bf16_ld(width)) = rows 0..min(rows, tile_rows)-1 of src (row r at src + r * stride; rows:
-// those left before T), columns < width; zeros in the padding rows and columns. All threads of the block; the caller commits
-// the copies as a group and waits for them (kernels/async_copy.cuh) before the __syncthreads after which they read.
+// those left before T), columns < width; zeros in the padding rows and columns. All threads of the block; the
+// caller commits the copies as a group and waits for them (kernels/async_copy.cuh) before the __syncthreads after
+// which they read.
 // A warp per row at a time, its lanes over consecutive columns (coalesced): 8 columns per lane, as 16-byte cp.async
 // copies (every row of dst starts 16-byte aligned), when every row of src does too and width is a multiple of 8
 // (DeepSeek's dims); else one column per lane, by plain loads and stores.

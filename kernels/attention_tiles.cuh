@@ -1,8 +1,9 @@
 // The tensor-core attention's tiles (kernels/attention_bf16.cuh), shared by its kernels, by the GPU model's device
 // check and by the CPU stand-in: which head dims run on the tensor cores, and the shared memory a block takes.
-// A block has 4 or 8 warps of 16 rows each: its own tile (the queries of the forward and of dq, the keys of dk/dv) has
-// 16 x warps rows; the tiles it streams (keys, or queries) have 64. A tile's rows are BF16, each padded to a multiple
-// of 16 values plus 8 (so that ldmatrix's eight row addresses fall in different banks): rows x (pad16(d) + 8) x 2 bytes.
+// A block has 4 or 8 warps of 16 rows each: its own tile (the queries of the forward and of dq, the keys of dk/dv)
+// has 16 x warps rows; the tiles it streams (keys, or queries) have 64. A tile's rows are BF16, each padded to a
+// multiple of 16 values plus 8 (so that ldmatrix's eight row addresses fall in different banks): rows x (pad16(d) +
+// 8) x 2 bytes.
 //   forward block:  Q (own, dqk wide), K (dqk) and V (dv) streamed
 //   backward block: its own pair, the streamed pair, 2 x 64 floats of statistics of the streamed queries
 // ATTN_BF16_WARPS is what the model runs; `make bench` times both (8 warps: half the streamed bytes per product,
