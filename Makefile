@@ -61,14 +61,16 @@ data/default/train_000000.bin: prepare_data
 
 data: data/default/train_000000.bin
 
-# The main job, with the same flags on either trainer: on the GPU when nvidia-smi lists one and nvcc is here
+# The main job, with the same flags on either trainer: on the GPU when nvidia-smi lists one from Ampere on (compute
+# capability 8.0+, what ./train runs on) and ./train builds here (nvcc, cuBLASLt, NCCL), else on the CPU
 RUN_ARGS := --config small --data 'data/default/train_*.bin' --val 'data/default/val_*.bin' --steps 400 --batch 8 \
             --seq 128 --lr 3e-3 --eval-every 50 --log run.jsonl --sample 200
 run: deps-run
 	$(MAKE) -j$(THREADS) data
-	@if [ -x $(NVCC) ] && nvidia-smi -L > /dev/null 2>&1; then \
-	  echo "make run: a GPU is listed by nvidia-smi: training on it (./train)"; \
-	  $(MAKE) -j$(THREADS) train && ./train $(RUN_ARGS); \
+	@major=$$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | cut -d. -f1); \
+	if [ "$${major:-0}" -ge 8 ] 2>/dev/null && command -v $(NVCC) > /dev/null && $(MAKE) -j$(THREADS) train; then \
+	  echo "make run: training on the GPU (./train)"; \
+	  ./train $(RUN_ARGS); \
 	else \
 	  $(MAKE) -j$(THREADS) train_cpu && OMP_NUM_THREADS=$(THREADS) ./train_cpu $(RUN_ARGS); \
 	fi

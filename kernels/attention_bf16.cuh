@@ -21,7 +21,9 @@
 // accumulates into its output tiles, which stay in registers across the streamed tiles (NT tiles of 8 columns:
 // the template parameter).
 //   forward:  block (b, h, query tile): S = Q K^T, online softmax, O += P V; at the end o = O / l, L = m + log l.
-//             (With 8 warps the block's last key tile is above the diagonal for its first four warps: masked.)
+//             (With 8 warps, four warps of a block meet one streamed tile that is all masked for them: in the forward
+//             and dq the last key tile, above the first four warps' queries; in dk/dv the first query tile, above
+//             the last four warps' keys.)
 //   backward: D by attention.cuh's kernel; dq: block (b, h, query tile): S, dP = dO V^T, dS = P (dP - D) scale,
 //             dq += dS K; dk/dv: block (b, h, key tile, z): S^T = K Q^T (and dP^T = V dO^T for dk), dv += P^T dO
 //             (z = 1) or dk += dS^T Q (z = 0). No atomics: deterministic.
@@ -34,7 +36,7 @@
 //
 // Shared memory (dynamic; > 48 KiB, so launch_kernel raises the kernel's limit; kernels/attention_tiles.cuh): at
 // DeepSeek-V3's head dims (192, 128), with 4 warps the forward's Q, K and V tiles take 69 KB (3 blocks per SM), the
-// backward's four tiles and the streamed queries' L and D 87 KB (2 blocks per SM); with 8 warps 98 KB and 132.5 KB.
+// backward's four tiles and the streamed queries' L and D 87 KB (2 blocks per SM); with 8 warps 94 KB and 130 KB.
 // Registers (ptxas, CUDA 13.0, sm_90a, no spills at these dims) limit the SM to 11-12 warps in the forward (168-174
 // registers: three blocks of 4 warps, or one of 8) and to 8 in the backward (246-248: two blocks of 4, or one of 8).
 // So 8 warps halve the bytes streamed per product, at the backward's occupancy and two thirds of the forward's.

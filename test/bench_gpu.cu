@@ -758,7 +758,7 @@ void print_kernels(const std::vector<KernelResult>& results, double copy_gbs) {
 
 // ---- 5. attention alone ---------------------------------------------------------------------------------------
 
-void bench_attention(const Config& c, const Options& o, cudaStream_t s) {
+void bench_attention(const Config& c, const Options& o, const cudaDeviceProp& prop, cudaStream_t s) {
     const int B = o.B, T = o.T, H = c.num_attention_heads, dn = c.qk_nope_head_dim, dqk = c.qk_head_dim();
     const int dv = c.v_head_dim;
     const int64_t N = (int64_t)B * T, ld = dn + dv;
@@ -800,7 +800,12 @@ void bench_attention(const Config& c, const Options& o, cudaStream_t s) {
             row(name, fwd, bwd);
         };
         time_warps(gpu::attention_forward_bf16<4>, gpu::attention_backward_bf16<4>, "bf16 tensor, 4 warps");
-        time_warps(gpu::attention_forward_bf16<8>, gpu::attention_backward_bf16<8>, "bf16 tensor, 8 warps");
+        if (gpu::attn_bf16_backward_bytes(dqk, dv, 8) <= (int64_t)prop.sharedMemPerBlockOptin)
+            time_warps(gpu::attention_forward_bf16<8>, gpu::attention_backward_bf16<8>, "bf16 tensor, 8 warps");
+        else
+            printf("%-22s %-24s not run: %lld bytes of shared memory per block, the GPU has %zu\n",
+                   "bf16 tensor, 8 warps", shape.c_str(), (long long)gpu::attn_bf16_backward_bytes(dqk, dv, 8),
+                   (size_t)prop.sharedMemPerBlockOptin);
     }
     const double fwd = time_ms(
         s,
@@ -881,7 +886,7 @@ int main(int argc, char** argv) {
         bench_model(c, o, prop, ceil);
 
         print_kernels(bench_kernels(c, o, stream), ceil.copy_gbs);
-        bench_attention(c, o, stream);
+        bench_attention(c, o, prop, stream);
         CUDA_CHECK(cudaStreamDestroy(stream));
     } catch (const std::exception& e) {
         fprintf(stderr, "bench_gpu: %s\n", e.what());

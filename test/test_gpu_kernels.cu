@@ -677,10 +677,11 @@ static GpuAttention gpu_attention(gpu::Precision precision, const std::vector<fl
 // computation, 1e-5 (the float scores' rounding, relative to max |L|).
 // deterministic: a second run gives the same bits (no atomics; every sum in a fixed order). For BF16 the second run
 // reads v inside kv (another stride, the same values): the same bits too; and so do blocks of 8 warps, whose rows
-// see the same key tiles in the same order (plus, for some warps, a tile that is all masked: it adds exact zeros).
+// see the same streamed tiles in the same order (plus, for four warps, one that is all masked: it adds exact zeros).
 static void check_rerun(const GpuAttention& first, const GpuAttention& second, const std::string& what,
                         const std::string& shape) {
-    for (auto [name, a, b] : {std::tuple{"o", &first.o, &second.o}, std::tuple{"dq", &first.dq, &second.dq},
+    for (auto [name, a, b] : {std::tuple{"o", &first.o, &second.o}, std::tuple{"lse", &first.lse, &second.lse},
+                              std::tuple{"dq", &first.dq, &second.dq},
                               std::tuple{"dk", &first.dk, &second.dk}, std::tuple{"dkv", &first.dkv, &second.dkv}})
         check("attention rerun bit-identical " + what + name + " " + shape, *b, *a, 0);
 }
@@ -800,7 +801,14 @@ static void test_attention_bf16(const CpuMLA& m, Rng& rng, const std::string& sh
     check("attention_backward bf16 dkv k_nope part untouched " + shape, columns(got.dkv, ld, 0, dn),
           columns(dkv0, ld, 0, dn), 0);
     check_rerun(got, run(true, false), "bf16 (v inside kv) ", shape);
-    check_rerun(got, run(false, true), "bf16 (8 warps) ", shape);
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    if (gpu::attn_bf16_backward_bytes((int)dqk, (int)dv, 8) <= (int64_t)prop.sharedMemPerBlockOptin)
+        check_rerun(got, run(false, true), "bf16 (8 warps) ", shape);
+    else  // the model runs 4 warps; 8 are only timed where they fit
+        printf("attention bf16 (8 warps) %s: not run, %lld bytes of shared memory per block, the GPU has %zu\n",
+               shape.c_str(), (long long)gpu::attn_bf16_backward_bytes((int)dqk, (int)dv, 8),
+               (size_t)prop.sharedMemPerBlockOptin);
 }
 
 // One mma.sync with its fragments built from row-major A (16 x 16), B (16 x 8, k x n) and C (16 x 8) by the layout

@@ -60,9 +60,9 @@ static Comm* g_comm = nullptr;
     exit(1);  // not reached: abort() ends the job (a virtual call hides that from the compiler)
 }
 
-// A check every rank makes at the same point (setup: config, data, checkpoint; each step: its batches): if any rank
-// failed, the first of them prints its reason once and every rank exits 1, so the job neither hangs nor repeats the
-// message N times.
+// A check every rank makes at the same point (setup: config, data, checkpoint; each step and each evaluation: its
+// batches): if any rank failed, the first of them prints its reason once and every rank exits 1, so the job neither
+// hangs nor repeats the message N times.
 static void agree_or_exit(const Run& r, const std::string& error) {
     Comm& comm = *r.comm;
     std::vector<int64_t> failed(comm.world, 0);
