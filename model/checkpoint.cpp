@@ -1,7 +1,9 @@
 // Checkpoint save and load through the safetensors reader and writer.
 #include "checkpoint.h"
 
+#include <cstdio>
 #include <dirent.h>
+#include <map>
 #include <stdexcept>
 #include <sys/stat.h>
 
@@ -16,22 +18,32 @@ std::string checkpoint_path(const std::string& dir, int64_t step) {
     return dir + name;
 }
 
-std::string checkpoint_find_latest(const std::string& dir) {
+// The checkpoints in dir by step, oldest first (a temporary file being written, ckpt_STEP.safetensors.tmp, is not one)
+static std::map<long long, std::string> checkpoints_in(const std::string& dir) {
+    std::map<long long, std::string> found;
     DIR* d = opendir(dir.c_str());
-    if (!d) return "";
-    std::string best;
-    long long best_step = -1;
+    if (!d) return found;
     while (dirent* e = readdir(d)) {
         long long step;
         char tail[32];
-        if (sscanf(e->d_name, "ckpt_%lld.%31s", &step, tail) == 2 && std::string(tail) == "safetensors" &&
-            step > best_step) {
-            best_step = step;
-            best = dir + "/" + e->d_name;
-        }
+        if (sscanf(e->d_name, "ckpt_%lld.%31s", &step, tail) == 2 && std::string(tail) == "safetensors")
+            found[step] = dir + "/" + e->d_name;
     }
     closedir(d);
-    return best;
+    return found;
+}
+
+std::string checkpoint_find_latest(const std::string& dir) {
+    const std::map<long long, std::string> found = checkpoints_in(dir);
+    return found.empty() ? "" : found.rbegin()->second;
+}
+
+void checkpoint_prune(const std::string& dir, int keep) {
+    const std::map<long long, std::string> found = checkpoints_in(dir);
+    int64_t extra = (int64_t)found.size() - keep;
+    for (auto it = found.begin(); extra > 0; ++it, --extra)
+        if (remove(it->second.c_str()) != 0)
+            throw std::runtime_error("cannot remove the old checkpoint " + it->second + " (--keep-checkpoints)");
 }
 
 void checkpoint_save(const std::string& dir, const Model& m, const AdamWState& opt, const TrainState& st) {

@@ -26,6 +26,7 @@ static const char* USAGE =
     "  --eval-batches N       batches per validation (20)\n"
     "  --checkpoint-dir DIR   where checkpoints go\n"
     "  --checkpoint-every N   checkpoint every N steps, and after the last step\n"
+    "  --keep-checkpoints N   keep only the newest N checkpoints in --checkpoint-dir (default 0: all)\n"
     "  --resume               continue from the newest checkpoint in --checkpoint-dir\n"
     "  --log FILE             one JSON line per step\n"
     "  --sample N             tokens to sample after training (0)\n"
@@ -113,6 +114,7 @@ TrainArgs parse_train_args(int argc, char** argv, const char* program) {
         else if (!strcmp(flag, "--eval-batches")) a.eval_batches = (int)parse_int(program, flag, v, 1, BIG);
         else if (!strcmp(flag, "--checkpoint-dir")) a.checkpoint_dir = v;
         else if (!strcmp(flag, "--checkpoint-every")) a.checkpoint_every = (int)parse_int(program, flag, v, 0, BIG);
+        else if (!strcmp(flag, "--keep-checkpoints")) a.keep_checkpoints = (int)parse_int(program, flag, v, 0, BIG);
         else if (!strcmp(flag, "--log")) a.log = v;
         else if (!strcmp(flag, "--sample")) a.sample = (int)parse_int(program, flag, v, 0, 1 << 20);
         else if (!strcmp(flag, "--prompt")) a.prompt = v;
@@ -148,6 +150,7 @@ TrainArgs parse_train_args(int argc, char** argv, const char* program) {
         bad(program, "--eval-only needs a model: --resume --checkpoint-dir DIR or --init-from-hf DIR");
     if (a.resume && !a.init_from_hf.empty()) bad(program, "--resume and --init-from-hf exclude each other");
     if (a.checkpoint_every > 0 && a.checkpoint_dir.empty()) bad(program, "--checkpoint-every needs --checkpoint-dir");
+    if (a.keep_checkpoints > 0 && a.checkpoint_dir.empty()) bad(program, "--keep-checkpoints needs --checkpoint-dir");
     if (a.eval_every > 0 && a.val.empty()) bad(program, "--eval-every needs --val PATTERN");
     if (a.eval_only && (!a.export_hf.empty() || !a.plot.empty()))
         bad(program, "--eval-only only evaluates: drop --export-hf and --plot");

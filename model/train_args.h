@@ -23,6 +23,7 @@ struct TrainArgs {
     int eval_batches = 20;          // --eval-batches N
     std::string checkpoint_dir;     // --checkpoint-dir DIR
     int checkpoint_every = 0;       // --checkpoint-every N (and after the last step when a directory is given)
+    int keep_checkpoints = 0;       // --keep-checkpoints N  the newest N only (0: all)
     bool resume = false;            // --resume
     std::string log;                // --log FILE       JSON lines
     int sample = 0;                 // --sample N       tokens to sample at the end

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <unistd.h>
 
 #include "model/checkpoint.h"
 #include "model/safetensors.h"
@@ -19,6 +20,8 @@ std::string make_temp_dir() {
 }
 
 int run(const std::string& cmd) { return system((cmd + " > /dev/null 2>&1").c_str()); }
+
+bool file_exists(const std::string& path) { return access(path.c_str(), F_OK) == 0; }
 
 // The "loss" values of a JSON-lines log, as printed (9 significant digits: float exact).
 std::vector<std::string> logged_losses(const std::string& path) {
@@ -115,6 +118,33 @@ TEST_CASE("checkpoint: save and load restore weights, AdamW moments, step, data 
     model_init(m3, other);
     CHECK_THROWS_WITH_AS(checkpoint_load(checkpoint_path(dir, 17), m3, opt2, st2), doctest::Contains("shape"),
                          std::runtime_error);
+    system(("rm -rf " + dir).c_str());
+}
+
+TEST_CASE("checkpoint: --keep-checkpoints keeps the newest N, by step, and nothing else is touched") {
+    const std::string dir = make_temp_dir();
+    for (const char* name : {"ckpt_00000002.safetensors", "ckpt_00000010.safetensors", "ckpt_00000004.safetensors",
+                             "ckpt_00000012.safetensors.tmp", "notes.txt"})
+        std::ofstream(dir + "/" + name) << "x";
+    checkpoint_prune(dir, 5);  // fewer than 5: nothing goes
+    CHECK(file_exists(checkpoint_path(dir, 2)));
+    checkpoint_prune(dir, 2);
+    CHECK(!file_exists(checkpoint_path(dir, 2)));
+    CHECK(file_exists(checkpoint_path(dir, 4)));
+    CHECK(file_exists(checkpoint_path(dir, 10)));
+    CHECK(file_exists(dir + "/ckpt_00000012.safetensors.tmp"));  // a write in progress is not a checkpoint
+    CHECK(file_exists(dir + "/notes.txt"));
+    CHECK(checkpoint_find_latest(dir) == checkpoint_path(dir, 10));
+
+    // through the trainer: checkpoints every 2 steps of 8, the newest 2 kept, and the run resumes from the newest
+    const std::string common = "./train_cpu --config test/data/ep-tiny.json --data 'data/default/train_*.bin' "
+                               "--batch 2 --seq 32 --checkpoint-dir " + dir + "/run --keep-checkpoints 2";
+    REQUIRE(run(common + " --steps 8 --checkpoint-every 2") == 0);
+    for (int step : {2, 4}) CHECK(!file_exists(checkpoint_path(dir + "/run", step)));
+    for (int step : {6, 8}) CHECK(file_exists(checkpoint_path(dir + "/run", step)));
+    REQUIRE(run(common + " --steps 10 --resume") == 0);
+    CHECK(!file_exists(checkpoint_path(dir + "/run", 6)));
+    CHECK(file_exists(checkpoint_path(dir + "/run", 10)));
     system(("rm -rf " + dir).c_str());
 }
 

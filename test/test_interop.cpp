@@ -126,6 +126,9 @@ TEST_CASE("interop: flags that cannot work together are one-line errors") {
     out = run_output("./train_cpu --checkpoint-every 5 --data x", &status);
     CHECK(status != 0);
     CHECK(out.find("--checkpoint-every needs --checkpoint-dir") != std::string::npos);
+    out = run_output("./train_cpu --keep-checkpoints 2 --data x", &status);
+    CHECK(status != 0);
+    CHECK(out.find("--keep-checkpoints needs --checkpoint-dir") != std::string::npos);
     out = run_output("./train_cpu --init-from-hf /nonexistent --eval-only --val 'data/default/val_*.bin'", &status);
     CHECK(status != 0);
     CHECK(out.find("/nonexistent") != std::string::npos);

@@ -386,6 +386,9 @@ static void save_checkpoint(Run& r) {
     r.state.rng_state = r.rng.state;
     r.backend->store(r.model, r.opt);
     checkpoint_save(r.args.checkpoint_dir, r.model, r.opt, r.state);
+    // the new checkpoint is complete (written and renamed) before the old ones go
+    if (r.args.keep_checkpoints > 0 && r.comm->rank == 0)
+        checkpoint_prune(r.args.checkpoint_dir, r.args.keep_checkpoints);
 }
 
 int train_main(int argc, char** argv, const char* program, MakeComm make_comm, MakeBackend make_backend) {
