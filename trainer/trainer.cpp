@@ -85,6 +85,20 @@ static void agree_or_exit(const Run& r, const std::string& error) {
     fail(msg);  // not reached: rank 0's abort ends the job
 }
 
+// A stop asked for from outside: SIGTERM (a plain kill, or Slurm before it ends a job) or SIGUSR1 (Slurm's
+// --signal=B:USR1@SECONDS, which mpirun forwards to every rank). With --checkpoint-dir the handler only notes it: the
+// step in progress finishes, the ranks agree after it (stop_requested), a checkpoint is written and the job exits
+// 128 + the signal's number, as a process ended by it would. Without a directory the signals keep their defaults.
+static volatile sig_atomic_t g_stop_signal = 0;
+static void note_stop_signal(int signal_number) { g_stop_signal = signal_number; }
+
+// Whether any rank has received a stop signal (a collective: every rank calls it after every step)
+static bool stop_requested(Comm& comm) {
+    int64_t asked = g_stop_signal != 0;
+    comm.all_reduce_sum(&asked, 1, Group::World);
+    return asked > 0;
+}
+
 // Fault injection for the failure tests: MOE_FAULT=RANK:STEP:error|crash makes that rank fail at that step.
 static void maybe_inject_fault(const Comm& comm, int64_t step) {
     const char* spec = getenv("MOE_FAULT");
@@ -445,6 +459,11 @@ int train_main(int argc, char** argv, const char* program, MakeComm make_comm, M
                args.steps);
     }
 
+    const bool stoppable = !args.checkpoint_dir.empty();
+    if (stoppable) {
+        signal(SIGTERM, note_stop_signal);
+        signal(SIGUSR1, note_stop_signal);
+    }
     const double tokens_per_step = (double)B * T * args.grad_accum * comm.world;
     const int64_t first_step = r.state.step;
     double train_seconds = 0.0;  // steps after the first of this process (the first pays for warm-up)
@@ -466,9 +485,21 @@ int train_main(int argc, char** argv, const char* program, MakeComm make_comm, M
                 val_loss = evaluate(r);
             if (lead) log_step(r, step, s, tokens_per_step * (step + 1), tokens_per_step / seconds, eta, val_loss);
             r.state.step = step + 1;
+            const bool stop = stoppable && !last && stop_requested(comm);
             if (!args.checkpoint_dir.empty() &&
-                (last || (args.checkpoint_every > 0 && r.state.step % args.checkpoint_every == 0)))
+                (last || stop || (args.checkpoint_every > 0 && r.state.step % args.checkpoint_every == 0)))
                 save_checkpoint(r);
+            if (stop) {
+                const int signal_number = g_stop_signal ? g_stop_signal : SIGTERM;  // a rank not signalled itself
+                if (lead)
+                    printf("stopped by %s after step %lld: checkpoint %s written; --resume continues the run\n",
+                           strsignal(signal_number), (long long)r.state.step,
+                           checkpoint_path(args.checkpoint_dir, r.state.step).c_str());
+                if (r.log) fclose(r.log);
+                r.backend.reset();
+                delete g_comm;
+                return 128 + signal_number;
+            }
         } catch (const std::exception& e) {
             fail(e.what());
         }
