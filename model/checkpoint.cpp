@@ -1,7 +1,9 @@
 // Checkpoint save and load through the safetensors reader and writer.
 #include "checkpoint.h"
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <dirent.h>
 #include <map>
 #include <stdexcept>
@@ -38,12 +40,14 @@ std::string checkpoint_find_latest(const std::string& dir) {
     return found.empty() ? "" : found.rbegin()->second;
 }
 
-void checkpoint_prune(const std::string& dir, int keep) {
-    const std::map<long long, std::string> found = checkpoints_in(dir);
+void checkpoint_prune(const std::string& dir, int keep, int64_t written) {
+    std::map<long long, std::string> found = checkpoints_in(dir);
+    found.erase(found.upper_bound(written), found.end());
     int64_t extra = (int64_t)found.size() - keep;
     for (auto it = found.begin(); extra > 0; ++it, --extra)
-        if (remove(it->second.c_str()) != 0)
-            throw std::runtime_error("cannot remove the old checkpoint " + it->second + " (--keep-checkpoints)");
+        if (remove(it->second.c_str()) != 0 && errno != ENOENT)  // gone already (another process): fine
+            fprintf(stderr, "warning: cannot remove the old checkpoint %s (--keep-checkpoints): %s\n",
+                    it->second.c_str(), strerror(errno));
 }
 
 void checkpoint_save(const std::string& dir, const Model& m, const AdamWState& opt, const TrainState& st) {

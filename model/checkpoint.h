@@ -24,8 +24,9 @@ struct TrainState {
 std::string checkpoint_path(const std::string& dir, int64_t step);
 // Path of the checkpoint with the highest step in dir, or "" when there is none.
 std::string checkpoint_find_latest(const std::string& dir);
-// Removes all but the newest `keep` checkpoints in dir (by step; other files untouched). Throws when one cannot go.
-void checkpoint_prune(const std::string& dir, int keep);
+// Removes all but the newest `keep` checkpoints in dir up to step `written` (the one just written; later ones belong
+// to another run and stay, as do other files). One that cannot go is named on stderr: the new one is safe already.
+void checkpoint_prune(const std::string& dir, int keep, int64_t written);
 // Collective over m.comm: the EP ranks of data-parallel replica 0 send their experts to rank 0, which writes
 // whole tensors (so rank 0 briefly holds every expert's weights and moments); the others wait for the rename.
 void checkpoint_save(const std::string& dir, const Model& m, const AdamWState& opt, const TrainState& st);

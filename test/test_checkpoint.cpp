@@ -121,15 +121,18 @@ TEST_CASE("checkpoint: save and load restore weights, AdamW moments, step, data 
     system(("rm -rf " + dir).c_str());
 }
 
-TEST_CASE("checkpoint: --keep-checkpoints keeps the newest N, by step, and nothing else is touched") {
+TEST_CASE("checkpoint: --keep-checkpoints keeps the newest N up to the one written, and nothing else is touched") {
     const std::string dir = make_temp_dir();
     for (const char* name : {"ckpt_00000002.safetensors", "ckpt_00000010.safetensors", "ckpt_00000004.safetensors",
                              "ckpt_00000012.safetensors.tmp", "notes.txt"})
         std::ofstream(dir + "/" + name) << "x";
-    checkpoint_prune(dir, 5);  // fewer than 5: nothing goes
+    checkpoint_prune(dir, 5, 10);  // fewer than 5: nothing goes
     CHECK(file_exists(checkpoint_path(dir, 2)));
-    checkpoint_prune(dir, 2);
+    checkpoint_prune(dir, 1, 4);  // up to step 4 (10 is another run's): 4 stays, 2 goes
     CHECK(!file_exists(checkpoint_path(dir, 2)));
+    CHECK(file_exists(checkpoint_path(dir, 4)));
+    CHECK(file_exists(checkpoint_path(dir, 10)));
+    checkpoint_prune(dir, 2, 10);  // 4 and 10 are the newest 2
     CHECK(file_exists(checkpoint_path(dir, 4)));
     CHECK(file_exists(checkpoint_path(dir, 10)));
     CHECK(file_exists(dir + "/ckpt_00000012.safetensors.tmp"));  // a write in progress is not a checkpoint

@@ -7,6 +7,7 @@
 #include "trainer/trainer.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cmath>
@@ -85,18 +86,40 @@ static void agree_or_exit(const Run& r, const std::string& error) {
     fail(msg);  // not reached: rank 0's abort ends the job
 }
 
-// A stop asked for from outside: SIGTERM (a plain kill, or Slurm before it ends a job) or SIGUSR1 (Slurm's
-// --signal=B:USR1@SECONDS, which mpirun forwards to every rank). With --checkpoint-dir the handler only notes it: the
-// step in progress finishes, the ranks agree after it (stop_requested), a checkpoint is written and the job exits
-// 128 + the signal's number, as a process ended by it would. Without a directory the signals keep their defaults.
-static volatile sig_atomic_t g_stop_signal = 0;
+// A stop asked for from outside during training: SIGTERM (a kill of the process) or SIGUSR1 (what mpirun forwards
+// to every rank, and what Slurm's `--signal=USR1@SECONDS` sends every task srun started). With --checkpoint-dir the
+// handler only notes it: the step in progress finishes, the ranks agree after it (stop_signal), a checkpoint is
+// written and the job exits 128 + the signal's number, as a process ended by it would, without the export, plot or
+// sample of a finished run (a --resume at the last step does those). Before and after the training loop, and
+// without a directory, the signals keep their defaults.
+static std::atomic<int> g_stop_signal{0};  // lock-free: set by the handler on whichever thread takes the signal
 static void note_stop_signal(int signal_number) { g_stop_signal = signal_number; }
 
-// Whether any rank has received a stop signal (a collective: every rank calls it after every step)
-static bool stop_requested(Comm& comm) {
-    int64_t asked = g_stop_signal != 0;
-    comm.all_reduce_sum(&asked, 1, Group::World);
-    return asked > 0;
+static void catch_stop_signals(bool on) {
+    struct sigaction action = {};
+    action.sa_handler = on ? note_stop_signal : SIG_DFL;
+    action.sa_flags = SA_RESTART;  // reads and writes in progress carry on
+    sigemptyset(&action.sa_mask);
+    for (int signal_number : {SIGTERM, SIGUSR1}) sigaction(signal_number, &action, nullptr);
+}
+
+// The stop signal some rank received (that of the lowest such rank), or 0: a collective every rank calls after every
+// step, so that all of them stop after the same one and report the same signal.
+static int stop_signal(Comm& comm) {
+    std::vector<int64_t> received(comm.world, 0);
+    received[comm.rank] = g_stop_signal;
+    comm.all_reduce_sum(received.data(), comm.world, Group::World);
+    for (int64_t signal_number : received)
+        if (signal_number) return (int)signal_number;
+    return 0;
+}
+
+// The end of every run: the backend before the ranks' transport it may use, then the transport
+static void end_job(Run& r) {
+    if (r.log) fclose(r.log);
+    r.log = nullptr;
+    r.backend.reset();
+    delete g_comm;
 }
 
 // Fault injection for the failure tests: MOE_FAULT=RANK:STEP:error|crash makes that rank fail at that step.
@@ -402,7 +425,7 @@ static void save_checkpoint(Run& r) {
     checkpoint_save(r.args.checkpoint_dir, r.model, r.opt, r.state);
     // the new checkpoint is complete (written and renamed) before the old ones go
     if (r.args.keep_checkpoints > 0 && r.comm->rank == 0)
-        checkpoint_prune(r.args.checkpoint_dir, r.args.keep_checkpoints);
+        checkpoint_prune(r.args.checkpoint_dir, r.args.keep_checkpoints, r.state.step);
 }
 
 int train_main(int argc, char** argv, const char* program, MakeComm make_comm, MakeBackend make_backend) {
@@ -445,8 +468,7 @@ int train_main(int argc, char** argv, const char* program, MakeComm make_comm, M
         } catch (const std::exception& e) {
             fail(e.what());
         }
-        r.backend.reset();  // before the ranks' transport it may use
-        delete g_comm;
+        end_job(r);
         return 0;
     }
     if (lead) {
@@ -460,10 +482,7 @@ int train_main(int argc, char** argv, const char* program, MakeComm make_comm, M
     }
 
     const bool stoppable = !args.checkpoint_dir.empty();
-    if (stoppable) {
-        signal(SIGTERM, note_stop_signal);
-        signal(SIGUSR1, note_stop_signal);
-    }
+    if (stoppable) catch_stop_signals(true);
     const double tokens_per_step = (double)B * T * args.grad_accum * comm.world;
     const int64_t first_step = r.state.step;
     double train_seconds = 0.0;  // steps after the first of this process (the first pays for warm-up)
@@ -485,26 +504,27 @@ int train_main(int argc, char** argv, const char* program, MakeComm make_comm, M
                 val_loss = evaluate(r);
             if (lead) log_step(r, step, s, tokens_per_step * (step + 1), tokens_per_step / seconds, eta, val_loss);
             r.state.step = step + 1;
-            const bool stop = stoppable && !last && stop_requested(comm);
+            const int stop = stoppable ? stop_signal(comm) : 0;
             if (!args.checkpoint_dir.empty() &&
                 (last || stop || (args.checkpoint_every > 0 && r.state.step % args.checkpoint_every == 0)))
                 save_checkpoint(r);
             if (stop) {
-                const int signal_number = g_stop_signal ? g_stop_signal : SIGTERM;  // a rank not signalled itself
-                if (lead)
+                if (lead) {
                     printf("stopped by %s after step %lld: checkpoint %s written; --resume continues the run\n",
-                           strsignal(signal_number), (long long)r.state.step,
+                           stop == SIGUSR1 ? "SIGUSR1" : "SIGTERM", (long long)r.state.step,
                            checkpoint_path(args.checkpoint_dir, r.state.step).c_str());
-                if (r.log) fclose(r.log);
-                r.backend.reset();
-                delete g_comm;
-                return 128 + signal_number;
+                    fflush(stdout);
+                }
+                end_job(r);
+                return 128 + stop;
             }
         } catch (const std::exception& e) {
             fail(e.what());
         }
     }
-    if (r.log) fclose(r.log);
+    if (stoppable) catch_stop_signals(false);
+    if (r.log) fclose(r.log);  // complete for the plot
+    r.log = nullptr;
     if (lead) {
         try {
             if (!args.export_hf.empty()) {
@@ -527,7 +547,6 @@ int train_main(int argc, char** argv, const char* program, MakeComm make_comm, M
     } catch (const std::exception& e) {
         fail(e.what());
     }
-    r.backend.reset();  // before the ranks' transport it may use
-    delete g_comm;
+    end_job(r);
     return 0;
 }
