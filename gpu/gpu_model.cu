@@ -365,12 +365,13 @@ ExpertScratch expert_scratch_of(const GpuModel& m) {
 gpu::MatmulCasts cast_elements(const Config& c, int64_t N, int64_t R) {
     const int64_t d = c.hidden_size, H = c.num_attention_heads, width = std::max<int64_t>(
         c.intermediate_size, (int64_t)c.n_shared_experts * c.moe_intermediate_size);
-    const int64_t expert_rows = (R + 15 * (int64_t)c.n_routed_experts) * std::max<int64_t>(d, c.moe_intermediate_size);
+    const int64_t pad = gpu::fp8_padded_rows(1) - 1;  // the most rows the padding adds to a group
+    const int64_t expert_rows = (R + pad * c.n_routed_experts) * std::max<int64_t>(d, c.moe_intermediate_size);
     const int64_t grad_cols = std::max<int64_t>({d, H * c.qk_head_dim(),
                                                  H * (c.qk_nope_head_dim + c.v_head_dim), width,
                                                  (int64_t)c.kv_lora_rank + c.qk_rope_head_dim, c.q_lora_rank});
     const int64_t input_cols = std::max<int64_t>({d, c.q_lora_rank, c.kv_lora_rank, H * c.v_head_dim, width});
-    return {0, std::max((N + 15) * grad_cols, expert_rows), std::max((N + 15) * input_cols, expert_rows)};
+    return {0, std::max((N + pad) * grad_cols, expert_rows), std::max((N + pad) * input_cols, expert_rows)};
 }
 
 int64_t bytes_of(const std::function<void(ByteArena&)>& carve) {

@@ -64,6 +64,10 @@ struct GemmWeight {
     }
 };
 
+// The rows of an FP8 weight gradient's operands, whose summed dimension is the tokens: M padded with zeros to a
+// multiple of 16 (FP8 leading dimensions are multiples of 16 bytes)
+inline int64_t fp8_padded_rows(int64_t M) { return round_up(M, 16); }
+
 // The FP8 buffers' {values, scales} for GEMMs whose inputs and output gradients have up to `casts` elements:
 // FP8_INPUT, FP8_GRAD_ROWS, FP8_GRAD_T. A scale per 128 values along rows at least 16 wide (FP8 widths are multiples
 // of 16), so at most values / 16 of them, plus the padding of a few groups; the buffers grow beyond when needed.

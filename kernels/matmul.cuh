@@ -474,7 +474,6 @@ inline MatmulProblem fp8_dW_problem(float* dW, const __nv_fp8_storage_t* dout_t,
 inline bool fp8_takes(Matmul& mm, const MatmulSite& s, const MatmulProblem& q) {
     return q.m == 0 || q.n == 0 || q.k == 0 || matmul_plan(mm, s, q, /*fp8_optional*/ true).found;
 }
-inline int64_t fp8_padded_rows(int64_t M) { return round_up(M, 16); }
 
 // Rows [first, first + rows) of a GEMM input (or output gradient) of width `cols`, quantized from its FP32 rows
 // when it has them (the values the CPU reference quantizes), else from its BF16 copy.

@@ -17,6 +17,7 @@
 #include <stdexcept>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "data/dataloader.h"
@@ -61,22 +62,29 @@ static Comm* g_comm = nullptr;
     exit(1);  // not reached: abort() ends the job (a virtual call hides that from the compiler)
 }
 
+// The lowest rank whose `mine` is non-zero, with that value, or {-1, 0}: a collective every rank calls at the same
+// point (the agreements below: on an error, on the fingerprint, on a stop signal)
+static std::pair<int, int64_t> first_rank_with(Comm& comm, int64_t mine) {
+    std::vector<int64_t> values(comm.world, 0);
+    values[comm.rank] = mine;
+    comm.all_reduce_sum(values.data(), comm.world, Group::World);
+    for (int rank = 0; rank < comm.world; rank++)
+        if (values[rank]) return {rank, values[rank]};
+    return {-1, 0};
+}
+
 // A check every rank makes at the same point (setup: config, data, checkpoint; each step and each evaluation: its
 // batches): if any rank failed, the first of them prints its reason once and every rank exits 1, so the job neither
 // hangs nor repeats the message N times.
 static void agree_or_exit(const Run& r, const std::string& error) {
     Comm& comm = *r.comm;
-    std::vector<int64_t> failed(comm.world, 0);
-    failed[comm.rank] = error.empty() ? 0 : 1;
-    comm.all_reduce_sum(failed.data(), comm.world, Group::World);
-    for (int rank = 0; rank < comm.world; rank++) {
-        if (!failed[rank]) continue;
-        if (rank == comm.rank)
-            fprintf(stderr, "%s: %s%s\n", r.program,
-                    comm.world > 1 ? ("[rank " + std::to_string(rank) + "] ").c_str() : "", error.c_str());
-        delete g_comm;
-        exit(1);
-    }
+    const int failed = first_rank_with(comm, !error.empty()).first;
+    if (failed < 0) return;
+    if (failed == comm.rank)
+        fprintf(stderr, "%s: %s%s\n", r.program,
+                comm.world > 1 ? ("[rank " + std::to_string(failed) + "] ").c_str() : "", error.c_str());
+    delete g_comm;
+    exit(1);
 }
 
 // A failure every rank sees at once (the reduced loss): rank 0 reports it, the others wait to be ended with it.
@@ -105,14 +113,7 @@ static void catch_stop_signals(bool on) {
 
 // The stop signal some rank received (that of the lowest such rank), or 0: a collective every rank calls after every
 // step, so that all of them stop after the same one and report the same signal.
-static int stop_signal(Comm& comm) {
-    std::vector<int64_t> received(comm.world, 0);
-    received[comm.rank] = g_stop_signal;
-    comm.all_reduce_sum(received.data(), comm.world, Group::World);
-    for (int64_t signal_number : received)
-        if (signal_number) return (int)signal_number;
-    return 0;
-}
+static int stop_signal(Comm& comm) { return (int)first_rank_with(comm, g_stop_signal).second; }
 
 // The end of every run: the backend before the ranks' transport it may use, then the transport
 static void end_job(Run& r) {
@@ -133,21 +134,30 @@ static void maybe_inject_fault(const Comm& comm, int64_t step) {
     fail("injected fault at step " + std::to_string(step) + " (MOE_FAULT)");
 }
 
-// Mean main-head cross-entropy over eval_batches validation batches from the start of every rank's slice. The
-// batches are read first, as a training step's are, so a bad shard is reported once before the forward's collectives.
+// The next `count` batches of B x T from loader (from its start when `from_start`), batch i at i * B * T, all read
+// before any collective of the step or evaluation that uses them: a shard's tokens are checked when a rank reaches
+// that shard, not at the same point on every rank, so a bad one is reported here, once.
+static void read_batches(Run& r, DataLoader& loader, bool from_start, int count, std::vector<int32_t>& inputs,
+                         std::vector<int32_t>& targets) {
+    const int64_t batch_tokens = (int64_t)r.args.batch * r.args.seq;
+    inputs.resize(count * batch_tokens);
+    targets.resize(count * batch_tokens);
+    std::string error;
+    try {
+        if (from_start) loader.reset();
+        for (int i = 0; i < count; i++) loader.next_batch(&inputs[i * batch_tokens], &targets[i * batch_tokens]);
+    } catch (const std::exception& e) {
+        error = e.what();
+    }
+    agree_or_exit(r, error);
+}
+
+// Mean main-head cross-entropy over eval_batches validation batches from the start of every rank's slice.
 static double evaluate(Run& r) {
     const int B = r.args.batch, T = r.args.seq;
     const int64_t batch_tokens = (int64_t)B * T;
-    std::vector<int32_t> inputs(r.eval_batches * batch_tokens), targets(r.eval_batches * batch_tokens);
-    std::string data_error;
-    try {
-        r.val->reset();
-        for (int i = 0; i < r.eval_batches; i++)
-            r.val->next_batch(&inputs[i * batch_tokens], &targets[i * batch_tokens]);
-    } catch (const std::exception& e) {
-        data_error = e.what();
-    }
-    agree_or_exit(r, data_error);
+    std::vector<int32_t> inputs, targets;
+    read_batches(r, *r.val, /*from_start*/ true, r.eval_batches, inputs, targets);
     double total = 0.0;
     for (int i = 0; i < r.eval_batches; i++)
         total += r.backend->forward(&inputs[i * batch_tokens], &targets[i * batch_tokens], B, T, false).main;
@@ -241,13 +251,10 @@ static void resolve_config(Run& r) {
               1469598103934665603ull);
     uint64_t lead_fingerprint = fingerprint;
     comm.broadcast(&lead_fingerprint, sizeof(lead_fingerprint), 0);
-    std::vector<int64_t> differs(comm.world, 0);
-    differs[comm.rank] = lead_fingerprint != fingerprint;
-    comm.all_reduce_sum(differs.data(), comm.world, Group::World);
-    for (int rank = 0; rank < comm.world; rank++) {
-        if (!differs[rank]) continue;
+    const int differs = first_rank_with(comm, lead_fingerprint != fingerprint).first;
+    if (differs >= 0) {
         if (comm.rank == 0)
-            fprintf(stderr, "%s: rank %d's config, checkpoint or build differs from rank 0's\n", r.program, rank);
+            fprintf(stderr, "%s: rank %d's config, checkpoint or build differs from rank 0's\n", r.program, differs);
         delete g_comm;
         exit(1);
     }
@@ -343,17 +350,8 @@ static StepResult train_step(Run& r, int64_t step) {
     Comm& comm = *r.comm;
     const int B = args.batch, T = args.seq;
     const int64_t batch_tokens = (int64_t)B * T;
-    // every micro-step's batch first: a shard's tokens are checked when a rank reaches that shard, not always in the
-    // same step on every rank, so a bad one is reported here, once, before any collective of the step
-    std::vector<int32_t> inputs(args.grad_accum * batch_tokens), targets(args.grad_accum * batch_tokens);
-    std::string data_error;
-    try {
-        for (int micro = 0; micro < args.grad_accum; micro++)
-            r.train->next_batch(&inputs[micro * batch_tokens], &targets[micro * batch_tokens]);
-    } catch (const std::exception& e) {
-        data_error = e.what();
-    }
-    agree_or_exit(r, data_error);
+    std::vector<int32_t> inputs, targets;  // every micro-step's batch
+    read_batches(r, *r.train, /*from_start*/ false, args.grad_accum, inputs, targets);
     // backward of the global mean loss: each rank's mean over its tokens, averaged over micro-steps and ranks
     const float loss_scale = 1.0f / (float)((int64_t)args.grad_accum * comm.world);
     Backend& backend = *r.backend;
