@@ -21,6 +21,8 @@ CORE_OBJ := $(patsubst %.cpp,build/%.o,$(CORE_SRC))
 TEST_SRC := $(filter-out test/bench_cpu.cpp test/ep_check.cpp test/bench_io.cpp test/gpu_model_cpu_check.cpp,$(wildcard test/*.cpp))
 TEST_OBJ := $(patsubst %.cpp,build/%.o,$(TEST_SRC))
 HEADERS  := $(wildcard model/*.h data/*.h comm/*.h tools/*.h trainer/*.h kernels/*.cuh)
+# what the programs checking gpu/gpu_model.cu share (test_gpu, and its stand-in and emulated builds)
+GPU_TEST_HEADERS := test/gpu_check.cuh test/random_model.h test/recompute_check.h
 
 .PHONY: all deps deps-run data run test test-gpu bench-cpu bench-io bench-comm bench clean
 
@@ -95,7 +97,8 @@ ep_check: build/test/ep_check.o $(CORE_OBJ)
 # runtime and the kernels' launchers in test/cpu_stand_in/ (searched before the real kernels/; -I. filtered out of
 # CXXFLAGS to keep that order), checked against the CPU model by test_cpu (test/test_gpu_model_cpu.cpp).
 STAND_IN := $(wildcard test/cpu_stand_in/*.h test/cpu_stand_in/kernels/*.cuh)
-gpu_model_cpu_check: test/gpu_model_cpu_check.cpp gpu/gpu_model.cu gpu/gpu_model.h $(STAND_IN) $(CORE_OBJ) $(HEADERS)
+gpu_model_cpu_check: test/gpu_model_cpu_check.cpp gpu/gpu_model.cu gpu/gpu_model.h $(STAND_IN) $(CORE_OBJ) $(HEADERS) \
+                     $(GPU_TEST_HEADERS)
 	$(CXX) $(filter-out -I.,$(CXXFLAGS)) -Itest/cpu_stand_in -I. -x c++ gpu/gpu_model.cu -x none \
 	  test/gpu_model_cpu_check.cpp $(CORE_OBJ) -o $@ $(MPI_LIBS)
 
@@ -124,7 +127,7 @@ build/emulated/nccl_comm.o: comm/nccl_comm.cu $(EMULATOR) $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMULATOR_FLAGS) $(MPI_CFLAGS) -DOMPI_SKIP_MPICXX=1 -x c++ -c $< -o $@
 
-test_gpu_emulated: test/test_gpu_kernels.cu test/test_gpu_matmul.cu test/test_gpu_train.cu test/gpu_check.cuh \
+test_gpu_emulated: test/test_gpu_kernels.cu test/test_gpu_matmul.cu test/test_gpu_train.cu $(GPU_TEST_HEADERS) \
                    test/kernel_emulator/test_gpu_emulated.cpp $(EMULATED_OBJ) $(EMULATOR) $(CORE_OBJ) $(HEADERS)
 	$(CXX) $(EMULATOR_FLAGS) -x c++ test/test_gpu_kernels.cu test/test_gpu_matmul.cu test/test_gpu_train.cu \
 	  -x none test/kernel_emulator/test_gpu_emulated.cpp $(EMULATED_OBJ) $(CORE_OBJ) -o $@ $(MPI_LIBS)
@@ -133,7 +136,8 @@ train_emulated: train.cu build/emulated/nccl_comm.o $(EMULATED_OBJ) $(EMULATOR) 
 	$(CXX) $(EMULATOR_FLAGS) -x c++ train.cu -x none build/emulated/nccl_comm.o $(EMULATED_OBJ) $(CORE_OBJ) -o $@ \
 	  $(MPI_LIBS)
 
-gpu_model_emulated_check: test/gpu_model_cpu_check.cpp $(EMULATED_OBJ) $(EMULATOR) $(CORE_OBJ) $(HEADERS)
+gpu_model_emulated_check: test/gpu_model_cpu_check.cpp $(EMULATED_OBJ) $(EMULATOR) $(CORE_OBJ) $(HEADERS) \
+                          $(GPU_TEST_HEADERS)
 	$(CXX) $(EMULATOR_FLAGS) test/gpu_model_cpu_check.cpp $(EMULATED_OBJ) $(CORE_OBJ) -o $@ $(MPI_LIBS)
 
 # make bench's and make bench-comm's programs on the emulator, run by test_cpu on small shapes (bench_gpu --smoke;
@@ -176,7 +180,7 @@ train: train.cu build/gpu/gpu_model.o build/comm/nccl_comm.o $(CORE_OBJ) $(GPU_H
 # file, so make -j compiles them at once)
 TEST_GPU_OBJ := $(patsubst %.cu,build/%.o,test/test_gpu.cu test/test_gpu_kernels.cu test/test_gpu_matmul.cu \
                   test/test_gpu_train.cu)
-build/test/%.o: test/%.cu $(GPU_HEADERS) test/gpu_check.cuh test/random_model.h
+build/test/%.o: test/%.cu $(GPU_HEADERS) $(GPU_TEST_HEADERS)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 test_gpu: $(TEST_GPU_OBJ) build/gpu/gpu_model.o $(CORE_OBJ)

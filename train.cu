@@ -3,6 +3,7 @@
 // per rank (comm/nccl_comm.cu; under mpirun, or alone on GPU 0). --dtype bf16 (the default) runs the GEMMs on
 // BF16 inputs with FP32 accumulation; --dtype fp32 runs everything in FP32 and follows train_cpu closely; --dtype fp8
 // runs the linear layers inside the blocks in DeepSeek-V3's FP8 recipe and follows train_cpu --dtype fp8.
+// --recompute keeps one activation set per kind of block and runs each block's forward again in the backward.
 // At start rank 0 prints its GPU and the memory plan; each step line adds MFU against the GPU's BF16 peak.
 #include <cstdio>
 #include <memory>
@@ -28,22 +29,24 @@ public:
         CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
         size_t free_before = 0, total = 0;
         CUDA_CHECK(cudaMemGetInfo(&free_before, &total));
-        gpu_model_init(model_, host.config, *host.comm, precision, args.batch, args.seq);
+        gpu_model_init(model_, host.config, *host.comm, precision, args.batch, args.seq, args.recompute);
         model_release_grads(host);  // the gradients live on the GPU only
         size_t free_after = 0;
         CUDA_CHECK(cudaMemGetInfo(&free_after, &total));
         peak_ = gpu_peak_flops(prop);
         if (host.comm->rank != 0) return;
-        const GpuMemoryPlan plan = gpu_memory_plan(host.config, host.comm->ep_size, precision, args.batch, args.seq);
+        const GpuMemoryPlan plan =
+            gpu_memory_plan(host.config, host.comm->ep_size, precision, args.batch, args.seq, args.recompute);
         const double gib = 1024.0 * 1024.0 * 1024.0;
         const char* gemms = precision == gpu::Precision::FP8    ? "fp8 in the blocks' linear layers, bf16 elsewhere"
                             : precision == gpu::Precision::BF16 ? "bf16"
                                                                 : "fp32";
         printf("GPU %d: %s, %.1f GiB; GEMM inputs %s (FP32 accumulation)\n", device, prop.name, total / gib, gemms);
         printf("memory plan per GPU: parameters %.2f GiB, gradients %.2f GiB, optimizer state %.2f GiB, activations "
-               "%.2f GiB, expert rows %.2f GiB, workspace %.2f GiB; free %.2f GiB before, %.2f GiB after\n",
+               "%.2f GiB%s, expert rows %.2f GiB, workspace %.2f GiB; free %.2f GiB before, %.2f GiB after\n",
                plan.params / gib, plan.grads / gib, plan.optimizer / gib, plan.activations / gib,
-               plan.expert_rows / gib, plan.scratch / gib, free_before / gib, free_after / gib);
+               args.recompute ? " (--recompute: the blocks' inputs, one set per kind of block)" : "", plan.expert_rows / gib,
+               plan.scratch / gib, free_before / gib, free_after / gib);
         if (peak_ == 0.0) printf("MFU: %s is not in the peak table (A100, H100, H200, B200): not printed\n", prop.name);
     }
     ~GpuBackend() override { gpu_model_free(model_); }

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <set>
 #include <stdexcept>
 #include <string>
 
@@ -48,7 +49,7 @@ void* device_alloc(int64_t bytes, const char* what) {
     if (err != cudaSuccess) {
         cudaGetLastError();  // clear the error
         throw std::runtime_error("out of GPU memory allocating " + std::to_string(bytes >> 20) + " MiB for " + what +
-                                 " (lower --batch or --seq, or spread the experts with --ep)");
+                                 " (lower --batch or --seq, add --recompute, or spread the experts with --ep)");
     }
     return p;
 }
@@ -220,13 +221,17 @@ void carve_block(ByteArena& ar, const Config& c, bool bf16, int layer, int B, in
     a.rows_back = ar.take<float>(N * k * d);
 }
 
-void carve_activations(ByteArena& ar, GpuModel& m, const Config& c, bool bf16, int B, int T) {
+void carve_activations(ByteArena& ar, GpuModel& m, const Config& c, bool bf16, int B, int T, bool recompute) {
     const int64_t N = (int64_t)B * T, d = c.hidden_size, V = c.vocab_size, L = c.num_hidden_layers;
     const int64_t mtp = c.num_nextn_predict_layers > 0 ? 1 : 0, b16 = bf16 ? 1 : 0;
     m.residual.assign(L + 1, nullptr);
-    m.blocks.resize(c.num_blocks());
+    m.block_slot = block_slots(c, recompute);
+    const int slots = *std::max_element(m.block_slot.begin(), m.block_slot.end()) + 1;
+    m.blocks.resize(slots);
+    m.slot_layer.assign(slots, -1);
     for (float*& r : m.residual) r = ar.take<float>(N * d);
-    for (int l = 0; l < c.num_blocks(); l++) carve_block(ar, c, bf16, l, B, T, m.blocks[l]);
+    for (int l = 0, carved = 0; l < c.num_blocks(); l++)
+        if (m.block_slot[l] == carved) carve_block(ar, c, bf16, l, B, T, m.blocks[carved++]);
     m.final_normed = ar.take<float>(N * d);
     m.final_rstd = ar.take<float>(N);
     m.logits = ar.take<float>(N * V);
@@ -680,20 +685,23 @@ struct NextNorm {
     __nv_bfloat16* out16;
     float* rstd;
 };
+GpuBlockActs& block_acts(GpuModel& m, int layer) { return m.blocks[m.block_slot[layer]]; }
+
 // block `layer`'s attention norm as such
 NextNorm attention_norm(GpuModel& m, int layer) {
-    GpuBlockActs& a = m.blocks[layer];
+    GpuBlockActs& a = block_acts(m, layer);
     return NextNorm{m.w.blocks[layer].attn_norm, a.attn_normed, a.attn_normed16, a.attn_rstd};
 }
 
 // h_out = h_in + Attn(RMSNorm(h_in)); h_out += FFN(RMSNorm(.)); next = RMSNorm(h_out). The block's own attention
 // norm (a.attn_normed, a.attn_rstd) was computed by whoever wrote h_in (the previous block, or the caller).
-// Returns the block's balance loss.
+// Returns the block's balance loss. h_out nullptr: only the activations the backward reads (a recomputation).
 double block_forward(GpuModel& m, int layer, const float* h_in, float* h_out, const NextNorm& next, bool training,
                      bool with_loss) {
     const Config& c = m.config;
     const BlockWeights& w = m.w.blocks[layer];
-    GpuBlockActs& a = m.blocks[layer];
+    GpuBlockActs& a = block_acts(m, layer);
+    m.slot_layer[m.block_slot[layer]] = layer;
     const int64_t N = tokens(m), d = c.hidden_size;
     m.timer.mark("attention projections");
     mla_forward(m, w, a, {a.attn_normed, a.attn_normed16}, a.attn_out);
@@ -710,6 +718,7 @@ double block_forward(GpuModel& m, int layer, const float* h_in, float* h_out, co
         ffn_forward(m, a.ffn_out, a.ffn_g, a.ffn_u, a.ffn_a, a.ffn_a16, {a.ffn_normed, a.ffn_normed16}, w.gate, w.up,
                     w.down, N, d, c.intermediate_size);
     }
+    if (!h_out) return balance;
     m.timer.mark("rmsnorm + residual");
     gpu::residual_rmsnorm_forward(h_out, next.out, next.out16, next.rstd, a.h_mid, a.ffn_out, next.weight, N, d,
                                   c.rms_norm_eps, m.stream);
@@ -724,12 +733,24 @@ void block_input_norm(GpuModel& m, int layer, const float* h) {
                          m.config.rms_norm_eps, m.stream);
 }
 
+// With recompute, block `layer`'s forward again from its input h_in when another block has used its activation set
+// since: the same kernels on the same values, so the same bits. Not training: the expert counts and the balance loss
+// were taken by the first forward (router_backward recounts what its gradient needs).
+void restore_block_acts(GpuModel& m, int layer, const float* h_in) {
+    if (m.slot_layer[m.block_slot[layer]] == layer) return;
+    m.timer.label = "recompute";
+    block_input_norm(m, layer, h_in);
+    block_forward(m, layer, h_in, nullptr, NextNorm{}, /*training*/ false, /*with_loss*/ false);
+    m.timer.label = nullptr;
+}
+
 void block_backward(GpuModel& m, int layer, const float* h_in, const float* dh_out, float* dh_in, float loss_scale,
                     const Scratch& s) {
     const Config& c = m.config;
     const BlockWeights& w = m.w.blocks[layer];
     BlockWeights& g = m.g.blocks[layer];
-    GpuBlockActs& a = m.blocks[layer];
+    restore_block_acts(m, layer, h_in);
+    GpuBlockActs& a = block_acts(m, layer);
     const int64_t N = tokens(m), d = c.hidden_size;
     if (c.is_moe_layer(layer)) {
         moe_backward(m, w, g, a, {a.ffn_normed, a.ffn_normed16}, dh_out, s.dnormed, loss_scale, s);
@@ -766,7 +787,8 @@ void upload_tokens(GpuModel& m, int32_t* dst, const int32_t* src, int64_t n) {
 }
 
 // Everything gpu_model_init allocates, in the order of the memory plan.
-void allocate(GpuModel& m, const Config& c, Comm& comm, gpu::Precision p, int B, int T, const GpuMemoryPlan& plan) {
+void allocate(GpuModel& m, const Config& c, Comm& comm, gpu::Precision p, int B, int T, bool recompute,
+              const GpuMemoryPlan& plan) {
     m.config = c;
     m.comm = &comm;
     m.precision = p;
@@ -792,7 +814,7 @@ void allocate(GpuModel& m, const Config& c, Comm& comm, gpu::Precision p, int B,
     m.g = map_weights(c, m.table, m.grads);
     m.arena = device_alloc(plan.activations, "the activations");
     ByteArena ar{static_cast<char*>(m.arena), 0};
-    carve_activations(ar, m, c, bf16, B, T);
+    carve_activations(ar, m, c, bf16, B, T, recompute);
     m.scratch = device_alloc(bytes_of([&](ByteArena& counting) { carve_scratch(counting, c, bf16, B, T); }),
                              "the backward's buffers");
     m.norm_slots = static_cast<double*>(
@@ -803,7 +825,7 @@ void allocate(GpuModel& m, const Config& c, Comm& comm, gpu::Precision p, int B,
     for (int l = 0; l < c.num_blocks(); l++)
         if (c.is_moe_layer(l)) {
             m.expert_counts[l].assign(c.n_routed_experts, 0);
-            ensure_expert_rows(m, m.blocks[l], N * c.num_experts_per_tok);
+            ensure_expert_rows(m, block_acts(m, l), N * c.num_experts_per_tok);
         }
     gpu::rope_table(m.rope_cos, m.rope_sin, c, T, m.stream);
     CUDA_CHECK(cudaMemsetAsync(m.grads, 0, total * 4, m.stream));
@@ -816,6 +838,7 @@ void allocate(GpuModel& m, const Config& c, Comm& comm, gpu::Precision p, int B,
 
 void RegionTimer::mark(const char* name) {
     if (!enabled) return;
+    if (label) name = label;
     if (!marks.empty() && marks.back().first == name) return;  // the region goes on
     cudaEvent_t event;
     if (pool.empty()) {
@@ -850,11 +873,14 @@ void RegionTimer::release() {
 
 // ---- public API -----------------------------------------------------------------------------------------------
 
-GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, gpu::Precision p, int B, int T) {
+GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, gpu::Precision p, int B, int T, bool recompute) {
     const int64_t total = build_param_table(c, ep_size).total, N = (int64_t)B * T;
     const int64_t R = N * c.num_experts_per_tok;  // the expected rows per rank: the buffers grow beyond it
-    int moe_layers = 0;
-    for (int l = 0; l < c.num_blocks(); l++) moe_layers += c.is_moe_layer(l);
+    const std::vector<int> slot = block_slots(c, recompute);
+    std::set<int> moe_slots;  // the activation sets of MoE blocks, each with its expert rows
+    for (int l = 0; l < c.num_blocks(); l++)
+        if (c.is_moe_layer(l)) moe_slots.insert(slot[l]);
+    const int64_t moe_sets = (int64_t)moe_slots.size();
     GpuMemoryPlan plan;
     const ParamTable table = build_param_table(c, ep_size);
     plan.params = total * 4 + (p != gpu::Precision::FP32 ? total * 2 : 0);
@@ -866,9 +892,9 @@ GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, gpu::Precision p, in
     plan.optimizer = total * 8;
     GpuModel counting;
     const bool bf16 = p != gpu::Precision::FP32;
-    plan.activations = bytes_of([&](ByteArena& ar) { carve_activations(ar, counting, c, bf16, B, T); });
+    plan.activations = bytes_of([&](ByteArena& ar) { carve_activations(ar, counting, c, bf16, B, T, recompute); });
     GpuBlockActs layer;
-    plan.expert_rows = moe_layers > 0 ? moe_layers * bytes_of([&](ByteArena& ar) {
+    plan.expert_rows = moe_sets > 0 ? moe_sets * bytes_of([&](ByteArena& ar) {
                                             carve_expert_rows(ar, c, bf16, ep_size, R, layer);
                                         }) + bytes_of([&](ByteArena& ar) { carve_expert_scratch(ar, c, ep_size, R); })
                                       : 0;
@@ -879,7 +905,7 @@ GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, gpu::Precision p, in
     return plan;
 }
 
-void gpu_model_init(GpuModel& m, const Config& c, Comm& comm, gpu::Precision p, int B, int T) {
+void gpu_model_init(GpuModel& m, const Config& c, Comm& comm, gpu::Precision p, int B, int T, bool recompute) {
     if (c.qk_rope_head_dim % 2 != 0)
         throw std::runtime_error("qk_rope_head_dim " + std::to_string(c.qk_rope_head_dim) +
                                  " is odd: RoPE rotates pairs");
@@ -889,7 +915,7 @@ void gpu_model_init(GpuModel& m, const Config& c, Comm& comm, gpu::Precision p, 
         throw std::runtime_error("hidden_size " + std::to_string(c.hidden_size) +
                                  " is odd: with --dtype bf16 and --ep > 1 the expert rows travel as pairs of BF16 "
                                  "values (use an even hidden size, or --dtype fp32)");
-    const GpuMemoryPlan plan = gpu_memory_plan(c, comm.ep_size, p, B, T);
+    const GpuMemoryPlan plan = gpu_memory_plan(c, comm.ep_size, p, B, T, recompute);
     size_t free_bytes = 0, total_bytes = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
     const int64_t reserve = 1ll << 30;  // the CUDA context, NCCL's and cuBLASLt's own buffers: not in the plan
@@ -897,12 +923,12 @@ void gpu_model_init(GpuModel& m, const Config& c, Comm& comm, gpu::Precision p, 
         char msg[256];
         snprintf(msg, sizeof msg,
                  "the model and a batch of %d x %d tokens need %.2f GiB of GPU memory (+1 GiB for CUDA and NCCL), "
-                 "%.2f GiB are free (lower --batch or --seq, or spread the experts with --ep)",
-                 B, T, plan.total() / 1073741824.0, free_bytes / 1073741824.0);
+                 "%.2f GiB are free (lower --batch or --seq,%s or spread the experts with --ep)",
+                 B, T, plan.total() / 1073741824.0, free_bytes / 1073741824.0, recompute ? "" : " add --recompute,");
         throw std::runtime_error(msg);
     }
     try {
-        allocate(m, c, comm, p, B, T, plan);
+        allocate(m, c, comm, p, B, T, recompute, plan);
     } catch (...) {
         gpu_model_free(m);  // what was allocated before the failure
         throw;

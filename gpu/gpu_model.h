@@ -16,7 +16,10 @@
 // gradients themselves (kernels/matmul.cuh), from the FP32 rows where they exist, else from the BF16 copies. Their
 // widths must be multiples of 16 (FP8 leading dimensions), which gpu_model_init checks.
 // Activations for B x T tokens are carved from one allocation at init; the routed experts' rows (whose number
-// depends on the routing under expert parallelism) have per-layer buffers that grow when a step needs more.
+// depends on the routing under expert parallelism) have per-layer buffers that grow when a step needs more. With
+// recompute the blocks of a kind share one set of both, and the residual stream alone is kept per block: the
+// backward runs each block's forward again from its input before its backward (about a third more block FLOPs).
+// Every kernel and GEMM is deterministic, so the recomputed activations, and the gradients, are the same bits.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -35,6 +38,7 @@
 // that lasts until the next mark (or finish). Off by default: then mark() does nothing.
 struct RegionTimer {
     bool enabled = false;
+    const char* label = nullptr;  // while set, every region is named so (the backward's recomputed forwards)
     cudaStream_t stream = nullptr;
     std::vector<std::pair<std::string, cudaEvent_t>> marks;
     std::vector<cudaEvent_t> pool;
@@ -100,7 +104,11 @@ struct GpuModel {
     // activations
     void* arena = nullptr;
     std::vector<float*> residual;          // L+1 of (N, d)
+    // The blocks' activation sets: one per block, or with recompute one per kind of block (dense, MoE), shared by
+    // the blocks of that kind; block_slot[l] is block l's set, slot_layer[s] the block whose forward set s holds
+    // (-1: none yet). The backward of a block whose set another block has overwritten runs its forward again first.
     std::vector<GpuBlockActs> blocks;
+    std::vector<int> block_slot, slot_layer;
     float *final_normed, *final_rstd, *logits, *losses;                  // (N, d), (N), (N, V), (N)
     float *next_embed, *enorm_out, *enorm_rstd, *hnorm_out, *hnorm_rstd; // MTP
     float *mtp_concat, *mtp_in, *mtp_out, *mtp_normed, *mtp_rstd, *mtp_logits;
@@ -123,12 +131,13 @@ struct GpuMemoryPlan {
     int64_t fp8_weights = 0;  // FP8 mode: the weights' E4M3 copies, counted in params too
     int64_t total() const { return params + grads + optimizer + activations + expert_rows + scratch; }
 };
-GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, gpu::Precision p, int B, int T);
+GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, gpu::Precision p, int B, int T, bool recompute = false);
 
 // Allocates everything for batches of up to B sequences of T tokens on the current device; throws
 // std::runtime_error (with the plan and the free memory) when it does not fit, or when the config is one the
-// kernels do not support.
-void gpu_model_init(GpuModel& m, const Config& c, Comm& comm, gpu::Precision p, int B, int T);
+// kernels do not support. recompute: keep one activation set per kind of block instead of one per block, and run
+// each block's forward again in the backward (activation checkpointing at block granularity; the same bits).
+void gpu_model_init(GpuModel& m, const Config& c, Comm& comm, gpu::Precision p, int B, int T, bool recompute = false);
 void gpu_model_free(GpuModel& m);
 // Host model (weights) and optimizer moments -> device, and back. Tables must match (same config and EP size).
 void gpu_model_upload(GpuModel& m, const Model& host, const AdamWState& opt);

@@ -70,6 +70,17 @@ static void block_carve(Arena<float>& arena, const Config& c, int layer, int B, 
     a.ffn_out = arena.take(N * d);
 }
 
+std::vector<int> block_slots(const Config& c, bool recompute) {
+    std::vector<int> slot(c.num_blocks());
+    int dense = -1, moe = -1, slots = 0;
+    for (int l = 0; l < c.num_blocks(); l++) {
+        int& kind = c.is_moe_layer(l) ? moe : dense;
+        if (kind < 0 || !recompute) kind = slots++;
+        slot[l] = kind;
+    }
+    return slot;
+}
+
 // Lays out every activation of a B x T batch in one allocation (re-done only when B or T change).
 static void ensure_activations(Model& m, int B, int T) {
     if (m.B == B && m.T == T) return;
@@ -77,11 +88,15 @@ static void ensure_activations(Model& m, int B, int T) {
     const int64_t N = (int64_t)B * T, d = c.hidden_size, V = c.vocab_size;
     ModelActs& a = m.acts;
     a.residual.assign(c.num_hidden_layers + 1, nullptr);
-    a.blocks.assign(c.num_blocks(), BlockActs{});
+    a.block_slot = block_slots(c, m.recompute);
+    const int slots = *std::max_element(a.block_slot.begin(), a.block_slot.end()) + 1;
+    a.blocks.assign(slots, BlockActs{});
+    a.slot_layer.assign(slots, -1);
     const bool mtp = c.num_nextn_predict_layers > 0;
     carve_arena(m.act_storage, [&](Arena<float>& arena) {
         for (float*& r : a.residual) r = arena.take(N * d);
-        for (int l = 0; l < c.num_blocks(); l++) block_carve(arena, c, l, B, T, a.blocks[l]);
+        for (int l = 0, carved = 0; l < c.num_blocks(); l++)
+            if (a.block_slot[l] == carved) block_carve(arena, c, l, B, T, a.blocks[carved++]);
         a.final_normed = arena.take(N * d);
         a.final_rstd = arena.take(N);
         a.logits = arena.take(N * V);
@@ -103,11 +118,15 @@ static void ensure_activations(Model& m, int B, int T) {
 
 void model_reserve(Model& m, int B, int T) { ensure_activations(m, B, T); }
 
-// h_out = h_in + Attn(RMSNorm(h_in));  h_out += FFN(RMSNorm(.)). Returns the block's balance loss.
+static BlockActs& block_acts(Model& m, int layer) { return m.acts.blocks[m.acts.block_slot[layer]]; }
+
+// h_out = h_in + Attn(RMSNorm(h_in));  h_out += FFN(RMSNorm(.)). Returns the block's balance loss. h_out nullptr:
+// only the activations the backward reads (a recomputation).
 static double block_forward(Model& m, int layer, const float* h_in, float* h_out, bool training) {
     const Config& c = m.config;
     const BlockWeights& w = m.w.blocks[layer];
-    BlockActs& a = m.acts.blocks[layer];
+    BlockActs& a = block_acts(m, layer);
+    m.acts.slot_layer[m.acts.block_slot[layer]] = layer;
     const LinearPrecision precision = m.linear_precision;
     const int64_t N = (int64_t)m.B * m.T, d = c.hidden_size;
     rmsnorm_forward(a.attn_normed, a.attn_rstd, h_in, w.attn_norm, N, d, c.rms_norm_eps);
@@ -124,7 +143,8 @@ static double block_forward(Model& m, int layer, const float* h_in, float* h_out
         swiglu_ffn_forward(precision, a.ffn_out, a.dense, a.ffn_normed, w.gate, w.up, w.down, N, d,
                            c.intermediate_size);
     }
-    for (int64_t i = 0; i < N * d; i++) h_out[i] = a.h_mid[i] + a.ffn_out[i];
+    if (h_out)
+        for (int64_t i = 0; i < N * d; i++) h_out[i] = a.h_mid[i] + a.ffn_out[i];
     return balance;
 }
 
@@ -134,7 +154,10 @@ static void block_backward(Model& m, int layer, const float* h_in, const float* 
     const Config& c = m.config;
     const BlockWeights& w = m.w.blocks[layer];
     BlockWeights& g = m.g.blocks[layer];
-    BlockActs& a = m.acts.blocks[layer];
+    // with recompute, the forward again when another block has used this block's activation set since (not
+    // training: the expert counts were taken by the first forward)
+    if (m.acts.slot_layer[m.acts.block_slot[layer]] != layer) block_forward(m, layer, h_in, nullptr, false);
+    BlockActs& a = block_acts(m, layer);
     const LinearPrecision precision = m.linear_precision;
     const int64_t N = (int64_t)m.B * m.T, d = c.hidden_size;
     std::vector<float> dnormed(N * d), dh_mid(dh_out, dh_out + N * d);

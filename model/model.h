@@ -30,7 +30,12 @@ struct BlockActs {
 
 struct ModelActs {
     std::vector<float*> residual;  // num_hidden_layers + 1 entries of (N, d): the input of each main block, then the output
-    std::vector<BlockActs> blocks; // main blocks, then the MTP block
+    // The blocks' activation sets: one per block (main blocks, then the MTP block), or with Model::recompute one per
+    // kind of block (dense, MoE) shared by the blocks of that kind. block_slot[l] is block l's set (block_slots),
+    // slot_layer[s] the block whose forward set s holds (-1: none): a block whose set another block has overwritten
+    // runs its forward again before its backward.
+    std::vector<BlockActs> blocks;
+    std::vector<int> block_slot, slot_layer;
     float* final_normed;           // (N, d)
     float* final_rstd;             // (N)
     float* logits;                 // (N, V)
@@ -59,6 +64,10 @@ struct Model {
     std::vector<float> params, grads;  // one buffer each, laid out by the table
     ModelWeights w, g;                 // pointers into params and grads
     LinearPrecision linear_precision = LinearPrecision::FP32;  // the GEMMs inside the blocks (model/fp8.h)
+    // Activation checkpointing per block: keep the residual stream and one activation set per kind of block, and run
+    // each block's forward again in the backward (the same bits; a third more block FLOPs). Set before the first
+    // forward.
+    bool recompute = false;
     // activations of the last forward, for a batch of B x T
     int B = 0, T = 0;
     std::vector<float> act_storage;
@@ -82,6 +91,8 @@ void model_backward(Model& m, float loss_scale);
 void model_zero_grads(Model& m);
 // Allocates the activations of a B x T batch now (the first forward would otherwise): throws std::bad_alloc early.
 void model_reserve(Model& m, int B, int T);
+// Block l's activation set: l itself, or with recompute the number of its kind (dense, MoE) in order of appearance.
+std::vector<int> block_slots(const Config& c, bool recompute);
 // Sums the gradients over the ranks that share each tensor: replicated tensors over the world, expert shards
 // over their data-parallel replicas. (Backward with loss_scale 1/world then gives the global mean's gradient.)
 void model_reduce_grads(Model& m);

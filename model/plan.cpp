@@ -4,7 +4,9 @@
 // Megatron: 6 x active parameters (shared experts and MTP included) + the attention scores, causal halved.
 // All-to-all: per MoE layer and token, k rows of d BF16 values go out (dispatch) and come back (combine) in the
 // forward, and again in the backward; a share 1/EP stays on the GPU, (per_node - 1)/EP crosses NVLink, the rest the
-// network. The predicted step adds compute and communication: no overlap is assumed.
+// network. The predicted step adds compute and communication: no overlap is assumed. With --recompute the blocks
+// keep only their inputs and one activation set per kind of block, and their forward runs again in the backward
+// (its FLOPs and its all-to-all again: the predicted step counts both; MFU's model FLOPs do not).
 #include "plan.h"
 
 #include <algorithm>
@@ -31,6 +33,14 @@ double model_flops_per_token(const Config& c, int T) {
     return 6 * active_params_with_mtp(c) + attention_flops_per_token(c, T);
 }
 
+// The blocks' forward alone, per token (what --recompute runs again): the model's FLOPs less those of the heads,
+// the MTP projection and the final norms, over 3 (a forward and a backward are 3 forwards).
+static double block_forward_flops_per_token(const Config& c, int T) {
+    const double d = c.hidden_size, mtp = c.num_nextn_predict_layers > 0 ? 1 : 0;
+    const double outside_blocks = (1 + mtp) * (double)c.vocab_size * d + d + mtp * (2 * d * d + 3 * d);
+    return (model_flops_per_token(c, T) - 6 * outside_blocks) / 3;
+}
+
 void print_plan(const Config& c, const PlanInputs& p) {
     const double GiB = 1024.0 * 1024 * 1024;
     ParamTable table = build_param_table(c, 1);
@@ -49,8 +59,11 @@ void print_plan(const Config& c, const PlanInputs& p) {
                         H * (c.qk_nope_head_dim + dv) + H * dqk + H * dv + 2 * H;
     const double dense_ffn = 2 * d + 3 * c.intermediate_size;
     const double moe_ffn = 2 * d + c.n_routed_experts + 2 * k * d + k * 3 * I + 3 * c.n_shared_experts * I;
-    const double act_per_token = 2 * ((c.num_blocks() - moe_layers) * (attn + dense_ffn) + moe_layers * (attn + moe_ffn) +
-                                      2.0 * c.vocab_size);  // logits of the main head and MTP
+    const int dense_layers = c.num_blocks() - moe_layers;
+    const double kept_per_token =  // with recompute: every block's input, and one set of each kind of block
+        p.recompute ? c.num_blocks() * d + (dense_layers > 0) * (attn + dense_ffn) + (moe_layers > 0) * (attn + moe_ffn)
+                    : dense_layers * (attn + dense_ffn) + moe_layers * (attn + moe_ffn);
+    const double act_per_token = 2 * (kept_per_token + 2.0 * c.vocab_size);  // + the logits of the main head and MTP
     const double tokens = (double)p.batch * T;
     const double act_bytes = act_per_token * tokens;
 
@@ -59,12 +72,14 @@ void print_plan(const Config& c, const PlanInputs& p) {
 
     // all-to-all bytes per GPU per micro-step (both directions counted once, as sent)
     const double row_bytes = 2 * d;
-    const double sent = 4 * moe_layers * tokens * k * row_bytes;  // dispatch + combine, forward + backward
+    const double passes = p.recompute ? 6 : 4;  // dispatch + combine, forward (twice with recompute) + backward
+    const double sent = passes * moe_layers * tokens * k * row_bytes;
     const double local_share = 1.0 / p.ep;
     const double node_share = std::max(0.0, (double)(std::min(p.gpus_per_node, p.ep) - 1) / p.ep);
     const double network_share = 1.0 - local_share - node_share;
 
-    const double compute_s = tokens * flops_per_token / (p.matmul_tflops * 1e12);
+    const double recomputed = p.recompute ? block_forward_flops_per_token(c, p.seq) : 0.0;
+    const double compute_s = tokens * (flops_per_token + recomputed) / (p.matmul_tflops * 1e12);
     const double comm_s = sent * node_share / (p.nvlink_gbps * 1e9) + sent * network_share / (p.network_gbps * 1e9);
     // once per step, ring all-reduces of FP32 gradients (2 (n-1)/n of the bytes per GPU): the replicated
     // parameters over all GPUs, each expert shard over its DP replicas
@@ -78,13 +93,16 @@ void print_plan(const Config& c, const PlanInputs& p) {
            p.gpus, p.gpus_per_node, p.ep, p.gpus / p.ep, p.batch, p.seq, p.grad_accum);
     printf("parameters: %.3g total (%.3g replicated, %.3g in routed experts); one GPU holds %.3g\n",
            replicated_params + expert_params, replicated_params, expert_params, held);
-    printf("memory per GPU: weights+grads+AdamW+BF16 copy %.1f GiB, activations %.1f GiB, total %.1f of %.0f GiB%s\n",
-           held * bytes_per_param / GiB, act_bytes / GiB, (held * bytes_per_param + act_bytes) / GiB, p.gpu_memory_gib,
+    printf("memory per GPU: weights+grads+AdamW+BF16 copy %.1f GiB, activations%s %.1f GiB, total %.1f of %.0f GiB%s\n",
+           held * bytes_per_param / GiB, p.recompute ? " (--recompute)" : "", act_bytes / GiB,
+           (held * bytes_per_param + act_bytes) / GiB, p.gpu_memory_gib,
            held * bytes_per_param + act_bytes > p.gpu_memory_gib * GiB
                ? "  -> does NOT fit: this needs optimizer sharding or pipeline stages, which moe.cu does not have"
                : "  -> fits");
-    printf("FLOPs per token: %.4g (6 x %.4g active parameters incl. MTP, + %.4g attention)\n", flops_per_token, active,
+    printf("FLOPs per token: %.4g (6 x %.4g active parameters incl. MTP, + %.4g attention)", flops_per_token, active,
            attn_flops);
+    if (p.recompute) printf(", + %.4g recomputed (the blocks' forward, not model FLOPs)", recomputed);
+    printf("\n");
     printf("all-to-all per GPU per micro-step: %.3g GB sent (%.0f%% local, %.0f%% NVLink, %.0f%% network)\n", sent / 1e9,
            100 * local_share, 100 * node_share, 100 * network_share);
     printf("assumed: matmul %.0f TFLOP/s per GPU, NVLink %.0f GB/s, network %.0f GB/s per GPU, no overlap\n",

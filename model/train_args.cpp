@@ -40,6 +40,9 @@ static const char* USAGE =
     "  --export-hf DIR        write a Hugging Face directory at the end (with --export-dtype bf16|f32, bf16)\n"
     "  --dtype fp32|bf16|fp8  GEMM precision: fp32; bf16 inputs (GPU only; the GPU default); fp8: the linear layers\n"
     "                         inside the blocks in DeepSeek-V3's FP8 recipe (on the CPU: E4M3 values, FP32 sums)\n"
+    "  --recompute            activation checkpointing: keep the blocks' inputs and the activations of one block of\n"
+    "                         each kind (dense, MoE); the backward runs each block's forward again (the same\n"
+    "                         results, about a third more block FLOPs)\n"
     "  --eval-only            print the validation loss of the model (--resume or --init-from-hf) and exit\n"
     "  --plot FILE.png        plot the --log at the end (--plot-log-scale for a logarithmic loss axis)\n"
     "  --describe             print the config and parameter counts, then exit\n"
@@ -95,6 +98,7 @@ TrainArgs parse_train_args(int argc, char** argv, const char* program) {
         if (!strcmp(flag, "--plan")) { a.plan = true; continue; }
         if (!strcmp(flag, "--eval-only")) { a.eval_only = true; continue; }
         if (!strcmp(flag, "--plot-log-scale")) { a.plot_log_scale = true; continue; }
+        if (!strcmp(flag, "--recompute")) { a.recompute = true; continue; }
         if (strncmp(flag, "--", 2) != 0) bad(program, std::string("unexpected argument '") + flag + "'");
         if (i + 1 >= argc) bad(program, std::string(flag) + " needs a value");
         const char* v = argv[++i];
@@ -141,6 +145,7 @@ TrainArgs parse_train_args(int argc, char** argv, const char* program) {
     a.plan_inputs.batch = a.batch;
     a.plan_inputs.seq = a.seq;
     a.plan_inputs.grad_accum = a.grad_accum;
+    a.plan_inputs.recompute = a.recompute;
     if (a.plan && (a.plan_inputs.gpus % a.ep != 0)) bad(program, "--ep must divide --gpus");
     if (a.export_dtype != "bf16" && a.export_dtype != "f32") bad(program, "--export-dtype must be bf16 or f32");
     if (!a.dtype.empty() && a.dtype != "fp32" && a.dtype != "bf16" && a.dtype != "fp8")

@@ -36,6 +36,7 @@ struct TrainArgs {
     std::string export_hf;          // --export-hf DIR  write a Hugging Face directory at the end
     std::string export_dtype = "bf16"; // --export-dtype bf16|f32
     std::string dtype;              // --dtype fp32|bf16|fp8  GEMM precision (empty: the program's default)
+    bool recompute = false;         // --recompute      keep one block's activations, run each forward again
     bool eval_only = false;         // --eval-only      print the validation loss and exit
     std::string plot;               // --plot FILE.png  plot the --log at the end
     bool plot_log_scale = false;    // --plot-log-scale

@@ -1,6 +1,7 @@
 // make bench: the GPU trainer's speed on one GPU, with the device's own ceilings measured in the same run as the
 // denominators. A benchmark, not a test: it asserts nothing about the timings.
 //   usage: ./bench_gpu [--config NAME|PATH] [--layers N] [--batch B] [--seq T] [--steps S] [--dtype bf16|fp32|fp8]
+//                      [--recompute]
 //          ./bench_gpu --smoke
 //
 // The bench preset: DeepSeek-V2-Lite's per-layer shapes (load_config("deepseek-v2-lite"): d 2048, 16 MLA heads,
@@ -9,7 +10,9 @@
 // gradients and AdamW moments of all 27 layers alone are 250 GB). B = 2 sequences of T = 4096 tokens: V2-Lite
 // was trained at 4K context, and 8K tokens per micro-batch is a realistic per-GPU batch for it (the routed experts
 // then get 8192 x 6 / 64 = 768 rows each, GEMMs large enough to run near the tensor cores' rate). --config,
-// --layers, --batch, --seq, --dtype override the preset for experiments (--layers skips the fit).
+// --layers, --batch, --seq, --dtype override the preset for experiments (--layers skips the fit); --recompute runs
+// the step as train --recompute does (one block's activations kept, so more layers fit; the recomputed forwards
+// are a region of their own in the step's table, and not model FLOPs: MFU counts the work the model needs).
 // --smoke runs every part once on small shapes (config small, 1 layer, 1 x 64 tokens, 1 MiB copy, 128^3 square
 // GEMM, 64K-value optimizer tensor, one timed call per figure): a check that the benchmark runs end to end, which
 // `make test` makes on the kernel emulator (./bench_gpu_emulated); its figures mean nothing.
@@ -102,7 +105,7 @@ struct Options {
     // the sizes of the ceilings' and the optimizer kernels' buffers, and how each figure is timed (time_ms)
     int64_t copy_bytes = (int64_t)1 << 30, square = 8192, optimizer_values = (int64_t)1 << 28;
     int iters = 0, trials = 3, copy_trials = 10;
-    bool smoke = false;
+    bool smoke = false, recompute = false;
 };
 
 // Every part once, on small shapes: see the header comment.
@@ -125,7 +128,7 @@ Options smoke_options() {
     if (problem) fprintf(stderr, "bench_gpu: %s\n", problem);
     fprintf(problem ? stderr : stdout,
             "usage: ./bench_gpu [--config NAME|PATH] [--layers N] [--batch B] [--seq T] [--steps S] "
-            "[--dtype bf16|fp32|fp8]\n"
+            "[--dtype bf16|fp32|fp8] [--recompute]\n"
             "       ./bench_gpu --smoke   (every part once on small shapes: checks that it runs; no figures)\n"
             "  defaults: deepseek-v2-lite, the most layers that fit, B 2, T 4096, S 5, bf16\n");
     exit(problem ? 2 : 0);
@@ -145,6 +148,10 @@ Options parse_options(int argc, char** argv) {
         const std::string flag = argv[i];
         if (flag == "--help" || flag == "-h") usage(nullptr);
         if (flag == "--smoke") usage("--smoke takes no other flags");
+        if (flag == "--recompute") {
+            o.recompute = true;
+            continue;
+        }
         if (i + 1 >= argc) usage(("missing value for " + flag).c_str());
         const char* value = argv[++i];
         if (flag == "--config") o.config = value;
@@ -266,7 +273,7 @@ int fit_layers(Config c, const Options& o, double free_gpu, std::string& why) {
     why = "all fit";
     for (int L = c.num_hidden_layers; L >= 1; L--) {
         c.num_hidden_layers = L;
-        const double gpu_need = (double)gpu_memory_plan(c, 1, o.precision, o.B, o.T).total();
+        const double gpu_need = (double)gpu_memory_plan(c, 1, o.precision, o.B, o.T, o.recompute).total();
         if (gpu_need > GPU_MEMORY_SHARE * free_gpu) {
             why = "the most that fit in GPU memory";
             continue;
@@ -426,13 +433,13 @@ void bench_model(const Config& c, const Options& o, const cudaDeviceProp& prop, 
     opt.m.assign(host.table.total, 0.0f);
     opt.v.assign(host.table.total, 0.0f);
     GpuModel m;
-    gpu_model_init(m, c, local_comm(), o.precision, B, T);
+    gpu_model_init(m, c, local_comm(), o.precision, B, T, o.recompute);
     gpu_model_upload(m, host, opt);
     const int64_t params = host.table.total;
     release(host.params);
     release(opt.m);
     release(opt.v);
-    const GpuMemoryPlan plan = gpu_memory_plan(c, 1, o.precision, B, T);
+    const GpuMemoryPlan plan = gpu_memory_plan(c, 1, o.precision, B, T, o.recompute);
     printf("\nmodel: %.3f B parameters (%.3f B active per token), GPU plan %.1f GiB (weights %.1f, grads %.1f, "
            "AdamW %.1f, activations %.1f, expert rows %.1f, scratch %.1f), init + upload %.1f s\n",
            params / 1e9, count_active_params(c) / 1e9, plan.total() / GiB, plan.params / GiB, plan.grads / GiB,
@@ -855,9 +862,10 @@ int main(int argc, char** argv) {
                 c.num_hidden_layers = 1;
                 fprintf(stderr,
                         "bench_gpu: even 1 layer with a batch of %d x %d needs %.1f GiB of GPU memory (%.1f GiB "
-                        "free) and %.1f GiB of host memory: lower --batch or --seq\n",
-                        o.B, o.T, gpu_memory_plan(c, 1, o.precision, o.B, o.T).total() / GiB, free_bytes / GiB,
-                        host_bytes_needed(c) / GiB);
+                        "free) and %.1f GiB of host memory: lower --batch or --seq%s\n",
+                        o.B, o.T, gpu_memory_plan(c, 1, o.precision, o.B, o.T, o.recompute).total() / GiB,
+                        free_bytes / GiB, host_bytes_needed(c) / GiB,
+                        o.recompute ? "" : ", or add --recompute");
                 return 1;
             }
             c.num_hidden_layers = L;
@@ -867,9 +875,10 @@ int main(int argc, char** argv) {
         char date[64];
         const time_t now = time(0);
         strftime(date, sizeof date, "%Y-%m-%d %H:%M:%S", localtime(&now));
-        printf("bench_gpu | %s | %s | %s shapes, %d of %d layers (%s), batch %d x %d = %ld tokens, %s%s\n",
+        printf("bench_gpu | %s | %s | %s shapes, %d of %d layers (%s), batch %d x %d = %ld tokens, %s%s%s\n",
                prop.name, date, o.config.c_str(), c.num_hidden_layers, all_layers, limit.c_str(), o.B, o.T,
-               (long)o.B * o.T, precision_name(o.precision), o.smoke ? " (--smoke: the figures mean nothing)" : "");
+               (long)o.B * o.T, precision_name(o.precision), o.recompute ? ", --recompute" : "",
+               o.smoke ? " (--smoke: the figures mean nothing)" : "");
         printf("device: sm_%d%d, %d SMs, %.1f GiB (%.1f free), CUDA runtime %d.%d, driver %d.%d\n", prop.major,
                prop.minor, prop.multiProcessorCount, total_bytes / GiB, free_bytes / GiB, runtime / 1000,
                (runtime % 1000) / 10, driver / 1000, (driver % 1000) / 10);

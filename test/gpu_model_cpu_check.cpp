@@ -13,8 +13,10 @@
 // B=1 training step; an evaluation forward; the region timer; free. BF16: the loss, the gradient direction and
 // the BF16 weight copy after upload and AdamW; FP8 (tiny with 16-wide head dims, against the CPU model's FP8 linear
 // layers, which the stand-in GEMMs reproduce from the weights' E4M3 copies): the same, and those copies byte for byte
-// against the CPU's quantization. Then the error paths (odd RoPE dim, FP8 widths, out of memory, batch too large,
-// NaN router). Distributed (tiny): loss, gradients, counts, norm, router bias, 5 optimizer steps.
+// against the CPU's quantization. --recompute (tiny, routed and dense in FP32, tiny in BF16, tiny16 in FP8): the same
+// bits as without (test/recompute_check.h), its plan against what init allocates. Then the error paths (odd RoPE
+// dim, FP8 widths, out of memory, batch too large, NaN router). Distributed (tiny): loss, gradients, counts, norm,
+// router bias, the first step again with --recompute (the same bits), 5 optimizer steps.
 // One line per check; exit status 1 when any fails. test/test_gpu_model_cpu.cpp runs it from test_cpu.
 //
 // Tolerances. The stand-ins call the CPU reference's own functions for every GEMM, norm, SwiGLU, embedding, the
@@ -52,6 +54,7 @@
 #include "model/optimizer.h"
 #include "model/rng.h"
 #include "test/random_model.h"
+#include "test/recompute_check.h"
 
 namespace {
 
@@ -151,10 +154,10 @@ AdamWState zero_moments(const Model& m) {
 // that init allocates must be exactly what gpu_memory_plan says. Returns the live bytes before init (for checking
 // that free releases everything).
 int64_t init_uploaded(GpuModel& gm, const std::string& name, const Model& host, Comm& comm, gpu::Precision p, int B,
-                      int T, AdamWState& opt) {
+                      int T, AdamWState& opt, bool recompute = false) {
     const int64_t before = stand_in::memory().live_bytes;
-    gpu_model_init(gm, host.config, comm, p, B, T);
-    const GpuMemoryPlan plan = gpu_memory_plan(host.config, comm.ep_size, p, B, T);
+    gpu_model_init(gm, host.config, comm, p, B, T, recompute);
+    const GpuMemoryPlan plan = gpu_memory_plan(host.config, comm.ep_size, p, B, T, recompute);
     const int64_t allocated = stand_in::memory().live_bytes - before;
     report(name + " memory plan = what init allocates", allocated == plan.total(),
            fmt("allocated %.0f bytes, plan %.0f", (double)allocated, (double)plan.total()));
@@ -393,6 +396,24 @@ void check_low_precision(const std::string& tag, const Config& c, gpu::Precision
     gpu_model_free(gm);
 }
 
+// With recompute: test/recompute_check.h's comparison (the same bits as without, two micro-batches; the forwards ran
+// again; fewer activation bytes), and the recomputing model's plan against what its init allocates.
+void check_recompute(const std::string& tag, const Config& c, gpu::Precision p, int B, int T, uint64_t seed) {
+    const RecomputeComparison r = compare_recompute(c, p, B, T, seed);
+    report(tag + " recompute: the same loss parts", r.same_losses, "bit for bit");
+    report(tag + " recompute: the same gradients", r.same_grads, "bit for bit, 2 micro-batches");
+    report(tag + " recompute: the same expert counts", r.same_counts, "");
+    report(tag + " recompute: the blocks' forwards ran again", r.recomputed, "a \"recompute\" region");
+    report(tag + " recompute: fewer activation bytes", r.kept_bytes_recompute < r.kept_bytes,
+           fmt("%.0f bytes, %.0f without", (double)r.kept_bytes_recompute, (double)r.kept_bytes));
+    Model host;
+    model_init(host, c);
+    GpuModel gm;
+    AdamWState opt;
+    init_uploaded(gm, tag + " recompute", host, local_comm(), p, B, T, opt, /*recompute*/ true);
+    gpu_model_free(gm);
+}
+
 // What gpu_model_init asks of the GPU, on stand-in devices other than the default Hopper one
 void check_device_refusals(const Config& tiny) {
     cudaDeviceProp& device = stand_in::device_properties();
@@ -533,6 +554,7 @@ void check_distributed(Comm& comm) {
     oc.total_steps = 6;
 
     double loss = gpu_gradients(gm, my_inputs, my_targets, B);
+    const double loss_first = loss;
     const std::vector<float> grads = gpu_model_grads(gm);
     double loss_alone = 0.0;
     if (comm.rank == 0) {
@@ -582,6 +604,17 @@ void check_distributed(Comm& comm) {
                                                 c.n_routed_experts));
         report(tag + " router bias from the global expert counts", diff == 0.0, fmt("rel %.2e", diff));
     }
+    // the first step again with recompute (the recomputed forwards exchange their rows again): the same loss and
+    // gradients on every rank, to the bit
+    GpuModel again;
+    AdamWState opt_again;
+    init_uploaded(again, tag + " recompute", host, comm, gpu::Precision::FP32, B, T, opt_again, /*recompute*/ true);
+    const double loss_again = gpu_gradients(again, my_inputs, my_targets, B);
+    double differing_ranks = loss_again == loss_first && gpu_model_grads(again) == grads ? 0.0 : 1.0;
+    comm.all_reduce_sum(&differing_ranks, 1, Group::World);
+    report(tag + " recompute: the same loss and gradients", differing_ranks == 0.0,
+           fmt("%.0f ranks differ", differing_ranks));
+    gpu_model_free(again);
     // five optimizer steps in both layouts
     double worst_loss = 0.0;
     for (int64_t step = 1; step <= 5; step++) {
@@ -634,6 +667,12 @@ int main(int argc, char** argv) {
         guarded("plain bf16", [&] { check_low_precision("plain B=3 T=70 bf16", plain, bf16, 3, 70, 12); });
         guarded("routed bf16", [&] { check_low_precision("routed B=2 T=20 bf16", routed, bf16, 2, 20, 13); });
         guarded("tiny16 fp8", [&] { check_low_precision("tiny16 B=2 T=40 fp8", tiny16, fp8, 2, 40, 15); });
+        const gpu::Precision fp32 = gpu::Precision::FP32;
+        guarded("tiny recompute", [&] { check_recompute("tiny B=2 T=12", tiny, fp32, 2, 12, 16); });
+        guarded("routed recompute", [&] { check_recompute("routed B=2 T=20", routed, fp32, 2, 20, 17); });
+        guarded("dense recompute", [&] { check_recompute("dense B=2 T=9", dense, fp32, 2, 9, 18); });
+        guarded("tiny bf16 recompute", [&] { check_recompute("tiny B=2 T=12 bf16", tiny, bf16, 2, 12, 19); });
+        guarded("tiny16 fp8 recompute", [&] { check_recompute("tiny16 B=2 T=40 fp8", tiny16, fp8, 2, 40, 20); });
         guarded("errors", [&] { check_errors(tiny); });
     }
     try {  // an error on one rank would leave the others waiting in a collective: end the whole job

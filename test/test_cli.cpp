@@ -148,7 +148,7 @@ TEST_CASE("cli: --describe prints the config and the README's parameter counts")
     CHECK(out.find("total_params 3058496\nactive_params 1534784\nmtp_params 833120\n") != std::string::npos);
 }
 
-TEST_CASE("cli: --plan for DeepSeek-V3 on 256 GPUs") {
+TEST_CASE("cli: --plan for DeepSeek-V3 on 256 GPUs, with and without --recompute") {
     const CommandResult plan = run_logged(
         "./train_cpu --config deepseek-v3 --plan --gpus 256 --ep 64 --batch 1 --seq 4096 --grad-accum 16", "cli_plan.txt",
         60);
@@ -161,5 +161,17 @@ TEST_CASE("cli: --plan for DeepSeek-V3 on 256 GPUs") {
     // all-to-all: 4 x 59 MoE blocks x 4096 tokens x 8 rows x 7168 x 2 bytes = 111 GB
     CHECK(out.find("111 GB sent") != std::string::npos);
     CHECK(out.find("does NOT fit") != std::string::npos);  // 28B parameters x 18 bytes on one 80 GiB GPU
+    CHECK(out.find("activations 153.9 GiB") != std::string::npos);
+    // --recompute: per token, the 62 blocks' inputs (62 x 7168) and one MLA + dense FFN and one MLA + MoE activation
+    // set (142144 + 69632 + 142144 + 184576 values, plan.cpp's counts) kept instead of every block's, beside the two
+    // heads' logits (2 x 129280), 2 bytes each: 2 x 1241472 x 4096 tokens = 9.47 GiB; the blocks' forward again:
+    // (2.606e11 - 6 x (2 heads x 129280 x 7168 + the MTP projection 2 x 7168^2 + norms)) / 3 = 8.297e10 FLOPs; and
+    // the recomputed forward's dispatch and combine: 6 / 4 of the 111 GB
+    const CommandResult again = run_logged("./train_cpu --config deepseek-v3 --plan --gpus 256 --ep 64 --batch 1 --seq "
+                                           "4096 --grad-accum 16 --recompute", "cli_plan_recompute.txt", 60);
+    REQUIRE(again.status == 0);
+    CHECK(again.out.find("activations (--recompute) 9.5 GiB") != std::string::npos);
+    CHECK(again.out.find("+ 8.297e+10 recomputed") != std::string::npos);
+    CHECK(again.out.find("166 GB sent") != std::string::npos);
     expect_clean_failure("./train_cpu --config deepseek-v3 --plan --gpus 256 --ep 3", "--ep must divide --gpus");
 }

@@ -16,6 +16,8 @@
 //            assignments may move and the cosine must be >= 0.98, the loss and norm bounds as BF16's
 //            (test/random_model.h: the FP8 model's own sensitivity, measured). The FP8 GEMMs themselves are held
 //            to 1e-3 call by call (test_gpu_matmul.cu), and the orchestration they share with BF16 by the FP32 step.
+//   recompute: the same step with --recompute, against the same model without, to the bit (test/recompute_check.h):
+//            every kernel and cuBLASLt call is deterministic (the same algorithm per shape, no atomics in any sum).
 //   trainer: ./train --dtype fp32 and ./train_cpu, 20 steps of the `small` config on the default data with the
 //            same seed, and a checkpoint written at step 10 by either trainer resumed by the other, compared with
 //            the run that wrote it. The first step of a run (or after a resume) starts from the same weights and
@@ -38,6 +40,7 @@
 #include "model/config.h"
 #include "test/gpu_check.cuh"
 #include "test/random_model.h"
+#include "test/recompute_check.h"
 
 namespace {
 
@@ -147,6 +150,18 @@ void compare_logs(const std::string& name, const std::string& got_log, const std
     (ok ? passed : failed)++;
 }
 
+// --recompute on the GPU: the same bits as without (test/recompute_check.h)
+void check_recompute(const std::string& name, const Config& c, gpu::Precision precision, int B, int T, uint64_t seed) {
+    const RecomputeComparison r = compare_recompute(c, precision, B, T, seed);
+    const bool ok = r.same_losses && r.same_grads && r.same_counts && r.recomputed &&
+                    r.kept_bytes_recompute < r.kept_bytes;
+    printf("%-62s losses %s, gradients %s, counts %s, recomputed %s, activations %.1f of %.1f MiB  %s\n",
+           (name + " --recompute: the same bits").c_str(), r.same_losses ? "same" : "DIFFER",
+           r.same_grads ? "same" : "DIFFER", r.same_counts ? "same" : "DIFFER", r.recomputed ? "yes" : "NO",
+           r.kept_bytes_recompute / 1048576.0, r.kept_bytes / 1048576.0, ok ? "ok" : "FAIL");
+    (ok ? passed : failed)++;
+}
+
 }  // namespace
 
 void test_training_step() {
@@ -162,11 +177,14 @@ void test_training_step() {
     const Config small = load_config("small");
     compare_step("step small B=2 T=128", small, gpu::Precision::FP32, 2, 128, 13, true);
     compare_step("step small B=2 T=128", small, gpu::Precision::BF16, 2, 128, 13, false);
+    check_recompute("step small B=2 T=128 fp32", small, gpu::Precision::FP32, 2, 128, 14);
+    check_recompute("step small B=2 T=128 bf16", small, gpu::Precision::BF16, 2, 128, 14);
 }
 
 // FP8 (run last by test_gpu, as its GEMM checks)
 void test_training_step_fp8() {
     compare_step("step small B=2 T=128", load_config("small"), gpu::Precision::FP8, 2, 128, 13, false);
+    check_recompute("step small B=2 T=128 fp8", load_config("small"), gpu::Precision::FP8, 2, 128, 14);
 }
 
 void test_trainers() {

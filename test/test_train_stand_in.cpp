@@ -22,6 +22,8 @@
 //     far above the gradient differences: no amplification, no expert changes in 10 steps.
 //   - A checkpoint resumed by the program that wrote it: 1e-6 [0: bit-identical, BF16 too], i.e. the checkpoint
 //     holds all the state (nothing left only on the device: router biases, moments, the BF16 copy is rebuilt).
+//     BF16 resumes with --recompute, which must change no bit: its step-20 checkpoint is the first run's, byte for
+//     byte.
 //   - Under mpirun (EP 2, DP 2): the sums over tokens split over the ranks: 1e-5 [<= 4e-9] (gpu_model_cpu_check's
 //     distributed bound).
 //   - Evaluation (--eval-only, and --val during training): 1e-6 [equal to the 6 printed decimals]. Sampling: the
@@ -222,14 +224,15 @@ TEST_CASE("train_stand_in: evaluation, sampling, Hugging Face export and import 
 
 // The stand-in run of `dtype` (its log and checkpoints under that name) resumed from its step-10 checkpoint: steps
 // 11-20 the same (loss and gradient norm within 1e-6: the precision's weight copies are remade at load)
-static void resumes_exactly(const std::string& dtype) {
+// extra: flags of the resumed run only (--recompute, which must change nothing)
+static void resumes_exactly(const std::string& dtype, const std::string& extra = "") {
     const std::string resumed = dtype + "_resumed";
     copy_checkpoint(dtype, 10, resumed);
-    const Job job = sh(resumed, train("./train_stand_in --dtype " + dtype + " --resume", resumed, ""));
+    const Job job = sh(resumed, train("./train_stand_in --dtype " + dtype + " --resume" + extra, resumed, ""));
     INFO(job.out);
     REQUIRE(job.status == 0);
-    check_logs(dtype + "'s step 10 resumed on itself, steps 11-20", resumed, dtype, {"loss", "grad_norm"}, 11, 20,
-               1e-6);
+    check_logs(dtype + "'s step 10 resumed on itself" + extra + ", steps 11-20", resumed, dtype, {"loss", "grad_norm"},
+               11, 20, 1e-6);
 }
 
 TEST_CASE("train_stand_in --dtype bf16: trains near fp32, resumes its own checkpoint exactly, evaluates near fp32") {
@@ -239,7 +242,11 @@ TEST_CASE("train_stand_in --dtype bf16: trains near fp32, resumes its own checkp
     REQUIRE(bf16.status == 0);
     CHECK(bf16.out.find("GEMM inputs bf16") != std::string::npos);
     check_logs("bf16 vs fp32 (loss), steps 1-20", "bf16", "fp32", {"loss"}, 1, 20, 2e-2);
-    resumes_exactly("bf16");
+    // resumed with --recompute (one activation set per kind of block, each block's forward run again): to the bit,
+    // up to the step-20 checkpoint's bytes
+    resumes_exactly("bf16", " --recompute");
+    const std::string last = "/ckpt_00000020.safetensors", written = slurp(dir("bf16") + last);
+    CHECK((!written.empty() && slurp(dir("bf16_resumed") + last) == written));
     // train_cpu's final checkpoint evaluated with BF16 GEMMs (the BF16 copy made at load)
     copy_checkpoint("cpu", 20, "final_bf16");
     const std::string val = " --batch 4 --seq 64 --val 'data/default/val_*.bin' --eval-batches 4 --eval-only --resume";

@@ -16,6 +16,7 @@ public:
             throw std::runtime_error(
                 "the CPU trainer computes in fp32 (or fp8, simulated); --dtype bf16 is for the GPU trainer ./train");
         m_.linear_precision = args.dtype == "fp8" ? LinearPrecision::FP8 : LinearPrecision::FP32;
+        m_.recompute = args.recompute;
         model_reserve(m_, args.batch, args.seq);
     }
     void load(const Model& host, const AdamWState& opt) override {}

@@ -1,0 +1,58 @@
+// The check of --recompute that both programs testing gpu/gpu_model.cu make (gpu_model_cpu_check on the CPU's
+// stand-ins and kernel emulator, test_gpu on a GPU): two GPU models from the same random weights, one keeping every
+// block's activations and one recomputing them, two micro-batches of forward and backward each. Every kernel and
+// GEMM is deterministic and the recomputed forward reads the same inputs, so the loss parts, the gradients and the
+// expert counts must be the same bits; the region timer shows whether the forwards really ran again.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "comm/comm.h"
+#include "gpu/gpu_model.h"
+#include "test/random_model.h"
+
+struct RecomputeComparison {
+    bool same_losses = true, same_grads = false, same_counts = false, recomputed = false;
+    int64_t kept_bytes = 0, kept_bytes_recompute = 0;  // activations + expert rows, as the two plans count them
+};
+
+inline RecomputeComparison compare_recompute(const Config& c, gpu::Precision p, int B, int T, uint64_t seed) {
+    Model host;
+    model_init(host, c);
+    randomize_for_test(host, seed);
+    const AdamWState zero{std::vector<float>(host.table.total, 0.0f), std::vector<float>(host.table.total, 0.0f), 0};
+    GpuModel keep, again;
+    gpu_model_init(keep, c, local_comm(), p, B, T);
+    gpu_model_init(again, c, local_comm(), p, B, T, /*recompute*/ true);
+    RecomputeComparison r;
+    for (GpuModel* gm : {&keep, &again}) {
+        gpu_model_upload(*gm, host, zero);
+        gpu_model_zero_grads(*gm);
+    }
+    std::map<std::string, double> regions;
+    again.timer.enabled = true;
+    for (uint64_t micro = 0; micro < 2; micro++) {
+        const int64_t N = (int64_t)B * T;
+        const std::vector<int32_t> in = random_tokens(N, c.vocab_size, seed + 1 + 2 * micro),
+                                   tg = random_tokens(N, c.vocab_size, seed + 2 + 2 * micro);
+        const LossParts a = gpu_model_forward(keep, in.data(), tg.data(), B, true);
+        const LossParts b = gpu_model_forward(again, in.data(), tg.data(), B, true);
+        r.same_losses = r.same_losses && a.total == b.total && a.main == b.main && a.mtp == b.mtp &&
+                        a.balance == b.balance;
+        gpu_model_backward(keep, 0.75f);  // not 1: the scale must reach the recomputed blocks' gradients too
+        gpu_model_backward(again, 0.75f);
+    }
+    again.timer.finish(regions);
+    again.timer.enabled = false;
+    r.recomputed = regions.count("recompute") == 1;
+    r.same_grads = gpu_model_grads(keep) == gpu_model_grads(again);
+    r.same_counts = keep.expert_counts == again.expert_counts;
+    const GpuMemoryPlan plan = gpu_memory_plan(c, 1, p, B, T), plan_again = gpu_memory_plan(c, 1, p, B, T, true);
+    r.kept_bytes = plan.activations + plan.expert_rows;
+    r.kept_bytes_recompute = plan_again.activations + plan_again.expert_rows;
+    gpu_model_free(keep);
+    gpu_model_free(again);
+    return r;
+}

@@ -1,0 +1,94 @@
+// --recompute (activation checkpointing per block) on the CPU: the model keeps the residual stream and one
+// activation set per kind of block, and each block whose set another block has overwritten runs its forward again
+// before its backward. The recomputed forward reads the same inputs through the same code, so everything must be the
+// same bits as without: the losses, every gradient and the expert counts of the model (FP32 and FP8, dense and MoE
+// blocks, MTP), and the checkpoint train_cpu writes after a few steps, on one rank and on two (EP 2: the recomputed
+// forwards exchange their rows again). The GPU model's recomputation has the same checks in gpu_model_cpu_check.
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "model/fp8.h"
+#include "test/test_helpers.h"
+
+namespace {
+
+// Two micro-batches of forward and backward; the loss parts of each, the gradients and the expert counts after.
+struct Outcome {
+    std::vector<double> losses;
+    std::vector<float> grads;
+    std::vector<std::vector<int64_t>> counts;
+    size_t activation_floats = 0;
+};
+
+Outcome two_micro_batches(const Config& c, LinearPrecision precision, bool recompute) {
+    Model m;
+    model_init(m, c);
+    m.linear_precision = precision;
+    m.recompute = recompute;
+    randomize_for_test(m, 21);
+    const int B = 2, T = 12;
+    Outcome out;
+    model_zero_grads(m);
+    for (uint64_t micro = 0; micro < 2; micro++) {
+        const std::vector<int32_t> in = random_tokens(B * T, c.vocab_size, 22 + 2 * micro),
+                                   tg = random_tokens(B * T, c.vocab_size, 23 + 2 * micro);
+        const LossParts l = model_forward(m, in.data(), tg.data(), B, T, true);
+        out.losses.insert(out.losses.end(), {l.total, l.main, l.mtp, l.balance});
+        model_backward(m, 0.75f);
+    }
+    out.grads = m.grads;
+    out.counts = m.expert_counts;
+    out.activation_floats = m.act_storage.size();
+    return out;
+}
+
+void check_same_bits(const Config& c, LinearPrecision precision) {
+    const Outcome keep = two_micro_batches(c, precision, false), again = two_micro_batches(c, precision, true);
+    CHECK(again.losses == keep.losses);
+    CHECK(again.grads == keep.grads);
+    CHECK(again.counts == keep.counts);
+    CHECK(again.activation_floats < keep.activation_floats);
+}
+
+// The trainer's checkpoint after 3 steps of `small`-like training on `ranks` ranks, as bytes.
+std::string checkpoint_after_3_steps(int ranks, bool recompute) {
+    const std::string dir = test_path(std::string("recompute_") + std::to_string(ranks) + (recompute ? "_on" : "_off"));
+    const std::string cmd = mpirun_command(ranks) + "./train_cpu --config test/data/ep-tiny.json --data "
+                            "'data/default/train_*.bin' --seq 32 --batch 2 --lr 1e-2 --steps 3 --ep " +
+                            std::to_string(ranks) + " --checkpoint-dir " + dir + (recompute ? " --recompute" : "");
+    const CommandResult r = run_logged(cmd, "recompute_train.txt", 120);
+    REQUIRE_MESSAGE(r.status == 0, r.out);
+    const std::string bytes = slurp(dir + "/ckpt_00000003.safetensors");
+    REQUIRE(!bytes.empty());
+    return bytes;
+}
+
+}  // namespace
+
+TEST_CASE("recompute: the slots, one per block without, one per kind of block with") {
+    const Config tiny = load_config("tiny");  // block 0 dense, blocks 1.. MoE, the MTP block MoE
+    std::vector<int> own(tiny.num_blocks()), shared(tiny.num_blocks(), 1);
+    for (int l = 0; l < tiny.num_blocks(); l++) own[l] = l;
+    shared[0] = 0;
+    CHECK(block_slots(tiny, false) == own);
+    CHECK(block_slots(tiny, true) == shared);
+}
+
+TEST_CASE("recompute: the CPU model's losses, gradients and expert counts are the same bits, with fewer activations") {
+    const Config tiny = load_config("tiny");  // q_lora, dense and MoE blocks, shared experts, MTP, balance loss
+    Config routed = tiny;                     // every block MoE, no MTP
+    routed.first_k_dense_replace = 0;
+    routed.num_nextn_predict_layers = 0;
+    SUBCASE("tiny fp32") { check_same_bits(tiny, LinearPrecision::FP32); }
+    SUBCASE("tiny fp8") { check_same_bits(tiny, LinearPrecision::FP8); }
+    SUBCASE("every block MoE, no MTP") { check_same_bits(routed, LinearPrecision::FP32); }
+}
+
+TEST_CASE("recompute: train_cpu --recompute writes the checkpoint it writes without, on 1 rank and with EP 2") {
+    for (int ranks : {1, 2}) {
+        INFO("ranks " << ranks);
+        CHECK(checkpoint_after_3_steps(ranks, true) == checkpoint_after_3_steps(ranks, false));
+    }
+}
