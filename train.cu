@@ -29,14 +29,16 @@ public:
         CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
         size_t free_before = 0, total = 0;
         CUDA_CHECK(cudaMemGetInfo(&free_before, &total));
-        gpu_model_init(model_, host.config, *host.comm, precision, args.batch, args.seq, args.recompute);
+        ActivationLayout layout;
+        layout.recompute = args.recompute;
+        gpu_model_init(model_, host.config, *host.comm, precision, args.batch, args.seq, layout);
         model_release_grads(host);  // the gradients live on the GPU only
         size_t free_after = 0;
         CUDA_CHECK(cudaMemGetInfo(&free_after, &total));
         peak_ = gpu_peak_flops(prop);
         if (host.comm->rank != 0) return;
         const GpuMemoryPlan plan =
-            gpu_memory_plan(host.config, host.comm->ep_size, precision, args.batch, args.seq, args.recompute);
+            gpu_memory_plan(host.config, host.comm->ep_size, precision, args.batch, args.seq, layout);
         const double gib = 1024.0 * 1024.0 * 1024.0;
         const char* gemms = precision == gpu::Precision::FP8    ? "fp8 in the blocks' linear layers, bf16 elsewhere"
                             : precision == gpu::Precision::BF16 ? "bf16"

@@ -163,6 +163,11 @@ void check_device(const Config& c, gpu::Precision p) {
                                  " KiB: use --dtype fp32, or smaller head dims");
 }
 
+// The rows of one chunk of the output heads for batches of up to N tokens (ActivationLayout::head_chunk_values)
+int64_t head_chunk_rows(const Config& c, int64_t N, const ActivationLayout& layout) {
+    return std::min(N, std::max<int64_t>(1, layout.head_chunk_values / c.vocab_size));
+}
+
 int64_t ffn_width(const Config& c, int layer) {
     return c.is_moe_layer(layer) ? (int64_t)c.n_shared_experts * c.moe_intermediate_size : c.intermediate_size;
 }
@@ -221,20 +226,22 @@ void carve_block(ByteArena& ar, const Config& c, bool bf16, int layer, int B, in
     a.rows_back = ar.take<float>(N * k * d);
 }
 
-void carve_activations(ByteArena& ar, GpuModel& m, const Config& c, bool bf16, int B, int T, bool recompute) {
+void carve_activations(ByteArena& ar, GpuModel& m, const Config& c, bool bf16, int B, int T,
+                       const ActivationLayout& layout) {
     const int64_t N = (int64_t)B * T, d = c.hidden_size, V = c.vocab_size, L = c.num_hidden_layers;
     const int64_t mtp = c.num_nextn_predict_layers > 0 ? 1 : 0, b16 = bf16 ? 1 : 0;
     m.residual.assign(L + 1, nullptr);
-    m.block_slot = block_slots(c, recompute);
+    m.block_slot = block_slots(c, layout.recompute);
     const int slots = *std::max_element(m.block_slot.begin(), m.block_slot.end()) + 1;
     m.blocks.resize(slots);
     m.slot_layer.assign(slots, -1);
     for (float*& r : m.residual) r = ar.take<float>(N * d);
     for (int l = 0, carved = 0; l < c.num_blocks(); l++)
         if (m.block_slot[l] == carved) carve_block(ar, c, bf16, l, B, T, m.blocks[carved++]);
+    const int64_t logit_rows = layout.recompute ? head_chunk_rows(c, N, layout) : N;
     m.final_normed = ar.take<float>(N * d);
     m.final_rstd = ar.take<float>(N);
-    m.logits = ar.take<float>(N * V);
+    m.logits = ar.take<float>(logit_rows * V);
     m.losses = ar.take<float>(N);
     m.next_embed = ar.take<float>(mtp * N * d);
     m.enorm_out = ar.take<float>(mtp * N * d);
@@ -246,7 +253,7 @@ void carve_activations(ByteArena& ar, GpuModel& m, const Config& c, bool bf16, i
     m.mtp_out = ar.take<float>(mtp * N * d);
     m.mtp_normed = ar.take<float>(mtp * N * d);
     m.mtp_rstd = ar.take<float>(mtp * N);
-    m.mtp_logits = ar.take<float>(mtp * N * V);
+    m.mtp_logits = ar.take<float>(mtp * logit_rows * V);
     m.final_normed16 = ar.take<__nv_bfloat16>(b16 * N * d);
     m.mtp_concat16 = ar.take<__nv_bfloat16>(b16 * mtp * 2 * N * d);
     m.mtp_normed16 = ar.take<__nv_bfloat16>(b16 * mtp * N * d);
@@ -259,8 +266,8 @@ void carve_activations(ByteArena& ar, GpuModel& m, const Config& c, bool bf16, i
 
 // The backward's buffers (and the forward's transient ones), carved from m.scratch on every use.
 struct Scratch {
-    float *dlogits, *dfinal, *dh, *dh_prev;                       // (N, V) (FP32 mode), (N, d) x3
-    __nv_bfloat16* dlogits16;                                     // (N, V) (BF16 mode: the head GEMMs' dout)
+    float *dlogits, *dfinal, *dh, *dh_prev;                       // (head_rows, V) (FP32 mode), (N, d) x3
+    __nv_bfloat16* dlogits16;                                     // (head_rows, V) (BF16: the head GEMMs' dout)
     float *dmtp, *dmtp_out, *dconcat, *dhalf, *dnext;             // MTP: (N, d), (N, d), (N, 2d), (N, d), (N, d)
     float *dnormed, *dh_mid;                                      // (N, d) per block
     float *d_o, *dq_heads, *dk_heads, *dkv, *dq, *dkv_a;          // MLA
@@ -273,7 +280,7 @@ struct Scratch {
     float* rms;                                                   // RMSNorm dw partial sums
 };
 
-Scratch carve_scratch(ByteArena& ar, const Config& c, bool bf16, int B, int T) {
+Scratch carve_scratch(ByteArena& ar, const Config& c, bool bf16, int B, int T, int64_t head_rows) {
     const int64_t N = (int64_t)B * T, d = c.hidden_size, V = c.vocab_size, H = c.num_attention_heads;
     const int64_t dqk = c.qk_head_dim(), dn = c.qk_nope_head_dim, dv = c.v_head_dim, dr = c.qk_rope_head_dim;
     const int64_t qr = c.q_lora_rank, kr = c.kv_lora_rank, E = c.n_routed_experts, k = c.num_experts_per_tok;
@@ -282,8 +289,8 @@ Scratch carve_scratch(ByteArena& ar, const Config& c, bool bf16, int B, int T) {
     for (int l = 0; l < c.num_blocks(); l++) width = std::max(width, ffn_width(c, l));
     const bool moe = c.first_k_dense_replace < c.num_blocks();
     Scratch s;
-    s.dlogits = ar.take<float>((1 - b16) * N * V);
-    s.dlogits16 = ar.take<__nv_bfloat16>(b16 * N * V);
+    s.dlogits = ar.take<float>((1 - b16) * head_rows * V);
+    s.dlogits16 = ar.take<__nv_bfloat16>(b16 * head_rows * V);
     s.dfinal = ar.take<float>(N * d);
     s.dh = ar.take<float>(N * d);
     s.dh_prev = ar.take<float>(N * d);
@@ -322,7 +329,7 @@ Scratch carve_scratch(ByteArena& ar, const Config& c, bool bf16, int B, int T) {
 
 Scratch scratch_of(const GpuModel& m) {
     ByteArena ar{static_cast<char*>(m.scratch), 0};
-    return carve_scratch(ar, m.config, m.precision != gpu::Precision::FP32, m.max_B, m.T);
+    return carve_scratch(ar, m.config, m.precision != gpu::Precision::FP32, m.max_B, m.T, m.head_rows);
 }
 
 // The routed experts of one layer for R rows: forward buffers per layer (kept for the backward), and one set of
@@ -771,6 +778,47 @@ void block_backward(GpuModel& m, int layer, const float* h_in, const float* dh_o
     gpu::rmsnorm_backward(dh_in, g.attn_norm, s.dnormed, h_in, w.attn_norm, a.attn_rstd, N, d, true, s.rms, m.stream);
 }
 
+// x's rows from `first` on, x holding rows of `width` values (either copy may be absent)
+gpu::GemmInput rows_from(const gpu::GemmInput& x, int64_t first, int64_t width) {
+    return {x.fp32 ? x.fp32 + first * width : nullptr, x.bf16 ? x.bf16 + first * width : nullptr};
+}
+
+// An output head (the main one, or MTP's): its logits buffer (N x V, or with recompute one chunk's), the normalised
+// rows it reads (N, d) and their targets (nullptr: none)
+struct Head {
+    float* logits;
+    gpu::GemmInput normed;
+    const int32_t* targets;
+};
+Head main_head(GpuModel& m, bool with_targets) {
+    return {m.logits, {m.final_normed, m.final_normed16}, with_targets ? m.targets : nullptr};
+}
+Head mtp_head(GpuModel& m) { return {m.mtp_logits, {m.mtp_normed, m.mtp_normed16}, m.mtp_targets}; }
+
+// The logits of head h's rows [r0, r0 + rows) (one chunk): where the forward keeps them, computed there when
+// `compute` (the forward; with recompute the backward and gpu_model_logits_row too: the same GEMM on the same rows)
+const float* head_logits(GpuModel& m, const Head& h, int64_t r0, int64_t rows, bool compute) {
+    const int64_t d = m.config.hidden_size, V = m.config.vocab_size;
+    float* logits = m.layout.recompute ? h.logits : h.logits + r0 * V;
+    if (compute) {
+        m.timer.mark("head");
+        gpu::matmul_forward(m.matmul, logits, rows_from(h.normed, r0, d), weight_of(m, m.w.head), rows, d, V, false);
+    }
+    return logits;
+}
+
+// Head h's forward, chunk by chunk: the logits, and with targets each row's loss into m.losses
+void head_forward(GpuModel& m, const Head& h) {
+    const int64_t N = tokens(m), V = m.config.vocab_size;
+    for (int64_t r0 = 0; r0 < N; r0 += m.head_rows) {
+        const int64_t rows = std::min(m.head_rows, N - r0);
+        const float* logits = head_logits(m, h, r0, rows, /*compute*/ true);
+        if (!h.targets) continue;
+        m.timer.mark("cross-entropy");
+        gpu::cross_entropy_forward_backward(m.losses + r0, nullptr, logits, h.targets + r0, rows, V, 0.0f, m.stream);
+    }
+}
+
 // Sum of the first n per-row losses, in double, in row order (the CPU's order).
 double sum_losses(GpuModel& m, int64_t n) {
     std::vector<float> losses(n);
@@ -787,9 +835,11 @@ void upload_tokens(GpuModel& m, int32_t* dst, const int32_t* src, int64_t n) {
 }
 
 // Everything gpu_model_init allocates, in the order of the memory plan.
-void allocate(GpuModel& m, const Config& c, Comm& comm, gpu::Precision p, int B, int T, bool recompute,
-              const GpuMemoryPlan& plan) {
+void allocate(GpuModel& m, const Config& c, Comm& comm, gpu::Precision p, int B, int T,
+              const ActivationLayout& layout, const GpuMemoryPlan& plan) {
     m.config = c;
+    m.layout = layout;
+    m.head_rows = head_chunk_rows(c, (int64_t)B * T, layout);
     m.comm = &comm;
     m.precision = p;
     m.table = build_param_table(c, comm.ep_size);
@@ -814,9 +864,10 @@ void allocate(GpuModel& m, const Config& c, Comm& comm, gpu::Precision p, int B,
     m.g = map_weights(c, m.table, m.grads);
     m.arena = device_alloc(plan.activations, "the activations");
     ByteArena ar{static_cast<char*>(m.arena), 0};
-    carve_activations(ar, m, c, bf16, B, T, recompute);
-    m.scratch = device_alloc(bytes_of([&](ByteArena& counting) { carve_scratch(counting, c, bf16, B, T); }),
-                             "the backward's buffers");
+    carve_activations(ar, m, c, bf16, B, T, layout);
+    m.scratch = device_alloc(
+        bytes_of([&](ByteArena& counting) { carve_scratch(counting, c, bf16, B, T, m.head_rows); }),
+        "the backward's buffers");
     m.norm_slots = static_cast<double*>(
         device_alloc((int64_t)(m.table.tensors.size() + gpu::grad_norm_scratch_doubles(total)) * 8, "the norms"));
     gpu::matmul_create(m.matmul, m.stream, bf16 ? cast_elements(c, N, 0) : gpu::MatmulCasts{},
@@ -873,10 +924,11 @@ void RegionTimer::release() {
 
 // ---- public API -----------------------------------------------------------------------------------------------
 
-GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, gpu::Precision p, int B, int T, bool recompute) {
+GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, gpu::Precision p, int B, int T,
+                              const ActivationLayout& layout) {
     const int64_t total = build_param_table(c, ep_size).total, N = (int64_t)B * T;
     const int64_t R = N * c.num_experts_per_tok;  // the expected rows per rank: the buffers grow beyond it
-    const std::vector<int> slot = block_slots(c, recompute);
+    const std::vector<int> slot = block_slots(c, layout.recompute);
     std::set<int> moe_slots;  // the activation sets of MoE blocks, each with its expert rows
     for (int l = 0; l < c.num_blocks(); l++)
         if (c.is_moe_layer(l)) moe_slots.insert(slot[l]);
@@ -892,20 +944,21 @@ GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, gpu::Precision p, in
     plan.optimizer = total * 8;
     GpuModel counting;
     const bool bf16 = p != gpu::Precision::FP32;
-    plan.activations = bytes_of([&](ByteArena& ar) { carve_activations(ar, counting, c, bf16, B, T, recompute); });
+    plan.activations = bytes_of([&](ByteArena& ar) { carve_activations(ar, counting, c, bf16, B, T, layout); });
     GpuBlockActs layer;
     plan.expert_rows = moe_sets > 0 ? moe_sets * bytes_of([&](ByteArena& ar) {
                                             carve_expert_rows(ar, c, bf16, ep_size, R, layer);
                                         }) + bytes_of([&](ByteArena& ar) { carve_expert_scratch(ar, c, ep_size, R); })
                                       : 0;
     plan.scratch =
-        bytes_of([&](ByteArena& ar) { carve_scratch(ar, c, bf16, B, T); }) +
+        bytes_of([&](ByteArena& ar) { carve_scratch(ar, c, bf16, B, T, head_chunk_rows(c, N, layout)); }) +
         (int64_t)(build_param_table(c, ep_size).tensors.size() + gpu::grad_norm_scratch_doubles(total)) * 8 +
         gpu::matmul_memory_bytes(bf16 ? cast_elements(c, N, R) : gpu::MatmulCasts{}, p == gpu::Precision::FP8);
     return plan;
 }
 
-void gpu_model_init(GpuModel& m, const Config& c, Comm& comm, gpu::Precision p, int B, int T, bool recompute) {
+void gpu_model_init(GpuModel& m, const Config& c, Comm& comm, gpu::Precision p, int B, int T,
+                    const ActivationLayout& layout) {
     if (c.qk_rope_head_dim % 2 != 0)
         throw std::runtime_error("qk_rope_head_dim " + std::to_string(c.qk_rope_head_dim) +
                                  " is odd: RoPE rotates pairs");
@@ -915,7 +968,7 @@ void gpu_model_init(GpuModel& m, const Config& c, Comm& comm, gpu::Precision p, 
         throw std::runtime_error("hidden_size " + std::to_string(c.hidden_size) +
                                  " is odd: with --dtype bf16 and --ep > 1 the expert rows travel as pairs of BF16 "
                                  "values (use an even hidden size, or --dtype fp32)");
-    const GpuMemoryPlan plan = gpu_memory_plan(c, comm.ep_size, p, B, T, recompute);
+    const GpuMemoryPlan plan = gpu_memory_plan(c, comm.ep_size, p, B, T, layout);
     size_t free_bytes = 0, total_bytes = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
     const int64_t reserve = 1ll << 30;  // the CUDA context, NCCL's and cuBLASLt's own buffers: not in the plan
@@ -924,11 +977,12 @@ void gpu_model_init(GpuModel& m, const Config& c, Comm& comm, gpu::Precision p, 
         snprintf(msg, sizeof msg,
                  "the model and a batch of %d x %d tokens need %.2f GiB of GPU memory (+1 GiB for CUDA and NCCL), "
                  "%.2f GiB are free (lower --batch or --seq,%s or spread the experts with --ep)",
-                 B, T, plan.total() / 1073741824.0, free_bytes / 1073741824.0, recompute ? "" : " add --recompute,");
+                 B, T, plan.total() / 1073741824.0, free_bytes / 1073741824.0,
+                 layout.recompute ? "" : " add --recompute,");
         throw std::runtime_error(msg);
     }
     try {
-        allocate(m, c, comm, p, B, T, recompute, plan);
+        allocate(m, c, comm, p, B, T, layout, plan);
     } catch (...) {
         gpu_model_free(m);  // what was allocated before the failure
         throw;
@@ -973,7 +1027,7 @@ LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* t
     const Config& c = m.config;
     m.B = B;
     const int T = m.T;
-    const int64_t N = (int64_t)B * T, d = c.hidden_size, V = c.vocab_size, L = c.num_hidden_layers;
+    const int64_t N = (int64_t)B * T, d = c.hidden_size, L = c.num_hidden_layers;
     LossParts loss;
     upload_tokens(m, m.inputs, inputs, N);
     m.timer.mark("embedding");
@@ -984,16 +1038,13 @@ LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* t
         const NextNorm next = l + 1 < L ? attention_norm(m, l + 1) : final_norm;
         loss.balance += block_forward(m, l, m.residual[l], m.residual[l + 1], next, training, targets != nullptr);
     }
-    m.timer.mark("head");
-    gpu::matmul_forward(m.matmul, m.logits, {m.final_normed, m.final_normed16}, weight_of(m, m.w.head), N, d,
-                        V, false);
-    if (!targets) {
+    if (!targets) {  // the logits only, for gpu_model_logits_row
+        if (!m.layout.recompute) head_forward(m, main_head(m, false));
         sync(m);
         return loss;
     }
     upload_tokens(m, m.targets, targets, N);
-    m.timer.mark("cross-entropy");
-    gpu::cross_entropy_forward_backward(m.losses, nullptr, m.logits, m.targets, N, V, 0.0f, m.stream);
+    head_forward(m, main_head(m, true));
     loss.main = sum_losses(m, N) / N;
     if (c.num_nextn_predict_layers > 0) {
         std::vector<int32_t> mtp_targets(N);
@@ -1015,31 +1066,32 @@ LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* t
         block_input_norm(m, (int)L, m.mtp_in);
         const NextNorm mtp_norm{m.w.mtp_norm, m.mtp_normed, m.mtp_normed16, m.mtp_rstd};
         loss.balance += block_forward(m, (int)L, m.mtp_in, m.mtp_out, mtp_norm, training, true);
-        m.timer.mark("head");
-        gpu::matmul_forward(m.matmul, m.mtp_logits, {m.mtp_normed, m.mtp_normed16}, weight_of(m, m.w.head), N,
-                            d, V, false);
-        m.timer.mark("cross-entropy");
-        gpu::cross_entropy_forward_backward(m.losses, nullptr, m.mtp_logits, m.mtp_targets, N, V, 0.0f, m.stream);
+        head_forward(m, mtp_head(m));
         loss.mtp = sum_losses(m, N) / ((double)B * (T - 1));
     }
     loss.total = loss.main + c.mtp_loss_weight * loss.mtp + loss.balance;
     return loss;
 }
 
-// One output head's backward: dlogits = scale (softmax(logits) - onehot(targets)), then dnormed = dlogits W_head
-// and dW_head += dlogits^T normed. In BF16 mode the cross-entropy writes dlogits in BF16 only: the head's two GEMMs
-// are its only readers.
-void head_backward(GpuModel& m, const Scratch& s, float* dnormed, const float* logits, const int32_t* targets,
-                   gpu::GemmInput normed, float scale) {
+// One output head's backward, chunk by chunk (head_rows): dlogits = scale (softmax(logits) - onehot(targets)), then
+// dnormed = dlogits W_head and dW_head += dlogits^T normed. In BF16 mode the cross-entropy writes dlogits in BF16
+// only: the head's two GEMMs are its only readers.
+void head_backward(GpuModel& m, const Scratch& s, float* dnormed, const Head& h, float scale) {
     const int64_t N = tokens(m), d = m.config.hidden_size, V = m.config.vocab_size;
-    m.timer.mark("cross-entropy");
-    if (s.dlogits16)
-        gpu::cross_entropy_forward_backward_bf16(m.losses, s.dlogits16, logits, targets, N, V, scale, m.stream);
-    else
-        gpu::cross_entropy_forward_backward(m.losses, s.dlogits, logits, targets, N, V, scale, m.stream);
-    m.timer.mark("head");
-    gpu::matmul_backward(m.matmul, dnormed, m.g.head, {s.dlogits, s.dlogits16}, normed, weight_of(m, m.w.head), N, d, V,
-                         false);
+    for (int64_t r0 = 0; r0 < N; r0 += m.head_rows) {
+        const int64_t rows = std::min(m.head_rows, N - r0);
+        const float* logits = head_logits(m, h, r0, rows, /*compute*/ m.layout.recompute);
+        m.timer.mark("cross-entropy");
+        if (s.dlogits16)
+            gpu::cross_entropy_forward_backward_bf16(m.losses + r0, s.dlogits16, logits, h.targets + r0, rows, V,
+                                                     scale, m.stream);
+        else
+            gpu::cross_entropy_forward_backward(m.losses + r0, s.dlogits, logits, h.targets + r0, rows, V, scale,
+                                                m.stream);
+        m.timer.mark("head");
+        gpu::matmul_backward(m.matmul, dnormed + r0 * d, m.g.head, {s.dlogits, s.dlogits16}, rows_from(h.normed, r0, d),
+                             weight_of(m, m.w.head), rows, d, V, false);
+    }
 }
 
 void gpu_model_backward(GpuModel& m, float loss_scale) {
@@ -1047,12 +1099,12 @@ void gpu_model_backward(GpuModel& m, float loss_scale) {
     const int B = m.B, T = m.T;
     const int64_t N = (int64_t)B * T, d = c.hidden_size, L = c.num_hidden_layers;
     const Scratch s = scratch_of(m);
-    head_backward(m, s, s.dfinal, m.logits, m.targets, {m.final_normed, m.final_normed16}, loss_scale / N);
+    head_backward(m, s, s.dfinal, main_head(m, true), loss_scale / N);
     float* dh = s.dh;
     float* dh_prev = s.dh_prev;
     if (c.num_nextn_predict_layers > 0) {
         const float mtp_scale = loss_scale * c.mtp_loss_weight / ((float)B * (T - 1));
-        head_backward(m, s, s.dmtp, m.mtp_logits, m.mtp_targets, {m.mtp_normed, m.mtp_normed16}, mtp_scale);
+        head_backward(m, s, s.dmtp, mtp_head(m), mtp_scale);
         m.timer.mark("rmsnorm + residual");
         gpu::rmsnorm_backward(s.dmtp_out, m.g.mtp_norm, s.dmtp, m.mtp_out, m.w.mtp_norm, m.mtp_rstd, N, d, false,
                               s.rms, m.stream);
@@ -1157,10 +1209,12 @@ void gpu_model_update_router_bias(GpuModel& m, const std::vector<std::vector<int
     // the bias is selection only: the BF16 copy never feeds a GEMM with it, so it needs no refresh
 }
 
-void gpu_model_logits_row(const GpuModel& m, int64_t row, float* out) {
+void gpu_model_logits_row(GpuModel& m, int64_t row, float* out) {
+    const int64_t V = m.config.vocab_size, r0 = row / m.head_rows * m.head_rows;  // the row's chunk
+    const float* logits =
+        head_logits(m, main_head(m, false), r0, std::min(m.head_rows, tokens(m) - r0), m.layout.recompute);
     sync(m);
-    CUDA_CHECK(cudaMemcpy(out, m.logits + row * m.config.vocab_size, m.config.vocab_size * sizeof(float),
-                          cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(out, logits + (row - r0) * V, V * sizeof(float), cudaMemcpyDeviceToHost));
 }
 
 std::vector<float> gpu_model_grads(const GpuModel& m) {

@@ -17,9 +17,9 @@
 // widths must be multiples of 16 (FP8 leading dimensions), which gpu_model_init checks.
 // Activations for B x T tokens are carved from one allocation at init; the routed experts' rows (whose number
 // depends on the routing under expert parallelism) have per-layer buffers that grow when a step needs more. With
-// recompute the blocks of a kind share one set of both, and the residual stream alone is kept per block: the
-// backward runs each block's forward again from its input before its backward (about a third more block FLOPs).
-// Every kernel and GEMM is deterministic, so the recomputed activations, and the gradients, are the same bits.
+// recompute (ActivationLayout) the blocks of a kind share one set of both, and the residual stream alone is kept per
+// block: the backward runs each block's forward again from its input before its backward. Every kernel and GEMM is
+// deterministic, so the recomputed activations, and the gradients, are the same bits.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -33,6 +33,7 @@
 #include "kernels/matmul.cuh"
 #include "model/model.h"
 #include "model/optimizer.h"
+#include "model/plan.h"
 
 // Times named regions of the step on the stream, for the benchmark's per-kernel table: mark(name) starts a region
 // that lasts until the next mark (or finish). Off by default: then mark() does nothing.
@@ -88,6 +89,20 @@ struct Fp8Tensor {
     float *scales = nullptr, *scales_t = nullptr;
 };
 
+// How gpu_model_init lays out what the backward reads.
+//   recompute: activation checkpointing. Keep one activation set per kind of block (dense, MoE) instead of one per
+//     block, and run each block's forward again in the backward; the output heads keep one chunk of logits and
+//     compute it again too. About a third more FLOPs in the blocks and heads; the same bits.
+//   head_chunk_values: the output heads run over chunks of rows whose logits hold at most this many values (at
+//     least one row): 64 Mi, 256 MiB of FP32 logits, is 655 rows at V2-Lite's vocabulary of 102400 (GEMMs of 655 x
+//     2048 x 102400, still thousands of tiles), all the rows of a batch at `small`'s 1024. The backward needs one
+//     chunk's logit gradients at a time; without recompute the forward keeps every chunk's logits. Both chunk
+//     alike, so their head GEMMs are the same shapes and give the same bits.
+struct ActivationLayout {
+    bool recompute = false;
+    int64_t head_chunk_values = HEAD_CHUNK_VALUES;  // model/plan.h
+};
+
 struct GpuModel {
     Config config;
     Comm* comm = nullptr;            // NCCL: device buffers (host buffers are staged)
@@ -109,7 +124,9 @@ struct GpuModel {
     // (-1: none yet). The backward of a block whose set another block has overwritten runs its forward again first.
     std::vector<GpuBlockActs> blocks;
     std::vector<int> block_slot, slot_layer;
-    float *final_normed, *final_rstd, *logits, *losses;                  // (N, d), (N), (N, V), (N)
+    ActivationLayout layout;
+    int64_t head_rows = 0;  // the rows of one chunk of the output heads (layout.head_chunk_values)
+    float *final_normed, *final_rstd, *logits, *losses;                  // (N, d), (N), (N or head_rows, V), (N)
     float *next_embed, *enorm_out, *enorm_rstd, *hnorm_out, *hnorm_rstd; // MTP
     float *mtp_concat, *mtp_in, *mtp_out, *mtp_normed, *mtp_rstd, *mtp_logits;
     __nv_bfloat16 *final_normed16, *mtp_concat16, *mtp_normed16;         // BF16: the head's and MTP's GEMM inputs
@@ -131,13 +148,14 @@ struct GpuMemoryPlan {
     int64_t fp8_weights = 0;  // FP8 mode: the weights' E4M3 copies, counted in params too
     int64_t total() const { return params + grads + optimizer + activations + expert_rows + scratch; }
 };
-GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, gpu::Precision p, int B, int T, bool recompute = false);
+GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, gpu::Precision p, int B, int T,
+                              const ActivationLayout& layout = {});
 
 // Allocates everything for batches of up to B sequences of T tokens on the current device; throws
 // std::runtime_error (with the plan and the free memory) when it does not fit, or when the config is one the
-// kernels do not support. recompute: keep one activation set per kind of block instead of one per block, and run
-// each block's forward again in the backward (activation checkpointing at block granularity; the same bits).
-void gpu_model_init(GpuModel& m, const Config& c, Comm& comm, gpu::Precision p, int B, int T, bool recompute = false);
+// kernels do not support.
+void gpu_model_init(GpuModel& m, const Config& c, Comm& comm, gpu::Precision p, int B, int T,
+                    const ActivationLayout& layout = {});
 void gpu_model_free(GpuModel& m);
 // Host model (weights) and optimizer moments -> device, and back. Tables must match (same config and EP size).
 void gpu_model_upload(GpuModel& m, const Model& host, const AdamWState& opt);
@@ -151,7 +169,7 @@ void gpu_model_reduce_grads(GpuModel& m);
 double gpu_model_grad_norm(GpuModel& m);
 void gpu_model_adamw(GpuModel& m, AdamWState& opt, const OptimizerConfig& oc, float lr, float grad_multiplier);
 void gpu_model_update_router_bias(GpuModel& m, const std::vector<std::vector<int64_t>>& counts);
-void gpu_model_logits_row(const GpuModel& m, int64_t row, float* out);
+void gpu_model_logits_row(GpuModel& m, int64_t row, float* out);
 // Gradients to a host array laid out by the table (the tests compare them with the CPU model's).
 std::vector<float> gpu_model_grads(const GpuModel& m);
 

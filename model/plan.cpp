@@ -5,8 +5,9 @@
 // All-to-all: per MoE layer and token, k rows of d BF16 values go out (dispatch) and come back (combine) in the
 // forward, and again in the backward; a share 1/EP stays on the GPU, (per_node - 1)/EP crosses NVLink, the rest the
 // network. The predicted step adds compute and communication: no overlap is assumed. With --recompute the blocks
-// keep only their inputs and one activation set per kind of block, and their forward runs again in the backward
-// (its FLOPs and its all-to-all again: the predicted step counts both; MFU's model FLOPs do not).
+// keep only their inputs and one activation set per kind of block, the heads one chunk of logits, and the forward of
+// both runs again in the backward (its FLOPs and its all-to-all again: the predicted step counts both; MFU's model
+// FLOPs do not).
 #include "plan.h"
 
 #include <algorithm>
@@ -33,12 +34,11 @@ double model_flops_per_token(const Config& c, int T) {
     return 6 * active_params_with_mtp(c) + attention_flops_per_token(c, T);
 }
 
-// The blocks' forward alone, per token (what --recompute runs again): the model's FLOPs less those of the heads,
+// The forward of the blocks and the heads, per token (what --recompute runs again): the model's FLOPs less those of
 // the MTP projection and the final norms, over 3 (a forward and a backward are 3 forwards).
-static double block_forward_flops_per_token(const Config& c, int T) {
+static double recomputed_flops_per_token(const Config& c, int T) {
     const double d = c.hidden_size, mtp = c.num_nextn_predict_layers > 0 ? 1 : 0;
-    const double outside_blocks = (1 + mtp) * (double)c.vocab_size * d + d + mtp * (2 * d * d + 3 * d);
-    return (model_flops_per_token(c, T) - 6 * outside_blocks) / 3;
+    return (model_flops_per_token(c, T) - 6 * (d + mtp * (2 * d * d + 3 * d))) / 3;
 }
 
 void print_plan(const Config& c, const PlanInputs& p) {
@@ -63,9 +63,11 @@ void print_plan(const Config& c, const PlanInputs& p) {
     const double kept_per_token =  // with recompute: every block's input, and one set of each kind of block
         p.recompute ? c.num_blocks() * d + (dense_layers > 0) * (attn + dense_ffn) + (moe_layers > 0) * (attn + moe_ffn)
                     : dense_layers * (attn + dense_ffn) + moe_layers * (attn + moe_ffn);
-    const double act_per_token = 2 * (kept_per_token + 2.0 * c.vocab_size);  // + the logits of the main head and MTP
-    const double tokens = (double)p.batch * T;
-    const double act_bytes = act_per_token * tokens;
+    const double heads = c.num_nextn_predict_layers > 0 ? 2 : 1, tokens = (double)p.batch * T;
+    // the logits of the main head and MTP's: all of them, or with --recompute one FP32 chunk each
+    const double chunk_rows = std::min(tokens, std::max(1.0, (double)(HEAD_CHUNK_VALUES / c.vocab_size)));
+    const double logit_bytes = p.recompute ? heads * chunk_rows * c.vocab_size * 4 : heads * tokens * c.vocab_size * 2;
+    const double act_bytes = 2 * kept_per_token * tokens + logit_bytes;
 
     const double active = active_params_with_mtp(c), attn_flops = attention_flops_per_token(c, p.seq);
     const double flops_per_token = model_flops_per_token(c, p.seq);
@@ -78,7 +80,7 @@ void print_plan(const Config& c, const PlanInputs& p) {
     const double node_share = std::max(0.0, (double)(std::min(p.gpus_per_node, p.ep) - 1) / p.ep);
     const double network_share = 1.0 - local_share - node_share;
 
-    const double recomputed = p.recompute ? block_forward_flops_per_token(c, p.seq) : 0.0;
+    const double recomputed = p.recompute ? recomputed_flops_per_token(c, p.seq) : 0.0;
     const double compute_s = tokens * (flops_per_token + recomputed) / (p.matmul_tflops * 1e12);
     const double comm_s = sent * node_share / (p.nvlink_gbps * 1e9) + sent * network_share / (p.network_gbps * 1e9);
     // once per step, ring all-reduces of FP32 gradients (2 (n-1)/n of the bytes per GPU): the replicated
@@ -101,7 +103,7 @@ void print_plan(const Config& c, const PlanInputs& p) {
                : "  -> fits");
     printf("FLOPs per token: %.4g (6 x %.4g active parameters incl. MTP, + %.4g attention)", flops_per_token, active,
            attn_flops);
-    if (p.recompute) printf(", + %.4g recomputed (the blocks' forward, not model FLOPs)", recomputed);
+    if (p.recompute) printf(", + %.4g recomputed (the blocks' and heads' forward, not model FLOPs)", recomputed);
     printf("\n");
     printf("all-to-all per GPU per micro-step: %.3g GB sent (%.0f%% local, %.0f%% NVLink, %.0f%% network)\n", sent / 1e9,
            100 * local_share, 100 * node_share, 100 * network_share);

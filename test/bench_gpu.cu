@@ -11,8 +11,9 @@
 // was trained at 4K context, and 8K tokens per micro-batch is a realistic per-GPU batch for it (the routed experts
 // then get 8192 x 6 / 64 = 768 rows each, GEMMs large enough to run near the tensor cores' rate). --config,
 // --layers, --batch, --seq, --dtype override the preset for experiments (--layers skips the fit); --recompute runs
-// the step as train --recompute does (one block's activations kept, so more layers fit; the recomputed forwards
-// are a region of their own in the step's table, and not model FLOPs: MFU counts the work the model needs).
+// the step as train --recompute does (one activation set per kind of block and one chunk of logits kept, so more
+// layers fit; the recomputed forwards are a region of their own in the step's table, and not model FLOPs: MFU
+// counts the work the model needs).
 // --smoke runs every part once on small shapes (config small, 1 layer, 1 x 64 tokens, 1 MiB copy, 128^3 square
 // GEMM, 64K-value optimizer tensor, one timed call per figure): a check that the benchmark runs end to end, which
 // `make test` makes on the kernel emulator (./bench_gpu_emulated); its figures mean nothing.
@@ -105,7 +106,8 @@ struct Options {
     // the sizes of the ceilings' and the optimizer kernels' buffers, and how each figure is timed (time_ms)
     int64_t copy_bytes = (int64_t)1 << 30, square = 8192, optimizer_values = (int64_t)1 << 28;
     int iters = 0, trials = 3, copy_trials = 10;
-    bool smoke = false, recompute = false;
+    bool smoke = false;
+    ActivationLayout layout;  // --recompute
 };
 
 // Every part once, on small shapes: see the header comment.
@@ -149,7 +151,7 @@ Options parse_options(int argc, char** argv) {
         if (flag == "--help" || flag == "-h") usage(nullptr);
         if (flag == "--smoke") usage("--smoke takes no other flags");
         if (flag == "--recompute") {
-            o.recompute = true;
+            o.layout.recompute = true;
             continue;
         }
         if (i + 1 >= argc) usage(("missing value for " + flag).c_str());
@@ -273,7 +275,7 @@ int fit_layers(Config c, const Options& o, double free_gpu, std::string& why) {
     why = "all fit";
     for (int L = c.num_hidden_layers; L >= 1; L--) {
         c.num_hidden_layers = L;
-        const double gpu_need = (double)gpu_memory_plan(c, 1, o.precision, o.B, o.T, o.recompute).total();
+        const double gpu_need = (double)gpu_memory_plan(c, 1, o.precision, o.B, o.T, o.layout).total();
         if (gpu_need > GPU_MEMORY_SHARE * free_gpu) {
             why = "the most that fit in GPU memory";
             continue;
@@ -433,13 +435,13 @@ void bench_model(const Config& c, const Options& o, const cudaDeviceProp& prop, 
     opt.m.assign(host.table.total, 0.0f);
     opt.v.assign(host.table.total, 0.0f);
     GpuModel m;
-    gpu_model_init(m, c, local_comm(), o.precision, B, T, o.recompute);
+    gpu_model_init(m, c, local_comm(), o.precision, B, T, o.layout);
     gpu_model_upload(m, host, opt);
     const int64_t params = host.table.total;
     release(host.params);
     release(opt.m);
     release(opt.v);
-    const GpuMemoryPlan plan = gpu_memory_plan(c, 1, o.precision, B, T, o.recompute);
+    const GpuMemoryPlan plan = gpu_memory_plan(c, 1, o.precision, B, T, o.layout);
     printf("\nmodel: %.3f B parameters (%.3f B active per token), GPU plan %.1f GiB (weights %.1f, grads %.1f, "
            "AdamW %.1f, activations %.1f, expert rows %.1f, scratch %.1f), init + upload %.1f s\n",
            params / 1e9, count_active_params(c) / 1e9, plan.total() / GiB, plan.params / GiB, plan.grads / GiB,
@@ -863,9 +865,9 @@ int main(int argc, char** argv) {
                 fprintf(stderr,
                         "bench_gpu: even 1 layer with a batch of %d x %d needs %.1f GiB of GPU memory (%.1f GiB "
                         "free) and %.1f GiB of host memory: lower --batch or --seq%s\n",
-                        o.B, o.T, gpu_memory_plan(c, 1, o.precision, o.B, o.T, o.recompute).total() / GiB,
+                        o.B, o.T, gpu_memory_plan(c, 1, o.precision, o.B, o.T, o.layout).total() / GiB,
                         free_bytes / GiB, host_bytes_needed(c) / GiB,
-                        o.recompute ? "" : ", or add --recompute");
+                        o.layout.recompute ? "" : ", or add --recompute");
                 return 1;
             }
             c.num_hidden_layers = L;
@@ -877,7 +879,7 @@ int main(int argc, char** argv) {
         strftime(date, sizeof date, "%Y-%m-%d %H:%M:%S", localtime(&now));
         printf("bench_gpu | %s | %s | %s shapes, %d of %d layers (%s), batch %d x %d = %ld tokens, %s%s%s\n",
                prop.name, date, o.config.c_str(), c.num_hidden_layers, all_layers, limit.c_str(), o.B, o.T,
-               (long)o.B * o.T, precision_name(o.precision), o.recompute ? ", --recompute" : "",
+               (long)o.B * o.T, precision_name(o.precision), o.layout.recompute ? ", --recompute" : "",
                o.smoke ? " (--smoke: the figures mean nothing)" : "");
         printf("device: sm_%d%d, %d SMs, %.1f GiB (%.1f free), CUDA runtime %d.%d, driver %d.%d\n", prop.major,
                prop.minor, prop.multiProcessorCount, total_bytes / GiB, free_bytes / GiB, runtime / 1000,

@@ -154,10 +154,10 @@ AdamWState zero_moments(const Model& m) {
 // that init allocates must be exactly what gpu_memory_plan says. Returns the live bytes before init (for checking
 // that free releases everything).
 int64_t init_uploaded(GpuModel& gm, const std::string& name, const Model& host, Comm& comm, gpu::Precision p, int B,
-                      int T, AdamWState& opt, bool recompute = false) {
+                      int T, AdamWState& opt, const ActivationLayout& layout = {}) {
     const int64_t before = stand_in::memory().live_bytes;
-    gpu_model_init(gm, host.config, comm, p, B, T, recompute);
-    const GpuMemoryPlan plan = gpu_memory_plan(host.config, comm.ep_size, p, B, T, recompute);
+    gpu_model_init(gm, host.config, comm, p, B, T, layout);
+    const GpuMemoryPlan plan = gpu_memory_plan(host.config, comm.ep_size, p, B, T, layout);
     const int64_t allocated = stand_in::memory().live_bytes - before;
     report(name + " memory plan = what init allocates", allocated == plan.total(),
            fmt("allocated %.0f bytes, plan %.0f", (double)allocated, (double)plan.total()));
@@ -168,7 +168,8 @@ int64_t init_uploaded(GpuModel& gm, const std::string& name, const Model& host, 
 
 // ---- one process --------------------------------------------------------------------------------------------
 
-void check_fp32(const std::string& tag, const Config& c, int B, int T, uint64_t seed) {
+void check_fp32(const std::string& tag, const Config& c, int B, int T, uint64_t seed,
+                const ActivationLayout& layout = {}) {
     const float loss_scale = 0.75f;  // not 1: it must reach every term, the balance loss's included
     Model cpu;
     model_init(cpu, c);
@@ -179,7 +180,7 @@ void check_fp32(const std::string& tag, const Config& c, int B, int T, uint64_t 
 
     GpuModel gm;
     AdamWState opt;
-    const int64_t before = init_uploaded(gm, tag, cpu, local_comm(), gpu::Precision::FP32, B, T, opt);
+    const int64_t before = init_uploaded(gm, tag, cpu, local_comm(), gpu::Precision::FP32, B, T, opt, layout);
 
     // one micro-batch
     model_zero_grads(cpu);
@@ -396,13 +397,18 @@ void check_low_precision(const std::string& tag, const Config& c, gpu::Precision
     gpu_model_free(gm);
 }
 
-// With recompute: test/recompute_check.h's comparison (the same bits as without, two micro-batches; the forwards ran
-// again; fewer activation bytes), and the recomputing model's plan against what its init allocates.
+// With recompute: test/recompute_check.h's comparison (the same bits as without, two micro-batches and the logits of
+// a sampling forward; the forwards ran again; fewer activation bytes), with the heads in chunks of 5 rows, and the
+// recomputing model's plan against what its init allocates.
 void check_recompute(const std::string& tag, const Config& c, gpu::Precision p, int B, int T, uint64_t seed) {
-    const RecomputeComparison r = compare_recompute(c, p, B, T, seed);
+    ActivationLayout layout;
+    layout.recompute = true;
+    layout.head_chunk_values = 5 * (int64_t)c.vocab_size;
+    const RecomputeComparison r = compare_recompute(c, p, B, T, seed, layout.head_chunk_values);
     report(tag + " recompute: the same loss parts", r.same_losses, "bit for bit");
     report(tag + " recompute: the same gradients", r.same_grads, "bit for bit, 2 micro-batches");
     report(tag + " recompute: the same expert counts", r.same_counts, "");
+    report(tag + " recompute: the same logits of a sampling forward", r.same_logits, "bit for bit, every row");
     report(tag + " recompute: the blocks' forwards ran again", r.recomputed, "a \"recompute\" region");
     report(tag + " recompute: fewer activation bytes", r.kept_bytes_recompute < r.kept_bytes,
            fmt("%.0f bytes, %.0f without", (double)r.kept_bytes_recompute, (double)r.kept_bytes));
@@ -410,7 +416,7 @@ void check_recompute(const std::string& tag, const Config& c, gpu::Precision p, 
     model_init(host, c);
     GpuModel gm;
     AdamWState opt;
-    init_uploaded(gm, tag + " recompute", host, local_comm(), p, B, T, opt, /*recompute*/ true);
+    init_uploaded(gm, tag + " recompute", host, local_comm(), p, B, T, opt, layout);
     gpu_model_free(gm);
 }
 
@@ -608,7 +614,9 @@ void check_distributed(Comm& comm) {
     // gradients on every rank, to the bit
     GpuModel again;
     AdamWState opt_again;
-    init_uploaded(again, tag + " recompute", host, comm, gpu::Precision::FP32, B, T, opt_again, /*recompute*/ true);
+    ActivationLayout recomputing;
+    recomputing.recompute = true;
+    init_uploaded(again, tag + " recompute", host, comm, gpu::Precision::FP32, B, T, opt_again, recomputing);
     const double loss_again = gpu_gradients(again, my_inputs, my_targets, B);
     double differing_ranks = loss_again == loss_first && gpu_model_grads(again) == grads ? 0.0 : 1.0;
     comm.all_reduce_sum(&differing_ranks, 1, Group::World);
@@ -659,6 +667,9 @@ int main(int argc, char** argv) {
         guarded("plain B=3 T=70", [&] { check_fp32("plain B=3 T=70", plain, 3, 70, 12); });
         guarded("routed B=2 T=20", [&] { check_fp32("routed B=2 T=20", routed, 2, 20, 13); });
         guarded("dense B=2 T=9", [&] { check_fp32("dense B=2 T=9", dense, 2, 9, 14); });
+        ActivationLayout chunked;  // the output heads over chunks of 5 rows (the last one of 4)
+        chunked.head_chunk_values = 5 * (int64_t)tiny.vocab_size;
+        guarded("tiny chunked heads", [&] { check_fp32("tiny B=2 T=12 heads in 5-row chunks", tiny, 2, 12, 11, chunked); });
         // FP8 needs the linear layers' widths in multiples of 16: tiny with 16-wide rope and nope head dims
         Config tiny16 = tiny;
         tiny16.qk_nope_head_dim = tiny16.qk_rope_head_dim = 16;

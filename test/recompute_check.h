@@ -1,8 +1,10 @@
 // The check of --recompute that both programs testing gpu/gpu_model.cu make (gpu_model_cpu_check on the CPU's
 // stand-ins and kernel emulator, test_gpu on a GPU): two GPU models from the same random weights, one keeping every
-// block's activations and one recomputing them, two micro-batches of forward and backward each. Every kernel and
-// GEMM is deterministic and the recomputed forward reads the same inputs, so the loss parts, the gradients and the
-// expert counts must be the same bits; the region timer shows whether the forwards really ran again.
+// block's activations and every chunk of logits and one recomputing them, two micro-batches of forward and backward
+// each, then a forward without targets (sampling's) and every row of its logits. Every kernel and GEMM is
+// deterministic and the recomputations read the same inputs, so the loss parts, the gradients, the expert counts
+// and the logits must be the same bits; the region timer shows whether the forwards really ran again.
+// head_chunk_values: both models' (ActivationLayout), small in the tests to cut the heads into several chunks.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -14,18 +16,22 @@
 #include "test/random_model.h"
 
 struct RecomputeComparison {
-    bool same_losses = true, same_grads = false, same_counts = false, recomputed = false;
+    bool same_losses = true, same_grads = false, same_counts = false, same_logits = true, recomputed = false;
     int64_t kept_bytes = 0, kept_bytes_recompute = 0;  // activations + expert rows, as the two plans count them
 };
 
-inline RecomputeComparison compare_recompute(const Config& c, gpu::Precision p, int B, int T, uint64_t seed) {
+inline RecomputeComparison compare_recompute(const Config& c, gpu::Precision p, int B, int T, uint64_t seed,
+                                             int64_t head_chunk_values) {
     Model host;
     model_init(host, c);
     randomize_for_test(host, seed);
     const AdamWState zero{std::vector<float>(host.table.total, 0.0f), std::vector<float>(host.table.total, 0.0f), 0};
+    ActivationLayout keeping, recomputing;
+    keeping.head_chunk_values = recomputing.head_chunk_values = head_chunk_values;
+    recomputing.recompute = true;
     GpuModel keep, again;
-    gpu_model_init(keep, c, local_comm(), p, B, T);
-    gpu_model_init(again, c, local_comm(), p, B, T, /*recompute*/ true);
+    gpu_model_init(keep, c, local_comm(), p, B, T, keeping);
+    gpu_model_init(again, c, local_comm(), p, B, T, recomputing);
     RecomputeComparison r;
     for (GpuModel* gm : {&keep, &again}) {
         gpu_model_upload(*gm, host, zero);
@@ -49,7 +55,17 @@ inline RecomputeComparison compare_recompute(const Config& c, gpu::Precision p, 
     r.recomputed = regions.count("recompute") == 1;
     r.same_grads = gpu_model_grads(keep) == gpu_model_grads(again);
     r.same_counts = keep.expert_counts == again.expert_counts;
-    const GpuMemoryPlan plan = gpu_memory_plan(c, 1, p, B, T), plan_again = gpu_memory_plan(c, 1, p, B, T, true);
+    const std::vector<int32_t> prompt = random_tokens(T, c.vocab_size, seed + 5);
+    gpu_model_forward(keep, prompt.data(), nullptr, 1, false);
+    gpu_model_forward(again, prompt.data(), nullptr, 1, false);
+    std::vector<float> row_keep(c.vocab_size), row_again(c.vocab_size);
+    for (int t = 0; t < T; t++) {
+        gpu_model_logits_row(keep, t, row_keep.data());
+        gpu_model_logits_row(again, t, row_again.data());
+        r.same_logits = r.same_logits && row_keep == row_again;
+    }
+    const GpuMemoryPlan plan = gpu_memory_plan(c, 1, p, B, T, keeping),
+                        plan_again = gpu_memory_plan(c, 1, p, B, T, recomputing);
     r.kept_bytes = plan.activations + plan.expert_rows;
     r.kept_bytes_recompute = plan_again.activations + plan_again.expert_rows;
     gpu_model_free(keep);
