@@ -3,7 +3,8 @@
 // per rank (comm/nccl_comm.cu; under mpirun, or alone on GPU 0). --dtype bf16 (the default) runs the GEMMs on
 // BF16 inputs with FP32 accumulation; --dtype fp32 runs everything in FP32 and follows train_cpu closely; --dtype fp8
 // runs the linear layers inside the blocks in DeepSeek-V3's FP8 recipe and follows train_cpu --dtype fp8.
-// --recompute keeps one activation set per kind of block and runs each block's forward again in the backward.
+// --recompute keeps one activation set per kind of block (and one chunk of logits per head) and runs their forward
+// again in the backward.
 // At start rank 0 prints its GPU and the memory plan; each step line adds MFU against the GPU's BF16 peak.
 #include <cstdio>
 #include <memory>

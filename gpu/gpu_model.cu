@@ -163,11 +163,6 @@ void check_device(const Config& c, gpu::Precision p) {
                                  " KiB: use --dtype fp32, or smaller head dims");
 }
 
-// The rows of one chunk of the output heads for batches of up to N tokens (ActivationLayout::head_chunk_values)
-int64_t head_chunk_rows(const Config& c, int64_t N, const ActivationLayout& layout) {
-    return std::min(N, std::max<int64_t>(1, layout.head_chunk_values / c.vocab_size));
-}
-
 int64_t ffn_width(const Config& c, int layer) {
     return c.is_moe_layer(layer) ? (int64_t)c.n_shared_experts * c.moe_intermediate_size : c.intermediate_size;
 }
@@ -795,11 +790,15 @@ Head main_head(GpuModel& m, bool with_targets) {
 }
 Head mtp_head(GpuModel& m) { return {m.mtp_logits, {m.mtp_normed, m.mtp_normed16}, m.mtp_targets}; }
 
+// Whether the forward keeps every chunk's logits: without recompute, and with it when one chunk holds all the rows
+bool keeps_logits(const GpuModel& m) { return !m.layout.recompute || m.head_rows >= (int64_t)m.max_B * m.T; }
+
 // The logits of head h's rows [r0, r0 + rows) (one chunk): where the forward keeps them, computed there when
-// `compute` (the forward; with recompute the backward and gpu_model_logits_row too: the same GEMM on the same rows)
+// `compute` (the forward; when it does not keep them, the backward and gpu_model_logits_row too: the same GEMM on
+// the same rows)
 const float* head_logits(GpuModel& m, const Head& h, int64_t r0, int64_t rows, bool compute) {
     const int64_t d = m.config.hidden_size, V = m.config.vocab_size;
-    float* logits = m.layout.recompute ? h.logits : h.logits + r0 * V;
+    float* logits = keeps_logits(m) ? h.logits + r0 * V : h.logits;
     if (compute) {
         m.timer.mark("head");
         gpu::matmul_forward(m.matmul, logits, rows_from(h.normed, r0, d), weight_of(m, m.w.head), rows, d, V, false);
@@ -1039,7 +1038,7 @@ LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* t
         loss.balance += block_forward(m, l, m.residual[l], m.residual[l + 1], next, training, targets != nullptr);
     }
     if (!targets) {  // the logits only, for gpu_model_logits_row
-        if (!m.layout.recompute) head_forward(m, main_head(m, false));
+        if (keeps_logits(m)) head_forward(m, main_head(m, false));
         sync(m);
         return loss;
     }
@@ -1080,7 +1079,7 @@ void head_backward(GpuModel& m, const Scratch& s, float* dnormed, const Head& h,
     const int64_t N = tokens(m), d = m.config.hidden_size, V = m.config.vocab_size;
     for (int64_t r0 = 0; r0 < N; r0 += m.head_rows) {
         const int64_t rows = std::min(m.head_rows, N - r0);
-        const float* logits = head_logits(m, h, r0, rows, /*compute*/ m.layout.recompute);
+        const float* logits = head_logits(m, h, r0, rows, /*compute*/ !keeps_logits(m));
         m.timer.mark("cross-entropy");
         if (s.dlogits16)
             gpu::cross_entropy_forward_backward_bf16(m.losses + r0, s.dlogits16, logits, h.targets + r0, rows, V,
@@ -1212,7 +1211,7 @@ void gpu_model_update_router_bias(GpuModel& m, const std::vector<std::vector<int
 void gpu_model_logits_row(GpuModel& m, int64_t row, float* out) {
     const int64_t V = m.config.vocab_size, r0 = row / m.head_rows * m.head_rows;  // the row's chunk
     const float* logits =
-        head_logits(m, main_head(m, false), r0, std::min(m.head_rows, tokens(m) - r0), m.layout.recompute);
+        head_logits(m, main_head(m, false), r0, std::min(m.head_rows, tokens(m) - r0), !keeps_logits(m));
     sync(m);
     CUDA_CHECK(cudaMemcpy(out, logits + (row - r0) * V, V * sizeof(float), cudaMemcpyDeviceToHost));
 }

@@ -33,7 +33,6 @@
 #include "kernels/matmul.cuh"
 #include "model/model.h"
 #include "model/optimizer.h"
-#include "model/plan.h"
 
 // Times named regions of the step on the stream, for the benchmark's per-kernel table: mark(name) starts a region
 // that lasts until the next mark (or finish). Off by default: then mark() does nothing.
@@ -89,20 +88,6 @@ struct Fp8Tensor {
     float *scales = nullptr, *scales_t = nullptr;
 };
 
-// How gpu_model_init lays out what the backward reads.
-//   recompute: activation checkpointing. Keep one activation set per kind of block (dense, MoE) instead of one per
-//     block, and run each block's forward again in the backward; the output heads keep one chunk of logits and
-//     compute it again too. About a third more FLOPs in the blocks and heads; the same bits.
-//   head_chunk_values: the output heads run over chunks of rows whose logits hold at most this many values (at
-//     least one row): 64 Mi, 256 MiB of FP32 logits, is 655 rows at V2-Lite's vocabulary of 102400 (GEMMs of 655 x
-//     2048 x 102400, still thousands of tiles), all the rows of a batch at `small`'s 1024. The backward needs one
-//     chunk's logit gradients at a time; without recompute the forward keeps every chunk's logits. Both chunk
-//     alike, so their head GEMMs are the same shapes and give the same bits.
-struct ActivationLayout {
-    bool recompute = false;
-    int64_t head_chunk_values = HEAD_CHUNK_VALUES;  // model/plan.h
-};
-
 struct GpuModel {
     Config config;
     Comm* comm = nullptr;            // NCCL: device buffers (host buffers are staged)
@@ -124,8 +109,8 @@ struct GpuModel {
     // (-1: none yet). The backward of a block whose set another block has overwritten runs its forward again first.
     std::vector<GpuBlockActs> blocks;
     std::vector<int> block_slot, slot_layer;
-    ActivationLayout layout;
-    int64_t head_rows = 0;  // the rows of one chunk of the output heads (layout.head_chunk_values)
+    ActivationLayout layout;  // model/model.h: recompute, the heads' chunks
+    int64_t head_rows = 0;    // the rows of one chunk of the output heads (head_chunk_rows)
     float *final_normed, *final_rstd, *logits, *losses;                  // (N, d), (N), (N or head_rows, V), (N)
     float *next_embed, *enorm_out, *enorm_rstd, *hnorm_out, *hnorm_rstd; // MTP
     float *mtp_concat, *mtp_in, *mtp_out, *mtp_normed, *mtp_rstd, *mtp_logits;

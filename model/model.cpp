@@ -70,6 +70,10 @@ static void block_carve(Arena<float>& arena, const Config& c, int layer, int B, 
     a.ffn_out = arena.take(N * d);
 }
 
+int64_t head_chunk_rows(const Config& c, int64_t N, const ActivationLayout& layout) {
+    return std::min(N, std::max<int64_t>(1, layout.head_chunk_values / c.vocab_size));
+}
+
 std::vector<int> block_slots(const Config& c, bool recompute) {
     std::vector<int> slot(c.num_blocks());
     int dense = -1, moe = -1, slots = 0;
@@ -88,18 +92,19 @@ static void ensure_activations(Model& m, int B, int T) {
     const int64_t N = (int64_t)B * T, d = c.hidden_size, V = c.vocab_size;
     ModelActs& a = m.acts;
     a.residual.assign(c.num_hidden_layers + 1, nullptr);
-    a.block_slot = block_slots(c, m.recompute);
+    a.block_slot = block_slots(c, m.layout.recompute);
     const int slots = *std::max_element(a.block_slot.begin(), a.block_slot.end()) + 1;
     a.blocks.assign(slots, BlockActs{});
     a.slot_layer.assign(slots, -1);
     const bool mtp = c.num_nextn_predict_layers > 0;
+    const int64_t logit_rows = m.layout.recompute ? head_chunk_rows(c, N, m.layout) : N;
     carve_arena(m.act_storage, [&](Arena<float>& arena) {
         for (float*& r : a.residual) r = arena.take(N * d);
         for (int l = 0, carved = 0; l < c.num_blocks(); l++)
             if (a.block_slot[l] == carved) block_carve(arena, c, l, B, T, a.blocks[carved++]);
         a.final_normed = arena.take(N * d);
         a.final_rstd = arena.take(N);
-        a.logits = arena.take(N * V);
+        a.logits = arena.take(logit_rows * V);
         a.next_embed = arena.take(mtp ? N * d : 0);
         a.enorm_out = arena.take(mtp ? N * d : 0);
         a.enorm_rstd = arena.take(mtp ? N : 0);
@@ -110,7 +115,7 @@ static void ensure_activations(Model& m, int B, int T) {
         a.mtp_out = arena.take(mtp ? N * d : 0);
         a.mtp_normed = arena.take(mtp ? N * d : 0);
         a.mtp_rstd = arena.take(mtp ? N : 0);
-        a.mtp_logits = arena.take(mtp ? N * V : 0);
+        a.mtp_logits = arena.take(mtp ? logit_rows * V : 0);
     });
     m.B = B;
     m.T = T;
@@ -172,24 +177,84 @@ static void block_backward(Model& m, int layer, const float* h_in, const float* 
     rmsnorm_backward(dh_in, g.attn_norm, dnormed.data(), h_in, w.attn_norm, a.attn_rstd, N, d, true);
 }
 
+// An output head (the main one, or MTP's): its logits (N x V, or with recompute one chunk's), the normalised rows it
+// reads (N, d) and their targets (nullptr: none)
+struct Head {
+    float* logits;
+    const float* normed;
+    const int32_t* targets;
+};
+static Head main_head(Model& m, bool with_targets) {
+    return {m.acts.logits, m.acts.final_normed, with_targets ? m.targets.data() : nullptr};
+}
+static Head mtp_head(Model& m) { return {m.acts.mtp_logits, m.acts.mtp_normed, m.mtp_targets.data()}; }
+
+// Whether the forward keeps every chunk's logits: without recompute, and with it when one chunk holds all the rows
+static bool keeps_logits(const Model& m) {
+    const int64_t N = (int64_t)m.B * m.T;
+    return !m.layout.recompute || head_chunk_rows(m.config, N, m.layout) >= N;
+}
+
+// The logits of head h's rows [r0, r0 + rows) (one chunk): where the forward keeps them, computed there when
+// `compute` (the forward; when it does not keep them, the backward and model_logits_row too)
+static float* head_logits(Model& m, const Head& h, int64_t r0, int64_t rows, bool compute) {
+    const int64_t d = m.config.hidden_size, V = m.config.vocab_size;
+    float* logits = keeps_logits(m) ? h.logits + r0 * V : h.logits;
+    if (compute) matmul_forward(logits, h.normed + r0 * d, m.w.head, rows, d, V);
+    return logits;
+}
+
+// Head h's forward, chunk by chunk: the logits, and with targets the sum of the rows' losses (returned)
+static double head_forward(Model& m, const Head& h) {
+    const int64_t N = (int64_t)m.B * m.T, V = m.config.vocab_size, chunk = head_chunk_rows(m.config, N, m.layout);
+    double total = 0.0;
+    for (int64_t r0 = 0; r0 < N; r0 += chunk) {
+        const int64_t rows = std::min(chunk, N - r0);
+        const float* logits = head_logits(m, h, r0, rows, /*compute*/ true);
+        if (h.targets) total += cross_entropy_forward_backward(nullptr, logits, h.targets + r0, rows, V, 0.0f);
+    }
+    return total;
+}
+
+// Head h's backward, chunk by chunk: dlogits = scale (softmax(logits) - onehot(targets)), dnormed (N, d) = dlogits
+// W_head (overwritten), dW_head += dlogits^T normed
+static void head_backward(Model& m, const Head& h, float* dnormed, float scale) {
+    const int64_t N = (int64_t)m.B * m.T, d = m.config.hidden_size, V = m.config.vocab_size;
+    const int64_t chunk = head_chunk_rows(m.config, N, m.layout);
+    std::vector<float> dlogits(chunk * V);
+    for (int64_t r0 = 0; r0 < N; r0 += chunk) {
+        const int64_t rows = std::min(chunk, N - r0);
+        const float* logits = head_logits(m, h, r0, rows, /*compute*/ !keeps_logits(m));
+        cross_entropy_forward_backward(dlogits.data(), logits, h.targets + r0, rows, V, scale);
+        matmul_backward(dnormed + r0 * d, m.g.head, dlogits.data(), h.normed + r0 * d, m.w.head, rows, d, V, false);
+    }
+}
+
+void model_logits_row(Model& m, int64_t row, float* out) {
+    const int64_t N = (int64_t)m.B * m.T, V = m.config.vocab_size, chunk = head_chunk_rows(m.config, N, m.layout);
+    const int64_t r0 = row / chunk * chunk;  // the row's chunk
+    const float* logits = head_logits(m, main_head(m, false), r0, std::min(chunk, N - r0), !keeps_logits(m));
+    std::copy_n(logits + (row - r0) * V, V, out);
+}
+
 LossParts model_forward(Model& m, const int32_t* inputs, const int32_t* targets, int B, int T, bool training) {
     ensure_activations(m, B, T);
     const Config& c = m.config;
     ModelActs& a = m.acts;
-    const int64_t N = (int64_t)B * T, d = c.hidden_size, V = c.vocab_size, L = c.num_hidden_layers;
+    const int64_t N = (int64_t)B * T, d = c.hidden_size, L = c.num_hidden_layers;
     m.inputs.assign(inputs, inputs + N);
     LossParts loss;
 
     embedding_forward(a.residual[0], inputs, m.w.embed, N, d);
     for (int l = 0; l < L; l++) loss.balance += block_forward(m, l, a.residual[l], a.residual[l + 1], training);
     rmsnorm_forward(a.final_normed, a.final_rstd, a.residual[L], m.w.final_norm, N, d, c.rms_norm_eps);
-    matmul_forward(a.logits, a.final_normed, m.w.head, N, d, V);
-    if (!targets) {
+    if (!targets) {  // the logits only, for model_logits_row
         m.targets.clear();
+        if (keeps_logits(m)) head_forward(m, main_head(m, false));
         return loss;
     }
     m.targets.assign(targets, targets + N);
-    loss.main = cross_entropy_forward_backward(nullptr, a.logits, targets, N, V, 0.0f) / N;
+    loss.main = head_forward(m, main_head(m, true)) / N;
 
     if (c.num_nextn_predict_layers > 0) {
         m.mtp_targets.resize(N);
@@ -204,9 +269,7 @@ LossParts model_forward(Model& m, const int32_t* inputs, const int32_t* targets,
         matmul_forward(a.mtp_in, a.mtp_concat, m.w.mtp_eh_proj, N, 2 * d, d);
         loss.balance += block_forward(m, (int)L, a.mtp_in, a.mtp_out, training);
         rmsnorm_forward(a.mtp_normed, a.mtp_rstd, a.mtp_out, m.w.mtp_norm, N, d, c.rms_norm_eps);
-        matmul_forward(a.mtp_logits, a.mtp_normed, m.w.head, N, d, V);
-        loss.mtp = cross_entropy_forward_backward(nullptr, a.mtp_logits, m.mtp_targets.data(), N, V, 0.0f) /
-                   ((double)B * (T - 1));
+        loss.mtp = head_forward(m, mtp_head(m)) / ((double)B * (T - 1));
     }
     loss.total = loss.main + c.mtp_loss_weight * loss.mtp + loss.balance;
     return loss;
@@ -216,18 +279,16 @@ void model_backward(Model& m, float loss_scale) {
     const Config& c = m.config;
     ModelActs& a = m.acts;
     const int B = m.B, T = m.T;
-    const int64_t N = (int64_t)B * T, d = c.hidden_size, V = c.vocab_size, L = c.num_hidden_layers;
-    std::vector<float> dlogits(N * V), dfinal(N * d), dh(N * d), dh_prev(N * d);
+    const int64_t N = (int64_t)B * T, d = c.hidden_size, L = c.num_hidden_layers;
+    std::vector<float> dfinal(N * d), dh(N * d), dh_prev(N * d);
 
     // main head: d(mean CE)/d logits, then into the final normalised state
-    cross_entropy_forward_backward(dlogits.data(), a.logits, m.targets.data(), N, V, loss_scale / N);
-    matmul_backward(dfinal.data(), m.g.head, dlogits.data(), a.final_normed, m.w.head, N, d, V, false);
+    head_backward(m, main_head(m, true), dfinal.data(), loss_scale / N);
 
     if (c.num_nextn_predict_layers > 0) {
         const float mtp_scale = loss_scale * c.mtp_loss_weight / ((float)B * (T - 1));
         std::vector<float> dmtp(N * d), dmtp_out(N * d), dconcat(N * 2 * d), dhalf(N * d), dnext(N * d);
-        cross_entropy_forward_backward(dlogits.data(), a.mtp_logits, m.mtp_targets.data(), N, V, mtp_scale);
-        matmul_backward(dmtp.data(), m.g.head, dlogits.data(), a.mtp_normed, m.w.head, N, d, V, false);
+        head_backward(m, mtp_head(m), dmtp.data(), mtp_scale);
         rmsnorm_backward(dmtp_out.data(), m.g.mtp_norm, dmtp.data(), a.mtp_out, m.w.mtp_norm, a.mtp_rstd, N, d,
                          false);
         block_backward(m, (int)L, a.mtp_in, dmtp_out.data(), dmtp.data(), loss_scale);

@@ -30,15 +30,15 @@ struct BlockActs {
 
 struct ModelActs {
     std::vector<float*> residual;  // num_hidden_layers + 1 entries of (N, d): the input of each main block, then the output
-    // The blocks' activation sets: one per block (main blocks, then the MTP block), or with Model::recompute one per
-    // kind of block (dense, MoE) shared by the blocks of that kind. block_slot[l] is block l's set (block_slots),
+    // The blocks' activation sets: one per block (main blocks, then the MTP block), or with recompute one per kind of
+    // block (dense, MoE) shared by the blocks of that kind. block_slot[l] is block l's set (block_slots),
     // slot_layer[s] the block whose forward set s holds (-1: none): a block whose set another block has overwritten
     // runs its forward again before its backward.
     std::vector<BlockActs> blocks;
     std::vector<int> block_slot, slot_layer;
     float* final_normed;           // (N, d)
     float* final_rstd;             // (N)
-    float* logits;                 // (N, V)
+    float* logits;                 // (N, V), or with recompute (head_chunk_rows, V)
     // MTP
     float* next_embed;             // (N, d) Emb(y)
     float* enorm_out;              // (N, d)
@@ -50,7 +50,21 @@ struct ModelActs {
     float* mtp_out;                // (N, d)
     float* mtp_normed;             // (N, d)
     float* mtp_rstd;               // (N)
-    float* mtp_logits;             // (N, V)
+    float* mtp_logits;             // (N, V), or with recompute (head_chunk_rows, V)
+};
+
+// How a model (this CPU one, or the GPU's: gpu/gpu_model.h) lays out what its backward reads.
+//   recompute: activation checkpointing (--recompute). Keep one activation set per kind of block (dense, MoE)
+//     instead of one per block, and run each block's forward again before its backward; the output heads keep one
+//     chunk of logits and compute it again too. About a third more FLOPs in the blocks and heads; the same bits.
+//   head_chunk_values: the output heads run over chunks of rows whose logits hold at most this many values (at
+//     least one row; head_chunk_rows): 64 Mi, 256 MiB of FP32 logits, is 655 rows at V2-Lite's vocabulary of
+//     102400 (GEMMs of 655 x 2048 x 102400, still thousands of tiles), all the rows of a batch at `small`'s 1024.
+//     The backward needs one chunk's logit gradients at a time; without recompute the forward keeps every chunk's
+//     logits. Both modes chunk alike, so their head GEMMs are the same shapes and give the same bits.
+struct ActivationLayout {
+    bool recompute = false;
+    int64_t head_chunk_values = int64_t(1) << 26;
 };
 
 struct LossParts {
@@ -64,10 +78,7 @@ struct Model {
     std::vector<float> params, grads;  // one buffer each, laid out by the table
     ModelWeights w, g;                 // pointers into params and grads
     LinearPrecision linear_precision = LinearPrecision::FP32;  // the GEMMs inside the blocks (model/fp8.h)
-    // Activation checkpointing per block: keep the residual stream and one activation set per kind of block, and run
-    // each block's forward again in the backward (the same bits; a third more block FLOPs). Set before the first
-    // forward.
-    bool recompute = false;
+    ActivationLayout layout;  // set before the first forward
     // activations of the last forward, for a batch of B x T
     int B = 0, T = 0;
     std::vector<float> act_storage;
@@ -93,6 +104,10 @@ void model_zero_grads(Model& m);
 void model_reserve(Model& m, int B, int T);
 // Block l's activation set: l itself, or with recompute the number of its kind (dense, MoE) in order of appearance.
 std::vector<int> block_slots(const Config& c, bool recompute);
+// The rows of one chunk of the output heads for batches of N tokens (ActivationLayout::head_chunk_values).
+int64_t head_chunk_rows(const Config& c, int64_t N, const ActivationLayout& layout);
+// The main head's logits of row `row` of the last forward (V values): kept by it, or with recompute computed again.
+void model_logits_row(Model& m, int64_t row, float* out);
 // Sums the gradients over the ranks that share each tensor: replicated tensors over the world, expert shards
 // over their data-parallel replicas. (Backward with loss_scale 1/world then gives the global mean's gradient.)
 void model_reduce_grads(Model& m);

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "model.h"
 #include "params.h"
 
 // Parameters one token's forward passes through: the active ones, plus the MTP block less its unused routed experts,
@@ -65,7 +66,7 @@ void print_plan(const Config& c, const PlanInputs& p) {
                     : dense_layers * (attn + dense_ffn) + moe_layers * (attn + moe_ffn);
     const double heads = c.num_nextn_predict_layers > 0 ? 2 : 1, tokens = (double)p.batch * T;
     // the logits of the main head and MTP's: all of them, or with --recompute one FP32 chunk each
-    const double chunk_rows = std::min(tokens, std::max(1.0, (double)(HEAD_CHUNK_VALUES / c.vocab_size)));
+    const double chunk_rows = (double)head_chunk_rows(c, (int64_t)tokens, ActivationLayout{});
     const double logit_bytes = p.recompute ? heads * chunk_rows * c.vocab_size * 4 : heads * tokens * c.vocab_size * 2;
     const double act_bytes = 2 * kept_per_token * tokens + logit_bytes;
 

@@ -13,10 +13,6 @@ struct PlanInputs {
     bool recompute = false;       // --recompute: one block's activations kept, each block's forward run twice
 };
 
-// The GPU trainer's output heads run over chunks of rows holding this many logits (gpu/gpu_model.h's
-// ActivationLayout); with --recompute one chunk per head is all the logits it keeps.
-constexpr int64_t HEAD_CHUNK_VALUES = int64_t(1) << 26;
-
 void print_plan(const Config& c, const PlanInputs& p);
 // Training FLOPs per token for sequences of T tokens (forward and backward): 6 x the active parameters (shared
 // experts and MTP included) + the attention scores, causal halved. The numerator of MFU.

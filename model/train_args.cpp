@@ -41,7 +41,7 @@ static const char* USAGE =
     "  --dtype fp32|bf16|fp8  GEMM precision: fp32; bf16 inputs (GPU only; the GPU default); fp8: the linear layers\n"
     "                         inside the blocks in DeepSeek-V3's FP8 recipe (on the CPU: E4M3 values, FP32 sums)\n"
     "  --recompute            activation checkpointing: keep the blocks' inputs and the activations of one block of\n"
-    "                         each kind (dense, MoE), and on the GPU one chunk of logits; the backward runs their\n"
+    "                         each kind (dense, MoE) and one chunk of logits per head; the backward runs their\n"
     "                         forward again (the same results, about a third more FLOPs)\n"
     "  --eval-only            print the validation loss of the model (--resume or --init-from-hf) and exit\n"
     "  --plot FILE.png        plot the --log at the end (--plot-log-scale for a logarithmic loss axis)\n"

@@ -1,9 +1,12 @@
-// --recompute (activation checkpointing per block) on the CPU: the model keeps the residual stream and one
-// activation set per kind of block, and each block whose set another block has overwritten runs its forward again
-// before its backward. The recomputed forward reads the same inputs through the same code, so everything must be the
-// same bits as without: the losses, every gradient and the expert counts of the model (FP32 and FP8, dense and MoE
-// blocks, MTP), and the checkpoint train_cpu writes after a few steps, on one rank and on two (EP 2: the recomputed
-// forwards exchange their rows again). The GPU model's recomputation has the same checks in gpu_model_cpu_check.
+// --recompute (activation checkpointing) on the CPU: the model keeps the residual stream, one activation set per
+// kind of block and one chunk of logits per output head; each block whose set another block has overwritten runs its
+// forward again before its backward, and each head chunk is computed again. The recomputations read the same inputs
+// through the same code, so everything must be the same bits as without: the losses, every gradient and the expert
+// counts of the model (FP32 and FP8, dense and MoE blocks, MTP, heads in one chunk or several), the logits of a
+// sampling forward, and the checkpoint train_cpu writes after a few steps, on one rank and on two (EP 2: the
+// recomputed forwards exchange their rows again). The heads in chunks against one chunk: the same losses and
+// gradients up to the order of the head's weight-gradient sums. The GPU model has the same checks in
+// gpu_model_cpu_check.
 #include <doctest/doctest.h>
 
 #include <string>
@@ -14,19 +17,20 @@
 
 namespace {
 
-// Two micro-batches of forward and backward; the loss parts of each, the gradients and the expert counts after.
+// Two micro-batches of forward and backward; the loss parts of each, the gradients and the expert counts after; the
+// logits of every row of a sampling forward (B = 1, no targets).
 struct Outcome {
     std::vector<double> losses;
-    std::vector<float> grads;
+    std::vector<float> grads, logits;
     std::vector<std::vector<int64_t>> counts;
     size_t activation_floats = 0;
 };
 
-Outcome two_micro_batches(const Config& c, LinearPrecision precision, bool recompute) {
+Outcome two_micro_batches(const Config& c, LinearPrecision precision, const ActivationLayout& layout) {
     Model m;
     model_init(m, c);
     m.linear_precision = precision;
-    m.recompute = recompute;
+    m.layout = layout;
     randomize_for_test(m, 21);
     const int B = 2, T = 12;
     Outcome out;
@@ -41,14 +45,23 @@ Outcome two_micro_batches(const Config& c, LinearPrecision precision, bool recom
     out.grads = m.grads;
     out.counts = m.expert_counts;
     out.activation_floats = m.act_storage.size();
+    const std::vector<int32_t> prompt = random_tokens(T, c.vocab_size, 27);
+    model_forward(m, prompt.data(), nullptr, 1, T, false);
+    out.logits.resize((int64_t)T * c.vocab_size);
+    for (int t = 0; t < T; t++) model_logits_row(m, t, out.logits.data() + (int64_t)t * c.vocab_size);
     return out;
 }
 
-void check_same_bits(const Config& c, LinearPrecision precision) {
-    const Outcome keep = two_micro_batches(c, precision, false), again = two_micro_batches(c, precision, true);
+// With and without recompute, the heads in chunks of head_rows rows (0: one chunk)
+void check_same_bits(const Config& c, LinearPrecision precision, int64_t head_rows) {
+    ActivationLayout keeping, recomputing;
+    if (head_rows > 0) keeping.head_chunk_values = recomputing.head_chunk_values = head_rows * c.vocab_size;
+    recomputing.recompute = true;
+    const Outcome keep = two_micro_batches(c, precision, keeping), again = two_micro_batches(c, precision, recomputing);
     CHECK(again.losses == keep.losses);
     CHECK(again.grads == keep.grads);
     CHECK(again.counts == keep.counts);
+    CHECK(again.logits == keep.logits);
     CHECK(again.activation_floats < keep.activation_floats);
 }
 
@@ -81,9 +94,35 @@ TEST_CASE("recompute: the CPU model's losses, gradients and expert counts are th
     Config routed = tiny;                     // every block MoE, no MTP
     routed.first_k_dense_replace = 0;
     routed.num_nextn_predict_layers = 0;
-    SUBCASE("tiny fp32") { check_same_bits(tiny, LinearPrecision::FP32); }
-    SUBCASE("tiny fp8") { check_same_bits(tiny, LinearPrecision::FP8); }
-    SUBCASE("every block MoE, no MTP") { check_same_bits(routed, LinearPrecision::FP32); }
+    SUBCASE("tiny fp32") { check_same_bits(tiny, LinearPrecision::FP32, 0); }
+    SUBCASE("tiny fp8") { check_same_bits(tiny, LinearPrecision::FP8, 0); }
+    SUBCASE("every block MoE, no MTP") { check_same_bits(routed, LinearPrecision::FP32, 0); }
+    SUBCASE("tiny, the heads in chunks of 5 rows") { check_same_bits(tiny, LinearPrecision::FP32, 5); }
+}
+
+TEST_CASE("recompute: the heads in chunks of rows give the losses, gradients and logits of one chunk") {
+    // Only the sums over rows into the head's weight gradient are grouped differently (per chunk, then over the
+    // chunks): FP32 rounding of sums of 24 terms, relative 1e-6 of the tensor's largest value; the losses are sums of
+    // the same per-row doubles (1e-12), the logits the same dot products (exact).
+    const Config tiny = load_config("tiny");
+    ActivationLayout chunked;
+    chunked.head_chunk_values = 5 * (int64_t)tiny.vocab_size;
+    const Outcome one = two_micro_batches(tiny, LinearPrecision::FP32, ActivationLayout{}),
+                  five = two_micro_batches(tiny, LinearPrecision::FP32, chunked);
+    for (size_t i = 0; i < one.losses.size(); i++) CHECK_REL(five.losses[i], one.losses[i], 1e-12);
+    CHECK(five.logits == one.logits);
+    CHECK(five.counts == one.counts);
+    Model table_of;
+    model_init(table_of, tiny);
+    for (const ParamTensor& t : table_of.table.tensors) {
+        double diff = 0.0, scale = 0.0;
+        for (int64_t i = t.offset; i < t.offset + t.numel; i++) {
+            diff = std::max(diff, (double)std::fabs(five.grads[i] - one.grads[i]));
+            scale = std::max(scale, (double)std::fabs(one.grads[i]));
+        }
+        INFO(t.name);
+        CHECK(diff <= 1e-6 * scale);
+    }
 }
 
 TEST_CASE("recompute: train_cpu --recompute writes the checkpoint it writes without, on 1 rank and with EP 2") {

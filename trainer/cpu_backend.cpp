@@ -16,7 +16,7 @@ public:
             throw std::runtime_error(
                 "the CPU trainer computes in fp32 (or fp8, simulated); --dtype bf16 is for the GPU trainer ./train");
         m_.linear_precision = args.dtype == "fp8" ? LinearPrecision::FP8 : LinearPrecision::FP32;
-        m_.recompute = args.recompute;
+        m_.layout.recompute = args.recompute;
         model_reserve(m_, args.batch, args.seq);
     }
     void load(const Model& host, const AdamWState& opt) override {}
@@ -25,10 +25,7 @@ public:
         return model_forward(m_, inputs, targets, B, T, training);
     }
     void backward(float loss_scale) override { model_backward(m_, loss_scale); }
-    void logits_row(int64_t row, float* out) override {
-        const int V = m_.config.vocab_size;
-        std::copy_n(m_.acts.logits + row * V, V, out);
-    }
+    void logits_row(int64_t row, float* out) override { model_logits_row(m_, row, out); }
     void zero_grads() override { model_zero_grads(m_); }
     void reduce_grads() override { model_reduce_grads(m_); }
     double grad_norm() override { return model_grad_norm(m_); }
