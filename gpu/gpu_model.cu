@@ -1079,7 +1079,9 @@ void head_backward(GpuModel& m, const Scratch& s, float* dnormed, const Head& h,
     const int64_t N = tokens(m), d = m.config.hidden_size, V = m.config.vocab_size;
     for (int64_t r0 = 0; r0 < N; r0 += m.head_rows) {
         const int64_t rows = std::min(m.head_rows, N - r0);
+        if (!keeps_logits(m)) m.timer.label = "recompute";
         const float* logits = head_logits(m, h, r0, rows, /*compute*/ !keeps_logits(m));
+        m.timer.label = nullptr;
         m.timer.mark("cross-entropy");
         if (s.dlogits16)
             gpu::cross_entropy_forward_backward_bf16(m.losses + r0, s.dlogits16, logits, h.targets + r0, rows, V,

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 
 #include "ops.h"
 #include "optimizer.h"
@@ -71,7 +72,8 @@ static void block_carve(Arena<float>& arena, const Config& c, int layer, int B, 
 }
 
 int64_t head_chunk_rows(const Config& c, int64_t N, const ActivationLayout& layout) {
-    return std::min(N, std::max<int64_t>(1, layout.head_chunk_values / c.vocab_size));
+    const int64_t V = c.vocab_size, aligned = 64 / std::gcd<int64_t>(V, 64);  // rows x V a multiple of 64
+    return std::min(N, std::max(aligned, layout.head_chunk_values / V / aligned * aligned));
 }
 
 std::vector<int> block_slots(const Config& c, bool recompute) {

@@ -57,11 +57,13 @@ struct ModelActs {
 //   recompute: activation checkpointing (--recompute). Keep one activation set per kind of block (dense, MoE)
 //     instead of one per block, and run each block's forward again before its backward; the output heads keep one
 //     chunk of logits and compute it again too. About a third more FLOPs in the blocks and heads; the same bits.
-//   head_chunk_values: the output heads run over chunks of rows whose logits hold at most this many values (at
-//     least one row; head_chunk_rows): 64 Mi, 256 MiB of FP32 logits, is 655 rows at V2-Lite's vocabulary of
-//     102400 (GEMMs of 655 x 2048 x 102400, still thousands of tiles), all the rows of a batch at `small`'s 1024.
-//     The backward needs one chunk's logit gradients at a time; without recompute the forward keeps every chunk's
-//     logits. Both modes chunk alike, so their head GEMMs are the same shapes and give the same bits.
+//   head_chunk_values: the output heads run over chunks of rows whose logits hold at most this many values
+//     (head_chunk_rows; the rows a multiple of 64 / gcd(V, 64), so that every chunk's logits start on 256 bytes):
+//     64 Mi, 256 MiB of FP32 logits, is 655 rows at V2-Lite's vocabulary of 102400 (GEMMs of 655 x 2048 x 102400,
+//     still thousands of tiles), all the rows of a batch at `small`'s 1024. The backward needs one chunk's logit
+//     gradients at a time; without recompute the forward keeps every chunk's logits. Both modes chunk alike, so
+//     their head GEMMs are the same shapes on equally aligned buffers (cuBLASLt's choice of kernel depends on the
+//     pointers' alignment) and give the same bits.
 struct ActivationLayout {
     bool recompute = false;
     int64_t head_chunk_values = int64_t(1) << 26;

@@ -6,8 +6,8 @@
 // forward, and again in the backward; a share 1/EP stays on the GPU, (per_node - 1)/EP crosses NVLink, the rest the
 // network. The predicted step adds compute and communication: no overlap is assumed. With --recompute the blocks
 // keep only their inputs and one activation set per kind of block, the heads one chunk of logits, and the forward of
-// both runs again in the backward (its FLOPs and its all-to-all again: the predicted step counts both; MFU's model
-// FLOPs do not).
+// both runs again in the backward (its FLOPs and its all-to-all again: the predicted step counts both, for every
+// block, where the trainers recompute all but the last block of each kind; MFU's model FLOPs do not).
 #include "plan.h"
 
 #include <algorithm>
@@ -53,8 +53,9 @@ void print_plan(const Config& c, const PlanInputs& p) {
     const double dqk = c.qk_head_dim(), dv = c.v_head_dim, I = c.moe_intermediate_size, k = c.num_experts_per_tok;
     const int moe_layers = c.num_blocks() - std::min(c.first_k_dense_replace, c.num_hidden_layers);
 
-    // activations kept for the backward, per token and block, in BF16 (the attention core recomputes its
-    // probabilities from the saved output and log-sum-exp, as flash attention does)
+    // activations kept for the backward, per token and block, in FP32 as ./train keeps them (the attention core
+    // recomputes its probabilities from the saved output and log-sum-exp, as flash attention does); the BF16 copies of
+    // the GEMM inputs and the routed experts' buffers come on top (./train's memory plan at start counts them)
     const double qr = c.q_lora_rank, kr = c.kv_lora_rank;
     const double attn = 2 * d + (qr > 0 ? 2 * qr : 0) + 2 * H * dqk + (kr + c.qk_rope_head_dim) + 2 * kr +
                         H * (c.qk_nope_head_dim + dv) + H * dqk + H * dv + 2 * H;
@@ -65,10 +66,9 @@ void print_plan(const Config& c, const PlanInputs& p) {
         p.recompute ? c.num_blocks() * d + (dense_layers > 0) * (attn + dense_ffn) + (moe_layers > 0) * (attn + moe_ffn)
                     : dense_layers * (attn + dense_ffn) + moe_layers * (attn + moe_ffn);
     const double heads = c.num_nextn_predict_layers > 0 ? 2 : 1, tokens = (double)p.batch * T;
-    // the logits of the main head and MTP's: all of them, or with --recompute one FP32 chunk each
-    const double chunk_rows = (double)head_chunk_rows(c, (int64_t)tokens, ActivationLayout{});
-    const double logit_bytes = p.recompute ? heads * chunk_rows * c.vocab_size * 4 : heads * tokens * c.vocab_size * 2;
-    const double act_bytes = 2 * kept_per_token * tokens + logit_bytes;
+    // the logits of the main head and MTP's: all of them, or with --recompute one chunk each
+    const double logit_rows = p.recompute ? (double)head_chunk_rows(c, (int64_t)tokens, ActivationLayout{}) : tokens;
+    const double act_bytes = 4 * (kept_per_token * tokens + heads * logit_rows * c.vocab_size);
 
     const double active = active_params_with_mtp(c), attn_flops = attention_flops_per_token(c, p.seq);
     const double flops_per_token = model_flops_per_token(c, p.seq);

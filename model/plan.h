@@ -10,7 +10,7 @@ struct PlanInputs {
     double nvlink_gbps = 160;     // GB/s per GPU to GPUs of the same node, achieved for all-to-all
     double network_gbps = 40;     // GB/s per GPU to other nodes (400 Gb/s InfiniBand ~ 50 GB/s, ~80% achieved)
     double gpu_memory_gib = 80;
-    bool recompute = false;       // --recompute: one block's activations kept, each block's forward run twice
+    bool recompute = false;       // --recompute: one activation set per kind of block kept, the forward run twice
 };
 
 void print_plan(const Config& c, const PlanInputs& p);

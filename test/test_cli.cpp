@@ -161,16 +161,15 @@ TEST_CASE("cli: --plan for DeepSeek-V3 on 256 GPUs, with and without --recompute
     // all-to-all: 4 x 59 MoE blocks x 4096 tokens x 8 rows x 7168 x 2 bytes = 111 GB
     CHECK(out.find("111 GB sent") != std::string::npos);
     CHECK(out.find("does NOT fit") != std::string::npos);  // 28B parameters x 18 bytes on one 80 GiB GPU
-    CHECK(out.find("activations 153.9 GiB") != std::string::npos);
+    CHECK(out.find("activations 307.8 GiB") != std::string::npos);  // FP32 (plan.cpp's per-token counts)
     // --recompute: per token, the 62 blocks' inputs (62 x 7168) and one MLA + dense FFN and one MLA + MoE activation
-    // set (142144 + 69632 + 142144 + 184576 values, plan.cpp's counts) kept instead of every block's, 2 bytes each,
-    // and one FP32 chunk of logits per head (2^26 / 129280 = 519 rows): 2 x 982912 x 4096 + 2 x 519 x 129280 x 4 =
-    // 8.0 GiB; the forward of the blocks and heads again: (2.606e11 - 6 x (the MTP projection 2 x 7168^2 + norms))
+    // set (142144 + 69632 + 142144 + 184576 values, plan.cpp's counts) kept instead of every block's, and one chunk
+    // of logits per head (2^26 / 129280 = 519 rows), FP32: 4 x (982912 x 4096 + 2 x 519 x 129280) = 15.5 GiB; the forward of the blocks and heads again: (2.606e11 - 6 x (the MTP projection 2 x 7168^2 + norms))
     // / 3 = 8.668e10 FLOPs; and the recomputed forward's dispatch and combine: 6 / 4 of the 111 GB
     const CommandResult again = run_logged("./train_cpu --config deepseek-v3 --plan --gpus 256 --ep 64 --batch 1 --seq "
                                            "4096 --grad-accum 16 --recompute", "cli_plan_recompute.txt", 60);
     REQUIRE(again.status == 0);
-    CHECK(again.out.find("activations (--recompute) 8.0 GiB") != std::string::npos);
+    CHECK(again.out.find("activations (--recompute) 15.5 GiB") != std::string::npos);
     CHECK(again.out.find("+ 8.668e+10 recomputed") != std::string::npos);
     CHECK(again.out.find("166 GB sent") != std::string::npos);
     expect_clean_failure("./train_cpu --config deepseek-v3 --plan --gpus 256 --ep 3", "--ep must divide --gpus");

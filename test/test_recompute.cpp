@@ -89,6 +89,17 @@ TEST_CASE("recompute: the slots, one per block without, one per kind of block wi
     CHECK(block_slots(tiny, true) == shared);
 }
 
+TEST_CASE("recompute: the heads' chunks hold at most 64 Mi logits and start on 256 bytes") {
+    Config c = load_config("small");
+    const ActivationLayout layout;
+    CHECK(head_chunk_rows(c, 1024, layout) == 1024);  // all of small's batch: 1024 x 1024 logits
+    c.vocab_size = 102400;                             // V2-Lite's: 2^26 / 102400 = 655 rows
+    CHECK(head_chunk_rows(c, 8192, layout) == 655);
+    c.vocab_size = 50257;  // GPT-2's, odd: 2^26 / 50257 = 1335 rows, down to 1280, a multiple of 64
+    CHECK(head_chunk_rows(c, 8192, layout) == 1280);
+    CHECK(head_chunk_rows(c, 100, layout) == 100);
+}
+
 TEST_CASE("recompute: the CPU model's losses, gradients and expert counts are the same bits, with fewer activations") {
     const Config tiny = load_config("tiny");  // q_lora, dense and MoE blocks, shared experts, MTP, balance loss
     Config routed = tiny;                     // every block MoE, no MTP
