@@ -1,11 +1,13 @@
 // The check of --recompute that both programs testing gpu/gpu_model.cu make (gpu_model_cpu_check on the CPU's
 // stand-ins and kernel emulator, test_gpu on a GPU): two GPU models from the same random weights, one keeping every
 // block's activations and every chunk of logits and one recomputing them, two micro-batches of forward and backward
-// each, then a forward without targets (sampling's) and every row of its logits. Every kernel and GEMM is
+// each (B sequences, then B - 1: below the allocated batch), then a forward without targets (sampling's) and every
+// row of its logits. Every kernel and GEMM is
 // deterministic and the recomputations read the same inputs, so the loss parts, the gradients, the expert counts
 // and the logits must be the same bits; the region timer shows whether the forwards really ran again.
 // head_chunk_values: both models' (ActivationLayout), small in the tests to cut the heads into several chunks.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -39,12 +41,12 @@ inline RecomputeComparison compare_recompute(const Config& c, gpu::Precision p, 
     }
     std::map<std::string, double> regions;
     again.timer.enabled = true;
-    for (uint64_t micro = 0; micro < 2; micro++) {
-        const int64_t N = (int64_t)B * T;
-        const std::vector<int32_t> in = random_tokens(N, c.vocab_size, seed + 1 + 2 * micro),
-                                   tg = random_tokens(N, c.vocab_size, seed + 2 + 2 * micro);
-        const LossParts a = gpu_model_forward(keep, in.data(), tg.data(), B, true);
-        const LossParts b = gpu_model_forward(again, in.data(), tg.data(), B, true);
+    for (int batch : {B, std::max(1, B - 1)}) {
+        const int64_t N = (int64_t)batch * T;
+        const std::vector<int32_t> in = random_tokens(N, c.vocab_size, seed + 1 + batch),
+                                   tg = random_tokens(N, c.vocab_size, seed + 2 + batch);
+        const LossParts a = gpu_model_forward(keep, in.data(), tg.data(), batch, true);
+        const LossParts b = gpu_model_forward(again, in.data(), tg.data(), batch, true);
         r.same_losses = r.same_losses && a.total == b.total && a.main == b.main && a.mtp == b.mtp &&
                         a.balance == b.balance;
         gpu_model_backward(keep, 0.75f);  // not 1: the scale must reach the recomputed blocks' gradients too
