@@ -669,7 +669,8 @@ int main(int argc, char** argv) {
         guarded("dense B=2 T=9", [&] { check_fp32("dense B=2 T=9", dense, 2, 9, 14); });
         ActivationLayout chunked;  // the output heads over chunks of 5 rows (the last one of 4)
         chunked.head_chunk_values = 5 * (int64_t)tiny.vocab_size;
-        guarded("tiny chunked heads", [&] { check_fp32("tiny B=2 T=12 heads in 5-row chunks", tiny, 2, 12, 11, chunked); });
+        guarded("tiny chunked heads",
+                [&] { check_fp32("tiny B=2 T=12 heads in 5-row chunks", tiny, 2, 12, 11, chunked); });
         // FP8 needs the linear layers' widths in multiples of 16: tiny with 16-wide rope and nope head dims
         Config tiny16 = tiny;
         tiny16.qk_nope_head_dim = tiny16.qk_rope_head_dim = 16;

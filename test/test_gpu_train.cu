@@ -158,8 +158,8 @@ void check_recompute(const std::string& name, const Config& c, gpu::Precision pr
     printf("%-62s losses %s, gradients %s, counts %s, logits %s, recomputed %s, activations %.1f of %.1f MiB  %s\n",
            (name + " --recompute: the same bits").c_str(), r.same_losses ? "same" : "DIFFER",
            r.same_grads ? "same" : "DIFFER", r.same_counts ? "same" : "DIFFER", r.same_logits ? "same" : "DIFFER",
-           r.recomputed ? "yes" : "NO",
-           r.kept_bytes_recompute / 1048576.0, r.kept_bytes / 1048576.0, ok ? "ok" : "FAIL");
+           r.recomputed ? "yes" : "NO", r.kept_bytes_recompute / 1048576.0, r.kept_bytes / 1048576.0,
+           ok ? "ok" : "FAIL");
     (ok ? passed : failed)++;
 }
 
