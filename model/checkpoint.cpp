@@ -1,6 +1,7 @@
 // Checkpoint save and load through the safetensors reader and writer.
 #include "checkpoint.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -50,48 +51,61 @@ void checkpoint_prune(const std::string& dir, int keep, int64_t written) {
                     it->second.c_str(), strerror(errno));
 }
 
-void checkpoint_save(const std::string& dir, const Model& m, const AdamWState& opt, const TrainState& st) {
+CheckpointData checkpoint_collect(const std::string& dir, const Model& m, const AdamWState& opt, const TrainState& st,
+                                  bool copies) {
     Comm& comm = *m.comm;
-    // Whole expert tensors: gathered from the EP group of replica 0 (params, then the two moments).
-    std::vector<std::vector<float>> gathered;
+    CheckpointData data;
+    // Whole expert tensors: gathered from the EP group of replica 0 (params, then the two moments); with copies,
+    // rank 0's other tensors copied too.
     auto whole = [&](const ParamTensor& t, const float* local) -> const float* {
-        if (!t.expert_shard || comm.ep_size == 1) return local;
-        if (comm.dp_rank != 0) return nullptr;
-        gathered.emplace_back(comm.rank == 0 ? t.numel * comm.ep_size : 0);
-        comm.gather_to_ep_root(local, t.numel, gathered.back().data());
-        return gathered.back().data();
+        const bool gather = t.expert_shard && comm.ep_size > 1;
+        if (gather && comm.dp_rank != 0) return nullptr;
+        if (!gather && !(copies && comm.rank == 0)) return local;
+        data.owned.emplace_back(comm.rank == 0 ? t.numel * (gather ? comm.ep_size : 1) : 0);
+        if (gather)
+            comm.gather_to_ep_root(local, t.numel, data.owned.back().data());
+        else
+            std::copy(local, local + t.numel, data.owned.back().begin());
+        return data.owned.back().data();
     };
     auto full_shape = [&](const ParamTensor& t) {
         std::vector<int64_t> shape = t.shape;
         if (t.expert_shard) shape[0] *= comm.ep_size;
         return shape;
     };
-    std::vector<TensorView> views;
     for (const ParamTensor& t : m.table.tensors)
-        views.push_back({t.name, DType::F32, full_shape(t), whole(t, m.params.data() + t.offset)});
+        data.views.push_back({t.name, DType::F32, full_shape(t), whole(t, m.params.data() + t.offset)});
     for (const ParamTensor& t : m.table.tensors) {
         if (!t.trainable) continue;
-        views.push_back({"optimizer.m." + t.name, DType::F32, full_shape(t), whole(t, opt.m.data() + t.offset)});
-        views.push_back({"optimizer.v." + t.name, DType::F32, full_shape(t), whole(t, opt.v.data() + t.offset)});
+        data.views.push_back({"optimizer.m." + t.name, DType::F32, full_shape(t), whole(t, opt.m.data() + t.offset)});
+        data.views.push_back({"optimizer.v." + t.name, DType::F32, full_shape(t), whole(t, opt.v.data() + t.offset)});
     }
-    if (comm.rank == 0) {
-        make_dirs(dir);
-        std::map<std::string, std::string> meta = {
-            {"format", FORMAT},
-            {"version", "1"},
-            {"config", config_to_json(m.config)},
-            {"step", std::to_string(st.step)},
-            {"optimizer_step", std::to_string(opt.step)},
-            {"data_shard", std::to_string(st.data_shard)},
-            {"data_position", std::to_string(st.data_position)},
-            {"data_file", st.data_file},
-            {"data_tokens", std::to_string(st.data_tokens)},
-            {"rng_state", std::to_string(st.rng_state)},
-            {"run", st.run},
-        };
-        safetensors_write(checkpoint_path(dir, st.step), views, meta);
-    }
-    comm.barrier();
+    if (comm.rank != 0) return CheckpointData{};
+    make_dirs(dir);
+    data.path = checkpoint_path(dir, st.step);
+    data.meta = {
+        {"format", FORMAT},
+        {"version", "1"},
+        {"config", config_to_json(m.config)},
+        {"step", std::to_string(st.step)},
+        {"optimizer_step", std::to_string(opt.step)},
+        {"data_shard", std::to_string(st.data_shard)},
+        {"data_position", std::to_string(st.data_position)},
+        {"data_file", st.data_file},
+        {"data_tokens", std::to_string(st.data_tokens)},
+        {"rng_state", std::to_string(st.rng_state)},
+        {"run", st.run},
+    };
+    return data;
+}
+
+void checkpoint_write(const CheckpointData& data) {
+    if (!data.path.empty()) safetensors_write(data.path, data.views, data.meta);
+}
+
+void checkpoint_save(const std::string& dir, const Model& m, const AdamWState& opt, const TrainState& st) {
+    checkpoint_write(checkpoint_collect(dir, m, opt, st, /*copies*/ false));
+    m.comm->barrier();
 }
 
 static void check_format(const SafetensorsReader& r, const std::string& path) {

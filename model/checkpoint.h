@@ -5,10 +5,13 @@
 // whole, so the file does not depend on the number of ranks (and is meant for the GPU trainer too).
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "model.h"
 #include "optimizer.h"
+#include "safetensors.h"
 
 struct TrainState {
     int64_t step = 0;           // optimizer steps completed
@@ -29,7 +32,22 @@ std::string checkpoint_find_latest(const std::string& dir);
 void checkpoint_prune(const std::string& dir, int keep, int64_t written);
 // Collective over m.comm: the EP ranks of data-parallel replica 0 send their experts to rank 0, which writes
 // whole tensors (so rank 0 briefly holds every expert's weights and moments); the others wait for the rename.
+// checkpoint_collect and checkpoint_write are its two halves.
 void checkpoint_save(const std::string& dir, const Model& m, const AdamWState& opt, const TrainState& st);
+
+// A checkpoint gathered for writing: on rank 0 its file, every tensor whole and the metadata; nothing elsewhere.
+struct CheckpointData {
+    std::string path;
+    std::vector<std::vector<float>> owned;  // the gathered expert tensors, and with copies every other tensor
+    std::vector<TensorView> views;          // into the model, or with copies into `owned` only
+    std::map<std::string, std::string> meta;
+};
+// The collective half of checkpoint_save. copies: rank 0's data owns every value, so the model may train on while
+// the file is written (--async-checkpoint: 12 more bytes a parameter on rank 0 meanwhile).
+CheckpointData checkpoint_collect(const std::string& dir, const Model& m, const AdamWState& opt, const TrainState& st,
+                                  bool copies);
+// Rank 0's half, on any thread: the file, through a temporary file and a rename (nothing on the other ranks).
+void checkpoint_write(const CheckpointData& data);
 // The config stored in a checkpoint (throws std::runtime_error on a foreign or damaged file).
 Config checkpoint_config(const std::string& path);
 // Loads into a model built with model_init(checkpoint_config(path), comm); each rank reads its own experts, so a

@@ -28,6 +28,8 @@ static const char* USAGE =
     "                         stops the training after the step in progress, with a checkpoint)\n"
     "  --checkpoint-every N   checkpoint every N steps, and after the last step\n"
     "  --keep-checkpoints N   keep only the newest N checkpoints in --checkpoint-dir (default 0: all)\n"
+    "  --async-checkpoint     write checkpoints on a thread of rank 0 while training goes on (a copy of the model\n"
+    "                         in host memory meanwhile)\n"
     "  --resume               continue from the newest checkpoint in --checkpoint-dir\n"
     "  --log FILE             one JSON line per step\n"
     "  --sample N             tokens to sample after training (0)\n"
@@ -99,6 +101,7 @@ TrainArgs parse_train_args(int argc, char** argv, const char* program) {
         if (!strcmp(flag, "--eval-only")) { a.eval_only = true; continue; }
         if (!strcmp(flag, "--plot-log-scale")) { a.plot_log_scale = true; continue; }
         if (!strcmp(flag, "--recompute")) { a.recompute = true; continue; }
+        if (!strcmp(flag, "--async-checkpoint")) { a.async_checkpoint = true; continue; }
         if (strncmp(flag, "--", 2) != 0) bad(program, std::string("unexpected argument '") + flag + "'");
         if (i + 1 >= argc) bad(program, std::string(flag) + " needs a value");
         const char* v = argv[++i];
@@ -157,6 +160,7 @@ TrainArgs parse_train_args(int argc, char** argv, const char* program) {
     if (a.resume && !a.init_from_hf.empty()) bad(program, "--resume and --init-from-hf exclude each other");
     if (a.checkpoint_every > 0 && a.checkpoint_dir.empty()) bad(program, "--checkpoint-every needs --checkpoint-dir");
     if (a.keep_checkpoints > 0 && a.checkpoint_dir.empty()) bad(program, "--keep-checkpoints needs --checkpoint-dir");
+    if (a.async_checkpoint && a.checkpoint_dir.empty()) bad(program, "--async-checkpoint needs --checkpoint-dir");
     if (a.eval_every > 0 && a.val.empty()) bad(program, "--eval-every needs --val PATTERN");
     if (a.eval_only && (!a.export_hf.empty() || !a.plot.empty()))
         bad(program, "--eval-only only evaluates: drop --export-hf and --plot");

@@ -183,3 +183,35 @@ TEST_CASE("checkpoint: a run of 8 steps interrupted after 4 and resumed equals t
     CHECK(slurp(checkpoint_path(dir + "/one_thread", 8)) == a);
     system(("rm -rf " + dir).c_str());
 }
+
+TEST_CASE("checkpoint: --async-checkpoint writes the synchronous bytes, on 1 rank and with EP 2; a failed write ends "
+          "the run") {
+    const std::string dir = make_temp_dir();
+    const std::string common = "./train_cpu --config test/data/ep-tiny.json --data 'data/default/train_*.bin' --seq 32 "
+                               "--batch 2 --lr 1e-2 --steps 4 --checkpoint-every 1";
+    for (int ranks : {1, 2}) {
+        INFO("ranks " << ranks);
+        const std::string launch = mpirun_command(ranks) + common + " --ep " + std::to_string(ranks);
+        const std::string sync_dir = dir + "/sync" + std::to_string(ranks);
+        const std::string async_dir = dir + "/async" + std::to_string(ranks);
+        REQUIRE(run(launch + " --checkpoint-dir " + sync_dir) == 0);
+        REQUIRE(run(launch + " --checkpoint-dir " + async_dir + " --async-checkpoint") == 0);
+        for (int step = 1; step <= 4; step++) {  // each written while the next step trained
+            const std::string written = slurp(checkpoint_path(sync_dir, step));
+            CHECK(!written.empty());
+            CHECK(slurp(checkpoint_path(async_dir, step)) == written);
+        }
+    }
+    // a write that fails (a directory in the way of its temporary file) ends the run where the next checkpoint waits
+    // for it: one line naming the file, a non-zero exit, no later checkpoint
+    const std::string failing = dir + "/failing";
+    REQUIRE(system(("mkdir -p " + failing + "/ckpt_00000002.safetensors.tmp").c_str()) == 0);
+    const CommandResult r =
+        run_logged(common + " --checkpoint-dir " + failing + " --async-checkpoint", "async_fail.txt", 120);
+    INFO(r.out);
+    CHECK(r.status == 1);
+    CHECK(r.out.find("cannot write " + failing + "/ckpt_00000002.safetensors.tmp") != std::string::npos);
+    CHECK(file_exists(checkpoint_path(failing, 1)));
+    CHECK(!file_exists(checkpoint_path(failing, 3)));
+    system(("rm -rf " + dir).c_str());
+}

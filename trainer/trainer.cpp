@@ -17,6 +17,7 @@
 #include <stdexcept>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -52,6 +53,9 @@ struct Run {
     int eval_batches = 0;
     Tokenizer tokenizer;
     FILE* log = nullptr;
+    // --async-checkpoint (rank 0): the thread writing the last checkpoint, and its error if it failed
+    std::thread writer;
+    std::string write_error;
 };
 
 static Comm* g_comm = nullptr;
@@ -411,6 +415,16 @@ static void log_step(const Run& r, int64_t step, const StepResult& s, double tok
     fflush(r.log);
 }
 
+// Rank 0 with --async-checkpoint: waits for the checkpoint being written, if any; if it failed, the job ends.
+static void finish_checkpoint_write(Run& r) {
+    if (!r.writer.joinable()) return;
+    r.writer.join();
+    if (!r.write_error.empty()) fail(r.write_error);
+}
+
+// The checkpoint of r.state.step, then the old ones pruned (--keep-checkpoints) once it is complete. With
+// --async-checkpoint rank 0 copies it (checkpoint_collect) and writes it on a thread while training goes on, one
+// write at a time: the next checkpoint, a stop and the end of the run wait for it.
 static void save_checkpoint(Run& r) {
     // every rank's loader is at the same global position; rank 0's is the one saved
     DataLoaderState ds = r.train->state();
@@ -420,10 +434,28 @@ static void save_checkpoint(Run& r) {
     r.state.data_tokens = ds.tokens;
     r.state.rng_state = r.rng.state;
     r.backend->store(r.model, r.opt);
-    checkpoint_save(r.args.checkpoint_dir, r.model, r.opt, r.state);
-    // the new checkpoint is complete (written and renamed) before the old ones go
-    if (r.args.keep_checkpoints > 0 && r.comm->rank == 0)
-        checkpoint_prune(r.args.checkpoint_dir, r.args.keep_checkpoints, r.state.step);
+    finish_checkpoint_write(r);
+    const std::string& dir = r.args.checkpoint_dir;
+    const int keep = r.args.keep_checkpoints;
+    const int64_t step = r.state.step;
+    auto write = [dir, keep, step](const CheckpointData& data) {
+        checkpoint_write(data);
+        if (keep > 0 && !data.path.empty()) checkpoint_prune(dir, keep, step);
+    };
+    if (!r.args.async_checkpoint) {
+        write(checkpoint_collect(dir, r.model, r.opt, r.state, /*copies*/ false));
+        r.comm->barrier();  // the others wait for the rename
+        return;
+    }
+    CheckpointData data = checkpoint_collect(dir, r.model, r.opt, r.state, /*copies*/ true);
+    if (r.comm->rank != 0) return;
+    r.writer = std::thread([&r, write, data = std::move(data)] {
+        try {
+            write(data);
+        } catch (const std::exception& e) {
+            r.write_error = e.what();
+        }
+    });
 }
 
 int train_main(int argc, char** argv, const char* program, MakeComm make_comm, MakeBackend make_backend) {
@@ -507,6 +539,7 @@ int train_main(int argc, char** argv, const char* program, MakeComm make_comm, M
                 (last || stop || (args.checkpoint_every > 0 && r.state.step % args.checkpoint_every == 0)))
                 save_checkpoint(r);
             if (stop) {
+                finish_checkpoint_write(r);
                 if (lead) {
                     printf("stopped by %s after step %lld: checkpoint %s written; --resume continues the run\n",
                            stop == SIGUSR1 ? "SIGUSR1" : "SIGTERM", (long long)r.state.step,
@@ -521,6 +554,7 @@ int train_main(int argc, char** argv, const char* program, MakeComm make_comm, M
         }
     }
     if (stoppable) catch_stop_signals(false);
+    finish_checkpoint_write(r);
     if (r.log) fclose(r.log);  // complete for the plot
     r.log = nullptr;
     if (lead) {
