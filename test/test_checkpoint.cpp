@@ -202,15 +202,25 @@ TEST_CASE("checkpoint: --async-checkpoint writes the synchronous bytes, on 1 ran
             CHECK(slurp(checkpoint_path(async_dir, step)) == written);
         }
     }
+    // with --keep-checkpoints the thread prunes after writing: the newest 2 remain
+    const std::string kept = dir + "/kept";
+    REQUIRE(run(common + " --checkpoint-dir " + kept + " --async-checkpoint --keep-checkpoints 2") == 0);
+    CHECK(!file_exists(checkpoint_path(kept, 2)));
+    CHECK(file_exists(checkpoint_path(kept, 3)));
+    CHECK(file_exists(checkpoint_path(kept, 4)));
     // a write that fails (a directory in the way of its temporary file) ends the run where the next checkpoint waits
-    // for it: one line naming the file, a non-zero exit, no later checkpoint
+    // for it, after step 3 trained (the synchronous write would fail before): one line naming the file, a non-zero
+    // exit, no later checkpoint
     const std::string failing = dir + "/failing";
     REQUIRE(system(("mkdir -p " + failing + "/ckpt_00000002.safetensors.tmp").c_str()) == 0);
     const CommandResult r =
         run_logged(common + " --checkpoint-dir " + failing + " --async-checkpoint", "async_fail.txt", 120);
     INFO(r.out);
     CHECK(r.status == 1);
-    CHECK(r.out.find("cannot write " + failing + "/ckpt_00000002.safetensors.tmp") != std::string::npos);
+    const size_t step3 = r.out.find("step     3/4"), error = r.out.find("cannot write " + failing + "/ckpt_00000002");
+    CHECK(step3 != std::string::npos);
+    CHECK(error != std::string::npos);
+    CHECK(step3 < error);
     CHECK(file_exists(checkpoint_path(failing, 1)));
     CHECK(!file_exists(checkpoint_path(failing, 3)));
     system(("rm -rf " + dir).c_str());

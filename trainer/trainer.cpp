@@ -59,9 +59,17 @@ struct Run {
 };
 
 static Comm* g_comm = nullptr;
+static std::thread* g_checkpoint_writer = nullptr;  // Run::writer
+
+// Rank 0 with --async-checkpoint, before its process ends on a failure: the checkpoint being written is finished, as
+// it would have been without the option (a failure on another rank still ends the job, rank 0 included, at once).
+static void finish_checkpoint_before_exit() {
+    if (g_checkpoint_writer && g_checkpoint_writer->joinable()) g_checkpoint_writer->join();
+}
 
 // A failure during training: the rank that hit it says why, and the whole job ends.
 [[noreturn]] static void fail(const std::string& msg) {
+    finish_checkpoint_before_exit();
     g_comm->abort(msg);
     exit(1);  // not reached: abort() ends the job (a virtual call hides that from the compiler)
 }
@@ -87,6 +95,7 @@ static void agree_or_exit(const Run& r, const std::string& error) {
     if (failed == comm.rank)
         fprintf(stderr, "%s: %s%s\n", r.program,
                 comm.world > 1 ? ("[rank " + std::to_string(failed) + "] ").c_str() : "", error.c_str());
+    finish_checkpoint_before_exit();
     delete g_comm;
     exit(1);
 }
@@ -121,6 +130,7 @@ static int stop_signal(Comm& comm) { return (int)first_rank_with(comm, g_stop_si
 
 // The end of every run: the backend before the ranks' transport it may use, then the transport
 static void end_job(Run& r) {
+    g_checkpoint_writer = nullptr;
     if (r.log) fclose(r.log);
     r.log = nullptr;
     r.backend.reset();
@@ -460,6 +470,7 @@ static void save_checkpoint(Run& r) {
 
 int train_main(int argc, char** argv, const char* program, MakeComm make_comm, MakeBackend make_backend) {
     Run r;
+    g_checkpoint_writer = &r.writer;
     r.program = program;
     r.args = parse_train_args(argc, argv, program);
     const TrainArgs& args = r.args;
@@ -540,6 +551,7 @@ int train_main(int argc, char** argv, const char* program, MakeComm make_comm, M
                 save_checkpoint(r);
             if (stop) {
                 finish_checkpoint_write(r);
+                comm.barrier();  // the others too wait for the rename
                 if (lead) {
                     printf("stopped by %s after step %lld: checkpoint %s written; --resume continues the run\n",
                            stop == SIGUSR1 ? "SIGUSR1" : "SIGTERM", (long long)r.state.step,
@@ -553,8 +565,8 @@ int train_main(int argc, char** argv, const char* program, MakeComm make_comm, M
             fail(e.what());
         }
     }
+    finish_checkpoint_write(r);  // while a signal still only stops: the last checkpoint is complete
     if (stoppable) catch_stop_signals(false);
-    finish_checkpoint_write(r);
     if (r.log) fclose(r.log);  // complete for the plot
     r.log = nullptr;
     if (lead) {
