@@ -445,23 +445,20 @@ static void save_checkpoint(Run& r) {
     r.state.rng_state = r.rng.state;
     r.backend->store(r.model, r.opt);
     finish_checkpoint_write(r);
-    const std::string& dir = r.args.checkpoint_dir;
+    const std::string dir = r.args.checkpoint_dir;
     const int keep = r.args.keep_checkpoints;
     const int64_t step = r.state.step;
-    auto write = [dir, keep, step](const CheckpointData& data) {
-        checkpoint_write(data);
-        if (keep > 0 && !data.path.empty()) checkpoint_prune(dir, keep, step);
-    };
     if (!r.args.async_checkpoint) {
-        write(checkpoint_collect(dir, r.model, r.opt, r.state, /*copies*/ false));
-        r.comm->barrier();  // the others wait for the rename
+        checkpoint_save(dir, r.model, r.opt, r.state);
+        if (keep > 0 && r.comm->rank == 0) checkpoint_prune(dir, keep, step);
         return;
     }
     CheckpointData data = checkpoint_collect(dir, r.model, r.opt, r.state, /*copies*/ true);
     if (r.comm->rank != 0) return;
-    r.writer = std::thread([&r, write, data = std::move(data)] {
+    r.writer = std::thread([&r, dir, keep, step, data = std::move(data)] {
         try {
-            write(data);
+            checkpoint_write(data);
+            if (keep > 0) checkpoint_prune(dir, keep, step);
         } catch (const std::exception& e) {
             r.write_error = e.what();
         }
