@@ -39,7 +39,7 @@ public:
         peak_ = gpu_peak_flops(prop);
         if (host.comm->rank != 0) return;
         const GpuMemoryPlan plan =
-            gpu_memory_plan(host.config, host.comm->ep_size, precision, args.batch, args.seq, layout);
+            gpu_memory_plan(host.config, host.comm->ep_size, host.comm->world, precision, args.batch, args.seq, layout);
         const double gib = 1024.0 * 1024.0 * 1024.0;
         const char* gemms = precision == gpu::Precision::FP8    ? "fp8 in the blocks' linear layers, bf16 elsewhere"
                             : precision == gpu::Precision::BF16 ? "bf16"

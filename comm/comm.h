@@ -32,6 +32,11 @@ public:
     // order), recv_rows[p] rows arrive from EP rank p (consecutive in recv, rank order).
     virtual void all_to_all_v(const float* send, const int64_t* send_rows, float* recv, const int64_t* recv_rows,
                               int64_t width) = 0;
+    // Over group g, on a buffer of group_size(g) pieces of `piece` values, piece i being the i-th rank's of the group
+    // (the optimizer's shards, model/optimizer.h). reduce_scatter_sum: this rank's piece becomes the sum over the
+    // group of that piece (the others are left undefined). all_gather: every rank's piece is copied to every rank.
+    virtual void reduce_scatter_sum(float* data, int64_t piece, Group g) = 0;
+    virtual void all_gather(float* data, int64_t piece, Group g) = 0;
     // Over the EP group: ep_rank 0 receives the n floats of every EP rank, rank-major, into out (n * ep_size).
     virtual void gather_to_ep_root(const float* data, int64_t n, float* out) = 0;
     // Over the world: root's bytes to everyone.
@@ -39,6 +44,9 @@ public:
     virtual void barrier() = 0;
     // Prints "PROGRAM: [rank r] message" once, from this rank, and ends the whole job with a non-zero status.
     [[noreturn]] virtual void abort(const std::string& message) = 0;
+
+    int group_size(Group g) const { return g == Group::World ? world : g == Group::ExpertParallel ? ep_size : dp_size; }
+    int group_rank(Group g) const { return g == Group::World ? rank : g == Group::ExpertParallel ? ep_rank : dp_rank; }
 };
 
 // Whether mpirun (or srun) started this process.

@@ -92,6 +92,26 @@ public:
         check_mpi(MPI_Type_free(&row), "MPI_Type_free");
     }
 
+    // One reduction to each rank of its piece, then one broadcast from each rank of its piece, in MAX_PIECE parts
+    void reduce_scatter_sum(float* data, int64_t piece, Group g) override {
+        const MPI_Comm c = group(g);
+        for (int root = 0; root < group_size(g); root++)
+            for (int64_t at = root * piece; at < (root + 1) * piece; at += MAX_PIECE) {
+                const int count = (int)std::min(MAX_PIECE, (root + 1) * piece - at);
+                const bool mine = root == group_rank(g);
+                check_mpi(MPI_Reduce(mine ? MPI_IN_PLACE : data + at, mine ? data + at : nullptr, count, MPI_FLOAT,
+                                     MPI_SUM, root, c),
+                          "MPI_Reduce");
+            }
+    }
+    void all_gather(float* data, int64_t piece, Group g) override {
+        for (int root = 0; root < group_size(g); root++)
+            for (int64_t at = root * piece; at < (root + 1) * piece; at += MAX_PIECE)
+                check_mpi(MPI_Bcast(data + at, (int)std::min(MAX_PIECE, (root + 1) * piece - at), MPI_FLOAT, root,
+                                    group(g)),
+                          "MPI_Bcast");
+    }
+
     void gather_to_ep_root(const float* data, int64_t n, float* out) override {
         for (int64_t at = 0; at < n; at += MAX_PIECE) {
             int64_t piece = std::min(MAX_PIECE, n - at);

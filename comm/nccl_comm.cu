@@ -127,6 +127,26 @@ public:
         });
     }
 
+    // in place: NCCL's reduce-scatter writes piece i at in + i * piece, its all-gather reads it from there
+    void reduce_scatter_sum(float* data, int64_t piece, Group g) override {
+        if (piece == 0) return;
+        const size_t bytes = (size_t)(piece * group_size(g)) * sizeof(float);
+        on_device(data, bytes, data, bytes, [&](const void* in, void* out) {
+            check_nccl(ncclReduceScatter(in, static_cast<float*>(out) + group_rank(g) * piece, piece, ncclFloat32,
+                                         ncclSum, nccl_group(g), stream_),
+                       "ncclReduceScatter");
+        });
+    }
+    void all_gather(float* data, int64_t piece, Group g) override {
+        if (piece == 0) return;
+        const size_t bytes = (size_t)(piece * group_size(g)) * sizeof(float);
+        on_device(data, bytes, data, bytes, [&](const void* in, void* out) {
+            check_nccl(ncclAllGather(static_cast<const float*>(in) + group_rank(g) * piece, out, piece, ncclFloat32,
+                                     nccl_group(g), stream_),
+                       "ncclAllGather");
+        });
+    }
+
     // out is written on ep_rank 0 only (elsewhere it may be null).
     void gather_to_ep_root(const float* data, int64_t n, float* out) override {
         const size_t out_bytes = ep_rank == 0 ? (size_t)(n * ep_size) * sizeof(float) : 0;
@@ -165,11 +185,13 @@ private:
 
     void reduce(void* data, int64_t n, ncclDataType_t type, size_t element_bytes, Group g) {
         if (n == 0) return;  // every rank passes the same n (an empty buffer may be nullptr)
-        ncclComm_t c = g == Group::World ? world_comm_ : g == Group::ExpertParallel ? ep_comm_ : dp_comm_;
         const size_t bytes = (size_t)n * element_bytes;
         on_device(data, bytes, data, bytes, [&](const void* in, void* out) {
-            check_nccl(ncclAllReduce(in, out, n, type, ncclSum, c, stream_), "ncclAllReduce");
+            check_nccl(ncclAllReduce(in, out, n, type, ncclSum, nccl_group(g), stream_), "ncclAllReduce");
         });
+    }
+    ncclComm_t nccl_group(Group g) const {
+        return g == Group::World ? world_comm_ : g == Group::ExpertParallel ? ep_comm_ : dp_comm_;
     }
 
     // Runs collective(dev_in, dev_out) on device addresses for the caller's buffers in (in_bytes) and out

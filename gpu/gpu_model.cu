@@ -833,6 +833,12 @@ void upload_tokens(GpuModel& m, int32_t* dst, const int32_t* src, int64_t n) {
     sync(m);  // src may be a temporary of the caller
 }
 
+// The squared norms of the shard's ranges and their scratch: a range per tensor in a rank's piece of a bucket and
+// one in its tail at most, whatever the rank.
+int64_t norm_slot_doubles(const ParamTable& table) {
+    return 2 * (int64_t)table.tensors.size() + gpu::grad_norm_scratch_doubles(table.total);
+}
+
 // Everything gpu_model_init allocates, in the order of the memory plan.
 void allocate(GpuModel& m, const Config& c, Comm& comm, gpu::Precision p, int B, int T,
               const ActivationLayout& layout, const GpuMemoryPlan& plan) {
@@ -842,6 +848,7 @@ void allocate(GpuModel& m, const Config& c, Comm& comm, gpu::Precision p, int B,
     m.comm = &comm;
     m.precision = p;
     m.table = build_param_table(c, comm.ep_size);
+    m.shard = optimizer_shard(m.table, comm);
     m.max_B = B;
     m.B = B;
     m.T = T;
@@ -851,8 +858,8 @@ void allocate(GpuModel& m, const Config& c, Comm& comm, gpu::Precision p, int B,
     const bool bf16 = p != gpu::Precision::FP32;
     m.params = static_cast<float*>(device_alloc(total * 4, "the parameters"));
     m.grads = static_cast<float*>(device_alloc(total * 4, "the gradients"));
-    m.adam_m = static_cast<float*>(device_alloc(total * 4, "the AdamW moments"));
-    m.adam_v = static_cast<float*>(device_alloc(total * 4, "the AdamW moments"));
+    m.adam_m = static_cast<float*>(device_alloc(m.shard.moments * 4, "the AdamW moments"));
+    m.adam_v = static_cast<float*>(device_alloc(m.shard.moments * 4, "the AdamW moments"));
     if (bf16) m.params_bf16 = static_cast<__nv_bfloat16*>(device_alloc(total * 2, "the BF16 weights"));
     if (p == gpu::Precision::FP8) {
         m.fp8_alloc = device_alloc(plan.fp8_weights, "the FP8 weights");
@@ -868,7 +875,7 @@ void allocate(GpuModel& m, const Config& c, Comm& comm, gpu::Precision p, int B,
         bytes_of([&](ByteArena& counting) { carve_scratch(counting, c, bf16, B, T, m.head_rows); }),
         "the backward's buffers");
     m.norm_slots = static_cast<double*>(
-        device_alloc((int64_t)(m.table.tensors.size() + gpu::grad_norm_scratch_doubles(total)) * 8, "the norms"));
+        device_alloc(norm_slot_doubles(m.table) * 8, "the norms"));
     gpu::matmul_create(m.matmul, m.stream, bf16 ? cast_elements(c, N, 0) : gpu::MatmulCasts{},
                        p == gpu::Precision::FP8);
     m.expert_counts.assign(c.num_blocks(), {});
@@ -923,7 +930,7 @@ void RegionTimer::release() {
 
 // ---- public API -----------------------------------------------------------------------------------------------
 
-GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, gpu::Precision p, int B, int T,
+GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, int world, gpu::Precision p, int B, int T,
                               const ActivationLayout& layout) {
     const int64_t total = build_param_table(c, ep_size).total, N = (int64_t)B * T;
     const int64_t R = N * c.num_experts_per_tok;  // the expected rows per rank: the buffers grow beyond it
@@ -940,7 +947,8 @@ GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, gpu::Precision p, in
         plan.fp8_weights = bytes_of([&](ByteArena& ar) { carve_fp8_weights(ar, table, nullptr, counted); });
     plan.params += plan.fp8_weights;
     plan.grads = total * 4;
-    plan.optimizer = total * 8;
+    const OptimizerShard shard = optimizer_shard(table, world, 0, world / ep_size, 0);
+    plan.optimizer = shard.moments * 8;
     GpuModel counting;
     const bool bf16 = p != gpu::Precision::FP32;
     plan.activations = bytes_of([&](ByteArena& ar) { carve_activations(ar, counting, c, bf16, B, T, layout); });
@@ -951,7 +959,7 @@ GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, gpu::Precision p, in
                                       : 0;
     plan.scratch =
         bytes_of([&](ByteArena& ar) { carve_scratch(ar, c, bf16, B, T, head_chunk_rows(c, N, layout)); }) +
-        (int64_t)(build_param_table(c, ep_size).tensors.size() + gpu::grad_norm_scratch_doubles(total)) * 8 +
+        norm_slot_doubles(table) * 8 +
         gpu::matmul_memory_bytes(bf16 ? cast_elements(c, N, R) : gpu::MatmulCasts{}, p == gpu::Precision::FP8);
     return plan;
 }
@@ -967,7 +975,7 @@ void gpu_model_init(GpuModel& m, const Config& c, Comm& comm, gpu::Precision p, 
         throw std::runtime_error("hidden_size " + std::to_string(c.hidden_size) +
                                  " is odd: with --dtype bf16 and --ep > 1 the expert rows travel as pairs of BF16 "
                                  "values (use an even hidden size, or --dtype fp32)");
-    const GpuMemoryPlan plan = gpu_memory_plan(c, comm.ep_size, p, B, T, layout);
+    const GpuMemoryPlan plan = gpu_memory_plan(c, comm.ep_size, comm.world, p, B, T, layout);
     size_t free_bytes = 0, total_bytes = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
     const int64_t reserve = 1ll << 30;  // the CUDA context, NCCL's and cuBLASLt's own buffers: not in the plan
@@ -1000,23 +1008,27 @@ void gpu_model_free(GpuModel& m) {
     m = GpuModel();
 }
 
+// The moments: this rank's ranges of opt's (laid out by the table), packed on the device.
 void gpu_model_upload(GpuModel& m, const Model& host, const AdamWState& opt) {
-    const size_t bytes = m.table.total * sizeof(float);
     if (host.table.total != m.table.total) throw std::runtime_error("internal error: host and GPU tables differ");
-    CUDA_CHECK(cudaMemcpy(m.params, host.params.data(), bytes, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(m.adam_m, opt.m.data(), bytes, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(m.adam_v, opt.v.data(), bytes, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(m.params, host.params.data(), m.table.total * sizeof(float), cudaMemcpyHostToDevice));
+    for (const OptimizerRange& r : m.shard.ranges) {
+        CUDA_CHECK(cudaMemcpy(m.adam_m + r.moments, opt.m.data() + r.first, r.count * 4, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(m.adam_v + r.moments, opt.v.data() + r.first, r.count * 4, cudaMemcpyHostToDevice));
+    }
     if (m.params_bf16) gpu::cast_to_bf16(m.params_bf16, m.params, m.table.total, m.stream);
     refresh_fp8_weights(m);
     sync(m);
 }
 
+// opt's values outside this rank's ranges are left as they are (model_gather_moments fills them).
 void gpu_model_download(const GpuModel& m, Model& host, AdamWState& opt) {
-    const size_t bytes = m.table.total * sizeof(float);
     sync(m);
-    CUDA_CHECK(cudaMemcpy(host.params.data(), m.params, bytes, cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemcpy(opt.m.data(), m.adam_m, bytes, cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemcpy(opt.v.data(), m.adam_v, bytes, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(host.params.data(), m.params, m.table.total * sizeof(float), cudaMemcpyDeviceToHost));
+    for (const OptimizerRange& r : m.shard.ranges) {
+        CUDA_CHECK(cudaMemcpy(opt.m.data() + r.first, m.adam_m + r.moments, r.count * 4, cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(opt.v.data() + r.first, m.adam_v + r.moments, r.count * 4, cudaMemcpyDeviceToHost));
+    }
 }
 
 LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* targets, int B, bool training) {
@@ -1139,51 +1151,39 @@ void gpu_model_zero_grads(GpuModel& m) {
     CUDA_CHECK(cudaMemsetAsync(m.grads, 0, m.table.total * sizeof(float), m.stream));
 }
 
-// One all-reduce per run of adjacent trainable tensors of the same group (the table interleaves replicated
-// tensors, expert shards and the untrained router biases, which must not be summed).
 void gpu_model_reduce_grads(GpuModel& m) {
-    Comm& comm = *m.comm;
-    sync(m);
-    const std::vector<ParamTensor>& tensors = m.table.tensors;
-    for (size_t first = 0; first < tensors.size();) {
-        size_t last = first + 1;
-        if (tensors[first].trainable)
-            while (last < tensors.size() && tensors[last].trainable &&
-                   tensors[last].expert_shard == tensors[first].expert_shard)
-                last++;
-        const ParamTensor &head = tensors[first], &tail = tensors[last - 1];
-        const Group group = head.expert_shard ? Group::DataParallel : Group::World;
-        if (head.trainable && (group == Group::World ? comm.world : comm.dp_size) > 1)
-            comm.all_reduce_sum(m.grads + head.offset, tail.offset + tail.numel - head.offset, group);
-        first = last;
-    }
+    sync(m);  // the Comm runs on a stream of its own
+    shard_reduce_grads(m.shard, m.grads, *m.comm);
 }
 
 double gpu_model_grad_norm(GpuModel& m) {
-    const std::vector<ParamTensor>& tensors = m.table.tensors;
-    double* scratch = m.norm_slots + tensors.size();
-    for (size_t i = 0; i < tensors.size(); i++)
-        if (tensors[i].trainable)
-            gpu::grad_norm_squared(m.norm_slots + i, m.grads + tensors[i].offset, tensors[i].numel, scratch, m.stream);
-    m.tensor_norms.resize(tensors.size());
-    CUDA_CHECK(cudaMemcpyAsync(m.tensor_norms.data(), m.norm_slots, tensors.size() * sizeof(double),
+    const std::vector<OptimizerRange>& ranges = m.shard.ranges;
+    double* scratch = m.norm_slots + ranges.size();
+    for (size_t i = 0; i < ranges.size(); i++)
+        gpu::grad_norm_squared(m.norm_slots + i, m.grads + ranges[i].first, ranges[i].count, scratch, m.stream);
+    m.range_norms.resize(ranges.size());
+    CUDA_CHECK(cudaMemcpyAsync(m.range_norms.data(), m.norm_slots, ranges.size() * sizeof(double),
                                cudaMemcpyDeviceToHost, m.stream));
     sync(m);
-    double replicated = 0.0, experts = 0.0;
-    for (size_t i = 0; i < tensors.size(); i++) {
-        if (!tensors[i].trainable) continue;
-        const double n = sqrt(m.tensor_norms[i]);  // per-tensor norms squared, as model_grad_norm
-        (tensors[i].expert_shard ? experts : replicated) += n * n;
-    }
-    m.comm->all_reduce_sum(&experts, 1, Group::ExpertParallel);
-    return sqrt(replicated + experts);
+    double sum = 0.0;  // as model_grad_norm
+    for (size_t i = 0; i < ranges.size(); i++)
+        if (ranges[i].in_norm) sum += m.range_norms[i];
+    m.comm->all_reduce_sum(&sum, 1, Group::World);
+    return sqrt(sum);
 }
 
+// The update writes the BF16 copy of this rank's ranges; after the gather, the buckets that other ranks updated
+// too are cast again whole.
 void gpu_model_adamw(GpuModel& m, AdamWState& opt, const OptimizerConfig& oc, float lr, float grad_multiplier) {
     opt.step++;
     m.timer.mark("AdamW");
-    gpu::adamw_update(m.table, m.params, m.params_bf16, m.grads, m.adam_m, m.adam_v, oc, lr, opt.step,
-                      grad_multiplier, m.stream);  // also refreshes the BF16 copy (the frozen router bias needs none)
+    gpu::adamw_update(m.shard, m.params, m.params_bf16, m.grads, m.adam_m, m.adam_v, oc, lr, opt.step,
+                      grad_multiplier, m.stream);  // the frozen router bias needs no BF16 refresh
+    sync(m);
+    shard_gather(m.shard, m.params, *m.comm);
+    if (m.params_bf16)
+        for (const OptimizerBucket& b : m.shard.buckets)
+            if (b.ranks > 1) gpu::cast_to_bf16(m.params_bf16 + b.first, m.params + b.first, b.count, m.stream);
     refresh_fp8_weights(m);
 }
 

@@ -1,6 +1,7 @@
 // The whole model on one GPU (DESIGN §1, §3): the same forward and backward as model/model.cpp, made of the
 // hand-written kernels of kernels/ and cuBLASLt GEMMs (kernels/matmul.cuh). One device buffer each for the FP32
-// master weights, the gradients and the two AdamW moments, laid out by the same ParamTable as the CPU model; with
+// master weights and the gradients, laid out by the same ParamTable as the CPU model, and for this rank's shard of
+// each AdamW moment (model/optimizer.h); with
 // Precision::BF16 the GEMMs read a BF16 working copy of the weights (refreshed after every update) and BF16 casts
 // of their activation operands, and accumulate in FP32: each GEMM input is cast once, in the forward, into a BF16
 // copy kept beside it (the `16` buffers below; the RMSNorms write theirs in the same pass as the FP32 rows) that
@@ -92,10 +93,12 @@ struct GpuModel {
     Config config;
     Comm* comm = nullptr;            // NCCL: device buffers (host buffers are staged)
     ParamTable table;
+    OptimizerShard shard;            // this rank's part of the optimizer (model/optimizer.h): adam_m, adam_v hold it
     gpu::Precision precision = gpu::Precision::FP32;
     cudaStream_t stream = nullptr;
     gpu::Matmul matmul;
-    float *params = nullptr, *grads = nullptr, *adam_m = nullptr, *adam_v = nullptr;  // table layout
+    float *params = nullptr, *grads = nullptr;        // table layout
+    float *adam_m = nullptr, *adam_v = nullptr;       // the shard's moments (OptimizerRange::moments)
     __nv_bfloat16* params_bf16 = nullptr;  // BF16 and FP8 modes: the working copy the GEMMs read
     void* fp8_alloc = nullptr;             // FP8 mode: the Fp8Tensors' copies
     std::map<int64_t, Fp8Tensor> fp8_weights;  // by the weight's offset in the parameter buffer
@@ -122,7 +125,7 @@ struct GpuModel {
     void* expert_scratch = nullptr;  // the routed experts' backward buffers, grown with the largest layer
     int64_t expert_scratch_rows = 0;
     std::vector<std::vector<int64_t>> expert_counts;  // host, as Model::expert_counts
-    std::vector<double> tensor_norms;                 // host copy of the per-tensor squared norms
+    std::vector<double> range_norms;                  // host copy of the shard's ranges' squared norms
     double* norm_slots = nullptr;                     // device (tensors) + scratch
     RegionTimer timer;
 };
@@ -133,7 +136,8 @@ struct GpuMemoryPlan {
     int64_t fp8_weights = 0;  // FP8 mode: the weights' E4M3 copies, counted in params too
     int64_t total() const { return params + grads + optimizer + activations + expert_rows + scratch; }
 };
-GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, gpu::Precision p, int B, int T,
+// world ranks, ep_size of them in an expert-parallel group (the optimizer's shard: model/optimizer.h).
+GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, int world, gpu::Precision p, int B, int T,
                               const ActivationLayout& layout = {});
 
 // Allocates everything for batches of up to B sequences of T tokens on the current device; throws

@@ -3,9 +3,10 @@
 //   m = b1 m + (1-b1) g;   v = b2 v + (1-b2) g^2
 //   p -= lr (m / (1-b1^t) / (sqrt(v / (1-b2^t)) + eps) + decay p)
 // decay is oc.weight_decay for tensors with weight_decay set and 0 otherwise; tensors that are not trainable
-// (e_score_correction_bias) are skipped. With a BF16 working copy of the weights (--dtype bf16: what the GEMMs read)
-// the update writes the new value's rounding there too, in the same pass (no second read of the parameters). One launch per tensor (a few thousand for DeepSeek-V3: a multi-tensor
-// launch can come later).
+// (e_score_correction_bias) are skipped, and of the others only this rank's shard is updated (model/optimizer.h).
+// With a BF16 working copy of the weights (--dtype bf16: what the GEMMs read) the update writes the new value's
+// rounding there too, in the same pass (no second read of the parameters). One launch per range of the shard (a
+// few thousand for DeepSeek-V3: a multi-tensor launch can come later).
 // Global norm: sqrt(sum g^2), accumulated in double. Deterministic two passes: one block per fixed chunk of
 // GRAD_NORM_CHUNK values writes its partial sum, then one block sums the partials. The chunking depends only on n.
 // The squares (double)g * g are exact in double, so only the order of the additions differs from the CPU.
@@ -71,17 +72,15 @@ inline void adamw_update_tensor(float* params, __nv_bfloat16* params16, const fl
                   grads, m, v, n, lr, oc.beta1, oc.beta2, oc.eps, decay, bias1, bias2, grad_multiplier);
 }
 
-// Every trainable tensor of the table, as model/optimizer.cpp's adamw_update: params, grads, m, v (and params16,
-// the BF16 copy, or nullptr) are whole buffers laid out by the table (device pointers).
-inline void adamw_update(const ParamTable& table, float* params, __nv_bfloat16* params16, const float* grads,
+// The shard's ranges, as model/optimizer.cpp's adamw_update (device pointers): params, grads (and params16, the
+// BF16 copy, or nullptr) are whole buffers laid out by the table; m and v hold the shard's moments alone.
+inline void adamw_update(const OptimizerShard& shard, float* params, __nv_bfloat16* params16, const float* grads,
                          float* m, float* v, const OptimizerConfig& oc, float lr, int64_t step, float grad_multiplier,
                          cudaStream_t stream) {
-    for (const ParamTensor& t : table.tensors) {
-        if (!t.trainable) continue;
-        adamw_update_tensor(params + t.offset, params16 ? params16 + t.offset : nullptr, grads + t.offset,
-                            m + t.offset, v + t.offset, t.numel, oc, lr, t.weight_decay ? oc.weight_decay : 0.0f,
+    for (const OptimizerRange& r : shard.ranges)
+        adamw_update_tensor(params + r.first, params16 ? params16 + r.first : nullptr, grads + r.first,
+                            m + r.moments, v + r.moments, r.count, oc, lr, r.weight_decay ? oc.weight_decay : 0.0f,
                             step, grad_multiplier, stream);
-    }
 }
 
 // *out (device double) = sum of grads[i]^2 over n values; scratch: grad_norm_scratch_doubles(n) doubles.

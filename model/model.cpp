@@ -14,6 +14,7 @@ void model_init(Model& m, const Config& c, Comm* comm) {
     m.config = c;
     m.comm = comm ? comm : &local_comm();
     m.table = build_param_table(c, m.comm->ep_size);
+    m.shard = optimizer_shard(m.table, *m.comm);
     m.params.assign(m.table.total, 0.0f);
     m.grads.assign(m.table.total, 0.0f);
     m.w = map_weights(c, m.table, m.params.data());
@@ -345,20 +346,22 @@ std::vector<double> load_imbalance(const Config& c, const std::vector<std::vecto
     return imbalance;
 }
 
-void model_reduce_grads(Model& m) {
-    for (const ParamTensor& t : m.table.tensors)
-        if (t.trainable)
-            m.comm->all_reduce_sum(m.grads.data() + t.offset, t.numel,
-                                   t.expert_shard ? Group::DataParallel : Group::World);
-}
+void model_reduce_grads(Model& m) { shard_reduce_grads(m.shard, m.grads.data(), *m.comm); }
 
 double model_grad_norm(const Model& m) {
-    double replicated = 0.0, experts = 0.0;
-    for (const ParamTensor& t : m.table.tensors) {
-        if (!t.trainable) continue;
-        double n = global_grad_norm(m.grads.data() + t.offset, t.numel);
-        (t.expert_shard ? experts : replicated) += n * n;
-    }
-    m.comm->all_reduce_sum(&experts, 1, Group::ExpertParallel);
-    return sqrt(replicated + experts);
+    double sum = 0.0;
+    for (const OptimizerRange& r : m.shard.ranges)
+        if (r.in_norm) sum += grad_sum_squares(m.grads.data() + r.first, r.count);
+    m.comm->all_reduce_sum(&sum, 1, Group::World);
+    return sqrt(sum);
+}
+
+void model_adamw(Model& m, AdamWState& opt, const OptimizerConfig& oc, float lr, float grad_multiplier) {
+    adamw_update(m.shard, m.params.data(), m.grads.data(), opt, oc, lr, grad_multiplier);
+    shard_gather(m.shard, m.params.data(), *m.comm);
+}
+
+void model_gather_moments(const Model& m, AdamWState& opt) {
+    shard_gather(m.shard, opt.m.data(), *m.comm);
+    shard_gather(m.shard, opt.v.data(), *m.comm);
 }

@@ -13,6 +13,7 @@
 #include "ffn.h"
 #include "mla.h"
 #include "moe.h"
+#include "optimizer.h"
 #include "params.h"
 
 struct BlockActs {
@@ -77,6 +78,7 @@ struct Model {
     Config config;
     Comm* comm = nullptr;              // the ranks this model is spread over (expert parallelism); never null
     ParamTable table;
+    OptimizerShard shard;              // what this rank's optimizer updates (model/optimizer.h)
     std::vector<float> params, grads;  // one buffer each, laid out by the table
     ModelWeights w, g;                 // pointers into params and grads
     LinearPrecision linear_precision = LinearPrecision::FP32;  // the GEMMs inside the blocks (model/fp8.h)
@@ -110,11 +112,17 @@ std::vector<int> block_slots(const Config& c, bool recompute);
 int64_t head_chunk_rows(const Config& c, int64_t N, const ActivationLayout& layout);
 // The main head's logits of row `row` of the last forward (V values): kept by it, or with recompute computed again.
 void model_logits_row(Model& m, int64_t row, float* out);
-// Sums the gradients over the ranks that share each tensor: replicated tensors over the world, expert shards
-// over their data-parallel replicas. (Backward with loss_scale 1/world then gives the global mean's gradient.)
+// Sums the gradients over the ranks that share each tensor (replicated tensors over the world, expert shards over
+// their data-parallel replicas) where this rank's optimizer needs them: its shard (m.shard; on one rank, all).
+// (Backward with loss_scale 1/world then gives the global mean's gradient.)
 void model_reduce_grads(Model& m);
-// The global gradient norm over every rank's tensors, counting each replicated tensor once.
+// The global gradient norm over the shards of every rank: each value of every tensor counted once.
 double model_grad_norm(const Model& m);
+// AdamW on this rank's shard (opt laid out by the table), then the weights gathered from every rank's shard.
+void model_adamw(Model& m, AdamWState& opt, const OptimizerConfig& oc, float lr, float grad_multiplier);
+// Fills opt's values outside this rank's shard from the ranks that update them: before opt is read whole (a
+// checkpoint). Collective.
+void model_gather_moments(const Model& m, AdamWState& opt);
 // Aux-loss-free balancing: b_i += gamma * sign(mean(count) - count_i) per MoE block, then counts reset.
 // counts are the global counts (summed over ranks and micro-batches).
 void model_update_router_bias(Model& m, const std::vector<std::vector<int64_t>>& counts);

@@ -1,6 +1,7 @@
 // AdamW, the schedule and clipping.
 #include "optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 float learning_rate(const OptimizerConfig& oc, int64_t step) {
@@ -12,7 +13,64 @@ float learning_rate(const OptimizerConfig& oc, int64_t step) {
     return (float)(oc.lr * (oc.min_lr_ratio + (1.0 - oc.min_lr_ratio) * cosine));
 }
 
-double global_grad_norm(const float* grads, int64_t n) {
+OptimizerShard optimizer_shard(const ParamTable& table, int world, int rank, int dp_size, int dp_rank) {
+    OptimizerShard s;
+    const std::vector<ParamTensor>& tensors = table.tensors;
+    for (size_t first = 0; first < tensors.size();) {
+        size_t last = first + 1;  // the bucket: tensors [first, last)
+        if (!tensors[first].trainable) {
+            first = last;
+            continue;
+        }
+        while (last < tensors.size() && tensors[last].trainable &&
+               tensors[last].expert_shard == tensors[first].expert_shard)
+            last++;
+        OptimizerBucket b;
+        b.first = tensors[first].offset;
+        b.count = tensors[last - 1].offset + tensors[last - 1].numel - b.first;
+        b.group = tensors[first].expert_shard ? Group::DataParallel : Group::World;
+        b.ranks = b.group == Group::World ? world : dp_size;
+        b.index = b.group == Group::World ? rank : dp_rank;
+        b.piece = b.count / (b.ranks * PARAM_ALIGN) * PARAM_ALIGN;
+        // this rank's values: its piece, then the tail, each cut along the tensors (the gaps between them skipped);
+        // their moments take the span's length, gaps included, so that every rank keeps as many
+        const int64_t piece_first = b.first + b.index * b.piece, tail_first = b.first + b.ranks * b.piece;
+        const int64_t spans[2][2] = {{piece_first, piece_first + b.piece}, {tail_first, b.first + b.count}};
+        for (int span = 0; span < 2; span++) {
+            for (size_t t = first; t < last; t++) {
+                const int64_t lo = std::max(spans[span][0], tensors[t].offset);
+                const int64_t hi = std::min(spans[span][1], tensors[t].offset + tensors[t].numel);
+                if (lo < hi)
+                    s.ranges.push_back({lo, hi - lo, s.moments + lo - spans[span][0], tensors[t].weight_decay,
+                                        span == 0 || b.index == 0});
+            }
+            s.moments += spans[span][1] - spans[span][0];
+        }
+        s.buckets.push_back(b);
+        first = last;
+    }
+    return s;
+}
+
+OptimizerShard optimizer_shard(const ParamTable& table, const Comm& comm) {
+    return optimizer_shard(table, comm.world, comm.rank, comm.dp_size, comm.dp_rank);
+}
+
+void shard_reduce_grads(const OptimizerShard& s, float* grads, Comm& comm) {
+    for (const OptimizerBucket& b : s.buckets) {
+        if (b.ranks == 1) continue;
+        comm.reduce_scatter_sum(grads + b.first, b.piece, b.group);
+        const int64_t tail = b.count - b.ranks * b.piece;
+        if (tail > 0) comm.all_reduce_sum(grads + b.first + b.ranks * b.piece, tail, b.group);
+    }
+}
+
+void shard_gather(const OptimizerShard& s, float* values, Comm& comm) {
+    for (const OptimizerBucket& b : s.buckets)
+        if (b.ranks > 1) comm.all_gather(values + b.first, b.piece, b.group);
+}
+
+double grad_sum_squares(const float* grads, int64_t n) {
     const int64_t chunk = 1 << 16, chunks = (n + chunk - 1) / chunk;
     std::vector<double> partial(chunks, 0.0);
 #pragma omp parallel for schedule(static)
@@ -23,7 +81,7 @@ double global_grad_norm(const float* grads, int64_t n) {
     }
     double total = 0.0;
     for (double p : partial) total += p;
-    return sqrt(total);
+    return total;
 }
 
 float clip_factor(const OptimizerConfig& oc, double norm) {
@@ -31,15 +89,14 @@ float clip_factor(const OptimizerConfig& oc, double norm) {
     return (float)(oc.grad_clip / norm);
 }
 
-void adamw_update(const ParamTable& table, float* params, const float* grads, AdamWState& s,
+void adamw_update(const OptimizerShard& shard, float* params, const float* grads, AdamWState& s,
                   const OptimizerConfig& oc, float lr, float grad_multiplier) {
     s.step++;
     const float bias1 = 1.0f - powf(oc.beta1, (float)s.step), bias2 = 1.0f - powf(oc.beta2, (float)s.step);
-    for (const ParamTensor& t : table.tensors) {
-        if (!t.trainable) continue;
-        const float decay = t.weight_decay ? oc.weight_decay : 0.0f;
+    for (const OptimizerRange& r : shard.ranges) {
+        const float decay = r.weight_decay ? oc.weight_decay : 0.0f;
 #pragma omp parallel for schedule(static)
-        for (int64_t i = t.offset; i < t.offset + t.numel; i++) {
+        for (int64_t i = r.first; i < r.first + r.count; i++) {
             float g = grads[i] * grad_multiplier;
             s.m[i] = oc.beta1 * s.m[i] + (1.0f - oc.beta1) * g;
             s.v[i] = oc.beta2 * s.v[i] + (1.0f - oc.beta2) * g * g;

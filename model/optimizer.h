@@ -1,10 +1,20 @@
 // AdamW with decoupled weight decay on FP32 master weights, the learning-rate schedule (linear warmup, then cosine
 // decay to min_lr_ratio of the peak at the last step) and global-norm gradient clipping (DESIGN §1.4).
 //   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;  p -= lr (m/(1-b1^t) / (sqrt(v/(1-b2^t)) + eps) + wd p)
+// The optimizer's work and state are sharded over the ranks that hold a copy of the weights (ZeRO stage 1, as
+// llm.c's -z 1 and Megatron's distributed optimizer): the trainable tensors fall into buckets, runs of adjacent
+// tensors held by the same ranks (replicated ones by every rank, Group::World; expert shards by the dp_size ranks
+// of their DataParallel group). A bucket held by n ranks is cut into n equal pieces, a multiple of PARAM_ALIGN
+// values each, and a tail of what is left (under n x PARAM_ALIGN values). A step: the gradients are
+// reduce-scattered (each rank gets the sum of its own piece; the tail is all-reduced), each rank updates its piece
+// and the tail, and the pieces are all-gathered. So a rank keeps the AdamW moments of its pieces and tails alone,
+// 8 bytes per parameter / n, and the traffic is that of an all-reduce of the gradients. On one rank a bucket is one
+// piece: the plain update.
 #pragma once
 #include <cstdint>
 #include <vector>
 
+#include "comm/comm.h"
 #include "params.h"
 
 struct OptimizerConfig {
@@ -22,13 +32,48 @@ struct AdamWState {
     int64_t step = 0;         // updates done so far
 };
 
+// A run of adjacent trainable tensors held by the same ranks: the values [first, first + count) of the buffer.
+struct OptimizerBucket {
+    int64_t first = 0, count = 0;
+    Group group = Group::World;
+    int ranks = 1, index = 0;  // the ranks holding it, and this rank's place among them
+    int64_t piece = 0;         // rank i's piece: [first + i piece, first + (i+1) piece); the tail follows the last
+};
+
+// Values of one tensor this rank updates: [first, first + count) of the parameter buffer (a piece's or a tail's
+// part of the tensor).
+struct OptimizerRange {
+    int64_t first = 0, count = 0;
+    int64_t moments = 0;        // where their moments start in a buffer of this rank's moments alone
+    bool weight_decay = false;
+    bool in_norm = true;        // counted in the gradient norm: a tail is counted by its bucket's rank 0 alone
+};
+
+struct OptimizerShard {
+    std::vector<OptimizerBucket> buckets;
+    std::vector<OptimizerRange> ranges;
+    int64_t moments = 0;  // values in each of this rank's AdamW moments (m and v)
+};
+
+// This rank's shard of the table, for a world of `world` ranks of which this is `rank`, laid out as EP x DP
+// (comm/comm.h: dp_size replicas of each expert shard, this rank being replica dp_rank).
+OptimizerShard optimizer_shard(const ParamTable& table, int world, int rank, int dp_size, int dp_rank);
+OptimizerShard optimizer_shard(const ParamTable& table, const Comm& comm);
+// Sums the gradients over the ranks holding each bucket, where this rank needs them: its pieces and the tails.
+// grads: host memory, or device memory with the NCCL Comm.
+void shard_reduce_grads(const OptimizerShard& s, float* grads, Comm& comm);
+// Copies every rank's pieces of the buffer `values` (laid out by the table) to every rank: the weights after an
+// update; the AdamW moments, in the table's layout, before a checkpoint.
+void shard_gather(const OptimizerShard& s, float* values, Comm& comm);
+
 // Learning rate of optimizer step `step` (0-based).
 float learning_rate(const OptimizerConfig& oc, int64_t step);
-// sqrt(sum g^2) over one buffer in fp64, summed in fixed chunks in a fixed order (bit-identical for any thread
-// count). model_grad_norm combines these over tensors and ranks.
-double global_grad_norm(const float* grads, int64_t n);
+// sum g^2 over one buffer in fp64, summed in fixed chunks in a fixed order (bit-identical for any thread count).
+// model_grad_norm combines these over ranges and ranks.
+double grad_sum_squares(const float* grads, int64_t n);
 // The factor that brings the norm down to grad_clip (1 when below it).
 float clip_factor(const OptimizerConfig& oc, double norm);
-// One AdamW update of every trainable tensor with gradients multiplied by grad_multiplier.
-void adamw_update(const ParamTable& table, float* params, const float* grads, AdamWState& state,
+// One AdamW update of the shard's ranges with gradients multiplied by grad_multiplier (state.m and state.v laid
+// out by the table, as params and grads). The caller gathers the weights after it (shard_gather).
+void adamw_update(const OptimizerShard& shard, float* params, const float* grads, AdamWState& state,
                   const OptimizerConfig& oc, float lr, float grad_multiplier);

@@ -1,6 +1,7 @@
 // The arithmetic of --plan. Memory follows this trainer's scheme (DESIGN §1.4, §2): FP32 master weights, FP32
-// gradients, two FP32 AdamW moments and a BF16 working copy of every parameter a GPU holds (no ZeRO sharding, no
-// pipeline stages): the replicated parameters in full, the routed experts divided by EP. FLOPs per token follow
+// gradients and a BF16 working copy of every parameter a GPU holds (the replicated parameters in full, the routed
+// experts divided by EP; no pipeline stages), and two FP32 AdamW moments for its shard of them (ZeRO-1,
+// model/optimizer.h: the replicated parameters divided by the GPUs, an expert shard by its DP replicas). FLOPs per token follow
 // Megatron: 6 x active parameters (shared experts and MTP included) + the attention scores, causal halved.
 // All-to-all: per MoE layer and token, k rows of d BF16 values go out (dispatch) and come back (combine) in the
 // forward, and again in the backward; a share 1/EP stays on the GPU, (per_node - 1)/EP crosses NVLink, the rest the
@@ -47,8 +48,10 @@ void print_plan(const Config& c, const PlanInputs& p) {
     ParamTable table = build_param_table(c, 1);
     double expert_params = 0, replicated_params = 0;
     for (const ParamTensor& t : table.tensors) (t.expert_shard ? expert_params : replicated_params) += t.numel;
+    const int dp = p.gpus / p.ep;
     const double held = replicated_params + expert_params / p.ep;
-    const double bytes_per_param = 4 + 4 + 8 + 2;  // master, gradient, AdamW m and v, BF16 copy
+    const double weight_bytes = held * (4 + 4 + 2);  // master, gradient, BF16 copy
+    const double optimizer_bytes = 8 * (replicated_params / p.gpus + expert_params / p.ep / dp);  // AdamW m and v
     const double d = c.hidden_size, H = c.num_attention_heads, T = p.seq;
     const double dqk = c.qk_head_dim(), dv = c.v_head_dim, I = c.moe_intermediate_size, k = c.num_experts_per_tok;
     const int moe_layers = c.num_blocks() - std::min(c.first_k_dense_replace, c.num_hidden_layers);
@@ -84,9 +87,9 @@ void print_plan(const Config& c, const PlanInputs& p) {
     const double recomputed = p.recompute ? recomputed_flops_per_token(c, p.seq) : 0.0;
     const double compute_s = tokens * (flops_per_token + recomputed) / (p.matmul_tflops * 1e12);
     const double comm_s = sent * node_share / (p.nvlink_gbps * 1e9) + sent * network_share / (p.network_gbps * 1e9);
-    // once per step, ring all-reduces of FP32 gradients (2 (n-1)/n of the bytes per GPU): the replicated
-    // parameters over all GPUs, each expert shard over its DP replicas
-    const int dp = p.gpus / p.ep;
+    // once per step, the FP32 gradients reduce-scattered and the updated FP32 weights all-gathered, together the
+    // bytes of a ring all-reduce (2 (n-1)/n of the buffer per GPU): the replicated parameters over all GPUs, each
+    // expert shard over its DP replicas
     const double allreduce_s = (2.0 * (p.gpus - 1) / p.gpus * 4 * replicated_params +
                                 2.0 * (dp - 1) / dp * 4 * expert_params / p.ep) / (p.network_gbps * 1e9);
     const double step_s = p.grad_accum * (compute_s + comm_s) + allreduce_s;
@@ -96,11 +99,13 @@ void print_plan(const Config& c, const PlanInputs& p) {
            p.gpus, p.gpus_per_node, p.ep, p.gpus / p.ep, p.batch, p.seq, p.grad_accum);
     printf("parameters: %.3g total (%.3g replicated, %.3g in routed experts); one GPU holds %.3g\n",
            replicated_params + expert_params, replicated_params, expert_params, held);
-    printf("memory per GPU: weights+grads+AdamW+BF16 copy %.1f GiB, activations%s %.1f GiB, total %.1f of %.0f GiB%s\n",
-           held * bytes_per_param / GiB, p.recompute ? " (--recompute)" : "", act_bytes / GiB,
-           (held * bytes_per_param + act_bytes) / GiB, p.gpu_memory_gib,
-           held * bytes_per_param + act_bytes > p.gpu_memory_gib * GiB
-               ? "  -> does NOT fit: this needs optimizer sharding or pipeline stages, which moe.cu does not have"
+    const double total_bytes = weight_bytes + optimizer_bytes + act_bytes;
+    printf("memory per GPU: weights+grads+BF16 copy %.1f GiB, AdamW shard %.1f GiB, activations%s %.1f GiB, "
+           "total %.1f of %.0f GiB%s\n",
+           weight_bytes / GiB, optimizer_bytes / GiB, p.recompute ? " (--recompute)" : "", act_bytes / GiB,
+           total_bytes / GiB, p.gpu_memory_gib,
+           total_bytes > p.gpu_memory_gib * GiB
+               ? "  -> does NOT fit: this needs pipeline stages or sharded weights, which moe.cu does not have"
                : "  -> fits");
     printf("FLOPs per token: %.4g (6 x %.4g active parameters incl. MTP, + %.4g attention)", flops_per_token, active,
            attn_flops);
@@ -110,7 +115,7 @@ void print_plan(const Config& c, const PlanInputs& p) {
            100 * local_share, 100 * node_share, 100 * network_share);
     printf("assumed: matmul %.0f TFLOP/s per GPU, NVLink %.0f GB/s, network %.0f GB/s per GPU, no overlap\n",
            p.matmul_tflops, p.nvlink_gbps, p.network_gbps);
-    printf("predicted per micro-step: compute %.3f s, all-to-all %.3f s; per step: gradient all-reduces %.3f s, "
+    printf("predicted per micro-step: compute %.3f s, all-to-all %.3f s; per step: gradient and weight exchange %.3f s, "
            "step %.3f s\n", compute_s, comm_s, allreduce_s, step_s);
     printf("predicted throughput: %.0f tokens/s per GPU = %.0fK GPU-hours per trillion tokens\n", tokens_per_gpu_s,
            1e12 / tokens_per_gpu_s / 3600 / 1e3);

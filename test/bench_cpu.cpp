@@ -62,8 +62,7 @@ int main(int argc, char** argv) {
             last_loss = model_forward(m, inputs.data(), targets.data(), B, T, true).total;
             if (step == 0) first_loss = last_loss;
             model_backward(m, 1.0f);
-            double norm = global_grad_norm(m.grads.data(), m.table.total);
-            adamw_update(m.table, m.params.data(), m.grads.data(), opt, oc, oc.lr, clip_factor(oc, norm));
+            model_adamw(m, opt, oc, oc.lr, clip_factor(oc, model_grad_norm(m)));
             model_update_router_bias(m, m.expert_counts);
             if (step >= 2) seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         }

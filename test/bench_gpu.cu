@@ -275,7 +275,7 @@ int fit_layers(Config c, const Options& o, double free_gpu, std::string& why) {
     why = "all fit";
     for (int L = c.num_hidden_layers; L >= 1; L--) {
         c.num_hidden_layers = L;
-        const double gpu_need = (double)gpu_memory_plan(c, 1, o.precision, o.B, o.T, o.layout).total();
+        const double gpu_need = (double)gpu_memory_plan(c, 1, 1, o.precision, o.B, o.T, o.layout).total();
         if (gpu_need > GPU_MEMORY_SHARE * free_gpu) {
             why = "the most that fit in GPU memory";
             continue;
@@ -441,7 +441,7 @@ void bench_model(const Config& c, const Options& o, const cudaDeviceProp& prop, 
     release(host.params);
     release(opt.m);
     release(opt.v);
-    const GpuMemoryPlan plan = gpu_memory_plan(c, 1, o.precision, B, T, o.layout);
+    const GpuMemoryPlan plan = gpu_memory_plan(c, 1, 1, o.precision, B, T, o.layout);
     printf("\nmodel: %.3f B parameters (%.3f B active per token), GPU plan %.1f GiB (weights %.1f, grads %.1f, "
            "AdamW %.1f, activations %.1f, expert rows %.1f, scratch %.1f), init + upload %.1f s\n",
            params / 1e9, count_active_params(c) / 1e9, plan.total() / GiB, plan.params / GiB, plan.grads / GiB,
@@ -865,7 +865,7 @@ int main(int argc, char** argv) {
                 fprintf(stderr,
                         "bench_gpu: even 1 layer with a batch of %d x %d needs %.1f GiB of GPU memory (%.1f GiB "
                         "free) and %.1f GiB of host memory: lower --batch or --seq%s\n",
-                        o.B, o.T, gpu_memory_plan(c, 1, o.precision, o.B, o.T, o.layout).total() / GiB,
+                        o.B, o.T, gpu_memory_plan(c, 1, 1, o.precision, o.B, o.T, o.layout).total() / GiB,
                         free_bytes / GiB, host_bytes_needed(c) / GiB,
                         o.layout.recompute ? "" : ", or add --recompute");
                 return 1;

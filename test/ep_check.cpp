@@ -37,7 +37,7 @@ static double train_step(Model& m, AdamWState& opt, const OptimizerConfig& oc, i
         m.comm->all_reduce_sum(counts.data(), (int64_t)counts.size(), Group::World);
     if (update) {
         double norm = model_grad_norm(m);
-        adamw_update(m.table, m.params.data(), m.grads.data(), opt, oc, learning_rate(oc, step), clip_factor(oc, norm));
+        model_adamw(m, opt, oc, learning_rate(oc, step), clip_factor(oc, norm));
     }
     model_update_router_bias(m, m.expert_counts);
     return loss;
@@ -76,6 +76,8 @@ int main(int argc, char** argv) {
         printf("loss differs: %.9g distributed, %.9g alone\n", loss_dist, loss_alone);
         failures++;
     }
+    // each rank's sums are those its optimizer shard updates: gathered whole for the comparison
+    shard_gather(dist.shard, dist.grads.data(), *comm);
     double worst = 0.0;
     for (const ParamTensor& t : dist.table.tensors) {
         if (!t.trainable) continue;

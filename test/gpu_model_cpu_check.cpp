@@ -59,11 +59,13 @@
 namespace {
 
 int passed = 0, failed = 0;
-bool verbose_rank = true;  // only rank 0 prints
+bool verbose_rank = true;  // rank 0 prints every check, the other ranks their failures
+std::string rank_tag;       // "[rank r] " on the other ranks
 
 void report(const std::string& name, bool ok, const std::string& detail) {
     (ok ? passed : failed)++;
-    if (verbose_rank) printf("%-64s %s  %s\n", name.c_str(), detail.c_str(), ok ? "ok" : "FAIL");
+    if (verbose_rank || !ok)
+        printf("%s%-64s %s  %s\n", rank_tag.c_str(), name.c_str(), detail.c_str(), ok ? "ok" : "FAIL");
     fflush(stdout);
 }
 
@@ -157,7 +159,7 @@ int64_t init_uploaded(GpuModel& gm, const std::string& name, const Model& host, 
                       int T, AdamWState& opt, const ActivationLayout& layout = {}) {
     const int64_t before = stand_in::memory().live_bytes;
     gpu_model_init(gm, host.config, comm, p, B, T, layout);
-    const GpuMemoryPlan plan = gpu_memory_plan(host.config, comm.ep_size, p, B, T, layout);
+    const GpuMemoryPlan plan = gpu_memory_plan(host.config, comm.ep_size, comm.world, p, B, T, layout);
     const int64_t allocated = stand_in::memory().live_bytes - before;
     report(name + " memory plan = what init allocates", allocated == plan.total(),
            fmt("allocated %.0f bytes, plan %.0f", (double)allocated, (double)plan.total()));
@@ -229,17 +231,18 @@ void check_fp32(const std::string& tag, const Config& c, int B, int T, uint64_t 
     // AdamW from the same gradients (the CPU's, copied in) and random moments: params, moments, step
     Rng rng(seed + 5);
     AdamWState opt_cpu = zero_moments(cpu);
-    for (int64_t i = 0; i < cpu.table.total; i++) {
-        opt_cpu.m[i] = 1e-3f * rng.normal();
-        opt_cpu.v[i] = 1e-6f * fabsf(rng.normal());
-    }
+    for (const OptimizerRange& r : cpu.shard.ranges)  // the GPU keeps these alone (the gaps stay 0)
+        for (int64_t i = r.first; i < r.first + r.count; i++) {
+            opt_cpu.m[i] = 1e-3f * rng.normal();
+            opt_cpu.v[i] = 1e-6f * fabsf(rng.normal());
+        }
     opt_cpu.step = 3;
     AdamWState opt_gpu = opt_cpu;
     gpu_model_upload(gm, cpu, opt_gpu);
     CUDA_CHECK(cudaMemcpy(gm.grads, cpu.grads.data(), cpu.table.total * sizeof(float), cudaMemcpyHostToDevice));
     OptimizerConfig oc;
     const float lr = 1e-2f, multiplier = 0.5f;
-    adamw_update(cpu.table, cpu.params.data(), cpu.grads.data(), opt_cpu, oc, lr, multiplier);
+    model_adamw(cpu, opt_cpu, oc, lr, multiplier);
     gpu_model_adamw(gm, opt_gpu, oc, lr, multiplier);
     gpu_model_download(gm, back, opt_back);
     check_array(tag + " AdamW params", back.params.data(), cpu.params.data(), cpu.table.total, 1e-6);
@@ -252,10 +255,11 @@ void check_fp32(const std::string& tag, const Config& c, int B, int T, uint64_t 
     model_init(rnd, c);
     randomize_for_test(rnd, seed + 6);
     AdamWState opt_rnd = zero_moments(rnd);
-    for (int64_t i = 0; i < rnd.table.total; i++) {
-        opt_rnd.m[i] = rng.normal();
-        opt_rnd.v[i] = rng.normal();
-    }
+    for (const OptimizerRange& r : rnd.shard.ranges)
+        for (int64_t i = r.first; i < r.first + r.count; i++) {
+            opt_rnd.m[i] = rng.normal();
+            opt_rnd.v[i] = rng.normal();
+        }
     gpu_model_upload(gm, rnd, opt_rnd);
     gpu_model_download(gm, back, opt_back);
     report(tag + " upload, download round trip",
@@ -528,8 +532,7 @@ double cpu_train_step(Model& m, AdamWState& opt, const OptimizerConfig& oc, int6
     model_zero_grads(m);
     const double loss = model_forward(m, inputs, targets, B, T, true).total;
     model_backward(m, 1.0f);
-    if (update) adamw_update(m.table, m.params.data(), m.grads.data(), opt, oc, learning_rate(oc, step),
-                             clip_factor(oc, model_grad_norm(m)));
+    if (update) model_adamw(m, opt, oc, learning_rate(oc, step), clip_factor(oc, model_grad_norm(m)));
     model_update_router_bias(m, m.expert_counts);
     return loss;
 }
@@ -562,6 +565,8 @@ void check_distributed(Comm& comm) {
     double loss = gpu_gradients(gm, my_inputs, my_targets, B);
     const double loss_first = loss;
     const std::vector<float> grads = gpu_model_grads(gm);
+    std::vector<float> whole = grads;  // each rank has the sums its optimizer shard updates: gathered whole
+    shard_gather(gm.shard, whole.data(), comm);
     double loss_alone = 0.0;
     if (comm.rank == 0) {
         model_zero_grads(alone);
@@ -573,14 +578,15 @@ void check_distributed(Comm& comm) {
     std::string worst_name;
     for (const ParamTensor& t : host.table.tensors) {
         if (!t.trainable) continue;
-        std::vector<float> whole(comm.rank == 0 ? t.numel * (t.expert_shard ? comm.ep_size : 1) : 0);
+        std::vector<float> tensor(comm.rank == 0 ? t.numel * (t.expert_shard ? comm.ep_size : 1) : 0);
         if (t.expert_shard) {
-            if (comm.dp_rank == 0) comm.gather_to_ep_root(grads.data() + t.offset, t.numel, whole.data());
+            if (comm.dp_rank == 0) comm.gather_to_ep_root(whole.data() + t.offset, t.numel, tensor.data());
         } else if (comm.rank == 0) {
-            std::copy(grads.begin() + t.offset, grads.begin() + t.offset + t.numel, whole.begin());
+            std::copy(whole.begin() + t.offset, whole.begin() + t.offset + t.numel, tensor.begin());
         }
         if (comm.rank != 0) continue;
-        const double rel = rel_error(whole.data(), alone.grads.data() + alone.table.at(t.name).offset, (int64_t)whole.size());
+        const double rel =
+            rel_error(tensor.data(), alone.grads.data() + alone.table.at(t.name).offset, (int64_t)tensor.size());
         if (rel > 1e-5) report(tag + " d " + t.name, false, fmt("rel %.2e tol %.0e", rel, 1e-5));
         if (!(rel <= worst)) {
             worst = rel;
@@ -643,6 +649,7 @@ int main(int argc, char** argv) {
     const int ep = argc == 3 && !strcmp(argv[1], "--ep") ? atoi(argv[2]) : 1;
     std::unique_ptr<Comm> comm = make_comm(ep, "gpu_model_cpu_check");
     verbose_rank = comm->rank == 0;
+    if (comm->rank > 0) rank_tag = "[rank " + std::to_string(comm->rank) + "] ";
     if (comm->world == 1) {
         const Config tiny = load_config("tiny");  // q_lora, groups, shared experts, MTP, balance loss
         Config plain = tiny;  // no q_lora, no MTP, no groups, no normalisation, T not a multiple of 64

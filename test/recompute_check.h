@@ -66,8 +66,8 @@ inline RecomputeComparison compare_recompute(const Config& c, gpu::Precision p, 
         gpu_model_logits_row(again, t, row_again.data());
         r.same_logits = r.same_logits && row_keep == row_again;
     }
-    const GpuMemoryPlan plan = gpu_memory_plan(c, 1, p, B, T, keeping),
-                        plan_again = gpu_memory_plan(c, 1, p, B, T, recomputing);
+    const GpuMemoryPlan plan = gpu_memory_plan(c, 1, 1, p, B, T, keeping),
+                        plan_again = gpu_memory_plan(c, 1, 1, p, B, T, recomputing);
     r.kept_bytes = plan.activations + plan.expert_rows;
     r.kept_bytes_recompute = plan_again.activations + plan_again.expert_rows;
     gpu_model_free(keep);

@@ -160,7 +160,9 @@ TEST_CASE("cli: --plan for DeepSeek-V3 on 256 GPUs, with and without --recompute
     CHECK(out.find("FLOPs per token: 2.606e+11") != std::string::npos);
     // all-to-all: 4 x 59 MoE blocks x 4096 tokens x 8 rows x 7168 x 2 bytes = 111 GB
     CHECK(out.find("111 GB sent") != std::string::npos);
-    CHECK(out.find("does NOT fit") != std::string::npos);  // 28B parameters x 18 bytes on one 80 GiB GPU
+    CHECK(out.find("does NOT fit") != std::string::npos);  // 27.8B parameters x 10 bytes on one 80 GiB GPU
+    // the AdamW moments of a ZeRO-1 shard: 8 bytes x (17.5e9 replicated / 256 GPUs + 665e9 in experts / 64 / 4)
+    CHECK(out.find("AdamW shard 19.9 GiB") != std::string::npos);
     CHECK(out.find("activations 307.8 GiB") != std::string::npos);  // FP32 (plan.cpp's per-token counts)
     // --recompute: per token, the 62 blocks' inputs (62 x 7168) and one MLA + dense FFN and one MLA + MoE activation
     // set (142144 + 69632 + 142144 + 184576 values, plan.cpp's counts) kept instead of every block's, and one chunk

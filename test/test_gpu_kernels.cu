@@ -203,19 +203,27 @@ static void test_adamw(Rng& rng) {
     state.m = randn(n, rng, 0.001f);
     state.v = randn(n, rng, 0.001f);
     for (float& x : state.v) x *= x;
-    Dev<float> d_params(params), d_grads(grads), d_m(state.m), d_v(state.v);
+    // the GPU keeps the moments of the shard's ranges alone, packed: the CPU's (laid out by the table) range by range
+    const OptimizerShard shard = optimizer_shard(table, local_comm());
+    auto packed = [&](const std::vector<float>& x) {
+        std::vector<float> out(shard.moments);
+        for (const OptimizerRange& r : shard.ranges)
+            std::copy(x.begin() + r.first, x.begin() + r.first + r.count, out.begin() + r.moments);
+        return out;
+    };
+    Dev<float> d_params(params), d_grads(grads), d_m(packed(state.m)), d_v(packed(state.v));
     Dev<__nv_bfloat16> d_params16(n);
     d_params16.poison();
     const float lr = 1e-3f, multiplier = 0.37f;
-    adamw_update(table, params.data(), grads.data(), state, oc, lr, multiplier);
-    gpu::adamw_update(table, d_params.ptr, d_params16.ptr, d_grads.ptr, d_m.ptr, d_v.ptr, oc, lr, state.step,
+    adamw_update(shard, params.data(), grads.data(), state, oc, lr, multiplier);
+    gpu::adamw_update(shard, d_params.ptr, d_params16.ptr, d_grads.ptr, d_m.ptr, d_v.ptr, oc, lr, state.step,
                       multiplier, 0);
     const std::string shape = fmt("(small: %ld values, step %ld)", n, state.step);
     const std::vector<float> got = d_params.get();
     std::vector<float> got16 = widened(d_params16.get());
     check("adamw params " + shape, got, params, 1e-6);
-    check("adamw m " + shape, d_m.get(), state.m, 1e-6);
-    check("adamw v " + shape, d_v.get(), state.v, 1e-6);
+    check("adamw m " + shape, d_m.get(), packed(state.m), 1e-6);
+    check("adamw v " + shape, d_v.get(), packed(state.v), 1e-6);
     // the BF16 copy: the updated values rounded in the trainable tensors; the frozen ones and the alignment gaps
     // between tensors are left as they were (poison: NaN)
     const std::vector<float> rounded = bf16_rounded(got);
@@ -232,7 +240,7 @@ static void test_adamw(Rng& rng) {
         d_sumsq.poison();
         scratch.poison();
         gpu::grad_norm_squared(d_sumsq.ptr, d_grads.ptr, count, scratch.ptr, 0);
-        const std::vector<double> got = {std::sqrt(d_sumsq.get()[0])}, want = {global_grad_norm(grads.data(), count)};
+        const std::vector<double> got = {std::sqrt(d_sumsq.get()[0])}, want = {std::sqrt(grad_sum_squares(grads.data(), count))};
         check(fmt("global grad norm (n=%ld)", count), got, want, 1e-12);
     }
 }

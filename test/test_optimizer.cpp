@@ -45,7 +45,8 @@ TEST_CASE("optimizer: AdamW with bias correction; decay on matrices only; untrai
     const float lrs[] = {1e-2f, 5e-3f, 2e-3f}, multipliers[] = {1.0f, 0.5f, 1.0f};
     for (int step = 1; step <= 3; step++) {
         for (int64_t i = 0; i < table.total; i++) grads[i] = rng.normal();
-        adamw_update(table, params.data(), grads.data(), state, oc, lrs[step - 1], multipliers[step - 1]);
+        adamw_update(optimizer_shard(table, local_comm()), params.data(), grads.data(), state, oc, lrs[step - 1],
+                     multipliers[step - 1]);
         for (const ParamTensor& t : table.tensors) {
             if (!t.trainable) continue;
             const double decay = t.weight_decay ? 0.1 : 0.0;
@@ -66,4 +67,66 @@ TEST_CASE("optimizer: AdamW with bias correction; decay on matrices only; untrai
             // moves a value by lr x 0.1 x ~1 = 1e-3 at the first step, missing bias correction by far more
             CHECK_REL(params[i], p[i], 1e-5);
         }
+}
+
+// The ZeRO-1 shards of every rank of a world, for the tiny config laid out as EP x DP: within each group of ranks
+// holding the same values (the world for replicated tensors, the DP replicas of an expert shard), every trainable
+// value is updated by exactly one rank's piece or by every rank (a tail), and counted once in the gradient norm.
+TEST_CASE("optimizer: ZeRO-1 shards cover every trainable value once, on 1 to 4 ranks and under EP") {
+    const Config c = load_config("tiny");
+    for (const auto& [world, ep] : std::vector<std::pair<int, int>>{{1, 1}, {2, 1}, {3, 1}, {4, 2}, {4, 4}}) {
+        INFO("world " << world << ", EP " << ep);
+        const int dp = world / ep;
+        const ParamTable table = build_param_table(c, ep);
+        std::vector<int> held(table.total, -1);  // the ranks holding each value; -1: a gap or a frozen tensor
+        for (const ParamTensor& t : table.tensors)
+            if (t.trainable)
+                for (int64_t i = t.offset; i < t.offset + t.numel; i++) held[i] = t.expert_shard ? dp : world;
+        // per EP rank (the expert shard a rank holds): how often each value is updated, and counted in the norm
+        std::vector<std::vector<int>> updated(ep, std::vector<int>(table.total, 0)), counted = updated;
+        int64_t moments = -1;
+        for (int rank = 0; rank < world; rank++) {
+            const OptimizerShard s = optimizer_shard(table, world, rank, dp, rank / ep);
+            if (moments < 0) moments = s.moments;
+            CHECK(s.moments == moments);  // every rank keeps as many (the memory plan counts rank 0's)
+            std::vector<bool> slot(s.moments, false);
+            int64_t shared_slots = 0;  // values sharing a moment with another
+            for (const OptimizerRange& r : s.ranges) {
+                REQUIRE(r.moments + r.count <= s.moments);
+                for (int64_t i = r.first; i < r.first + r.count; i++) {
+                    updated[rank % ep][i]++;
+                    counted[rank % ep][i] += r.in_norm;
+                    shared_slots += slot[r.moments + (i - r.first)];
+                    slot[r.moments + (i - r.first)] = true;
+                }
+            }
+            CHECK(shared_slots == 0);
+            for (const OptimizerBucket& b : s.buckets) CHECK(b.piece % PARAM_ALIGN == 0);
+        }
+        int64_t wrong_updates = 0, wrong_counts = 0, replicated_in_pieces = 0;
+        for (int e = 0; e < ep; e++)
+            for (int64_t i = 0; i < table.total; i++) {
+                int total_updates = 0, total_counted = 0;
+                if (held[i] == world) {  // replicated: held by every rank, so summed over all EP ranks (once)
+                    if (e > 0) continue;
+                    for (int f = 0; f < ep; f++) {
+                        total_updates += updated[f][i];
+                        total_counted += counted[f][i];
+                    }
+                } else {
+                    total_updates = updated[e][i];
+                    total_counted = counted[e][i];
+                }
+                if (held[i] < 0) {
+                    wrong_updates += total_updates != 0;
+                    continue;
+                }
+                wrong_updates += total_updates != 1 && total_updates != held[i];  // a piece's, or a tail's
+                wrong_counts += total_counted != 1;
+                replicated_in_pieces += held[i] == world && total_updates == 1;
+            }
+        CHECK(wrong_updates == 0);
+        CHECK(wrong_counts == 0);
+        if (world > 1) CHECK(replicated_in_pieces > 0);  // the pieces are not all tails
+    }
 }

@@ -3,7 +3,8 @@
 // export, checkpoints); a backend computes the training step on it (the CPU backend) or on a device copy of it
 // (the GPU backend in train.cu, over gpu/gpu_model.cu), and the two are brought level where the trainer says:
 //   load  after the host model changed (fresh init, --init-from-hf, --resume);
-//   store before the host model is read (a checkpoint, --export-hf).
+//   store before the host model is read (a checkpoint, --export-hf): the weights whole, the AdamW moments of this
+//         rank's optimizer shard (model_gather_moments, collective, completes them before a checkpoint).
 // So train_cpu and train share one command line, one data path, one log format and one checkpoint format by
 // construction: a checkpoint written by one resumes on the other.
 #pragma once

@@ -30,7 +30,7 @@ public:
     void reduce_grads() override { model_reduce_grads(m_); }
     double grad_norm() override { return model_grad_norm(m_); }
     void adamw(AdamWState& opt, const OptimizerConfig& oc, float lr, float grad_multiplier) override {
-        adamw_update(m_.table, m_.params.data(), m_.grads.data(), opt, oc, lr, grad_multiplier);
+        model_adamw(m_, opt, oc, lr, grad_multiplier);
     }
     std::vector<std::vector<int64_t>>& expert_counts() override { return m_.expert_counts; }
     void update_router_bias(const std::vector<std::vector<int64_t>>& counts) override {

@@ -240,6 +240,45 @@ inline ncclResult_t ncclAllReduce(const void* in, void* out, size_t count, ncclD
     return ncclSuccess;
 }
 
+// Reduce-scatter: out (count elements) = the sum over the ranks of block `rank` of in (count * size elements);
+// all-gather: block i of out (count * size elements) = rank i's in (count elements). In place when out is in's
+// block of this rank (reduce-scatter) or in is out's (all-gather), as NCCL documents: the input is copied first.
+inline ncclResult_t ncclReduceScatter(const void* in, void* out, size_t count, ncclDataType_t type, ncclRedOp_t,
+                                      ncclComm_t comm, cudaStream_t stream) {
+    const size_t bytes = count * emulated_nccl::type_bytes(type);
+    if (emulated_nccl::mpi_count(count) < 0) return ncclInvalidArgument;
+    stand_in::check_range(in, (int64_t)(bytes * comm->size), "ncclReduceScatter input");
+    stand_in::check_range(out, (int64_t)bytes, "ncclReduceScatter output");
+    stand_in::launch(stream, [=] {
+        std::vector<char> input((const char*)in, (const char*)in + bytes * comm->size);
+        if (comm->mpi == MPI_COMM_NULL) {
+            memcpy(out, input.data(), bytes);
+            return;
+        }
+        if (MPI_Reduce_scatter_block(input.data(), out, (int)count, emulated_nccl::mpi_type(type), MPI_SUM,
+                                     comm->mpi) != MPI_SUCCESS)
+            stand_in::violation("emulated NCCL: MPI_Reduce_scatter_block failed");
+    });
+    return ncclSuccess;
+}
+inline ncclResult_t ncclAllGather(const void* in, void* out, size_t count, ncclDataType_t type, ncclComm_t comm,
+                                  cudaStream_t stream) {
+    const size_t bytes = count * emulated_nccl::type_bytes(type);
+    if (emulated_nccl::mpi_count(bytes) < 0) return ncclInvalidArgument;
+    stand_in::check_range(in, (int64_t)bytes, "ncclAllGather input");
+    stand_in::check_range(out, (int64_t)(bytes * comm->size), "ncclAllGather output");
+    stand_in::launch(stream, [=] {
+        std::vector<char> input((const char*)in, (const char*)in + bytes);
+        if (comm->mpi == MPI_COMM_NULL) {
+            memcpy(out, input.data(), bytes);
+            return;
+        }
+        if (MPI_Allgather(input.data(), (int)bytes, MPI_BYTE, out, (int)bytes, MPI_BYTE, comm->mpi) != MPI_SUCCESS)
+            stand_in::violation("emulated NCCL: MPI_Allgather failed");
+    });
+    return ncclSuccess;
+}
+
 inline ncclResult_t ncclBroadcast(const void* in, void* out, size_t count, ncclDataType_t type, int root,
                                   ncclComm_t comm, cudaStream_t stream) {
     const size_t bytes = count * emulated_nccl::type_bytes(type);

@@ -1,5 +1,5 @@
 // CPU stand-in (see test/cpu_stand_in/stand_in.h) for kernels/adamw.cuh: model/optimizer.cpp's update expressions
-// on one tensor at a time, and the squared norm in double over the same fixed chunks as global_grad_norm.
+// on one range at a time, and the squared norm in double over the same fixed chunks as grad_sum_squares.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -43,16 +43,14 @@ inline void adamw_update_tensor(float* params, __nv_bfloat16* params16, const fl
     });
 }
 
-// Every trainable tensor of the table (decay oc.weight_decay where weight_decay is set, else 0)
-inline void adamw_update(const ParamTable& table, float* params, __nv_bfloat16* params16, const float* grads,
+// The shard's ranges (decay oc.weight_decay where weight_decay is set, else 0); m and v hold the shard's moments
+inline void adamw_update(const OptimizerShard& shard, float* params, __nv_bfloat16* params16, const float* grads,
                          float* m, float* v, const OptimizerConfig& oc, float lr, int64_t step, float grad_multiplier,
                          cudaStream_t stream) {
-    for (const ParamTensor& t : table.tensors) {
-        if (!t.trainable) continue;
-        adamw_update_tensor(params + t.offset, params16 ? params16 + t.offset : nullptr, grads + t.offset,
-                            m + t.offset, v + t.offset, t.numel, oc, lr, t.weight_decay ? oc.weight_decay : 0.0f,
+    for (const OptimizerRange& r : shard.ranges)
+        adamw_update_tensor(params + r.first, params16 ? params16 + r.first : nullptr, grads + r.first,
+                            m + r.moments, v + r.moments, r.count, oc, lr, r.weight_decay ? oc.weight_decay : 0.0f,
                             step, grad_multiplier, stream);
-    }
 }
 
 // *out = sum of grads[i]^2 over n values, in double, chunk partials summed in chunk order.
