@@ -12,9 +12,9 @@
 #include <string>
 
 enum class Group {
-    World,           // every rank: replicated parameters, losses, expert-load counts
+    World,           // every rank: replicated parameters (their gradients, optimizer shards), losses, expert loads
     ExpertParallel,  // the ep_size ranks that together hold all experts: dispatch and combine
-    DataParallel,    // the dp_size ranks that hold the same experts: expert gradients
+    DataParallel,    // the dp_size ranks that hold the same experts: expert gradients and optimizer shards
 };
 
 class Comm {

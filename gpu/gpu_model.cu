@@ -1008,7 +1008,6 @@ void gpu_model_free(GpuModel& m) {
     m = GpuModel();
 }
 
-// The moments: this rank's ranges of opt's (laid out by the table), packed on the device.
 void gpu_model_upload(GpuModel& m, const Model& host, const AdamWState& opt) {
     if (host.table.total != m.table.total) throw std::runtime_error("internal error: host and GPU tables differ");
     CUDA_CHECK(cudaMemcpy(m.params, host.params.data(), m.table.total * sizeof(float), cudaMemcpyHostToDevice));
@@ -1021,13 +1020,23 @@ void gpu_model_upload(GpuModel& m, const Model& host, const AdamWState& opt) {
     sync(m);
 }
 
-// opt's values outside this rank's ranges are left as they are (model_gather_moments fills them).
 void gpu_model_download(const GpuModel& m, Model& host, AdamWState& opt) {
     sync(m);
     CUDA_CHECK(cudaMemcpy(host.params.data(), m.params, m.table.total * sizeof(float), cudaMemcpyDeviceToHost));
     for (const OptimizerRange& r : m.shard.ranges) {
         CUDA_CHECK(cudaMemcpy(opt.m.data() + r.first, m.adam_m + r.moments, r.count * 4, cudaMemcpyDeviceToHost));
         CUDA_CHECK(cudaMemcpy(opt.v.data() + r.first, m.adam_v + r.moments, r.count * 4, cudaMemcpyDeviceToHost));
+    }
+}
+
+void gpu_model_gather_moments(GpuModel& m, AdamWState& opt) {
+    for (auto [moments, host] : {std::make_pair(m.adam_m, &opt.m), std::make_pair(m.adam_v, &opt.v)}) {
+        for (const OptimizerRange& r : m.shard.ranges)
+            CUDA_CHECK(cudaMemcpyAsync(m.grads + r.first, moments + r.moments, r.count * 4, cudaMemcpyDeviceToDevice,
+                                       m.stream));
+        sync(m);
+        shard_gather(m.shard, m.grads, *m.comm);
+        CUDA_CHECK(cudaMemcpy(host->data(), m.grads, m.table.total * sizeof(float), cudaMemcpyDeviceToHost));
     }
 }
 
@@ -1160,7 +1169,8 @@ double gpu_model_grad_norm(GpuModel& m) {
     const std::vector<OptimizerRange>& ranges = m.shard.ranges;
     double* scratch = m.norm_slots + ranges.size();
     for (size_t i = 0; i < ranges.size(); i++)
-        gpu::grad_norm_squared(m.norm_slots + i, m.grads + ranges[i].first, ranges[i].count, scratch, m.stream);
+        if (ranges[i].in_norm)
+            gpu::grad_norm_squared(m.norm_slots + i, m.grads + ranges[i].first, ranges[i].count, scratch, m.stream);
     m.range_norms.resize(ranges.size());
     CUDA_CHECK(cudaMemcpyAsync(m.range_norms.data(), m.norm_slots, ranges.size() * sizeof(double),
                                cudaMemcpyDeviceToHost, m.stream));

@@ -126,7 +126,7 @@ struct GpuModel {
     int64_t expert_scratch_rows = 0;
     std::vector<std::vector<int64_t>> expert_counts;  // host, as Model::expert_counts
     std::vector<double> range_norms;                  // host copy of the shard's ranges' squared norms
-    double* norm_slots = nullptr;                     // device (tensors) + scratch
+    double* norm_slots = nullptr;                     // device: one per range of the shard, + scratch
     RegionTimer timer;
 };
 
@@ -147,8 +147,12 @@ void gpu_model_init(GpuModel& m, const Config& c, Comm& comm, gpu::Precision p, 
                     const ActivationLayout& layout = {});
 void gpu_model_free(GpuModel& m);
 // Host model (weights) and optimizer moments -> device, and back. Tables must match (same config and EP size).
+// The moments: this rank's shard of opt's (laid out by the table), and back into those values alone.
 void gpu_model_upload(GpuModel& m, const Model& host, const AdamWState& opt);
 void gpu_model_download(const GpuModel& m, Model& host, AdamWState& opt);
+// The whole moments into opt on every rank, gathered from the ranks' shards on the device through the gradient
+// buffer (which it overwrites: between an update and the next gpu_model_zero_grads). Collective.
+void gpu_model_gather_moments(GpuModel& m, AdamWState& opt);
 // As model_forward: inputs, targets host arrays of B*T tokens (B <= the allocated B, T the allocated T). Without
 // targets only the logits are computed (no losses: the balance loss too stays 0).
 LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* targets, int B, bool training);
@@ -159,7 +163,8 @@ double gpu_model_grad_norm(GpuModel& m);
 void gpu_model_adamw(GpuModel& m, AdamWState& opt, const OptimizerConfig& oc, float lr, float grad_multiplier);
 void gpu_model_update_router_bias(GpuModel& m, const std::vector<std::vector<int64_t>>& counts);
 void gpu_model_logits_row(GpuModel& m, int64_t row, float* out);
-// Gradients to a host array laid out by the table (the tests compare them with the CPU model's).
+// Gradients to a host array laid out by the table (the tests compare them with the CPU model's). After
+// gpu_model_reduce_grads only the values of this rank's optimizer shard are sums over the ranks.
 std::vector<float> gpu_model_grads(const GpuModel& m);
 
 // The dense BF16 peak of the device in FLOP/s from a table of known GPUs (A100, H100 SXM/PCIe/NVL, H200, B200), or 0.

@@ -7,9 +7,10 @@
 // of their DataParallel group). A bucket held by n ranks is cut into n equal pieces, a multiple of PARAM_ALIGN
 // values each, and a tail of what is left (under n x PARAM_ALIGN values). A step: the gradients are
 // reduce-scattered (each rank gets the sum of its own piece; the tail is all-reduced), each rank updates its piece
-// and the tail, and the pieces are all-gathered. So a rank keeps the AdamW moments of its pieces and tails alone,
-// 8 bytes per parameter / n, and the traffic is that of an all-reduce of the gradients. On one rank a bucket is one
-// piece: the plain update.
+// and the tail, and the pieces are all-gathered. The traffic is that of an all-reduce of the gradients, and a GPU
+// keeps the AdamW moments of its pieces and tails alone, 8 bytes per parameter / n (the host's record of the
+// moments, for checkpoints, stays whole in the table's layout, on the CPU trainer too). On one rank a bucket is one
+// piece and a tail: the plain update.
 #pragma once
 #include <cstdint>
 #include <vector>

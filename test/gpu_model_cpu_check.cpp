@@ -537,6 +537,31 @@ double cpu_train_step(Model& m, AdamWState& opt, const OptimizerConfig& oc, int6
     return loss;
 }
 
+// The worst relative error over the trainable tensors of `values` (laid out by this rank's table `host`; expert
+// tensors gathered from the EP group of DP replica 0) against `alone` (laid out by the one-process table), on rank
+// 0; each tensor over tol is reported. Collective.
+double worst_tensor_error(Comm& comm, const std::string& tag, const ParamTable& host, const float* values,
+                          const ParamTable& alone_table, const float* alone, double tol, std::string& worst_name) {
+    double worst = 0.0;
+    for (const ParamTensor& t : host.tensors) {
+        if (!t.trainable) continue;
+        std::vector<float> tensor(comm.rank == 0 ? t.numel * (t.expert_shard ? comm.ep_size : 1) : 0);
+        if (t.expert_shard) {
+            if (comm.dp_rank == 0) comm.gather_to_ep_root(values + t.offset, t.numel, tensor.data());
+        } else if (comm.rank == 0) {
+            std::copy(values + t.offset, values + t.offset + t.numel, tensor.begin());
+        }
+        if (comm.rank != 0) continue;
+        const double rel = rel_error(tensor.data(), alone + alone_table.at(t.name).offset, (int64_t)tensor.size());
+        if (rel > tol) report(tag + " " + t.name, false, fmt("rel %.2e tol %.0e", rel, tol));
+        if (!(rel <= worst)) {
+            worst = rel;
+            worst_name = t.name;
+        }
+    }
+    return worst;
+}
+
 void check_distributed(Comm& comm) {
     Config c = load_config("tiny");
     c.aux_loss_alpha = 0.05f;  // make the balance loss's gradient visible
@@ -573,26 +598,9 @@ void check_distributed(Comm& comm) {
         loss_alone = model_forward(alone, inputs.data(), targets.data(), B_global, T, true).total;
         model_backward(alone, 1.0f);
     }
-    // the gradients, the expert tensors gathered from their owners (one DP replica)
-    double worst = 0.0;
     std::string worst_name;
-    for (const ParamTensor& t : host.table.tensors) {
-        if (!t.trainable) continue;
-        std::vector<float> tensor(comm.rank == 0 ? t.numel * (t.expert_shard ? comm.ep_size : 1) : 0);
-        if (t.expert_shard) {
-            if (comm.dp_rank == 0) comm.gather_to_ep_root(whole.data() + t.offset, t.numel, tensor.data());
-        } else if (comm.rank == 0) {
-            std::copy(whole.begin() + t.offset, whole.begin() + t.offset + t.numel, tensor.begin());
-        }
-        if (comm.rank != 0) continue;
-        const double rel =
-            rel_error(tensor.data(), alone.grads.data() + alone.table.at(t.name).offset, (int64_t)tensor.size());
-        if (rel > 1e-5) report(tag + " d " + t.name, false, fmt("rel %.2e tol %.0e", rel, 1e-5));
-        if (!(rel <= worst)) {
-            worst = rel;
-            worst_name = t.name;
-        }
-    }
+    const double worst = worst_tensor_error(comm, tag + " d", host.table, whole.data(), alone.table,
+                                            alone.grads.data(), 1e-5, worst_name);
     const double norm = gpu_model_grad_norm(gm);  // collective: every rank
     if (comm.rank == 0) {
         check_value(tag + " loss", loss, loss_alone, 1e-5);
@@ -640,7 +648,36 @@ void check_distributed(Comm& comm) {
         }
     }
     if (comm.rank == 0) report(tag + " losses over 5 optimizer steps", worst_loss <= 1e-4, fmt("worst rel %.2e tol 1e-04", worst_loss));
+    // the AdamW moments of every rank's optimizer shard, gathered whole (as for a checkpoint), against the one
+    // process's after the same 5 steps (the same tolerance as the losses: 5 steps of reordered sums)
+    gpu_model_gather_moments(gm, opt_back);
+    for (int which = 0; which < 2; which++) {
+        const char* name = which == 0 ? "m" : "v";
+        std::string worst_moment;
+        const double moment = worst_tensor_error(
+            comm, tag + " AdamW " + name, host.table, (which == 0 ? opt_back.m : opt_back.v).data(), alone.table,
+            (which == 0 ? opt_alone.m : opt_alone.v).data(), 1e-4, worst_moment);
+        if (comm.rank == 0)
+            report(tag + " AdamW " + name + " gathered from the ranks' shards", moment <= 1e-4,
+                   fmt("worst rel %.2e tol 1e-04", moment) + " (" + worst_moment + ")");
+    }
     gpu_model_free(gm);
+    // BF16: after an update and the gather of the weights, every rank's BF16 copy of the trained tensors is its
+    // weights rounded (the router bias, selection only, has no fresh copy)
+    GpuModel bf16;
+    AdamWState opt_bf16;
+    init_uploaded(bf16, tag + " bf16", host, comm, gpu::Precision::BF16, B, T, opt_bf16);
+    gpu_gradients(bf16, my_inputs, my_targets, B);
+    gpu_update(bf16, opt_bf16, oc, 1);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    double stale = 0.0;
+    for (const ParamTensor& t : bf16.table.tensors)
+        for (int64_t i = t.offset; t.trainable && i < t.offset + t.numel; i++)
+            stale += bf16.params_bf16[i].bits != __float2bfloat16_rn(bf16.params[i]).bits;
+    comm.all_reduce_sum(&stale, 1, Group::World);
+    report(tag + " bf16: the BF16 copies = the gathered weights rounded", stale == 0.0,
+           fmt("%.0f values differ", stale));
+    gpu_model_free(bf16);
 }
 
 }  // namespace

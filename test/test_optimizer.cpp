@@ -3,6 +3,7 @@
 // decay decoupled and only on matrices, nothing for tensors that are not trainable).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -70,63 +71,62 @@ TEST_CASE("optimizer: AdamW with bias correction; decay on matrices only; untrai
 }
 
 // The ZeRO-1 shards of every rank of a world, for the tiny config laid out as EP x DP: within each group of ranks
-// holding the same values (the world for replicated tensors, the DP replicas of an expert shard), every trainable
-// value is updated by exactly one rank's piece or by every rank (a tail), and counted once in the gradient norm.
-TEST_CASE("optimizer: ZeRO-1 shards cover every trainable value once, on 1 to 4 ranks and under EP") {
+// holding the same values (the world for replicated tensors, the DP replicas of an expert shard), a value before
+// its bucket's tail is updated by one rank alone, the one whose block of the bucket it lies in (the block
+// Comm::reduce_scatter_sum sums there), a tail value by every rank of the group; each is counted once in the
+// gradient norm; gaps between tensors and frozen tensors are never updated. 64 ranks make buckets that are all tail.
+TEST_CASE("optimizer: ZeRO-1 shards cover every trainable value once, on 1 to 64 ranks and under EP") {
     const Config c = load_config("tiny");
-    for (const auto& [world, ep] : std::vector<std::pair<int, int>>{{1, 1}, {2, 1}, {3, 1}, {4, 2}, {4, 4}}) {
+    for (const auto& [world, ep] : std::vector<std::pair<int, int>>{{1, 1}, {2, 1}, {3, 1}, {4, 2}, {4, 4}, {64, 2}}) {
         INFO("world " << world << ", EP " << ep);
         const int dp = world / ep;
         const ParamTable table = build_param_table(c, ep);
-        std::vector<int> held(table.total, -1);  // the ranks holding each value; -1: a gap or a frozen tensor
+        std::vector<int> held(table.total, 0);  // the ranks holding each value; 0: a gap or a frozen tensor
         for (const ParamTensor& t : table.tensors)
-            if (t.trainable)
-                for (int64_t i = t.offset; i < t.offset + t.numel; i++) held[i] = t.expert_shard ? dp : world;
-        // per EP rank (the expert shard a rank holds): how often each value is updated, and counted in the norm
+            for (int64_t i = t.offset; t.trainable && i < t.offset + t.numel; i++) held[i] = t.expert_shard ? dp : world;
+        // per group of ranks holding the same values (replicated: all, counted under key 0; an expert shard: the
+        // ranks of EP rank e, under key e): each value's updates and norm counts
         std::vector<std::vector<int>> updated(ep, std::vector<int>(table.total, 0)), counted = updated;
-        int64_t moments = -1;
+        std::vector<bool> in_tail(table.total, false);  // the buckets are the same on every rank
+        int64_t moments = -1, misplaced = 0, shared_slots = 0, pieces = 0, all_tail_buckets = 0;
         for (int rank = 0; rank < world; rank++) {
             const OptimizerShard s = optimizer_shard(table, world, rank, dp, rank / ep);
             if (moments < 0) moments = s.moments;
             CHECK(s.moments == moments);  // every rank keeps as many (the memory plan counts rank 0's)
             std::vector<bool> slot(s.moments, false);
-            int64_t shared_slots = 0;  // values sharing a moment with another
+            for (const OptimizerBucket& b : s.buckets) {
+                for (int64_t i = b.first + b.ranks * b.piece; rank == 0 && i < b.first + b.count; i++) in_tail[i] = true;
+                CHECK(b.piece % PARAM_ALIGN == 0);
+                CHECK(b.index == (b.group == Group::World ? rank : rank / ep));
+                pieces += b.piece > 0;
+                all_tail_buckets += b.piece == 0;
+            }
             for (const OptimizerRange& r : s.ranges) {
                 REQUIRE(r.moments + r.count <= s.moments);
                 for (int64_t i = r.first; i < r.first + r.count; i++) {
-                    updated[rank % ep][i]++;
-                    counted[rank % ep][i] += r.in_norm;
+                    const int key = held[i] == world ? 0 : rank % ep;
+                    updated[key][i]++;
+                    counted[key][i] += r.in_norm;
                     shared_slots += slot[r.moments + (i - r.first)];
                     slot[r.moments + (i - r.first)] = true;
+                    for (const OptimizerBucket& b : s.buckets)  // a piece's value lies in this rank's block
+                        if (i >= b.first && i < b.first + b.ranks * b.piece) misplaced += (i - b.first) / b.piece != b.index;
                 }
             }
-            CHECK(shared_slots == 0);
-            for (const OptimizerBucket& b : s.buckets) CHECK(b.piece % PARAM_ALIGN == 0);
         }
-        int64_t wrong_updates = 0, wrong_counts = 0, replicated_in_pieces = 0;
-        for (int e = 0; e < ep; e++)
+        CHECK(shared_slots == 0);  // no two values share a moment
+        CHECK(misplaced == 0);
+        if (world > 1) CHECK(pieces > 0);
+        if (world == 64) CHECK(all_tail_buckets > 0);
+        int64_t wrong_updates = 0, wrong_counts = 0;
+        for (int key = 0; key < ep; key++)
             for (int64_t i = 0; i < table.total; i++) {
-                int total_updates = 0, total_counted = 0;
-                if (held[i] == world) {  // replicated: held by every rank, so summed over all EP ranks (once)
-                    if (e > 0) continue;
-                    for (int f = 0; f < ep; f++) {
-                        total_updates += updated[f][i];
-                        total_counted += counted[f][i];
-                    }
-                } else {
-                    total_updates = updated[e][i];
-                    total_counted = counted[e][i];
-                }
-                if (held[i] < 0) {
-                    wrong_updates += total_updates != 0;
-                    continue;
-                }
-                wrong_updates += total_updates != 1 && total_updates != held[i];  // a piece's, or a tail's
-                wrong_counts += total_counted != 1;
-                replicated_in_pieces += held[i] == world && total_updates == 1;
+                if (key > 0 && held[i] == world) continue;  // replicated: counted under key 0
+                const int n = held[i];  // 0 for a gap or a frozen tensor
+                wrong_updates += updated[key][i] != (in_tail[i] ? n : std::min(n, 1));
+                wrong_counts += counted[key][i] != std::min(n, 1);
             }
         CHECK(wrong_updates == 0);
         CHECK(wrong_counts == 0);
-        if (world > 1) CHECK(replicated_in_pieces > 0);  // the pieces are not all tails
     }
 }

@@ -4,7 +4,7 @@
 // (the GPU backend in train.cu, over gpu/gpu_model.cu), and the two are brought level where the trainer says:
 //   load  after the host model changed (fresh init, --init-from-hf, --resume);
 //   store before the host model is read (a checkpoint, --export-hf): the weights whole, the AdamW moments of this
-//         rank's optimizer shard (model_gather_moments, collective, completes them before a checkpoint).
+//         rank's optimizer shard; before a checkpoint gather_moments (collective) then completes the moments.
 // So train_cpu and train share one command line, one data path, one log format and one checkpoint format by
 // construction: a checkpoint written by one resumes on the other.
 #pragma once
@@ -23,6 +23,9 @@ public:
     virtual ~Backend() = default;
     virtual void load(const Model& host, const AdamWState& opt) = 0;
     virtual void store(Model& host, AdamWState& opt) = 0;
+    // The whole AdamW moments into opt (laid out by the table) on every rank, from the ranks' optimizer shards
+    // (model/optimizer.h). Collective: every rank calls it.
+    virtual void gather_moments(AdamWState& opt) = 0;
     // As model_forward / model_backward (model/model.h); inputs and targets are host arrays of B*T tokens.
     virtual LossParts forward(const int32_t* inputs, const int32_t* targets, int B, int T, bool training) = 0;
     virtual void backward(float loss_scale) = 0;
@@ -31,7 +34,8 @@ public:
     virtual void zero_grads() = 0;
     virtual void reduce_grads() = 0;   // as model_reduce_grads
     virtual double grad_norm() = 0;    // as model_grad_norm
-    // One AdamW update of every trainable tensor (increments opt.step), gradients times grad_multiplier.
+    // One AdamW update of this rank's optimizer shard (increments opt.step), gradients times grad_multiplier, then
+    // the weights gathered from every rank's shard (collective).
     virtual void adamw(AdamWState& opt, const OptimizerConfig& oc, float lr, float grad_multiplier) = 0;
     // Tokens routed to each expert of each block since the last bias update (host; as Model::expert_counts).
     virtual std::vector<std::vector<int64_t>>& expert_counts() = 0;

@@ -444,7 +444,7 @@ static void save_checkpoint(Run& r) {
     r.state.data_tokens = ds.tokens;
     r.state.rng_state = r.rng.state;
     r.backend->store(r.model, r.opt);
-    model_gather_moments(r.model, r.opt);
+    r.backend->gather_moments(r.opt);
     finish_checkpoint_write(r);
     const std::string dir = r.args.checkpoint_dir;
     const int keep = r.args.keep_checkpoints;
