@@ -128,9 +128,11 @@ build/emulated/nccl_comm.o: comm/nccl_comm.cu $(EMULATOR) $(HEADERS)
 	$(CXX) $(EMULATOR_FLAGS) $(MPI_CFLAGS) -DOMPI_SKIP_MPICXX=1 -x c++ -c $< -o $@
 
 test_gpu_emulated: test/test_gpu_kernels.cu test/test_gpu_matmul.cu test/test_gpu_train.cu $(GPU_TEST_HEADERS) \
-                   test/kernel_emulator/test_gpu_emulated.cpp $(EMULATED_OBJ) $(EMULATOR) $(CORE_OBJ) $(HEADERS)
+                   test/kernel_emulator/test_gpu_emulated.cpp build/emulated/nccl_comm.o $(EMULATED_OBJ) $(EMULATOR) \
+                   $(CORE_OBJ) $(HEADERS)
 	$(CXX) $(EMULATOR_FLAGS) -x c++ test/test_gpu_kernels.cu test/test_gpu_matmul.cu test/test_gpu_train.cu \
-	  -x none test/kernel_emulator/test_gpu_emulated.cpp $(EMULATED_OBJ) $(CORE_OBJ) -o $@ $(MPI_LIBS)
+	  -x none test/kernel_emulator/test_gpu_emulated.cpp build/emulated/nccl_comm.o $(EMULATED_OBJ) $(CORE_OBJ) -o $@ \
+	  $(MPI_LIBS)
 
 train_emulated: train.cu build/emulated/nccl_comm.o $(EMULATED_OBJ) $(EMULATOR) $(CORE_OBJ) $(HEADERS)
 	$(CXX) $(EMULATOR_FLAGS) -x c++ train.cu -x none build/emulated/nccl_comm.o $(EMULATED_OBJ) $(CORE_OBJ) -o $@ \
@@ -183,7 +185,7 @@ TEST_GPU_OBJ := $(patsubst %.cu,build/%.o,test/test_gpu.cu test/test_gpu_kernels
 build/test/%.o: test/%.cu $(GPU_HEADERS) $(GPU_TEST_HEADERS)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
-test_gpu: $(TEST_GPU_OBJ) build/gpu/gpu_model.o $(CORE_OBJ)
+test_gpu: $(TEST_GPU_OBJ) build/gpu/gpu_model.o build/comm/nccl_comm.o $(CORE_OBJ)
 	$(NVCC) $(NVFLAGS) $^ -o $@ $(GPU_LIBS)
 
 test-gpu: deps

@@ -1,15 +1,14 @@
 // The whole model on one GPU (DESIGN §1, §3): the same forward and backward as model/model.cpp, made of the
-// hand-written kernels of kernels/ and cuBLASLt GEMMs (kernels/matmul.cuh). One device buffer each for the FP32
-// master weights and the gradients, laid out by the same ParamTable as the CPU model, and for this rank's shard of
-// each AdamW moment (model/optimizer.h); with
-// Precision::BF16 the GEMMs read a BF16 working copy of the weights (refreshed after every update) and BF16 casts
-// of their activation operands, and accumulate in FP32: each GEMM input is cast once, in the forward, into a BF16
-// copy kept beside it (the `16` buffers below; the RMSNorms write theirs in the same pass as the FP32 rows) that
-// every GEMM reading it uses, forward and backward (the SwiGLU outputs and the routed experts' input rows, read by
-// nothing else, are BF16 only: the rows are gathered from the BF16 copy of x and, under expert parallelism,
-// exchanged in BF16); the output gradients are cast by the GEMM calls, except the logits', which the cross-entropy
-// writes in BF16 only. The attention, on the tensor cores, reads q, k, v and dO stored in BF16 and accumulates in
-// FP32.
+// hand-written kernels of kernels/ and cuBLASLt GEMMs (kernels/matmul.cuh). One device buffer each for the FP32 master
+// weights and the gradients, laid out by the same ParamTable as the CPU model, and for this rank's shard of each AdamW
+// moment (model/optimizer.h); with Precision::BF16 the GEMMs read a BF16 working copy of the weights (refreshed after
+// every update) and BF16 casts of their activation operands, and accumulate in FP32: each GEMM input is cast once, in
+// the forward, into a BF16 copy kept beside it (the `16` buffers below; the RMSNorms write theirs in the same pass as
+// the FP32 rows) that every GEMM reading it uses, forward and backward (the SwiGLU outputs and the routed experts'
+// input rows, read by nothing else, are BF16 only: the rows are gathered from the BF16 copy of x and, under expert
+// parallelism, exchanged in BF16); the output gradients are cast by the GEMM calls, except the logits', which the
+// cross-entropy writes in BF16 only. The attention, on the tensor cores, reads q, k, v and dO stored in BF16 and
+// accumulates in FP32.
 // Everything else (norms, router, softmax, the optimizer) is FP32.
 // Precision::FP8 is BF16 mode with the linear layers inside the blocks (attention projections, dense, shared and
 // routed experts' matrices) in DeepSeek-V3's FP8 recipe, as the CPU model's LinearPrecision::FP8 (model/fp8.h): their

@@ -31,7 +31,7 @@ OptimizerShard optimizer_shard(const ParamTable& table, int world, int rank, int
         b.group = tensors[first].expert_shard ? Group::DataParallel : Group::World;
         b.ranks = b.group == Group::World ? world : dp_size;
         b.index = b.group == Group::World ? rank : dp_rank;
-        b.piece = b.count / (b.ranks * PARAM_ALIGN) * PARAM_ALIGN;
+        b.piece = b.ranks == 1 ? b.count : b.count / (b.ranks * PARAM_ALIGN) * PARAM_ALIGN;
         // this rank's values: its piece, then the tail, each cut along the tensors (the gaps between them skipped);
         // their moments take the span's length, gaps included, so that every rank keeps as many
         const int64_t piece_first = b.first + b.index * b.piece, tail_first = b.first + b.ranks * b.piece;

@@ -4,13 +4,13 @@
 // The optimizer's work and state are sharded over the ranks that hold a copy of the weights (ZeRO stage 1, as
 // llm.c's -z 1 and Megatron's distributed optimizer): the trainable tensors fall into buckets, runs of adjacent
 // tensors held by the same ranks (replicated ones by every rank, Group::World; expert shards by the dp_size ranks
-// of their DataParallel group). A bucket held by n ranks is cut into n equal pieces, a multiple of PARAM_ALIGN
+// of their DataParallel group). A bucket held by n > 1 ranks is cut into n equal pieces, a multiple of PARAM_ALIGN
 // values each, and a tail of what is left (under n x PARAM_ALIGN values). A step: the gradients are
 // reduce-scattered (each rank gets the sum of its own piece; the tail is all-reduced), each rank updates its piece
 // and the tail, and the pieces are all-gathered. The traffic is that of an all-reduce of the gradients, and a GPU
 // keeps the AdamW moments of its pieces and tails alone, 8 bytes per parameter / n (the host's record of the
-// moments, for checkpoints, stays whole in the table's layout, on the CPU trainer too). On one rank a bucket is one
-// piece and a tail: the plain update.
+// moments, for checkpoints, stays whole in the table's layout, on the CPU trainer too). A bucket held by one rank
+// is one piece: the plain update.
 #pragma once
 #include <cstdint>
 #include <vector>

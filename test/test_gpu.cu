@@ -1,6 +1,6 @@
 // test_gpu (make test-gpu): every kernel of kernels/ against the CPU reference (test_gpu_kernels.cu), then the
-// GEMMs (test_gpu_matmul.cu), the whole training step and the trainers (test_gpu_train.cu), then FP8's GEMMs and
-// step (on Hopper). One line per check, then
+// GEMMs (test_gpu_matmul.cu), the whole training step, the optimizer shard's NCCL collectives and the trainers
+// (test_gpu_train.cu), then FP8's GEMMs and step (on Hopper). One line per check, then
 // `tests: N passed, M failed`; exit 1 on any failure or when there is no GPU.
 #include <cstdio>
 
@@ -11,6 +11,7 @@ void test_matmul(Rng& rng);   // test/test_gpu_matmul.cu
 void test_matmul_fp8(Rng& rng);
 void test_training_step();    // test/test_gpu_train.cu
 void test_training_step_fp8();
+void test_nccl_shard_collectives();
 void test_trainers();
 
 int main() {
@@ -26,6 +27,7 @@ int main() {
     test_kernels(rng);
     test_matmul(rng);
     test_training_step();
+    test_nccl_shard_collectives();
     test_trainers();
     // FP8 last: cuBLASLt's block-scaled FP8 GEMMs are Hopper's only and have not run here yet; whatever goes wrong
     // there (a crash included) must not cost the checks above

@@ -33,6 +33,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -186,6 +187,25 @@ void test_training_step() {
 void test_training_step_fp8() {
     compare_step("step small B=2 T=128", load_config("small"), gpu::Precision::FP8, 2, 128, 13, false);
     check_recompute("step small B=2 T=128 fp8", load_config("small"), gpu::Precision::FP8, 2, 128, 14);
+}
+
+// The optimizer shard's collectives through the NCCL Comm on one GPU (ncclReduceScatter and ncclAllGather in place,
+// over a world of one: the trainers skip them there), on a device buffer and on a staged host one: a sum over one
+// rank and a gather from one leave every value as it was.
+void test_nccl_shard_collectives() {
+    std::unique_ptr<Comm> comm = make_nccl_comm(1, "test_gpu");
+    Rng rng(31);
+    const int64_t piece = 3 * PARAM_ALIGN;
+    std::vector<float> host(piece);
+    for (float& x : host) x = rng.normal();
+    Dev<float> device(host);
+    comm->reduce_scatter_sum(device.ptr, piece, Group::World);
+    comm->all_gather(device.ptr, piece, Group::World);
+    check("NCCL reduce-scatter, all-gather in place (1 rank, device)", device.get(), host, 0);
+    std::vector<float> staged = host;
+    comm->reduce_scatter_sum(staged.data(), piece, Group::World);
+    comm->all_gather(staged.data(), piece, Group::World);
+    check("NCCL reduce-scatter, all-gather in place (1 rank, host)", staged, host, 0);
 }
 
 void test_trainers() {

@@ -1,7 +1,8 @@
 // ./test_gpu_emulated: test_gpu's checks (test/test_gpu.cu) on the kernel emulator (emulator.h), so the real kernels,
 // kernels/matmul.cuh (over the emulator's CPU model of cuBLASLt, cublasLt.h) and the whole GPU training step meet
 // the CPU reference on a machine without a GPU: the kernel checks (test/test_gpu_kernels.cu), the GEMM checks
-// (test/test_gpu_matmul.cu) and the training-step comparison (test/test_gpu_train.cu's test_training_step). Not the
+// (test/test_gpu_matmul.cu), the training-step comparison (test/test_gpu_train.cu's test_training_step) and the
+// optimizer shard's NCCL collectives on one rank (over the emulator's NCCL, nccl.h). Not the
 // trainer runs of test_gpu, which start ./train (test/test_train_stand_in.cpp runs ./train_emulated instead).
 // test_cpu runs it twice, with the threads in ascending order and with one warp ahead (EMULATOR_ORDER=warps). One
 // line per check, then `tests: N passed, M failed`; exit 1 on any failure.
@@ -14,12 +15,14 @@ void test_matmul(Rng& rng);   // test/test_gpu_matmul.cu
 void test_matmul_fp8(Rng& rng);
 void test_training_step();    // test/test_gpu_train.cu
 void test_training_step_fp8();
+void test_nccl_shard_collectives();
 
 int main() {
     Rng rng(20261201);
     test_kernels(rng);
     test_matmul(rng);
     test_training_step();
+    test_nccl_shard_collectives();
     test_matmul_fp8(rng);
     test_training_step_fp8();
     printf("tests: %d passed, %d failed\n", passed, failed);
