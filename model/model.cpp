@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <malloc.h>
 #include <numeric>
 
 #include "ops.h"
@@ -125,6 +126,11 @@ static void ensure_activations(Model& m, int B, int T) {
 }
 
 void model_reserve(Model& m, int B, int T) { ensure_activations(m, B, T); }
+
+void keep_freed_memory() {
+    mallopt(M_MMAP_THRESHOLD, 1 << 30);  // blocks up to 1 GiB come from the heap (also ends the dynamic threshold)
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);  // and the heap keeps up to 1 GiB of free memory at its top
+}
 
 static BlockActs& block_acts(Model& m, int layer) { return m.acts.blocks[m.acts.block_slot[layer]]; }
 

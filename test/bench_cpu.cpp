@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
     }
     if (B < 1 || T < 2 || steps < 1 || threads < 1) { fprintf(stderr, "bench_cpu: bad sizes\n"); return 2; }
     omp_set_num_threads(threads);
+    keep_freed_memory();  // as train_cpu
     try {
         Config c = load_config(preset);
         Model m;

@@ -18,6 +18,7 @@ public:
         m_.linear_precision = args.dtype == "fp8" ? LinearPrecision::FP8 : LinearPrecision::FP32;
         m_.layout.recompute = args.recompute;
         model_reserve(m_, args.batch, args.seq);
+        keep_freed_memory();
     }
     void load(const Model& host, const AdamWState& opt) override {}
     void store(Model& host, AdamWState& opt) override {}
