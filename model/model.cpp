@@ -127,6 +127,7 @@ static void ensure_activations(Model& m, int B, int T) {
 
 void model_reserve(Model& m, int B, int T) { ensure_activations(m, B, T); }
 
+// mallopt returns 0 when glibc refuses a setting: that only costs the speed, so it is not an error
 void keep_freed_memory() {
     mallopt(M_MMAP_THRESHOLD, 1 << 30);  // blocks up to 1 GiB come from the heap (also ends the dynamic threshold)
     mallopt(M_TRIM_THRESHOLD, 1 << 30);  // and the heap keeps up to 1 GiB of free memory at its top
