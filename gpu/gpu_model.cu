@@ -1020,13 +1020,9 @@ void gpu_model_upload(GpuModel& m, const Model& host, const AdamWState& opt) {
     sync(m);
 }
 
-void gpu_model_download(const GpuModel& m, Model& host, AdamWState& opt) {
+void gpu_model_download(const GpuModel& m, Model& host) {
     sync(m);
     CUDA_CHECK(cudaMemcpy(host.params.data(), m.params, m.table.total * sizeof(float), cudaMemcpyDeviceToHost));
-    for (const OptimizerRange& r : m.shard.ranges) {
-        CUDA_CHECK(cudaMemcpy(opt.m.data() + r.first, m.adam_m + r.moments, r.count * 4, cudaMemcpyDeviceToHost));
-        CUDA_CHECK(cudaMemcpy(opt.v.data() + r.first, m.adam_v + r.moments, r.count * 4, cudaMemcpyDeviceToHost));
-    }
 }
 
 void gpu_model_gather_moments(GpuModel& m, AdamWState& opt) {

@@ -145,10 +145,11 @@ GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, int world, gpu::Prec
 void gpu_model_init(GpuModel& m, const Config& c, Comm& comm, gpu::Precision p, int B, int T,
                     const ActivationLayout& layout = {});
 void gpu_model_free(GpuModel& m);
-// Host model (weights) and optimizer moments -> device, and back. Tables must match (same config and EP size).
-// The moments: this rank's shard of opt's (laid out by the table), and back into those values alone.
+// Host model (weights) and this rank's shard of the optimizer moments (opt laid out by the table) -> device.
+// Tables must match (same config and EP size).
 void gpu_model_upload(GpuModel& m, const Model& host, const AdamWState& opt);
-void gpu_model_download(const GpuModel& m, Model& host, AdamWState& opt);
+// Device weights -> host model.
+void gpu_model_download(const GpuModel& m, Model& host);
 // The whole moments into opt on every rank, gathered from the ranks' shards on the device through the gradient
 // buffer (which it overwrites: between an update and the next gpu_model_zero_grads). Collective.
 void gpu_model_gather_moments(GpuModel& m, AdamWState& opt);

@@ -3,8 +3,8 @@
 // export, checkpoints); a backend computes the training step on it (the CPU backend) or on a device copy of it
 // (the GPU backend in train.cu, over gpu/gpu_model.cu), and the two are brought level where the trainer says:
 //   load  after the host model changed (fresh init, --init-from-hf, --resume);
-//   store before the host model is read (a checkpoint, --export-hf): the weights whole, the AdamW moments of this
-//         rank's optimizer shard; before a checkpoint gather_moments (collective) then completes the moments.
+//   store          before the host weights are read (a checkpoint, --export-hf);
+//   gather_moments before the host AdamW moments are read (a checkpoint): collective, from every rank's shard.
 // So train_cpu and train share one command line, one data path, one log format and one checkpoint format by
 // construction: a checkpoint written by one resumes on the other.
 #pragma once
@@ -22,7 +22,7 @@ class Backend {
 public:
     virtual ~Backend() = default;
     virtual void load(const Model& host, const AdamWState& opt) = 0;
-    virtual void store(Model& host, AdamWState& opt) = 0;
+    virtual void store(Model& host) = 0;
     // The whole AdamW moments into opt (laid out by the table) on every rank, from the ranks' optimizer shards
     // (model/optimizer.h). Collective: every rank calls it.
     virtual void gather_moments(AdamWState& opt) = 0;

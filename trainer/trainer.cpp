@@ -443,7 +443,7 @@ static void save_checkpoint(Run& r) {
     r.state.data_file = ds.file;
     r.state.data_tokens = ds.tokens;
     r.state.rng_state = r.rng.state;
-    r.backend->store(r.model, r.opt);
+    r.backend->store(r.model);
     r.backend->gather_moments(r.opt);
     finish_checkpoint_write(r);
     const std::string dir = r.args.checkpoint_dir;
@@ -570,7 +570,7 @@ int train_main(int argc, char** argv, const char* program, MakeComm make_comm, M
     if (lead) {
         try {
             if (!args.export_hf.empty()) {
-                r.backend->store(r.model, r.opt);
+                r.backend->store(r.model);
                 export_hf(r.model, args.export_hf, args.export_dtype == "f32" ? ExportDType::F32 : ExportDType::BF16);
                 printf("exported %s\n", args.export_hf.c_str());
             }
