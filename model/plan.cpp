@@ -1,8 +1,9 @@
 // The arithmetic of --plan. Memory follows this trainer's scheme (DESIGN §1.4, §2): FP32 master weights, FP32
 // gradients and a BF16 working copy of every parameter a GPU holds (the replicated parameters in full, the routed
 // experts divided by EP; no pipeline stages), and two FP32 AdamW moments for its shard of them (ZeRO-1,
-// model/optimizer.h: the replicated parameters divided by the GPUs, an expert shard by its DP replicas). FLOPs per token follow
-// Megatron: 6 x active parameters (shared experts and MTP included) + the attention scores, causal halved.
+// model/optimizer.h: the replicated parameters divided by the GPUs, an expert shard by its DP replicas). FLOPs per
+// token follow Megatron: 6 x active parameters (shared experts and MTP included) + the attention scores, causal
+// halved.
 // All-to-all: per MoE layer and token, k rows of d BF16 values go out (dispatch) and come back (combine) in the
 // forward, and again in the backward; a share 1/EP stays on the GPU, (per_node - 1)/EP crosses NVLink, the rest the
 // network. The predicted step adds compute and communication: no overlap is assumed. With --recompute the blocks
@@ -90,9 +91,9 @@ void print_plan(const Config& c, const PlanInputs& p) {
     // once per step, the FP32 gradients reduce-scattered and the updated FP32 weights all-gathered, together the
     // bytes of a ring all-reduce (2 (n-1)/n of the buffer per GPU): the replicated parameters over all GPUs, each
     // expert shard over its DP replicas
-    const double allreduce_s = (2.0 * (p.gpus - 1) / p.gpus * 4 * replicated_params +
+    const double exchange_s = (2.0 * (p.gpus - 1) / p.gpus * 4 * replicated_params +
                                 2.0 * (dp - 1) / dp * 4 * expert_params / p.ep) / (p.network_gbps * 1e9);
-    const double step_s = p.grad_accum * (compute_s + comm_s) + allreduce_s;
+    const double step_s = p.grad_accum * (compute_s + comm_s) + exchange_s;
     const double tokens_per_gpu_s = p.grad_accum * tokens / step_s;
 
     printf("plan: %d GPUs (%d per node) as EP %d x DP %d; micro-batch %d x %d tokens, %d micro-steps per step\n",
@@ -115,8 +116,8 @@ void print_plan(const Config& c, const PlanInputs& p) {
            100 * local_share, 100 * node_share, 100 * network_share);
     printf("assumed: matmul %.0f TFLOP/s per GPU, NVLink %.0f GB/s, network %.0f GB/s per GPU, no overlap\n",
            p.matmul_tflops, p.nvlink_gbps, p.network_gbps);
-    printf("predicted per micro-step: compute %.3f s, all-to-all %.3f s; per step: gradient and weight exchange %.3f s, "
-           "step %.3f s\n", compute_s, comm_s, allreduce_s, step_s);
+    printf("predicted per micro-step: compute %.3f s, all-to-all %.3f s; per step: gradient and weight exchange "
+           "%.3f s, step %.3f s\n", compute_s, comm_s, exchange_s, step_s);
     printf("predicted throughput: %.0f tokens/s per GPU = %.0fK GPU-hours per trillion tokens\n", tokens_per_gpu_s,
            1e12 / tokens_per_gpu_s / 3600 / 1e3);
 }
