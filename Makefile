@@ -20,7 +20,7 @@ CORE_SRC := $(wildcard model/*.cpp) $(filter-out data/prepare.cpp,$(wildcard dat
 CORE_OBJ := $(patsubst %.cpp,build/%.o,$(CORE_SRC))
 TEST_SRC := $(filter-out test/bench_cpu.cpp test/ep_check.cpp test/bench_io.cpp test/gpu_model_cpu_check.cpp,$(wildcard test/*.cpp))
 TEST_OBJ := $(patsubst %.cpp,build/%.o,$(TEST_SRC))
-HEADERS  := $(wildcard model/*.h data/*.h comm/*.h tools/*.h trainer/*.h kernels/*.cuh)
+HEADERS  := $(wildcard model/*.h data/*.h comm/*.h tools/*.h trainer/*.h kernels/*.cuh kernels/*.h)
 # what the programs checking gpu/gpu_model.cu share (test_gpu, and its stand-in and emulated builds)
 GPU_TEST_HEADERS := test/gpu_check.cuh test/random_model.h test/recompute_check.h
 

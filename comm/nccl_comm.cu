@@ -3,16 +3,21 @@
 // flags, losses, load counts, grad norm, checkpoint gathers: staged through a device buffer that grows when needed,
 // and is freed after a transfer that needed over STAGE_KEEP_BYTES, so a checkpoint does not hold device memory for
 // the rest of the run). MPI only bootstraps: rank and world, the ranks on this host (so each rank takes the GPU of
-// its local rank), the NCCL unique id, and ending the job on failure. NCCL 2.28 has no all-to-all-v: it is built
-// from ncclSend/ncclRecv pairs inside one ncclGroupStart/ncclGroupEnd.
+// its local rank, or the only one it sees, and two ranks never share one), the NCCL unique id, and ending the job on
+// failure. While a collective runs, NCCL's asynchronous errors are watched, so a dead peer ends the job. NCCL 2.28
+// has no all-to-all-v: it is built from ncclSend/ncclRecv pairs inside one ncclGroupStart/ncclGroupEnd.
 // Run without mpirun it is a one-rank job on GPU 0 that still goes through NCCL.
 #include <cuda_runtime.h>
 #include <mpi.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "comm.h"
 
@@ -32,22 +37,31 @@ public:
             check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &world), "MPI_Comm_size");
         }
         int local_ranks = 1;
+        MPI_Comm node = MPI_COMM_NULL;  // the ranks on this host
         if (use_mpi_) {
-            MPI_Comm node;
             check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node), "split");
             check_mpi(MPI_Comm_rank(node, &local_rank), "MPI_Comm_rank(node)");
             check_mpi(MPI_Comm_size(node, &local_ranks), "MPI_Comm_size(node)");
-            check_mpi(MPI_Comm_free(&node), "MPI_Comm_free");
         }
         int gpus = 0;
-        if (cudaGetDeviceCount(&gpus) != cudaSuccess) gpus = 0;
+        const cudaError_t counted = cudaGetDeviceCount(&gpus);
+        if (counted != cudaSuccess) gpus = 0;
+        // each rank takes its local rank's GPU, or the only one it sees (a launcher that gives every rank its own
+        // CUDA_VISIBLE_DEVICES, as srun --gpus-per-task does)
+        const int device = gpus == 1 ? 0 : local_rank;
         std::string error;
         if (gpus == 0)
-            error = "no CUDA GPU found; use ./train_cpu for the CPU trainer";
-        else if (local_ranks > gpus)
+            error = std::string("no CUDA GPU found (") + cudaGetErrorString(counted) +
+                    "); use ./train_cpu for the CPU trainer";
+        else if (device >= gpus)
             error = std::to_string(local_ranks) + " ranks on one host but only " + std::to_string(gpus) +
                     " GPUs: start at most one rank per GPU";
-        else if (ep < 1 || world % ep != 0)
+        if (node != MPI_COMM_NULL) {
+            const std::string shared = shared_gpu(node, error.empty() ? device : -1, local_ranks);
+            if (error.empty()) error = shared;
+            check_mpi(MPI_Comm_free(&node), "MPI_Comm_free");
+        }
+        if (error.empty() && (ep < 1 || world % ep != 0))
             error = "--ep " + std::to_string(ep) + " does not divide the " + std::to_string(world) +
                     " ranks (world = EP x DP)";
         agree_on_setup(error);
@@ -55,23 +69,37 @@ public:
         ep_rank = rank % ep;
         dp_size = world / ep;
         dp_rank = rank / ep;
-        check_cuda(cudaSetDevice(local_rank), "cudaSetDevice");
+        check_cuda(cudaSetDevice(device), "cudaSetDevice");
         cudaFuncAttributes probe;
-        if (cudaFuncGetAttributes(&probe, build_probe_kernel) != cudaSuccess) {
+        if (const cudaError_t rc = cudaFuncGetAttributes(&probe, build_probe_kernel); rc != cudaSuccess) {
             (void)cudaGetLastError();
             cudaDeviceProp prop;
-            check_cuda(cudaGetDeviceProperties(&prop, local_rank), "cudaGetDeviceProperties");
+            check_cuda(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
             const std::string sm = std::to_string(prop.major) + std::to_string(prop.minor);
-            abort("this build has no code for GPU " + std::to_string(local_rank) + " (" + prop.name + ", sm_" + sm +
-                  "): add -gencode arch=compute_" + sm + ",code=sm_" + sm + " to NVFLAGS in the Makefile and rebuild");
+            abort("this build cannot run on GPU " + std::to_string(device) + " (" + prop.name + ", sm_" + sm +
+                  "): " + cudaGetErrorString(rc) + ". If the build lacks that GPU, add -gencode arch=compute_" + sm +
+                  ",code=sm_" + sm + " to NVFLAGS in the Makefile and rebuild; if the driver is older than the " +
+                  "CUDA toolkit, update the driver");
         }
         check_cuda(cudaStreamCreate(&stream_), "cudaStreamCreate");
         ncclUniqueId id;
         if (rank == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
-        if (use_mpi_) check_mpi(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD), "MPI_Bcast");
+        if (use_mpi_) {
+            check_mpi(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD), "MPI_Bcast");
+            // every rank has the id before any enters the blocking init (some MPIs return from the broadcast early)
+            check_mpi(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
+        }
         check_nccl(ncclCommInitRank(&world_comm_, world, id, rank), "ncclCommInitRank");
-        check_nccl(ncclCommSplit(world_comm_, dp_rank, ep_rank, &ep_comm_, nullptr), "ncclCommSplit(EP)");
-        check_nccl(ncclCommSplit(world_comm_, ep_rank, dp_rank, &dp_comm_, nullptr), "ncclCommSplit(DP)");
+        ncclConfig_t share = NCCL_CONFIG_INITIALIZER;  // the splits share the world's buffers, not each its own
+        share.splitShare = 1;
+        check_nccl(ncclCommSplit(world_comm_, dp_rank, ep_rank, &ep_comm_, &share), "ncclCommSplit(EP)");
+        check_nccl(ncclCommSplit(world_comm_, ep_rank, dp_rank, &dp_comm_, &share), "ncclCommSplit(DP)");
+        // NCCL connects lazily, at the first collective and the first send to each peer, and allocates device
+        // buffers then: done here, they are gone from the free memory the GPU model plans with.
+        double one = 1.0;
+        for (Group g : {Group::World, Group::ExpertParallel, Group::DataParallel}) all_reduce_sum(&one, 1, g);
+        std::vector<int64_t> counts(ep_size, 0), received(ep_size);
+        all_to_all(counts.data(), received.data(), 1);
     }
     ~NcclComm() override {
         cudaFree(stage_);
@@ -147,18 +175,30 @@ public:
         });
     }
 
-    // out is written on ep_rank 0 only (elsewhere it may be null).
+    // out is written on ep_rank 0 only (elsewhere it may be null). In parts whose staging fits in
+    // STAGE_KEEP_BYTES: a whole tensor of routed experts, gathered at once, could need more device memory than the
+    // model left free.
     void gather_to_ep_root(const float* data, int64_t n, float* out) override {
-        const size_t out_bytes = ep_rank == 0 ? (size_t)(n * ep_size) * sizeof(float) : 0;
-        on_device(data, (size_t)n * sizeof(float), out, out_bytes, [&](const void* in, void* o) {
-            check_nccl(ncclGroupStart(), "ncclGroupStart");
+        const int64_t most = std::max<int64_t>(1, (int64_t)(STAGE_KEEP_BYTES / sizeof(float)) / (1 + ep_size));
+        std::vector<float> part(ep_rank == 0 ? (size_t)(std::min(n, most) * ep_size) : 0);  // rank-major
+        for (int64_t first = 0; first < n; first += most) {
+            const int64_t count = std::min(most, n - first);
+            const size_t out_bytes = ep_rank == 0 ? (size_t)(count * ep_size) * sizeof(float) : 0;
+            auto gather = [&](const void* in, void* o) {
+                check_nccl(ncclGroupStart(), "ncclGroupStart");
+                if (ep_rank == 0)
+                    for (int p = 0; p < ep_size; p++)
+                        check_nccl(ncclRecv(static_cast<float*>(o) + p * count, count, ncclFloat32, p, ep_comm_,
+                                            stream_),
+                                   "ncclRecv");
+                check_nccl(ncclSend(in, count, ncclFloat32, 0, ep_comm_, stream_), "ncclSend");
+                check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+            };
+            on_device(data + first, (size_t)count * sizeof(float), part.data(), out_bytes, gather);
             if (ep_rank == 0)
                 for (int p = 0; p < ep_size; p++)
-                    check_nccl(ncclRecv(static_cast<float*>(o) + p * n, n, ncclFloat32, p, ep_comm_, stream_),
-                               "ncclRecv");
-            check_nccl(ncclSend(in, n, ncclFloat32, 0, ep_comm_, stream_), "ncclSend");
-            check_nccl(ncclGroupEnd(), "ncclGroupEnd");
-        });
+                    std::copy(part.begin() + p * count, part.begin() + (p + 1) * count, out + p * n + first);
+        }
     }
 
     void broadcast(void* data, int64_t bytes, int root) override {
@@ -232,7 +272,36 @@ private:
         check_cuda(cudaPointerGetAttributes(&attr, p), "cudaPointerGetAttributes");
         return attr.type == cudaMemoryTypeUnregistered || attr.type == cudaMemoryTypeHost;
     }
-    void sync() { check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
+    // Waits for the stream, watching the communicators: a peer that died or a broken link leaves NCCL's kernels
+    // waiting forever, and only its asynchronous error says so (the job then ends through abort).
+    void sync() {
+        for (;;) {
+            const cudaError_t rc = cudaStreamQuery(stream_);
+            if (rc == cudaSuccess) return;
+            if (rc != cudaErrorNotReady) check_cuda(rc, "the Comm's stream");
+            for (ncclComm_t c : {world_comm_, ep_comm_, dp_comm_}) {
+                ncclResult_t pending = ncclSuccess;
+                if (c) check_nccl(ncclCommGetAsyncError(c, &pending), "ncclCommGetAsyncError");
+                check_nccl(pending, "a collective in flight");
+            }
+            std::this_thread::yield();
+        }
+    }
+
+    // The first rank on this host, before local_rank, that takes the same GPU (by PCI address), as an error; empty
+    // when there is none. Collective over node: a rank without a device (-1) takes part with an empty address.
+    std::string shared_gpu(MPI_Comm node, int device, int local_ranks) {
+        constexpr int ID = 32;
+        char id[ID] = {0};
+        if (device >= 0) check_cuda(cudaDeviceGetPCIBusId(id, ID, device), "cudaDeviceGetPCIBusId");
+        std::vector<char> ids((size_t)ID * local_ranks);
+        check_mpi(MPI_Allgather(id, ID, MPI_CHAR, ids.data(), ID, MPI_CHAR, node), "MPI_Allgather(node)");
+        for (int r = 0; r < local_rank && id[0]; r++)
+            if (strncmp(&ids[(size_t)r * ID], id, ID) == 0)
+                return "local ranks " + std::to_string(r) + " and " + std::to_string(local_rank) + " share GPU " +
+                       id + ": start at most one rank per GPU";
+        return "";
+    }
 
     // Before NCCL exists. The GPUs are counted per host, so some ranks may find a problem and others not: the
     // ranks agree on the first rank with one, which says what is wrong, and every rank exits 1 (a rank that left

@@ -257,6 +257,8 @@ void carve_activations(ByteArena& ar, GpuModel& m, const Config& c, bool bf16, i
     m.inputs = ar.take<int32_t>(N);
     m.targets = ar.take<int32_t>(N);
     m.mtp_targets = ar.take<int32_t>(N);
+    m.input_rows.packed = ar.take<int32_t>(3 * N + 1);
+    m.target_rows.packed = ar.take<int32_t>(mtp * (3 * N + 1));
 }
 
 // The backward's buffers (and the forward's transient ones), carved from m.scratch on every use.
@@ -833,6 +835,14 @@ void upload_tokens(GpuModel& m, int32_t* dst, const int32_t* src, int64_t n) {
     sync(m);  // src may be a temporary of the caller
 }
 
+// The n tokens at src grouped by token into rows (on the device) for the embedding's backward
+void upload_token_rows(GpuModel& m, gpu::TokenRows& rows, const int32_t* src, int64_t n) {
+    std::vector<int32_t> packed(3 * n + 1);
+    rows.rows = n;
+    rows.distinct = gpu::token_rows_pack(src, n, packed.data());
+    upload_tokens(m, rows.packed, packed.data(), (int64_t)packed.size());
+}
+
 // The squared norms of the shard's ranges and their scratch: a range per tensor in a rank's piece of a bucket and
 // one in its tail at most, whatever the rank.
 int64_t norm_slot_doubles(const ParamTable& table) {
@@ -1060,12 +1070,14 @@ LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* t
         return loss;
     }
     upload_tokens(m, m.targets, targets, N);
+    upload_token_rows(m, m.input_rows, inputs, N);  // for a backward, which needs the targets
     head_forward(m, main_head(m, true));
     loss.main = sum_losses(m, N) / N;
     if (c.num_nextn_predict_layers > 0) {
         std::vector<int32_t> mtp_targets(N);
         for (int64_t t = 0; t < N; t++) mtp_targets[t] = (t % T == T - 1) ? -1 : targets[t + 1];
         upload_tokens(m, m.mtp_targets, mtp_targets.data(), N);
+        upload_token_rows(m, m.target_rows, targets, N);
         m.timer.mark("embedding");
         gpu::embedding_forward(m.next_embed, m.targets, m.w.embed, N, d, m.stream);
         m.timer.mark("rmsnorm + residual");
@@ -1138,7 +1150,7 @@ void gpu_model_backward(GpuModel& m, float loss_scale) {
         gpu::rmsnorm_backward(s.dnext, m.g.mtp_enorm, s.dhalf, m.next_embed, m.w.mtp_enorm, m.enorm_rstd, N, d, false,
                               s.rms, m.stream);
         m.timer.mark("embedding");
-        gpu::embedding_backward(m.g.embed, s.dnext, m.targets, N, d, m.stream);
+        gpu::embedding_backward(m.g.embed, s.dnext, m.target_rows, d, m.stream);
     }
     m.timer.mark("rmsnorm + residual");
     gpu::rmsnorm_backward(dh, m.g.final_norm, s.dfinal, m.residual[L], m.w.final_norm, m.final_rstd, N, d, false,
@@ -1148,7 +1160,7 @@ void gpu_model_backward(GpuModel& m, float loss_scale) {
         std::swap(dh, dh_prev);
     }
     m.timer.mark("embedding");
-    gpu::embedding_backward(m.g.embed, dh, m.inputs, N, d, m.stream);
+    gpu::embedding_backward(m.g.embed, dh, m.input_rows, d, m.stream);
     sync(m);
 }
 
@@ -1235,7 +1247,9 @@ double gpu_peak_flops(const cudaDeviceProp& prop) {
     // dense BF16 tensor-core peaks from NVIDIA's datasheets (FLOP/s, without sparsity)
     const std::string name = prop.name;
     auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
+    if (has("GB200")) return 2500e12;  // before B200, which its name contains
     if (has("B200")) return 2250e12;
+    if (has("H200") && has("NVL")) return 835.5e12;
     if (has("H200")) return 989.4e12;
     if (has("H100") && has("PCIe")) return 756.5e12;
     if (has("H100") && has("NVL")) return 835.5e12;

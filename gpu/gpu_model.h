@@ -31,6 +31,7 @@
 #include "comm/comm.h"
 #include "comm/expert_plan.h"
 #include "kernels/matmul.cuh"
+#include "kernels/token_rows.h"
 #include "model/model.h"
 #include "model/optimizer.h"
 
@@ -119,6 +120,7 @@ struct GpuModel {
     __nv_bfloat16 *final_normed16, *mtp_concat16, *mtp_normed16;         // BF16: the head's and MTP's GEMM inputs
     float *rope_cos, *rope_sin;            // (T, dr/2)
     int32_t *inputs, *targets, *mtp_targets;  // (N) each, device
+    gpu::TokenRows input_rows, target_rows;   // inputs and targets grouped by token: the embedding's backward
     // backward scratch, shared by the blocks (one block runs at a time)
     void* scratch = nullptr;
     void* expert_scratch = nullptr;  // the routed experts' backward buffers, grown with the largest layer

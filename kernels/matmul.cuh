@@ -344,6 +344,11 @@ inline const MatmulPlan& matmul_plan(Matmul& mm, const MatmulSite& site, const M
             cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_a, sizeof(mode_a)));
         CUBLAS_CHECK(
             cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_b, sizeof(mode_b)));
+        // the heuristic sees this problem's scales (null would mean "no scaling"); each call sets its own again
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &q.scales.a,
+                                                    sizeof(q.scales.a)));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &q.scales.b,
+                                                    sizeof(q.scales.b)));
     }
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, in_type, q.ta ? q.k : q.m, q.ta ? q.m : q.k, q.lda));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, in_type, q.tb ? q.n : q.k, q.tb ? q.k : q.n, q.ldb));
@@ -369,7 +374,7 @@ inline const MatmulPlan& matmul_plan(Matmul& mm, const MatmulSite& site, const M
     CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
     const bool none = status == CUBLAS_STATUS_NOT_SUPPORTED ||
                       (status == CUBLAS_STATUS_SUCCESS && (found == 0 || result.state != CUBLAS_STATUS_SUCCESS));
-    if (none && fp8 && fp8_optional) {
+    if ((none || status != CUBLAS_STATUS_SUCCESS) && fp8 && fp8_optional) {  // any refusal (INVALID_VALUE too)
         report("no FP8 algorithm", status == CUBLAS_STATUS_SUCCESS ? result.state : status,
                "this product runs in BF16 (said once per shape)");
         return mm.cache.emplace(key, p).first->second;

@@ -36,12 +36,14 @@ __device__ inline void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], con
 __device__ inline void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"((uint32_t)__cvta_generic_to_shared(row)));
+                 : "r"((uint32_t)__cvta_generic_to_shared(row))
+                 : "memory");  // reads shared memory: not moved across the stores before it
 }
 __device__ inline void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"((uint32_t)__cvta_generic_to_shared(row)));
+                 : "r"((uint32_t)__cvta_generic_to_shared(row))
+                 : "memory");  // reads shared memory: not moved across the stores before it
 }
 
 }  // namespace gpu

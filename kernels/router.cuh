@@ -37,7 +37,10 @@ static __global__ void router_sequence_counts_kernel(int* counts, const int32_t*
     const int64_t b = blockIdx.x;
     for (int e = threadIdx.x; e < E; e += blockDim.x) hist[e] = 0;
     __syncthreads();
-    for (int64_t i = threadIdx.x; i < T * k; i += blockDim.x) atomicAdd(&hist[chosen[b * T * k + i]], 1);
+    for (int64_t i = threadIdx.x; i < T * k; i += blockDim.x) {
+        const int e = chosen[b * T * k + i];  // -1 for a token whose scores were not finite (the host stops on it)
+        if ((unsigned)e < (unsigned)E) atomicAdd(&hist[e], 1);
+    }
     __syncthreads();
     for (int e = threadIdx.x; e < E; e += blockDim.x) counts[b * E + e] = hist[e];
 }

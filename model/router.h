@@ -15,7 +15,7 @@ MOE_HD inline void router_select(const Config& c, const float* scores, const flo
                                  float* weights) {
     const int E = c.n_routed_experts, G = c.n_group, per_group = E / G, k = c.num_experts_per_tok;
     const float masked = -1e30f;  // below any sigmoid score plus any bias the balancing rule can reach
-    float* choice = scratch;      // c, then masked to the kept groups
+    float* choice = scratch;      // c, then masked to the kept groups and, pick by pick, the chosen experts
     for (int e = 0; e < E; e++) choice[e] = scores[e] + bias[e];
     if (G > 1) {
         // group scores are recomputed on the fly to keep the scratch at E floats
@@ -40,18 +40,16 @@ MOE_HD inline void router_select(const Config& c, const float* scores, const flo
             if (!(kept_groups >> (e / per_group) & 1ull)) choice[e] = masked;
     }
     float sum = 0.0f;
-    for (int j = 0; j < k; j++) {
+    for (int j = 0; j < k; j++) {  // each pick is masked out of choice, so the next one skips it
         int best = -1;
-        for (int e = 0; e < E; e++) {
-            bool taken = false;
-            for (int m = 0; m < j; m++) taken = taken || idx[m] == e;
-            if (!taken && choice[e] > masked && (best < 0 || choice[e] > choice[best])) best = e;
-        }
+        for (int e = 0; e < E; e++)
+            if (choice[e] > masked && (best < 0 || choice[e] > choice[best])) best = e;
         if (best < 0) {  // only non-finite scores are never chosen: report it through idx, read nothing
             for (int m = 0; m < k; m++) { idx[m] = -1; weights[m] = 0.0f; }
             return;
         }
         idx[j] = best;
+        choice[best] = masked;
         sum += scores[best];
     }
     for (int j = 0; j < k; j++) {

@@ -628,16 +628,11 @@ std::vector<KernelResult> bench_kernels(const Config& c, const Options& o, cudaS
             [&] { gpu::add(drows.ptr, drows.ptr, rows.ptr, R * d, s); });
     }
     {  // token embedding (V, d)
-        std::vector<int32_t> tokens_host(N);
-        std::vector<char> seen(V, 0);
-        int64_t distinct = 0;
-        for (int64_t i = 0; i < N; i++) {
-            tokens_host[i] = (int32_t)(rng.next_u64() % (uint64_t)V);
-            if (!seen[tokens_host[i]]) {
-                seen[tokens_host[i]] = 1;
-                distinct++;
-            }
-        }
+        std::vector<int32_t> tokens_host(N), packed(3 * N + 1);
+        for (int32_t& t : tokens_host) t = (int32_t)(rng.next_u64() % (uint64_t)V);
+        const int64_t distinct = gpu::token_rows_pack(tokens_host.data(), N, packed.data());
+        DeviceArray<int32_t> rows(3 * N + 1);
+        rows.upload(packed);
         DeviceArray<int32_t> tokens(N);
         tokens.upload(tokens_host);
         DeviceArray<float> embed(V * d), x(N * d);
@@ -645,9 +640,9 @@ std::vector<KernelResult> bench_kernels(const Config& c, const Options& o, cudaS
         // reads tokens (N int32), N rows of embed (N d); writes out (N d)
         run("embedding_forward", dims({N, d}), F * 2 * N * d + I32 * N,
             [&] { gpu::embedding_forward(x.ptr, tokens.ptr, embed.ptr, N, d, s); });
-        // reads dout (N d), tokens (N int32); reads and writes the distinct rows of dembed (2 x distinct x d)
-        run("embedding_backward", dims({N, d}), F * (N * d + 2 * distinct * d) + I32 * N,
-            [&] { gpu::embedding_backward(embed.ptr, x.ptr, tokens.ptr, N, d, s); });
+        // reads dout (N d), the grouped rows (3N int32); reads and writes dembed's distinct rows (2 x distinct x d)
+        run("embedding_backward", dims({N, d}), F * (N * d + 2 * distinct * d) + I32 * 3 * N,
+            [&] { gpu::embedding_backward(embed.ptr, x.ptr, gpu::TokenRows{rows.ptr, N, distinct}, d, s); });
     }
     {  // fused softmax + cross-entropy over the vocabulary (N, V)
         std::vector<int32_t> targets_host(N);
@@ -656,8 +651,8 @@ std::vector<KernelResult> bench_kernels(const Config& c, const Options& o, cudaS
         targets.upload(targets_host);
         DeviceArray<float> logits(N * V), dlogits(N * V), losses(N);
         fill_uniform(logits, 13, -4.0f, 4.0f, s);
-        // reads logits (N V), targets (N int32); writes losses (N). Three passes over each row (max, sum, and
-        // the write); a 400 KB row should stay in L2 between them.
+        // reads logits (N V), targets (N int32); writes losses (N): the bytes the result needs. The kernel reads a
+        // row once for the loss, twice with dlogits (the online max and sum, then the write), from HBM.
         run("cross_entropy (loss)", dims({N, V}), F * (N * V + N) + I32 * N, [&] {
             gpu::cross_entropy_forward_backward(losses.ptr, nullptr, logits.ptr, targets.ptr, N, V, 0.0f, s);
         });

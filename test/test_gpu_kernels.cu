@@ -59,7 +59,8 @@ static std::vector<float> widened(const std::vector<__nv_bfloat16>& x) {
 
 static void test_embedding(Rng& rng) {
     struct Case { int64_t V, d, M; };
-    for (Case tc : {Case{1001, 771, 3001}, Case{50, 33, 7}}) {
+    // many distinct tokens; few rows; three tokens repeated hundreds of times over more columns than a block has
+    for (Case tc : {Case{1001, 771, 3001}, Case{50, 33, 7}, Case{3, 300, 1000}}) {
         const std::string shape = fmt("(V=%ld d=%ld M=%ld)", tc.V, tc.d, tc.M);
         std::vector<int32_t> tokens(tc.M);
         for (int32_t& t : tokens) t = (int32_t)(rng.next_u64() % tc.V);
@@ -72,7 +73,10 @@ static void test_embedding(Rng& rng) {
         gpu::embedding_forward(d_out.ptr, d_tokens.ptr, d_embed.ptr, tc.M, tc.d, 0);
         check("embedding_forward out " + shape, d_out.get(), out, 0);
         embedding_backward(dembed.data(), dout.data(), tokens.data(), tc.M, tc.d);
-        gpu::embedding_backward(d_dembed.ptr, d_dout.ptr, d_tokens.ptr, tc.M, tc.d, 0);
+        std::vector<int32_t> packed(3 * tc.M + 1);
+        const int64_t distinct = gpu::token_rows_pack(tokens.data(), tc.M, packed.data());
+        Dev<int32_t> d_packed(packed);
+        gpu::embedding_backward(d_dembed.ptr, d_dout.ptr, gpu::TokenRows{d_packed.ptr, tc.M, distinct}, tc.d, 0);
         check("embedding_backward dembed += " + shape, d_dembed.get(), dembed, 0);
     }
 }

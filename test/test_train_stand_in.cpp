@@ -346,10 +346,10 @@ TEST_CASE("train_emulated (train.cu on the real kernels, emulated) follows train
     const Job crowded = sh("emu_crowded", MPIRUN + "./train_emulated" + ep2_args);
     INFO(crowded.out);
     CHECK(crowded.status != 0);
-    const std::string why = "2 ranks on one host but only 1 GPUs: start at most one rank per GPU";
+    const std::string why = "local ranks 0 and 1 share GPU 0000:00:00.0: start at most one rank per GPU";
     const size_t at = crowded.out.find(why);
     CHECK(at != std::string::npos);
-    CHECK(crowded.out.find(why, at + 1) == std::string::npos);  // printed once, by rank 0
+    CHECK(crowded.out.find(why, at + 1) == std::string::npos);  // printed once, by rank 1
     // a problem on some hosts only (here rank 1 sees no GPU): that rank says so once, and no rank waits for it
     const std::string mpmd = "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 mpirun "
                              "--oversubscribe -np 1 -x STAND_IN_GPUS=2 ./train_emulated" + ep2_args +
@@ -363,16 +363,20 @@ TEST_CASE("train_emulated (train.cu on the real kernels, emulated) follows train
     CHECK(no_gpu.out.find(no_gpu_why, no_gpu_at + 1) == std::string::npos);
 
     // BF16 under EP 2 (the expert rows exchanged in BF16) against one rank: step 1 the same values (measured: equal
-    // to the last printed digit), then BF16 roundings of weights that differ by roundoff can flip (measured 2e-5
-    // of the grad norm at step 2, 4e-5 of the loss by step 6)
+    // to the last printed digit), then BF16 roundings of weights that differ by roundoff can flip. Which ones flip
+    // changes with any change of roundoff: the grad norm at step 2 differed by 2e-5 with the three-pass
+    // cross-entropy and by 3.0e-4 with the online softmax's (2026-12-02; 7e-3 by step 5, so only step 2's is held
+    // to a tolerance), the loss by 4e-5 and 1.2e-4 by step 6.
     const Job bf16_ep2 = sh("emu_bf16_ep2", "env STAND_IN_GPUS=2 " + MPIRUN +
                                                 "./train_emulated --dtype bf16 --ep 2 --batch 2" + six +
                                                 log_of("emu_bf16_ep2"));
     INFO(bf16_ep2.out);
     REQUIRE(bf16_ep2.status == 0);
-    check_logs("emulated bf16 EP 2 vs 1 rank, steps 1-2 (loss, grad norm)", "emu_bf16_ep2", "emu_bf16",
-               {"loss", "grad_norm"}, 1, 2, 1e-4);
-    check_logs("emulated bf16 EP 2 vs 1 rank, steps 3-6 (loss)", "emu_bf16_ep2", "emu_bf16", {"loss"}, 3, 6, 1e-3);
+    check_logs("emulated bf16 EP 2 vs 1 rank, step 1 (loss, grad norm)", "emu_bf16_ep2", "emu_bf16",
+               {"loss", "grad_norm"}, 1, 1, 1e-6);
+    check_logs("emulated bf16 EP 2 vs 1 rank, step 2 (grad norm)", "emu_bf16_ep2", "emu_bf16", {"grad_norm"}, 2, 2,
+               1e-3);
+    check_logs("emulated bf16 EP 2 vs 1 rank, steps 2-6 (loss)", "emu_bf16_ep2", "emu_bf16", {"loss"}, 2, 6, 1e-3);
 }
 
 TEST_CASE("train_stand_in under mpirun: EP 2 (and DP 2) with batch 2 per rank matches one rank with batch 4") {

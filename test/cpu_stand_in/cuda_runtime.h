@@ -13,7 +13,7 @@
 #define __host__
 #define __device__
 
-enum cudaError_t { cudaSuccess = 0, cudaErrorMemoryAllocation = 2, cudaErrorInvalidValue = 1 };
+enum cudaError_t { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2, cudaErrorNotReady = 600 };
 enum cudaMemcpyKind {
     cudaMemcpyHostToHost = 0,
     cudaMemcpyHostToDevice = 1,
@@ -43,8 +43,13 @@ inline cudaDeviceProp& device_properties() {
 }  // namespace stand_in
 
 inline const char* cudaGetErrorName(cudaError_t e) {
-    return e == cudaSuccess ? "cudaSuccess" : e == cudaErrorMemoryAllocation ? "cudaErrorMemoryAllocation"
-                                                                             : "cudaErrorInvalidValue";
+    switch (e) {
+        case cudaSuccess: return "cudaSuccess";
+        case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+        case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+        case cudaErrorNotReady: return "cudaErrorNotReady";
+    }
+    return "unknown error";
 }
 inline const char* cudaGetErrorString(cudaError_t e) { return cudaGetErrorName(e); }
 inline cudaError_t cudaGetLastError() { return cudaSuccess; }
@@ -150,6 +155,8 @@ inline cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     stand_in::drain(s);
     return cudaSuccess;
 }
+// Runs the stream's queue, so its work is always complete when asked (never cudaErrorNotReady).
+inline cudaError_t cudaStreamQuery(cudaStream_t s) { return cudaStreamSynchronize(s); }
 inline cudaError_t cudaDeviceSynchronize() {
     stand_in::drain_all();
     return cudaSuccess;
@@ -188,6 +195,12 @@ inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) {
 inline cudaError_t cudaGetDeviceCount(int* n) {
     const char* gpus = getenv("STAND_IN_GPUS");
     *n = gpus ? atoi(gpus) : 1;
+    return cudaSuccess;
+}
+
+// Device d's PCI address: one per device number, so ranks that take the same device share it
+inline cudaError_t cudaDeviceGetPCIBusId(char* id, int length, int device) {
+    snprintf(id, (size_t)length, "0000:%02x:00.0", device);
     return cudaSuccess;
 }
 

@@ -11,11 +11,12 @@
 // Supported, as matmul.cuh uses them: A and B both CUDA_R_32F, both CUDA_R_16BF or both CUDA_R_8F_E4M3, C and D
 // CUDA_R_32F, compute CUBLAS_COMPUTE_32F with CUDA_R_32F scales; anything else is CUBLAS_STATUS_NOT_SUPPORTED in the
 // heuristic. E4M3 follows the FP8 rules of the documentation for Hopper: A transposed and B not ("TN"), leading
-// dimensions multiples of 16 bytes and pointers 16-byte aligned (else NOT_SUPPORTED, or a contract violation for a
-// pointer), and the block scaling modes DeepSeek's recipe needs: each of A and B scaled per 1 x 128 tile
-// (CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F) or per 128 x 128 block (..._BLK128x128_32F), not both per block. Element
-// (i, l) of op(A) is its E4M3 value times its scale, with the scales laid out as kernels/fp8.cuh writes them (the
-// summed dimension split in 128s; VEC128: block b of row i at b * round_up(m, 4) + i; BLK128x128: block (i / 128,
+// dimensions multiples of 16 bytes and pointers 16-byte aligned (else NOT_SUPPORTED, INVALID_VALUE for a leading
+// dimension, which the library may answer either way, or a contract violation for a pointer), and the block
+// scaling modes DeepSeek's recipe needs: each of A and B scaled per 1 x 128 tile
+// (CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F) or per 128 x 128 block (..._BLK128x128_32F), not both per block.
+// Element (i, l) of op(A) is its E4M3 value times its scale, with the scales laid out as kernels/fp8.cuh writes them
+// (the summed dimension split in 128s; VEC128: block b of row i at b * round_up(m, 4) + i; BLK128x128: block (i / 128,
 // b) at (i / 128) * round_up(ceil(k / 128), 4) + b; B likewise with n): this model is what the emulated tests hold
 // the layout to, and a GPU's test_gpu is what holds the model to the library.
 // CUBLAS_STATUS_INVALID_VALUE, as from the library: layouts that disagree with each other and the ops, ld below the
@@ -208,9 +209,9 @@ inline cublasStatus_t problem(const cublasLtMatmulDescOpaque_t& desc, const cubl
     if (a.type == CUDA_R_8F_E4M3) {
         const bool both_blocks = desc.scale_mode_a == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F &&
                                  desc.scale_mode_b == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
-        if (!ta || tb || a.ld % 16 != 0 || b.ld % 16 != 0 || !block_mode(desc.scale_mode_a) ||
-            !block_mode(desc.scale_mode_b) || both_blocks)
+        if (!ta || tb || !block_mode(desc.scale_mode_a) || !block_mode(desc.scale_mode_b) || both_blocks)
             return CUBLAS_STATUS_NOT_SUPPORTED;
+        if (a.ld % 16 != 0 || b.ld % 16 != 0) return CUBLAS_STATUS_INVALID_VALUE;  // as "an impossible configuration"
     } else if (desc.scale_mode_a != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F ||
                desc.scale_mode_b != CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F) {
         return CUBLAS_STATUS_NOT_SUPPORTED;

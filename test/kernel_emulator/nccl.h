@@ -33,7 +33,10 @@ enum ncclRedOp_t { ncclSum = 0 };
 struct ncclUniqueId {
     char internal[128];
 };
-struct ncclConfig_t;
+struct ncclConfig_t {  // of NCCL's fields, the one nccl_comm.cu sets (communicators share nothing here anyway)
+    int splitShare;
+};
+#define NCCL_CONFIG_INITIALIZER {0}
 struct ncclComm {
     MPI_Comm mpi;  // MPI_COMM_NULL for a one-rank communicator without MPI
     int rank, size;
@@ -161,6 +164,12 @@ inline ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_
     MPI_Comm_rank(split, &rank);
     MPI_Comm_size(split, &size);
     *newcomm = new ncclComm{split, rank, size};
+    return ncclSuccess;
+}
+
+// The emulated collectives report their errors when they run (they throw), so none is ever pending.
+inline ncclResult_t ncclCommGetAsyncError(ncclComm_t, ncclResult_t* error) {
+    *error = ncclSuccess;
     return ncclSuccess;
 }
 

@@ -2,8 +2,10 @@
 // the contract says the kernels equal (the backward bit for bit).
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "kernels/common.cuh"
+#include "kernels/token_rows.h"
 #include "model/ops.h"
 
 namespace gpu {
@@ -21,16 +23,23 @@ inline void embedding_forward(float* out, const int32_t* tokens, const float* em
     });
 }
 
-// dembed (V, d) += dout (M, d) at rows tokens (M)
-inline void embedding_backward(float* dembed, const float* dout, const int32_t* tokens, int64_t M, int64_t d,
+// dembed (V, d) += dout (M, d) at the rows of the tokens that `rows` groups: the token of each row taken back from
+// the grouping, then the CPU reference's sum
+inline void embedding_backward(float* dembed, const float* dout, const TokenRows& rows, int64_t d,
                                cudaStream_t stream) {
+    const int64_t M = rows.rows, U = rows.distinct;
     dev(dembed, d, "embedding_backward dembed");
     dev(dout, M * d, "embedding_backward dout");
-    dev(tokens, M, "embedding_backward tokens");
-    apart("embedding_backward", {span(dembed, d, "dembed")}, {span(dout, M * d, "dout"), span(tokens, M, "tokens")});
+    dev(rows.packed, 3 * M + 1, "embedding_backward rows");
+    apart("embedding_backward", {span(dembed, d, "dembed")},
+          {span(dout, M * d, "dout"), span(rows.packed, 3 * M + 1, "rows")});
     launch(stream, [=] {
+        std::vector<int32_t> tokens(M);
+        for (int64_t u = 0; u < U; u++)
+            for (int32_t j = rows.starts()[u]; j < rows.starts()[u + 1]; j++)
+                tokens[rows.order()[j]] = rows.tokens()[u];
         for (int64_t m = 0; m < M; m++) dev(dembed + (int64_t)tokens[m] * d, d, "embedding_backward dembed row");
-        ::embedding_backward(dembed, dout, tokens, M, d);
+        ::embedding_backward(dembed, dout, tokens.data(), M, d);
     });
 }
 
