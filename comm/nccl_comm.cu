@@ -51,8 +51,9 @@ public:
         const int device = gpus == 1 ? 0 : local_rank;
         std::string error;
         if (gpus == 0)
-            error = std::string("no CUDA GPU found (") + cudaGetErrorString(counted) +
-                    "); use ./train_cpu for the CPU trainer";
+            error = std::string("no CUDA GPU found") +
+                    (counted != cudaSuccess ? std::string(" (") + cudaGetErrorString(counted) + ")" : "") +
+                    "; use ./train_cpu for the CPU trainer";
         else if (device >= gpus)
             error = std::to_string(local_ranks) + " ranks on one host but only " + std::to_string(gpus) +
                     " GPUs: start at most one rank per GPU";
@@ -86,7 +87,8 @@ public:
         if (rank == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
         if (use_mpi_) {
             check_mpi(MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD), "MPI_Bcast");
-            // every rank has the id before any enters the blocking init (some MPIs return from the broadcast early)
+            // every rank has the id before any enters NCCL's blocking init: the root may return from the broadcast
+            // first, and inside NCCL it no longer drives MPI's progress, which some MPIs need to deliver the id
             check_mpi(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
         }
         check_nccl(ncclCommInitRank(&world_comm_, world, id, rank), "ncclCommInitRank");
@@ -94,8 +96,10 @@ public:
         share.splitShare = 1;
         check_nccl(ncclCommSplit(world_comm_, dp_rank, ep_rank, &ep_comm_, &share), "ncclCommSplit(EP)");
         check_nccl(ncclCommSplit(world_comm_, ep_rank, dp_rank, &dp_comm_, &share), "ncclCommSplit(DP)");
-        // NCCL connects lazily, at the first collective and the first send to each peer, and allocates device
-        // buffers then: done here, they are gone from the free memory the GPU model plans with.
+        // NCCL (2.22 on) connects lazily, at the first collective and the first send to each peer, and allocates
+        // device buffers then: a first collective on each communicator and a first send to each EP peer, here, take
+        // most of that out of the free memory the GPU model then plans with (other algorithms and protocols may
+        // still connect later; NCCL_RUNTIME_CONNECT=0 has NCCL connect everything at init).
         double one = 1.0;
         for (Group g : {Group::World, Group::ExpertParallel, Group::DataParallel}) all_reduce_sum(&one, 1, g);
         std::vector<int64_t> counts(ep_size, 0), received(ep_size);
@@ -175,11 +179,12 @@ public:
         });
     }
 
-    // out is written on ep_rank 0 only (elsewhere it may be null). In parts whose staging fits in
-    // STAGE_KEEP_BYTES: a whole tensor of routed experts, gathered at once, could need more device memory than the
-    // model left free.
+    // out (host memory) is written on ep_rank 0 only (elsewhere it may be null). In parts whose staging (input and
+    // output, the output 256-byte aligned after the input) fits in STAGE_KEEP_BYTES: a whole tensor of routed
+    // experts, gathered at once, could need more device memory than the model left free.
     void gather_to_ep_root(const float* data, int64_t n, float* out) override {
-        const int64_t most = std::max<int64_t>(1, (int64_t)(STAGE_KEEP_BYTES / sizeof(float)) / (1 + ep_size));
+        const int64_t most =
+            std::max<int64_t>(1, (int64_t)((STAGE_KEEP_BYTES - 256) / sizeof(float)) / (1 + ep_size));
         std::vector<float> part(ep_rank == 0 ? (size_t)(std::min(n, most) * ep_size) : 0);  // rank-major
         for (int64_t first = 0; first < n; first += most) {
             const int64_t count = std::min(most, n - first);

@@ -843,10 +843,14 @@ void upload_token_rows(GpuModel& m, gpu::TokenRows& rows, const int32_t* src, in
     upload_tokens(m, rows.packed, packed.data(), (int64_t)packed.size());
 }
 
-// The squared norms of the shard's ranges and their scratch: a range per tensor in a rank's piece of a bucket and
-// one in its tail at most, whatever the rank.
-int64_t norm_slot_doubles(const ParamTable& table) {
-    return 2 * (int64_t)table.tensors.size() + gpu::grad_norm_scratch_doubles(table.total);
+// The device tables of the shard's AdamW update and gradient norm: its packed ranges (6 R + 2 int64), the ranges'
+// squared norms (R doubles) and the norm's chunk partials, carved in that order. Bounded the same for every rank
+// (so is the plan): a shard has at most two ranges per tensor (one in the rank's piece of the tensor's bucket, one
+// in its tail), and the norm at most one chunk per range more than the whole table's.
+int64_t optimizer_table_bytes(const ParamTable& table) {
+    const int64_t ranges = 2 * (int64_t)table.tensors.size();
+    const int64_t chunks = (table.total + gpu::GRAD_NORM_CHUNK - 1) / gpu::GRAD_NORM_CHUNK + ranges;
+    return (6 * ranges + 2) * 8 + (ranges + chunks) * 8;
 }
 
 // Everything gpu_model_init allocates, in the order of the memory plan.
@@ -884,8 +888,16 @@ void allocate(GpuModel& m, const Config& c, Comm& comm, gpu::Precision p, int B,
     m.scratch = device_alloc(
         bytes_of([&](ByteArena& counting) { carve_scratch(counting, c, bf16, B, T, m.head_rows); }),
         "the backward's buffers");
-    m.norm_slots = static_cast<double*>(
-        device_alloc(norm_slot_doubles(m.table) * 8, "the norms"));
+    const std::vector<int64_t> packed_ranges = gpu::shard_ranges_pack(m.shard);
+    m.optimizer_tables = device_alloc(optimizer_table_bytes(m.table), "the optimizer's tables");
+    int64_t* ranges = static_cast<int64_t*>(m.optimizer_tables);
+    CUDA_CHECK(cudaMemcpy(ranges, packed_ranges.data(), packed_ranges.size() * 8, cudaMemcpyHostToDevice));
+    m.shard_ranges = gpu::shard_ranges_of(packed_ranges, ranges);
+    if ((int64_t)packed_ranges.size() * 8 + (m.shard_ranges.ranges + m.shard_ranges.chunks) * 8 >
+        optimizer_table_bytes(m.table))
+        throw std::runtime_error("internal error: the optimizer shard's ranges exceed their bound");
+    m.norm_slots = reinterpret_cast<double*>(ranges + packed_ranges.size());
+    m.norm_partials = m.norm_slots + m.shard_ranges.ranges;
     gpu::matmul_create(m.matmul, m.stream, bf16 ? cast_elements(c, N, 0) : gpu::MatmulCasts{},
                        p == gpu::Precision::FP8);
     m.expert_counts.assign(c.num_blocks(), {});
@@ -969,7 +981,7 @@ GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, int world, gpu::Prec
                                       : 0;
     plan.scratch =
         bytes_of([&](ByteArena& ar) { carve_scratch(ar, c, bf16, B, T, head_chunk_rows(c, N, layout)); }) +
-        norm_slot_doubles(table) * 8 +
+        optimizer_table_bytes(table) +
         gpu::matmul_memory_bytes(bf16 ? cast_elements(c, N, R) : gpu::MatmulCasts{}, p == gpu::Precision::FP8);
     return plan;
 }
@@ -1011,7 +1023,7 @@ void gpu_model_free(GpuModel& m) {
     m.timer.release();
     for (GpuBlockActs& a : m.blocks) CUDA_CHECK(cudaFree(a.expert_alloc));
     for (void* p : {(void*)m.params, (void*)m.grads, (void*)m.adam_m, (void*)m.adam_v, (void*)m.params_bf16,
-                    m.fp8_alloc, m.arena, m.scratch, m.expert_scratch, (void*)m.norm_slots})
+                    m.fp8_alloc, m.arena, m.scratch, m.expert_scratch, m.optimizer_tables})
         CUDA_CHECK(cudaFree(p));
     gpu::matmul_destroy(m.matmul);
     if (m.stream) CUDA_CHECK(cudaStreamDestroy(m.stream));
@@ -1069,15 +1081,15 @@ LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* t
         sync(m);
         return loss;
     }
-    upload_tokens(m, m.targets, targets, N);
-    upload_token_rows(m, m.input_rows, inputs, N);  // for a backward, which needs the targets
+    upload_token_rows(m, m.input_rows, inputs, N);  // for a backward (which needs the targets), sorted on the host
+    upload_tokens(m, m.targets, targets, N);          // while the GPU runs the last blocks
     head_forward(m, main_head(m, true));
+    if (c.num_nextn_predict_layers > 0) upload_token_rows(m, m.target_rows, targets, N);  // while the head runs
     loss.main = sum_losses(m, N) / N;
     if (c.num_nextn_predict_layers > 0) {
         std::vector<int32_t> mtp_targets(N);
         for (int64_t t = 0; t < N; t++) mtp_targets[t] = (t % T == T - 1) ? -1 : targets[t + 1];
         upload_tokens(m, m.mtp_targets, mtp_targets.data(), N);
-        upload_token_rows(m, m.target_rows, targets, N);
         m.timer.mark("embedding");
         gpu::embedding_forward(m.next_embed, m.targets, m.w.embed, N, d, m.stream);
         m.timer.mark("rmsnorm + residual");
@@ -1175,10 +1187,7 @@ void gpu_model_reduce_grads(GpuModel& m) {
 
 double gpu_model_grad_norm(GpuModel& m) {
     const std::vector<OptimizerRange>& ranges = m.shard.ranges;
-    double* scratch = m.norm_slots + ranges.size();
-    for (size_t i = 0; i < ranges.size(); i++)
-        if (ranges[i].in_norm)
-            gpu::grad_norm_squared(m.norm_slots + i, m.grads + ranges[i].first, ranges[i].count, scratch, m.stream);
+    gpu::range_norms_squared(m.norm_slots, m.shard_ranges, m.grads, m.norm_partials, m.stream);
     m.range_norms.resize(ranges.size());
     CUDA_CHECK(cudaMemcpyAsync(m.range_norms.data(), m.norm_slots, ranges.size() * sizeof(double),
                                cudaMemcpyDeviceToHost, m.stream));
@@ -1195,7 +1204,7 @@ double gpu_model_grad_norm(GpuModel& m) {
 void gpu_model_adamw(GpuModel& m, AdamWState& opt, const OptimizerConfig& oc, float lr, float grad_multiplier) {
     opt.step++;
     m.timer.mark("AdamW");
-    gpu::adamw_update(m.shard, m.params, m.params_bf16, m.grads, m.adam_m, m.adam_v, oc, lr, opt.step,
+    gpu::adamw_update(m.shard_ranges, m.params, m.params_bf16, m.grads, m.adam_m, m.adam_v, oc, lr, opt.step,
                       grad_multiplier, m.stream);  // the frozen router bias needs no BF16 refresh
     sync(m);
     shard_gather(m.shard, m.params, *m.comm);

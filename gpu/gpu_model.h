@@ -31,6 +31,7 @@
 #include "comm/comm.h"
 #include "comm/expert_plan.h"
 #include "kernels/matmul.cuh"
+#include "kernels/shard_ranges.h"
 #include "kernels/token_rows.h"
 #include "model/model.h"
 #include "model/optimizer.h"
@@ -126,8 +127,10 @@ struct GpuModel {
     void* expert_scratch = nullptr;  // the routed experts' backward buffers, grown with the largest layer
     int64_t expert_scratch_rows = 0;
     std::vector<std::vector<int64_t>> expert_counts;  // host, as Model::expert_counts
-    std::vector<double> range_norms;                  // host copy of the shard's ranges' squared norms
-    double* norm_slots = nullptr;                     // device: one per range of the shard, + scratch
+    gpu::ShardRanges shard_ranges;                    // the shard's ranges on the device (kernels/shard_ranges.h)
+    void* optimizer_tables = nullptr;                 // device: shard_ranges' table, norm_slots, norm_partials
+    double *norm_slots = nullptr, *norm_partials = nullptr;  // each range's squared norm; the norm's chunk partials
+    std::vector<double> range_norms;                  // host copy of norm_slots
     RegionTimer timer;
 };
 

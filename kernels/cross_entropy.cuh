@@ -20,8 +20,7 @@ namespace gpu {
 
 constexpr int CROSS_ENTROPY_THREADS = 512;
 
-// (zmax, sum) merged with (zmax2, sum2): the sums rescaled to the larger max. Symmetric, so both lanes of a
-// butterfly exchange get the same bits.
+// (zmax, sum) merged with (zmax2, sum2): the sums rescaled to the larger max
 __device__ inline void softmax_merge(float& zmax, float& sum, float zmax2, float sum2) {
     const float top = fmaxf(zmax, zmax2);
     if (top == -INFINITY) return;  // both empty (threads past V)
@@ -35,8 +34,9 @@ __device__ inline void warp_softmax_stats(float& zmax, float& sum) {
         softmax_merge(zmax, sum, zmax2, sum2);
     }
 }
-// The row's (max, sum of exp(z - max)) from every thread's pair; every thread gets them, and every thread must
-// call. One call per block: the shared arrays are not protected for reuse.
+// The row's (max, sum of exp(z - max)) from every thread's pair; every thread gets lane 0's (the two lanes of a
+// butterfly exchange may round differently: the compiler may fuse either product into an FMA), and every thread
+// must call. One call per block: the shared arrays are not protected for reuse.
 static __device__ void block_softmax_stats(float& zmax, float& sum) {
     __shared__ float partial_max[32], partial_sum[32];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
@@ -49,6 +49,8 @@ static __device__ void block_softmax_stats(float& zmax, float& sum) {
     zmax = lane < warps ? partial_max[lane] : -INFINITY;
     sum = lane < warps ? partial_sum[lane] : 0.0f;
     warp_softmax_stats(zmax, sum);
+    zmax = __shfl_sync(0xffffffffu, zmax, 0);
+    sum = __shfl_sync(0xffffffffu, sum, 0);
 }
 
 template <typename T>
@@ -70,7 +72,7 @@ static __global__ void cross_entropy_kernel(float* losses, T* dlogits, const flo
         if (x > zmax) {
             sum = sum * expf(zmax - x) + 1.0f;
             zmax = x;
-        } else {
+        } else if (x != -INFINITY) {  // (a -inf logit adds 0; as the first of a thread, it would add NaN)
             sum += expf(x - zmax);
         }
     }

@@ -2,10 +2,10 @@
 //   forward:  out (M, d) = embed (V, d) [tokens (M)],  tokens in [0, V)
 //   backward: dembed (V, d) += dout (M, d) scattered to the rows tokens[m]; a token that repeats adds up.
 // The backward is deterministic without atomics: the host groups the rows by token (TokenRows, in
-// kernels/token_rows.h, once per batch: the tokens come from there), and one block per distinct token adds that
-// token's rows of dout into its row of dembed, threads over the columns, rows in ascending order. Each dembed
-// element is summed in row order, exactly as the CPU reference (model/ops.cpp) does: the result is bit-identical to
-// it. Reads are coalesced along the columns, and the parallelism is distinct tokens x columns.
+// kernels/token_rows.h, once per batch: the tokens come from there), and one block per distinct token and 256
+// columns adds that token's rows of dout into its row of dembed, a thread per column, rows in ascending order. Each
+// dembed element is summed in row order, exactly as the CPU reference (model/ops.cpp) does: the result is
+// bit-identical to it. Reads are coalesced along the columns; the parallelism is distinct tokens x columns.
 #pragma once
 #include <cstdint>
 
@@ -21,17 +21,18 @@ static __global__ void embedding_forward_kernel(float* out, const int32_t* token
     for (int64_t c = threadIdx.x; c < d; c += blockDim.x) out[m * d + c] = src[c];
 }
 
-// one block per distinct token u, threads over columns: its row of dembed += its rows of dout, in row order
+constexpr int EMBEDDING_BACKWARD_THREADS = 256;
+
+// one block per distinct token u (x) and EMBEDDING_BACKWARD_THREADS columns (y), a thread per column: its row of
+// dembed += its rows of dout, in row order (the columns spread a frequent token's rows over several blocks)
 static __global__ void embedding_backward_kernel(float* dembed, const float* dout, const int32_t* order,
                                                  const int32_t* starts, const int32_t* tokens, int64_t d) {
-    const int64_t u = blockIdx.x;
-    float* row = dembed + (int64_t)tokens[u] * d;
-    const int32_t first = starts[u], last = starts[u + 1];
-    for (int64_t c = threadIdx.x; c < d; c += blockDim.x) {
-        float sum = row[c];
-        for (int32_t j = first; j < last; j++) sum += dout[(int64_t)order[j] * d + c];
-        row[c] = sum;
-    }
+    const int64_t u = blockIdx.x, c = (int64_t)blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= d) return;
+    float* value = dembed + (int64_t)tokens[u] * d + c;
+    float sum = *value;
+    for (int32_t j = starts[u]; j < starts[u + 1]; j++) sum += dout[(int64_t)order[j] * d + c];
+    *value = sum;
 }
 
 // out (M, d) = embed[tokens]
@@ -44,8 +45,9 @@ inline void embedding_forward(float* out, const int32_t* tokens, const float* em
 // dembed (V, d) += dout (M, d) at the rows of the tokens that `rows` groups (M = rows.rows)
 inline void embedding_backward(float* dembed, const float* dout, const TokenRows& rows, int64_t d,
                                cudaStream_t stream) {
-    if (rows.distinct == 0) return;
-    launch_kernel(embedding_backward_kernel, (unsigned)rows.distinct, 256, 0, stream, dembed, dout, rows.order(),
+    if (rows.distinct == 0 || d == 0) return;
+    const dim3 grid((unsigned)rows.distinct, (unsigned)ceil_div(d, EMBEDDING_BACKWARD_THREADS));
+    launch_kernel(embedding_backward_kernel, grid, EMBEDDING_BACKWARD_THREADS, 0, stream, dembed, dout, rows.order(),
                   rows.starts(), rows.tokens(), d);
 }
 

@@ -374,7 +374,10 @@ inline const MatmulPlan& matmul_plan(Matmul& mm, const MatmulSite& site, const M
     CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
     const bool none = status == CUBLAS_STATUS_NOT_SUPPORTED ||
                       (status == CUBLAS_STATUS_SUCCESS && (found == 0 || result.state != CUBLAS_STATUS_SUCCESS));
-    if ((none || status != CUBLAS_STATUS_SUCCESS) && fp8 && fp8_optional) {  // any refusal (INVALID_VALUE too)
+    // a refusal of the problem: no algorithm, or INVALID_VALUE (an "impossible configuration", as the library may
+    // answer an FP8 shape it does not take)
+    const bool refused = none || status == CUBLAS_STATUS_INVALID_VALUE;
+    if (refused && fp8 && fp8_optional) {
         report("no FP8 algorithm", status == CUBLAS_STATUS_SUCCESS ? result.state : status,
                "this product runs in BF16 (said once per shape)");
         return mm.cache.emplace(key, p).first->second;

@@ -723,7 +723,13 @@ std::vector<KernelResult> bench_kernels(const Config& c, const Options& o, cudaS
     {  // the optimizer's passes over one large tensor (256M values, 1 GiB per buffer)
         const int64_t n = o.optimizer_values;
         DeviceArray<float> p(n), g(n), m(n), v(n);
-        DeviceArray<double> norm(1), norm_scratch(gpu::grad_norm_scratch_doubles(n));
+        OptimizerShard one;  // one range of n values, as adamw_update and range_norms_squared take them
+        one.ranges.push_back(OptimizerRange{0, n, 0, true, true});
+        const std::vector<int64_t> packed = gpu::shard_ranges_pack(one);
+        DeviceArray<int64_t> table(packed.size());
+        table.upload(packed);
+        const gpu::ShardRanges ranges = gpu::shard_ranges_of(packed, table.ptr);
+        DeviceArray<double> norm(1), norm_partials(ranges.chunks);
         DeviceArray<__nv_bfloat16> p16(n);
         fill_uniform(p, 17, -0.02f, 0.02f, s);
         fill_uniform(g, 18, -1e-3f, 1e-3f, s);
@@ -733,13 +739,12 @@ std::vector<KernelResult> bench_kernels(const Config& c, const Options& o, cudaS
         int64_t step = 0;
         // reads params, grads, m, v; writes params, m, v (n each) and the BF16 copy (n x 2 bytes), as with
         // --dtype bf16
-        run("adamw_update_tensor", dims({n}), F * 7 * n + 2.0 * n, [&] {
-            gpu::adamw_update_tensor(p.ptr, p16.ptr, g.ptr, m.ptr, v.ptr, n, oc, 1e-4f, oc.weight_decay, ++step, 1.0f,
-                                     s);
+        run("adamw_update", dims({n}), F * 7 * n + 2.0 * n, [&] {
+            gpu::adamw_update(ranges, p.ptr, p16.ptr, g.ptr, m.ptr, v.ptr, oc, 1e-4f, ++step, 1.0f, s);
         });
         // reads grads (n); the partial sums (n / chunk doubles) are negligible
-        run("grad_norm_squared", dims({n}), F * n,
-            [&] { gpu::grad_norm_squared(norm.ptr, g.ptr, n, norm_scratch.ptr, s); });
+        run("range_norms_squared", dims({n}), F * n,
+            [&] { gpu::range_norms_squared(norm.ptr, ranges, g.ptr, norm_partials.ptr, s); });
         // reads n floats, writes their BF16 copy (n x 2 bytes): the copies of the GEMM inputs, and dO
         run("cast_to_bf16", dims({n}), 6.0 * n, [&] { gpu::cast_to_bf16(p16.ptr, p.ptr, n, s); });
     }

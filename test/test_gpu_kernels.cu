@@ -195,56 +195,83 @@ static void test_cross_entropy(Rng& rng) {
     }
 }
 
-// The `small` model's parameter table: trainable and frozen tensors, with and without weight decay.
+// The `small` model's parameter table: trainable and frozen tensors, with and without weight decay; the shard of
+// one rank (whole tensors) and of rank 1 of 3 (pieces of buckets, a tail, the moments packed).
 static void test_adamw(Rng& rng) {
     const Config config = load_config("small");
     const ParamTable table = build_param_table(config);
     const int64_t n = table.total;
     OptimizerConfig oc;
-    AdamWState state;
-    state.step = 6;
-    std::vector<float> params = randn(n, rng, 0.1f), grads = randn(n, rng, 0.01f);
-    state.m = randn(n, rng, 0.001f);
-    state.v = randn(n, rng, 0.001f);
-    for (float& x : state.v) x *= x;
-    // the GPU keeps the moments of the shard's ranges alone, packed: the CPU's (laid out by the table) range by range
-    const OptimizerShard shard = optimizer_shard(table, local_comm());
-    auto packed = [&](const std::vector<float>& x) {
-        std::vector<float> out(shard.moments);
+    const std::vector<float> params0 = randn(n, rng, 0.1f), grads = randn(n, rng, 0.01f);
+    std::vector<float> m0 = randn(n, rng, 0.001f), v0 = randn(n, rng, 0.001f);
+    for (float& x : v0) x *= x;
+    Dev<float> d_grads(grads);
+    for (int ranks : {1, 3}) {
+        const int rank = ranks > 1 ? 1 : 0;
+        const OptimizerShard shard = optimizer_shard(table, ranks, rank, ranks, rank);
+        const std::vector<int64_t> packed = gpu::shard_ranges_pack(shard);
+        Dev<int64_t> d_table(packed);
+        const gpu::ShardRanges ranges = gpu::shard_ranges_of(packed, d_table.ptr);
+        // the GPU keeps the moments of the shard's ranges alone, packed: the CPU's (laid out by the table) range by
+        // range
+        auto pack_moments = [&](const std::vector<float>& x) {
+            std::vector<float> out(shard.moments);
+            for (const OptimizerRange& r : shard.ranges)
+                std::copy(x.begin() + r.first, x.begin() + r.first + r.count, out.begin() + r.moments);
+            return out;
+        };
+        AdamWState state;
+        state.step = 6;
+        state.m = m0;
+        state.v = v0;
+        std::vector<float> params = params0;
+        Dev<float> d_params(params), d_m(pack_moments(m0)), d_v(pack_moments(v0));
+        Dev<__nv_bfloat16> d_params16(n);
+        d_params16.poison();
+        const float lr = 1e-3f, multiplier = 0.37f;
+        adamw_update(shard, params.data(), grads.data(), state, oc, lr, multiplier);
+        gpu::adamw_update(ranges, d_params.ptr, d_params16.ptr, d_grads.ptr, d_m.ptr, d_v.ptr, oc, lr, state.step,
+                          multiplier, 0);
+        const std::string shape =
+            fmt("(small: %ld values, %ld ranges of rank %d of %d, step %ld)", n, ranges.ranges, rank, ranks, state.step);
+        const std::vector<float> got = d_params.get();
+        std::vector<float> got16 = widened(d_params16.get());
+        check("adamw params " + shape, got, params, 1e-6);
+        check("adamw m " + shape, d_m.get(), pack_moments(state.m), 1e-6);
+        check("adamw v " + shape, d_v.get(), pack_moments(state.v), 1e-6);
+        // the BF16 copy: the updated values rounded in the shard's ranges; everything else (other ranks' pieces,
+        // frozen tensors, the alignment gaps between tensors) is left as it was (poison: NaN)
+        const std::vector<float> rounded = bf16_rounded(got);
+        std::vector<float> want16(n, NAN);
         for (const OptimizerRange& r : shard.ranges)
-            std::copy(x.begin() + r.first, x.begin() + r.first + r.count, out.begin() + r.moments);
-        return out;
-    };
-    Dev<float> d_params(params), d_grads(grads), d_m(packed(state.m)), d_v(packed(state.v));
-    Dev<__nv_bfloat16> d_params16(n);
-    d_params16.poison();
-    const float lr = 1e-3f, multiplier = 0.37f;
-    adamw_update(shard, params.data(), grads.data(), state, oc, lr, multiplier);
-    gpu::adamw_update(shard, d_params.ptr, d_params16.ptr, d_grads.ptr, d_m.ptr, d_v.ptr, oc, lr, state.step,
-                      multiplier, 0);
-    const std::string shape = fmt("(small: %ld values, step %ld)", n, state.step);
-    const std::vector<float> got = d_params.get();
-    std::vector<float> got16 = widened(d_params16.get());
-    check("adamw params " + shape, got, params, 1e-6);
-    check("adamw m " + shape, d_m.get(), packed(state.m), 1e-6);
-    check("adamw v " + shape, d_v.get(), packed(state.v), 1e-6);
-    // the BF16 copy: the updated values rounded in the trainable tensors; the frozen ones and the alignment gaps
-    // between tensors are left as they were (poison: NaN)
-    const std::vector<float> rounded = bf16_rounded(got);
-    std::vector<float> want16(n, NAN);
-    for (const ParamTensor& t : table.tensors)
-        if (t.trainable)
-            std::copy(rounded.begin() + t.offset, rounded.begin() + t.offset + t.numel, want16.begin() + t.offset);
-    for (int64_t i = 0; i < n; i++)
-        if (std::isnan(want16[i]) && std::isnan(got16[i])) want16[i] = got16[i] = 0.0f;  // poison left in place
-    check("adamw BF16 copy = the new params rounded " + shape, got16, want16, 0);
+            std::copy(rounded.begin() + r.first, rounded.begin() + r.first + r.count, want16.begin() + r.first);
+        for (int64_t i = 0; i < n; i++)
+            if (std::isnan(want16[i]) && std::isnan(got16[i])) want16[i] = got16[i] = 0.0f;  // poison left in place
+        check("adamw BF16 copy = the new params rounded " + shape, got16, want16, 0);
 
+        // each range's squared norm (over several chunks where a range is longer than one)
+        Dev<double> d_norms(ranges.ranges), d_partials(std::max<int64_t>(1, ranges.chunks));
+        d_norms.poison();
+        d_partials.poison();
+        gpu::range_norms_squared(d_norms.ptr, ranges, d_grads.ptr, d_partials.ptr, 0);
+        std::vector<double> want_norms;
+        for (const OptimizerRange& r : shard.ranges)
+            want_norms.push_back(grad_sum_squares(grads.data() + r.first, r.count));
+        check("range norms squared " + shape, d_norms.get(), want_norms, 1e-12);
+    }
+    // one range of all n values (several chunks) and one of 12345
     for (int64_t count : {n, int64_t(12345)}) {
-        Dev<double> d_sumsq(1), scratch(gpu::grad_norm_scratch_doubles(count));
+        OptimizerShard one;
+        one.ranges.push_back(OptimizerRange{0, count, 0, true, true});
+        const std::vector<int64_t> packed = gpu::shard_ranges_pack(one);
+        Dev<int64_t> d_table(packed);
+        const gpu::ShardRanges ranges = gpu::shard_ranges_of(packed, d_table.ptr);
+        Dev<double> d_sumsq(1), partials(ranges.chunks);
         d_sumsq.poison();
-        scratch.poison();
-        gpu::grad_norm_squared(d_sumsq.ptr, d_grads.ptr, count, scratch.ptr, 0);
-        const std::vector<double> got = {std::sqrt(d_sumsq.get()[0])}, want = {std::sqrt(grad_sum_squares(grads.data(), count))};
+        partials.poison();
+        gpu::range_norms_squared(d_sumsq.ptr, ranges, d_grads.ptr, partials.ptr, 0);
+        const std::vector<double> got = {std::sqrt(d_sumsq.get()[0])},
+                                  want = {std::sqrt(grad_sum_squares(grads.data(), count))};
         check(fmt("global grad norm (n=%ld)", count), got, want, 1e-12);
     }
 }

@@ -60,7 +60,8 @@ else
     status "build" "FAILED (build.txt)"
     exit 1
 fi
-timeout "$(budget 200)" ./test_gpu > "$out/test_gpu.txt" 2>&1
+# cuBLASLt's error log (level 1) says why it refuses a problem, e.g. an FP8 shape (docs/performance.md, 2026-12-02)
+CUBLASLT_LOG_LEVEL=1 timeout "$(budget 200)" ./test_gpu > "$out/test_gpu.txt" 2>&1
 grep -E "FAIL|^tests:|error" "$out/test_gpu.txt" | head -40
 status "make test-gpu" "$(grep '^tests:' "$out/test_gpu.txt" || echo 'no result line (crashed or timed out)')"
 status "FP8 shapes refused" "$(grep -c 'no FP8 algorithm' "$out/test_gpu.txt") (each ran in BF16; test_gpu.txt names them)"

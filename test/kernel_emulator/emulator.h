@@ -118,6 +118,12 @@ inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
     const uint64_t* all = emulator::warp_collective(mask, emulator::to_bits(v));
     return emulator::from_bits<T>(all[(emulator::lane() ^ lane_mask) % 32]);
 }
+template <typename T>
+inline T __shfl_sync(unsigned mask, T v, int src_lane, int width = 32) {
+    emulator::check_width(width);
+    const uint64_t* all = emulator::warp_collective(mask, emulator::to_bits(v));
+    return emulator::from_bits<T>(all[src_lane % 32]);
+}
 inline unsigned __ballot_sync(unsigned mask, int predicate) {
     const uint64_t* all = emulator::warp_collective(mask, predicate != 0);
     unsigned bits = 0;

@@ -1,77 +1,76 @@
 // CPU stand-in (see test/cpu_stand_in/stand_in.h) for kernels/adamw.cuh: model/optimizer.cpp's update expressions
-// on one range at a time, and the squared norm in double over the same fixed chunks as grad_sum_squares.
+// range by range, and each range's squared norm in double over the same fixed chunks, partials summed in order.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <vector>
 
 #include <cuda_bf16.h>
 
 #include "kernels/common.cuh"
+#include "kernels/shard_ranges.h"
 #include "model/optimizer.h"
-#include "model/params.h"
 
 namespace gpu {
 
-constexpr int64_t GRAD_NORM_CHUNK = 1 << 16;
-
-// doubles of scratch grad_norm_squared needs for n gradients
-inline int64_t grad_norm_scratch_doubles(int64_t n) { return n > 0 ? ceil_div(n, GRAD_NORM_CHUNK) : 1; }
-
-// One AdamW update of n values (and their BF16 copy params16, or nullptr; step: 1 for the first update); bias
-// corrections on the host as the CPU.
-inline void adamw_update_tensor(float* params, __nv_bfloat16* params16, const float* grads, float* m, float* v,
-                                int64_t n, const OptimizerConfig& oc, float lr, float decay, int64_t step,
-                                float grad_multiplier, cudaStream_t stream) {
-    if (n == 0) return;
-    dev(params, n, "adamw params");
-    if (params16) dev(params16, n, "adamw params16");
-    dev(grads, n, "adamw grads");
-    dev(m, n, "adamw m");
-    dev(v, n, "adamw v");
-    apart("adamw", {span(params, n, "params"), span(m, n, "m"), span(v, n, "v")}, {span(grads, n, "grads")});
+// The shard's ranges (decay oc.weight_decay where weight_decay is set, else 0); m and v hold the shard's moments
+inline void adamw_update(const ShardRanges& shard, float* params, __nv_bfloat16* params16, const float* grads,
+                         float* m, float* v, const OptimizerConfig& oc, float lr, int64_t step, float grad_multiplier,
+                         cudaStream_t stream) {
+    const int64_t R = shard.ranges;
+    const int64_t* t = shard.table;
+    dev(t, 6 * R + 2, "adamw ranges");
+    for (int64_t r = 0; r < R; r++) {
+        const int64_t first = t[r], n = t[R + r], moments = t[2 * R + r];
+        dev(params + first, n, "adamw params");
+        if (params16) dev(params16 + first, n, "adamw params16");
+        dev(grads + first, n, "adamw grads");
+        dev(m + moments, n, "adamw m");
+        dev(v + moments, n, "adamw v");
+    }
     const float bias1 = 1.0f - powf(oc.beta1, (float)step), bias2 = 1.0f - powf(oc.beta2, (float)step);
     launch(stream, [=] {
-        for (int64_t i = 0; i < n; i++) {
-            const float g = grads[i] * grad_multiplier;
-            m[i] = oc.beta1 * m[i] + (1.0f - oc.beta1) * g;
-            v[i] = oc.beta2 * v[i] + (1.0f - oc.beta2) * g * g;
-            const float m_hat = m[i] / bias1, v_hat = v[i] / bias2;
-            params[i] -= lr * (m_hat / (sqrtf(v_hat) + oc.eps) + decay * params[i]);
-            if (params16) params16[i] = __float2bfloat16_rn(params[i]);
+        for (int64_t r = 0; r < R; r++) {
+            const int64_t first = t[r], n = t[R + r], moments = t[2 * R + r];
+            const float decay = t[3 * R + r] ? oc.weight_decay : 0.0f;
+            float *p = params + first, *mr = m + moments, *vr = v + moments;
+            const float* g_r = grads + first;
+            for (int64_t i = 0; i < n; i++) {
+                const float g = g_r[i] * grad_multiplier;
+                mr[i] = oc.beta1 * mr[i] + (1.0f - oc.beta1) * g;
+                vr[i] = oc.beta2 * vr[i] + (1.0f - oc.beta2) * g * g;
+                const float m_hat = mr[i] / bias1, v_hat = vr[i] / bias2;
+                p[i] -= lr * (m_hat / (sqrtf(v_hat) + oc.eps) + decay * p[i]);
+                if (params16) params16[first + i] = __float2bfloat16_rn(p[i]);
+            }
         }
     });
 }
 
-// The shard's ranges (decay oc.weight_decay where weight_decay is set, else 0); m and v hold the shard's moments
-inline void adamw_update(const OptimizerShard& shard, float* params, __nv_bfloat16* params16, const float* grads,
-                         float* m, float* v, const OptimizerConfig& oc, float lr, int64_t step, float grad_multiplier,
-                         cudaStream_t stream) {
-    for (const OptimizerRange& r : shard.ranges)
-        adamw_update_tensor(params + r.first, params16 ? params16 + r.first : nullptr, grads + r.first,
-                            m + r.moments, v + r.moments, r.count, oc, lr, r.weight_decay ? oc.weight_decay : 0.0f,
-                            step, grad_multiplier, stream);
-}
-
-// *out = sum of grads[i]^2 over n values, in double, chunk partials summed in chunk order.
-// scratch: grad_norm_scratch_doubles(n) doubles (the partials).
-inline void grad_norm_squared(double* out, const float* grads, int64_t n, double* scratch, cudaStream_t stream) {
-    dev(out, 1, "grad_norm_squared out");
-    dev(grads, n, "grad_norm_squared grads");
-    dev(scratch, grad_norm_scratch_doubles(n), "grad_norm_squared scratch");
-    apart("grad_norm_squared", {span(out, 1, "out"), span(scratch, grad_norm_scratch_doubles(n), "scratch")},
-          {span(grads, n, "grads")});
+// out[r] = the sum of grads[i]^2 over range r, in double, chunk partials summed in chunk order
+inline void range_norms_squared(double* out, const ShardRanges& shard, const float* grads, double* partial,
+                                cudaStream_t stream) {
+    const int64_t R = shard.ranges;
+    const int64_t* t = shard.table;
+    dev(t, 6 * R + 2, "range_norms_squared ranges");
+    dev(out, R, "range_norms_squared out");
+    if (shard.chunks > 0) dev(partial, shard.chunks, "range_norms_squared partial");
+    for (int64_t r = 0; r < R; r++) dev(grads + t[r], t[R + r], "range_norms_squared grads");
     launch(stream, [=] {
-        const int64_t chunks = grad_norm_scratch_doubles(n);
-        for (int64_t c = 0; c < chunks; c++) {
-            double sum = 0.0;
-            for (int64_t i = c * GRAD_NORM_CHUNK; i < std::min(n, (c + 1) * GRAD_NORM_CHUNK); i++)
-                sum += (double)grads[i] * grads[i];
-            scratch[c] = sum;
+        const int64_t* chunks = t + 5 * R + 1;
+        for (int64_t r = 0; r < R; r++) {
+            const float* g = grads + t[r];
+            const int64_t n = t[R + r];
+            for (int64_t c = chunks[r]; c < chunks[r + 1]; c++) {
+                double sum = 0.0;
+                const int64_t begin = (c - chunks[r]) * GRAD_NORM_CHUNK;
+                for (int64_t i = begin; i < std::min(n, begin + GRAD_NORM_CHUNK); i++) sum += (double)g[i] * g[i];
+                partial[c] = sum;
+            }
+            double total = 0.0;
+            for (int64_t c = chunks[r]; c < chunks[r + 1]; c++) total += partial[c];
+            out[r] = total;
         }
-        double total = 0.0;
-        for (int64_t c = 0; c < chunks; c++) total += scratch[c];
-        *out = total;
     });
 }
 
