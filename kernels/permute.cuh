@@ -71,11 +71,20 @@ static __global__ void expert_place_kernel(int64_t* row_of_slot, int64_t* slot_o
     }
 }
 
-// one block per row r: rows[r] = x[slot_of_row[r] / k] (FP32 or BF16 values: a copy)
+// one block per row r: rows[r] = x[slot_of_row[r] / k] (FP32 or BF16 values: a copy). wide: 16 bytes a thread
+// (the rows' bytes a multiple of 16 and both buffers 16-byte aligned: a 2-byte value a thread would move 64 bytes
+// a warp, well short of the memory's rate), else one value a thread.
 template <typename T>
-static __global__ void gather_forward_kernel(T* rows, const T* x, const int64_t* slot_of_row, int k, int64_t d) {
+static __global__ void gather_forward_kernel(T* rows, const T* x, const int64_t* slot_of_row, int k, int64_t d,
+                                             bool wide) {
     const int64_t r = blockIdx.x, t = slot_of_row[r] / k;
-    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) rows[r * d + i] = x[t * d + i];
+    if (wide) {
+        uint4* dst = reinterpret_cast<uint4*>(rows + r * d);
+        const uint4* src = reinterpret_cast<const uint4*>(x + t * d);
+        for (int64_t i = threadIdx.x; i < d * (int64_t)sizeof(T) / 16; i += blockDim.x) dst[i] = src[i];
+    } else {
+        for (int64_t i = threadIdx.x; i < d; i += blockDim.x) rows[r * d + i] = x[t * d + i];
+    }
 }
 
 // one block per token t: dx[t] (=|+=) sum_j drows[row_of_slot[t*k+j]], in j order
@@ -128,7 +137,9 @@ template <typename T>
 inline void gather_forward(T* rows, const T* x, const int64_t* slot_of_row, int64_t N, int k, int64_t d,
                            cudaStream_t stream) {
     if (N == 0) return;
-    launch_kernel(gather_forward_kernel<T>, (unsigned)(N * k), ROW_THREADS, 0, stream, rows, x, slot_of_row, k, d);
+    const bool wide = d * (int64_t)sizeof(T) % 16 == 0 && (uintptr_t)rows % 16 == 0 && (uintptr_t)x % 16 == 0;
+    launch_kernel(gather_forward_kernel<T>, (unsigned)(N * k), ROW_THREADS, 0, stream, rows, x, slot_of_row, k, d,
+                  wide);
 }
 
 // drows (N*k, d) -> dx (N, d) (=|+=)

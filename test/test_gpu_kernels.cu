@@ -333,7 +333,8 @@ static void test_router(Rng& rng) {
 // Each token picks k distinct experts, never experts 3, 8 or the last one, so some experts get no rows.
 static void test_permute(Rng& rng) {
     struct Case { int64_t N; int k, E; int64_t d; bool accumulate; };
-    for (Case c : {Case{1001, 6, 37, 259, true}, Case{4099, 8, 256, 67, false}}) {
+    // odd widths (the gather copies a value a thread) and 64 (16 bytes a thread, FP32 and BF16)
+    for (Case c : {Case{1001, 6, 37, 259, true}, Case{4099, 8, 256, 67, false}, Case{300, 4, 16, 64, false}}) {
         const int64_t n = c.N * c.k, d = c.d;
         const std::string shape = fmt("(N=%ld k=%d E=%d d=%ld%s)", c.N, c.k, c.E, d, c.accumulate ? " +=" : "");
         std::vector<int32_t> chosen(n);
@@ -379,6 +380,12 @@ static void test_permute(Rng& rng) {
         gpu::gather_backward(d_dx.ptr, d_drows.ptr, d_row_of_slot.ptr, c.N, c.k, d, c.accumulate, 0);
         check("gather_forward rows " + shape, d_rows.get(), rows, 0);
         check("gather_backward dx " + shape, d_dx.get(), dx, 0);
+        std::vector<__nv_bfloat16> x16(x.size());  // the BF16 gather (the experts' input rows in BF16 mode)
+        for (size_t i = 0; i < x.size(); i++) x16[i] = __float2bfloat16_rn(x[i]);
+        Dev<__nv_bfloat16> d_x16(x16), d_rows16(rows.size());
+        d_rows16.poison();
+        gpu::gather_forward(d_rows16.ptr, d_x16.ptr, d_slot_of_row.ptr, c.N, c.k, d, 0);
+        check("gather_forward rows, BF16 " + shape, widened(d_rows16.get()), bf16_rounded(rows), 0);
 
         // combine: out[t] (=|+=) sum_j w_tj rows[row(t,j)]; backward drows[row] = w dout[t], dw = dout[t] . rows[row]
         std::vector<float> w = randn(n, rng), out = randn(c.N * d, rng), dout = randn(c.N * d, rng);
