@@ -50,7 +50,8 @@ public:
                plan.params / gib, plan.grads / gib, plan.optimizer / gib, plan.activations / gib,
                args.recompute ? " (--recompute: the blocks' inputs, one set per kind of block)" : "", plan.expert_rows / gib,
                plan.scratch / gib, free_before / gib, free_after / gib);
-        if (peak_ == 0.0) printf("MFU: %s is not in the peak table (A100, H100, H200, B200): not printed\n", prop.name);
+        if (peak_ == 0.0)
+            printf("MFU: %s is not in the peak table (gpu_peak_flops, gpu/gpu_model.cu): not printed\n", prop.name);
     }
     ~GpuBackend() override { gpu_model_free(model_); }
 

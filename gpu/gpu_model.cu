@@ -849,7 +849,7 @@ void upload_token_rows(GpuModel& m, gpu::TokenRows& rows, const int32_t* src, in
 // in its tail), and the norm at most one chunk per range more than the whole table's.
 int64_t optimizer_table_bytes(const ParamTable& table) {
     const int64_t ranges = 2 * (int64_t)table.tensors.size();
-    const int64_t chunks = (table.total + gpu::GRAD_NORM_CHUNK - 1) / gpu::GRAD_NORM_CHUNK + ranges;
+    const int64_t chunks = (table.total + GRAD_NORM_CHUNK - 1) / GRAD_NORM_CHUNK + ranges;
     return (6 * ranges + 2) * 8 + (ranges + chunks) * 8;
 }
 

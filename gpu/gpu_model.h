@@ -172,5 +172,6 @@ void gpu_model_logits_row(GpuModel& m, int64_t row, float* out);
 // gpu_model_reduce_grads only the values of this rank's optimizer shard are sums over the ranks.
 std::vector<float> gpu_model_grads(const GpuModel& m);
 
-// The dense BF16 peak of the device in FLOP/s from a table of known GPUs (A100, H100 SXM/PCIe/NVL, H200, B200), or 0.
+// The dense BF16 peak of the device in FLOP/s from a table of known GPUs (A100, H100 SXM/PCIe/NVL, H200 SXM/NVL,
+// B200, GB200), or 0.
 double gpu_peak_flops(const cudaDeviceProp& prop);

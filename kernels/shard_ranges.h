@@ -11,8 +11,8 @@
 
 namespace gpu {
 
-constexpr int64_t ADAMW_BLOCK_VALUES = 4096;  // values one block of the update takes
-constexpr int64_t GRAD_NORM_CHUNK = 1 << 16;  // values one block of the norm sums into its partial
+constexpr int64_t ADAMW_BLOCK_VALUES = 4096;  // values one block of the update takes (the norm's: GRAD_NORM_CHUNK,
+                                              // model/optimizer.h, the chunks of the CPU's grad_sum_squares)
 
 // Packed in 6 R + 2 int64 (R ranges): first (R), count (R), moments (R), decay (R: 1 where weight decay applies),
 // then the prefix sums of the update's blocks (R + 1) and of the norm's chunks (R + 1).

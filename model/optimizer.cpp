@@ -71,7 +71,7 @@ void shard_gather(const OptimizerShard& s, float* values, Comm& comm) {
 }
 
 double grad_sum_squares(const float* grads, int64_t n) {
-    const int64_t chunk = 1 << 16, chunks = (n + chunk - 1) / chunk;
+    const int64_t chunk = GRAD_NORM_CHUNK, chunks = (n + chunk - 1) / chunk;
     std::vector<double> partial(chunks, 0.0);
 #pragma omp parallel for schedule(static)
     for (int64_t c = 0; c < chunks; c++) {

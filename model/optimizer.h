@@ -69,8 +69,10 @@ void shard_gather(const OptimizerShard& s, float* values, Comm& comm);
 
 // Learning rate of optimizer step `step` (0-based).
 float learning_rate(const OptimizerConfig& oc, int64_t step);
-// sum g^2 over one buffer in fp64, summed in fixed chunks in a fixed order (bit-identical for any thread count).
-// model_grad_norm combines these over ranges and ranks.
+// sum g^2 over one buffer in fp64, summed in fixed chunks of GRAD_NORM_CHUNK values in a fixed order (bit-identical
+// for any thread count; the GPU's kernels/adamw.cuh cuts the same chunks). model_grad_norm combines these over
+// ranges and ranks.
+constexpr int64_t GRAD_NORM_CHUNK = 1 << 16;
 double grad_sum_squares(const float* grads, int64_t n);
 // The factor that brings the norm down to grad_clip (1 when below it).
 float clip_factor(const OptimizerConfig& oc, double norm);

@@ -92,7 +92,7 @@ void print_plan(const Config& c, const PlanInputs& p) {
     // bytes of a ring all-reduce (2 (n-1)/n of the buffer per GPU): the replicated parameters over all GPUs, each
     // expert shard over its DP replicas
     const double exchange_s = (2.0 * (p.gpus - 1) / p.gpus * 4 * replicated_params +
-                                2.0 * (dp - 1) / dp * 4 * expert_params / p.ep) / (p.network_gbps * 1e9);
+                               2.0 * (dp - 1) / dp * 4 * expert_params / p.ep) / (p.network_gbps * 1e9);
     const double step_s = p.grad_accum * (compute_s + comm_s) + exchange_s;
     const double tokens_per_gpu_s = p.grad_accum * tokens / step_s;
 

@@ -1,7 +1,6 @@
 // CPU stand-in (see test/cpu_stand_in/stand_in.h) for kernels/adamw.cuh: model/optimizer.cpp's update expressions
-// range by range, and each range's squared norm in double over the same fixed chunks, partials summed in order.
+// range by range (the moments packed), and each range's squared norm by model/optimizer.cpp's grad_sum_squares.
 #pragma once
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -47,7 +46,8 @@ inline void adamw_update(const ShardRanges& shard, float* params, __nv_bfloat16*
     });
 }
 
-// out[r] = the sum of grads[i]^2 over range r, in double, chunk partials summed in chunk order
+// out[r] = the sum of grads[i]^2 over range r: the CPU's grad_sum_squares, over the same chunks (partial, the
+// kernels' scratch, is not needed here)
 inline void range_norms_squared(double* out, const ShardRanges& shard, const float* grads, double* partial,
                                 cudaStream_t stream) {
     const int64_t R = shard.ranges;
@@ -57,20 +57,7 @@ inline void range_norms_squared(double* out, const ShardRanges& shard, const flo
     if (shard.chunks > 0) dev(partial, shard.chunks, "range_norms_squared partial");
     for (int64_t r = 0; r < R; r++) dev(grads + t[r], t[R + r], "range_norms_squared grads");
     launch(stream, [=] {
-        const int64_t* chunks = t + 5 * R + 1;
-        for (int64_t r = 0; r < R; r++) {
-            const float* g = grads + t[r];
-            const int64_t n = t[R + r];
-            for (int64_t c = chunks[r]; c < chunks[r + 1]; c++) {
-                double sum = 0.0;
-                const int64_t begin = (c - chunks[r]) * GRAD_NORM_CHUNK;
-                for (int64_t i = begin; i < std::min(n, begin + GRAD_NORM_CHUNK); i++) sum += (double)g[i] * g[i];
-                partial[c] = sum;
-            }
-            double total = 0.0;
-            for (int64_t c = chunks[r]; c < chunks[r + 1]; c++) total += partial[c];
-            out[r] = total;
-        }
+        for (int64_t r = 0; r < R; r++) out[r] = grad_sum_squares(grads + t[r], t[R + r]);
     });
 }
 
