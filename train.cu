@@ -56,8 +56,7 @@ public:
     ~GpuBackend() override { gpu_model_free(model_); }
 
     void load(const Model& host, const AdamWState& opt) override { gpu_model_upload(model_, host, opt); }
-    void store(Model& host) override { gpu_model_download(model_, host); }
-    void gather_moments(AdamWState& opt) override { gpu_model_gather_moments(model_, opt); }
+    void store(Model& host, AdamWState& opt) override { gpu_model_download(model_, host, opt); }
     LossParts forward(const int32_t* inputs, const int32_t* targets, int B, int T, bool training) override {
         if (T != model_.T)
             throw std::runtime_error("internal error: a forward over " + std::to_string(T) +

@@ -24,7 +24,6 @@ public:
     }
     void reduce_scatter_sum(float*, int64_t, Group) override {}
     void all_gather(float*, int64_t, Group) override {}
-    void gather_to_ep_root(const float* data, int64_t n, float* out) override { memcpy(out, data, n * sizeof(float)); }
     void broadcast(void*, int64_t, int) override {}
     void barrier() override {}
     [[noreturn]] void abort(const std::string& message) override {

@@ -37,8 +37,6 @@ public:
     // group of that piece (the others are left undefined). all_gather: every rank's piece is copied to every rank.
     virtual void reduce_scatter_sum(float* data, int64_t piece, Group g) = 0;
     virtual void all_gather(float* data, int64_t piece, Group g) = 0;
-    // Over the EP group: ep_rank 0 receives the n floats of every EP rank, rank-major, into out (n * ep_size).
-    virtual void gather_to_ep_root(const float* data, int64_t n, float* out) = 0;
     // Over the world: root's bytes to everyone.
     virtual void broadcast(void* data, int64_t bytes, int root) = 0;
     virtual void barrier() = 0;

@@ -112,20 +112,6 @@ public:
                           "MPI_Bcast");
     }
 
-    void gather_to_ep_root(const float* data, int64_t n, float* out) override {
-        for (int64_t at = 0; at < n; at += MAX_PIECE) {
-            int64_t piece = std::min(MAX_PIECE, n - at);
-            if (ep_rank == 0) {
-                std::copy(data + at, data + at + piece, out + at);
-                for (int p = 1; p < ep_size; p++)
-                    check_mpi(MPI_Recv(out + p * n + at, (int)piece, MPI_FLOAT, p, 8, ep_comm_, MPI_STATUS_IGNORE),
-                              "MPI_Recv");
-            } else {
-                check_mpi(MPI_Send(data + at, (int)piece, MPI_FLOAT, 0, 8, ep_comm_), "MPI_Send");
-            }
-        }
-    }
-
     void broadcast(void* data, int64_t bytes, int root) override {
         for (int64_t at = 0; at < bytes; at += MAX_PIECE)
             check_mpi(MPI_Bcast((char*)data + at, (int)std::min(MAX_PIECE, bytes - at), MPI_BYTE, root, MPI_COMM_WORLD),

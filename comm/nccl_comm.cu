@@ -1,11 +1,11 @@
 // The NCCL Comm for the GPU trainer: every collective runs on the Comm's CUDA stream and is complete when the call
 // returns. Buffers may be device memory (the GPU model's: used as they are) or host memory (the trainer driver's
-// flags, losses, load counts, grad norm, checkpoint gathers: staged through a device buffer that grows when needed,
-// and is freed after a transfer that needed over STAGE_KEEP_BYTES, so a checkpoint does not hold device memory for
-// the rest of the run). MPI only bootstraps: rank and world, the ranks on this host (so each rank takes the GPU of
-// its local rank, or the only one it sees, and two ranks never share one), the NCCL unique id, and ending the job on
-// failure. While a collective runs, NCCL's asynchronous errors are watched, so a dead peer ends the job. NCCL 2.28
-// has no all-to-all-v: it is built from ncclSend/ncclRecv pairs inside one ncclGroupStart/ncclGroupEnd.
+// flags, losses, load counts, grad norm; the tests' whole tensors: staged through a device buffer that grows when
+// needed, and is freed after a transfer that needed over STAGE_KEEP_BYTES, so a large one does not hold device
+// memory for the rest of the run). MPI only bootstraps: rank and world, the ranks on this host (so each rank takes
+// the GPU of its local rank, or the only one it sees, and two ranks never share one), the NCCL unique id, and ending
+// the job on failure. While a collective runs, NCCL's asynchronous errors are watched, so a dead peer ends the job.
+// NCCL 2.28 has no all-to-all-v: it is built from ncclSend/ncclRecv pairs inside one ncclGroupStart/ncclGroupEnd.
 // Run without mpirun it is a one-rank job on GPU 0 that still goes through NCCL.
 #include <cuda_runtime.h>
 #include <mpi.h>
@@ -177,33 +177,6 @@ public:
                                      nccl_group(g), stream_),
                        "ncclAllGather");
         });
-    }
-
-    // out (host memory) is written on ep_rank 0 only (elsewhere it may be null). In parts whose staging (input and
-    // output, the output 256-byte aligned after the input) fits in STAGE_KEEP_BYTES: a whole tensor of routed
-    // experts, gathered at once, could need more device memory than the model left free.
-    void gather_to_ep_root(const float* data, int64_t n, float* out) override {
-        const int64_t most =
-            std::max<int64_t>(1, (int64_t)((STAGE_KEEP_BYTES - 256) / sizeof(float)) / (1 + ep_size));
-        std::vector<float> part(ep_rank == 0 ? (size_t)(std::min(n, most) * ep_size) : 0);  // rank-major
-        for (int64_t first = 0; first < n; first += most) {
-            const int64_t count = std::min(most, n - first);
-            const size_t out_bytes = ep_rank == 0 ? (size_t)(count * ep_size) * sizeof(float) : 0;
-            auto gather = [&](const void* in, void* o) {
-                check_nccl(ncclGroupStart(), "ncclGroupStart");
-                if (ep_rank == 0)
-                    for (int p = 0; p < ep_size; p++)
-                        check_nccl(ncclRecv(static_cast<float*>(o) + p * count, count, ncclFloat32, p, ep_comm_,
-                                            stream_),
-                                   "ncclRecv");
-                check_nccl(ncclSend(in, count, ncclFloat32, 0, ep_comm_, stream_), "ncclSend");
-                check_nccl(ncclGroupEnd(), "ncclGroupEnd");
-            };
-            on_device(data + first, (size_t)count * sizeof(float), part.data(), out_bytes, gather);
-            if (ep_rank == 0)
-                for (int p = 0; p < ep_size; p++)
-                    std::copy(part.begin() + p * count, part.begin() + (p + 1) * count, out + p * n + first);
-        }
     }
 
     void broadcast(void* data, int64_t bytes, int root) override {

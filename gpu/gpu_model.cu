@@ -1031,31 +1031,24 @@ void gpu_model_free(GpuModel& m) {
 }
 
 void gpu_model_upload(GpuModel& m, const Model& host, const AdamWState& opt) {
-    if (host.table.total != m.table.total) throw std::runtime_error("internal error: host and GPU tables differ");
+    if (host.table.total != m.table.total || (int64_t)opt.m.size() != m.shard.moments ||
+        (int64_t)opt.v.size() != m.shard.moments)
+        throw std::runtime_error("internal error: the host's and the GPU's tables or optimizer shards differ");
     CUDA_CHECK(cudaMemcpy(m.params, host.params.data(), m.table.total * sizeof(float), cudaMemcpyHostToDevice));
-    for (const OptimizerRange& r : m.shard.ranges) {
-        CUDA_CHECK(cudaMemcpy(m.adam_m + r.moments, opt.m.data() + r.first, r.count * 4, cudaMemcpyHostToDevice));
-        CUDA_CHECK(cudaMemcpy(m.adam_v + r.moments, opt.v.data() + r.first, r.count * 4, cudaMemcpyHostToDevice));
-    }
+    CUDA_CHECK(cudaMemcpy(m.adam_m, opt.m.data(), m.shard.moments * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(m.adam_v, opt.v.data(), m.shard.moments * sizeof(float), cudaMemcpyHostToDevice));
     if (m.params_bf16) gpu::cast_to_bf16(m.params_bf16, m.params, m.table.total, m.stream);
     refresh_fp8_weights(m);
     sync(m);
 }
 
-void gpu_model_download(const GpuModel& m, Model& host) {
+void gpu_model_download(const GpuModel& m, Model& host, AdamWState& opt) {
     sync(m);
     CUDA_CHECK(cudaMemcpy(host.params.data(), m.params, m.table.total * sizeof(float), cudaMemcpyDeviceToHost));
-}
-
-void gpu_model_gather_moments(GpuModel& m, AdamWState& opt) {
-    for (auto [moments, host] : {std::make_pair(m.adam_m, &opt.m), std::make_pair(m.adam_v, &opt.v)}) {
-        for (const OptimizerRange& r : m.shard.ranges)
-            CUDA_CHECK(cudaMemcpyAsync(m.grads + r.first, moments + r.moments, r.count * 4, cudaMemcpyDeviceToDevice,
-                                       m.stream));
-        sync(m);
-        shard_gather(m.shard, m.grads, *m.comm);
-        CUDA_CHECK(cudaMemcpy(host->data(), m.grads, m.table.total * sizeof(float), cudaMemcpyDeviceToHost));
-    }
+    opt.m.resize(m.shard.moments);
+    opt.v.resize(m.shard.moments);
+    CUDA_CHECK(cudaMemcpy(opt.m.data(), m.adam_m, m.shard.moments * sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(opt.v.data(), m.adam_v, m.shard.moments * sizeof(float), cudaMemcpyDeviceToHost));
 }
 
 LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* targets, int B, bool training) {
@@ -1194,7 +1187,7 @@ double gpu_model_grad_norm(GpuModel& m) {
     sync(m);
     double sum = 0.0;  // as model_grad_norm
     for (size_t i = 0; i < ranges.size(); i++)
-        if (ranges[i].in_norm) sum += m.range_norms[i];
+        if (ranges[i].owned) sum += m.range_norms[i];
     m.comm->all_reduce_sum(&sum, 1, Group::World);
     return sqrt(sum);
 }

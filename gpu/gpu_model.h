@@ -150,14 +150,11 @@ GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, int world, gpu::Prec
 void gpu_model_init(GpuModel& m, const Config& c, Comm& comm, gpu::Precision p, int B, int T,
                     const ActivationLayout& layout = {});
 void gpu_model_free(GpuModel& m);
-// Host model (weights) and this rank's shard of the optimizer moments (opt laid out by the table) -> device.
-// Tables must match (same config and EP size).
+// Host model (weights) and this rank's optimizer moments (opt: adamw_state(m.shard)) -> device. Tables must match
+// (same config and EP size).
 void gpu_model_upload(GpuModel& m, const Model& host, const AdamWState& opt);
-// Device weights -> host model.
-void gpu_model_download(const GpuModel& m, Model& host);
-// The whole moments into opt on every rank, gathered from the ranks' shards on the device through the gradient
-// buffer (which it overwrites: between an update and the next gpu_model_zero_grads). Collective.
-void gpu_model_gather_moments(GpuModel& m, AdamWState& opt);
+// Device weights and this rank's moments -> host.
+void gpu_model_download(const GpuModel& m, Model& host, AdamWState& opt);
 // As model_forward: inputs, targets host arrays of B*T tokens (B <= the allocated B, T the allocated T). Without
 // targets only the logits are computed (no losses: the balance loss too stays 0).
 LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* targets, int B, bool training);

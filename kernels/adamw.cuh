@@ -102,7 +102,7 @@ inline void adamw_update(const ShardRanges& shard, float* params, __nv_bfloat16*
 }
 
 // out[r] (device doubles, one per range) = the sum of grads[i]^2 over range r; partial: shard.chunks doubles.
-// The caller sums the ranges it counts (in_norm), over ranks too, takes the square root and computes the clip
+// The caller sums the ranges it counts (owned), over ranks too, takes the square root and computes the clip
 // factor on the host (model/optimizer.h's clip_factor).
 inline void range_norms_squared(double* out, const ShardRanges& shard, const float* grads, double* partial,
                                 cudaStream_t stream) {

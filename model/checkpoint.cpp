@@ -1,14 +1,16 @@
-// Checkpoint save and load through the safetensors reader and writer.
+// Checkpoint save (every rank writing its part of one file) and load (every rank reading its part).
 #include "checkpoint.h"
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <dirent.h>
+#include <fcntl.h>
 #include <map>
 #include <stdexcept>
-#include <sys/stat.h>
+#include <unistd.h>
 
 #include "files.h"
 #include "safetensors.h"
@@ -21,7 +23,8 @@ std::string checkpoint_path(const std::string& dir, int64_t step) {
     return dir + name;
 }
 
-// The checkpoints in dir by step, oldest first (a temporary file being written, ckpt_STEP.safetensors.tmp, is not one)
+// The checkpoints in dir by step, oldest first (a temporary file being written, ckpt_STEP.safetensors.tmp.ID, is
+// not one)
 static std::map<long long, std::string> checkpoints_in(const std::string& dir) {
     std::map<long long, std::string> found;
     DIR* d = opendir(dir.c_str());
@@ -51,39 +54,49 @@ void checkpoint_prune(const std::string& dir, int keep, int64_t written) {
                     it->second.c_str(), strerror(errno));
 }
 
-CheckpointData checkpoint_collect(const std::string& dir, const Model& m, const AdamWState& opt, const TrainState& st,
-                                  bool copies) {
-    Comm& comm = *m.comm;
-    CheckpointData data;
-    // Whole expert tensors: gathered from the EP group of replica 0 (params, then the two moments); with copies,
-    // rank 0's other tensors copied too.
-    auto whole = [&](const ParamTensor& t, const float* local) -> const float* {
-        const bool gather = t.expert_shard && comm.ep_size > 1;
-        if (gather && comm.dp_rank != 0) return nullptr;
-        if (!gather && !(copies && comm.rank == 0)) return local;
-        data.owned.emplace_back(comm.rank == 0 ? t.numel * (gather ? comm.ep_size : 1) : 0);
-        if (gather)
-            comm.gather_to_ep_root(local, t.numel, data.owned.back().data());
-        else
-            std::copy(local, local + t.numel, data.owned.back().begin());
-        return data.owned.back().data();
+// A tensor of the table whole, as in the file (an expert shard's rows are the ep_size shards' rows), and where
+// this rank's values of it start there
+static std::vector<int64_t> whole_shape(const ParamTensor& t, int ep_size) {
+    std::vector<int64_t> shape = t.shape;
+    if (t.expert_shard) shape[0] *= ep_size;
+    return shape;
+}
+static int64_t first_in_whole(const ParamTensor& t, const Comm& comm) {
+    return t.expert_shard ? comm.ep_rank * t.numel : 0;
+}
+
+// The file's tensors in order, every parameter and then each trainable one's two moments, and where those of table
+// tensor i start in the data section (bytes): params[i], m[i], v[i].
+struct FileLayout {
+    std::vector<TensorView> views;  // no data: for the header
+    std::vector<uint64_t> params, m, v;
+    uint64_t bytes = 0;  // of the data section
+};
+
+static FileLayout file_layout(const ParamTable& table, int ep_size) {
+    FileLayout f;
+    const size_t n = table.tensors.size();
+    f.params.resize(n);
+    f.m.resize(n);
+    f.v.resize(n);
+    auto add = [&](const std::string& name, const ParamTensor& t) {
+        f.views.push_back({name, DType::F32, whole_shape(t, ep_size), nullptr});
+        const uint64_t begin = f.bytes;
+        f.bytes += tensor_bytes(f.views.back());
+        return begin;
     };
-    auto full_shape = [&](const ParamTensor& t) {
-        std::vector<int64_t> shape = t.shape;
-        if (t.expert_shard) shape[0] *= comm.ep_size;
-        return shape;
-    };
-    for (const ParamTensor& t : m.table.tensors)
-        data.views.push_back({t.name, DType::F32, full_shape(t), whole(t, m.params.data() + t.offset)});
-    for (const ParamTensor& t : m.table.tensors) {
-        if (!t.trainable) continue;
-        data.views.push_back({"optimizer.m." + t.name, DType::F32, full_shape(t), whole(t, opt.m.data() + t.offset)});
-        data.views.push_back({"optimizer.v." + t.name, DType::F32, full_shape(t), whole(t, opt.v.data() + t.offset)});
+    for (size_t i = 0; i < n; i++) f.params[i] = add(table.tensors[i].name, table.tensors[i]);
+    for (size_t i = 0; i < n; i++) {
+        if (!table.tensors[i].trainable) continue;
+        f.m[i] = add("optimizer.m." + table.tensors[i].name, table.tensors[i]);
+        f.v[i] = add("optimizer.v." + table.tensors[i].name, table.tensors[i]);
     }
-    if (comm.rank != 0) return CheckpointData{};
-    make_dirs(dir);
-    data.path = checkpoint_path(dir, st.step);
-    data.meta = {
+    return f;
+}
+
+static std::map<std::string, std::string> checkpoint_metadata(const Model& m, const AdamWState& opt,
+                                                              const TrainState& st) {
+    return {
         {"format", FORMAT},
         {"version", "1"},
         {"config", config_to_json(m.config)},
@@ -96,16 +109,143 @@ CheckpointData checkpoint_collect(const std::string& dir, const Model& m, const 
         {"rng_state", std::to_string(st.rng_state)},
         {"run", st.run},
     };
-    return data;
 }
 
-void checkpoint_write(const CheckpointData& data) {
-    if (!data.path.empty()) safetensors_write(data.path, data.views, data.meta);
+// Writes n bytes at offset of fd (any number of pwrite calls); false with errno set on failure.
+static bool write_at(int fd, uint64_t offset, const void* bytes, uint64_t n) {
+    const char* p = (const char*)bytes;
+    while (n > 0) {
+        const ssize_t done = pwrite(fd, p, std::min<uint64_t>(n, 1 << 30), (off_t)offset);
+        if (done < 0 && errno == EINTR) continue;
+        if (done <= 0) {
+            if (done == 0) errno = EIO;
+            return false;
+        }
+        p += done, offset += done, n -= done;
+    }
+    return true;
+}
+
+// A number no other write in the directory used: the time in nanoseconds and the process id
+static int64_t unique_id() {
+    return (int64_t)(std::chrono::system_clock::now().time_since_epoch().count() ^ ((int64_t)getpid() << 40));
+}
+static std::string temporary_path(const std::string& path, int64_t id) {
+    return path + ".tmp." + std::to_string((uint64_t)id);
+}
+
+// Removes the temporary files of checkpoint writes in dir that never finished (a job that died during one).
+static void remove_unfinished_writes(const std::string& dir) {
+    DIR* d = opendir(dir.c_str());
+    if (!d) return;
+    while (dirent* e = readdir(d)) {
+        const std::string name = e->d_name;
+        if (name.rfind("ckpt_", 0) == 0 && name.find(".safetensors.tmp") != std::string::npos)
+            remove((dir + "/" + name).c_str());
+    }
+    closedir(d);
+}
+
+CheckpointWrite checkpoint_begin(const std::string& dir, const Model& m, const AdamWState& opt, const TrainState& st,
+                                 bool copies) {
+    Comm& comm = *m.comm;
+    const FileLayout layout = file_layout(m.table, comm.ep_size);
+    CheckpointWrite w;
+    w.step = st.step;
+    w.path = checkpoint_path(dir, st.step);
+    // from rank 0: where the data section starts, and an ID for the temporary file's name that no earlier write used
+    // (where the directory is not one file system for all ranks, the others then find no file instead of a stale one)
+    int64_t shared[2] = {0, 0};
+    if (comm.rank == 0) {
+        const std::string header = safetensors_header(layout.views, checkpoint_metadata(m, opt, st));
+        shared[0] = (int64_t)header.size();
+        shared[1] = unique_id();
+        w.temporary = temporary_path(w.path, shared[1]);
+        make_dirs(dir);
+        remove_unfinished_writes(dir);
+        const int fd = open(w.temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        const bool ok = fd >= 0 && write_at(fd, 0, header.data(), header.size()) &&
+                        ftruncate(fd, (off_t)(header.size() + layout.bytes)) == 0;
+        const int err = errno;
+        if (fd >= 0) close(fd);
+        if (!ok) {
+            remove(w.temporary.c_str());
+            throw std::runtime_error("cannot write " + w.temporary + ": " + strerror(err));
+        }
+    }
+    comm.broadcast(shared, sizeof(shared), 0);  // once the file exists
+    w.temporary = temporary_path(w.path, shared[1]);
+    const uint64_t data = (uint64_t)shared[0];
+    auto add = [&](uint64_t begin, const ParamTensor& t, int64_t first, const float* values, int64_t count) {
+        w.parts.push_back({data + begin + 4 * (uint64_t)(first_in_whole(t, comm) + first), values, count});
+    };
+    // outside the optimizer: rank 0's replicated tensors, data-parallel replica 0's expert shards
+    for (size_t i = 0; i < m.table.tensors.size(); i++) {
+        const ParamTensor& t = m.table.tensors[i];
+        if (!t.trainable && (t.expert_shard ? comm.dp_rank == 0 : comm.rank == 0))
+            add(layout.params[i], t, 0, m.params.data() + t.offset, t.numel);
+    }
+    for (const OptimizerRange& r : m.shard.ranges) {
+        if (!r.owned) continue;
+        const ParamTensor& t = m.table.tensors[r.tensor];
+        add(layout.params[r.tensor], t, r.first - t.offset, m.params.data() + r.first, r.count);
+        add(layout.m[r.tensor], t, r.first - t.offset, opt.m.data() + r.moments, r.count);
+        add(layout.v[r.tensor], t, r.first - t.offset, opt.v.data() + r.moments, r.count);
+    }
+    if (copies) {
+        int64_t total = 0;
+        for (const CheckpointWrite::Part& p : w.parts) total += p.count;
+        w.copies.resize(total);
+        float* next = w.copies.data();
+        for (CheckpointWrite::Part& p : w.parts) {
+            std::copy(p.values, p.values + p.count, next);
+            p.values = next;
+            next += p.count;
+        }
+    }
+    return w;
+}
+
+void checkpoint_write_part(const CheckpointWrite& w) {
+    const int fd = open(w.temporary.c_str(), O_WRONLY);
+    if (fd < 0)
+        throw std::runtime_error("cannot open " + w.temporary + ", which rank 0 created: " + strerror(errno) +
+                                 " (--checkpoint-dir must be one directory for every rank: a shared file system)");
+    bool ok = true;
+    for (const CheckpointWrite::Part& p : w.parts) ok = ok && write_at(fd, p.offset, p.values, 4 * (uint64_t)p.count);
+    ok = ok && fsync(fd) == 0;
+    const int err = errno;
+    close(fd);
+    if (!ok) throw std::runtime_error("cannot write " + w.path + ": " + strerror(err));
+}
+
+void checkpoint_commit(const CheckpointWrite& w, Comm& comm) {
+    comm.barrier();  // every part is written
+    if (comm.rank == 0) rename_durably(w.temporary, w.path);
+    comm.barrier();  // and the checkpoint is there for every rank
+}
+
+std::string checkpoint_check_dir(const std::string& dir, Comm& comm) {
+    int64_t id = comm.rank == 0 ? unique_id() : 0;
+    const auto probe_path = [&] { return dir + "/.moe_probe." + std::to_string((uint64_t)id); };
+    std::string error;
+    if (comm.rank == 0) {
+        FILE* f = fopen(probe_path().c_str(), "wb");
+        if (!f || fclose(f) != 0) error = "cannot write " + probe_path() + ": " + strerror(errno);
+    }
+    comm.broadcast(&id, sizeof(id), 0);  // once the file exists
+    if (comm.rank != 0 && access(probe_path().c_str(), F_OK) != 0)
+        error = "--checkpoint-dir " + dir + ": this rank does not see the file rank 0 created there (" + probe_path() +
+                "): every rank must see the same directory (a shared file system across nodes)";
+    comm.barrier();
+    if (comm.rank == 0) remove(probe_path().c_str());
+    return error;
 }
 
 void checkpoint_save(const std::string& dir, const Model& m, const AdamWState& opt, const TrainState& st) {
-    checkpoint_write(checkpoint_collect(dir, m, opt, st, /*copies*/ false));
-    m.comm->barrier();
+    const CheckpointWrite w = checkpoint_begin(dir, m, opt, st, /*copies*/ false);
+    checkpoint_write_part(w);
+    checkpoint_commit(w, *m.comm);
 }
 
 static void check_format(const SafetensorsReader& r, const std::string& path) {
@@ -136,22 +276,18 @@ static uint64_t parse_integer(const SafetensorsReader& r, const std::string& key
 void checkpoint_load(const std::string& path, Model& m, AdamWState& opt, TrainState& st) {
     SafetensorsReader r(path);
     check_format(r, path);
-    opt.m.assign(m.table.total, 0.0f);
-    opt.v.assign(m.table.total, 0.0f);
     const Comm& comm = *m.comm;
-    for (const ParamTensor& t : m.table.tensors) {
-        // an expert shard is rows [ep_rank * E_local, (ep_rank + 1) * E_local) of the whole tensor
-        std::vector<int64_t> shape = t.shape;
-        int64_t first = 0;
-        if (t.expert_shard) {
-            first = comm.ep_rank * shape[0];
-            shape[0] *= comm.ep_size;
-        }
-        const int64_t rows = t.shape.empty() ? 1 : t.shape[0];
-        r.read_rows(t.name, DType::F32, shape, first, rows, m.params.data() + t.offset);
-        if (!t.trainable) continue;
-        r.read_rows("optimizer.m." + t.name, DType::F32, shape, first, rows, opt.m.data() + t.offset);
-        r.read_rows("optimizer.v." + t.name, DType::F32, shape, first, rows, opt.v.data() + t.offset);
+    for (const ParamTensor& t : m.table.tensors)
+        r.read_range(t.name, DType::F32, whole_shape(t, comm.ep_size), first_in_whole(t, comm), t.numel,
+                     m.params.data() + t.offset);
+    opt = adamw_state(m.shard);
+    for (const OptimizerRange& range : m.shard.ranges) {
+        const ParamTensor& t = m.table.tensors[range.tensor];
+        const int64_t first = first_in_whole(t, comm) + range.first - t.offset;
+        r.read_range("optimizer.m." + t.name, DType::F32, whole_shape(t, comm.ep_size), first, range.count,
+                     opt.m.data() + range.moments);
+        r.read_range("optimizer.v." + t.name, DType::F32, whole_shape(t, comm.ep_size), first, range.count,
+                     opt.v.data() + range.moments);
     }
     st.step = parse_integer(r, "step", path);
     opt.step = parse_integer(r, "optimizer_step", path);

@@ -2,16 +2,18 @@
 // holding every parameter under its table name (bias buffers included), the AdamW moments as
 // optimizer.m.NAME / optimizer.v.NAME, and in the metadata the config, the step, the data position and the RNG.
 // Written to a temporary file and renamed, so a crash never destroys the last good checkpoint. Tensors are always
-// whole, so the file does not depend on the number of ranks (and is meant for the GPU trainer too).
+// whole, so the file does not depend on the number of ranks, and every rank writes its own values into it: those of
+// its optimizer pieces (model/optimizer.h: weights and both moments), rank 0 also the tensors outside the
+// optimizer (the router biases). No rank gathers another's values, the host keeps a rank's moments alone, and
+// the ranks' write bandwidths add up. The directory must be one file system for all ranks (as Megatron's and
+// torchtitan's distributed checkpoints require): a shared one across nodes.
 #pragma once
 #include <cstdint>
-#include <map>
 #include <string>
 #include <vector>
 
 #include "model.h"
 #include "optimizer.h"
-#include "safetensors.h"
 
 struct TrainState {
     int64_t step = 0;           // optimizer steps completed
@@ -30,26 +32,39 @@ std::string checkpoint_find_latest(const std::string& dir);
 // Removes all but the newest `keep` checkpoints in dir up to step `written` (the one just written; later ones belong
 // to another run and stay, as do other files). One that cannot go is named on stderr: the new one is safe already.
 void checkpoint_prune(const std::string& dir, int keep, int64_t written);
-// Collective over m.comm: the EP ranks of data-parallel replica 0 send their experts to rank 0, which writes
-// whole tensors (so rank 0 briefly holds every expert's weights and moments); the others wait for the rename.
-// checkpoint_collect and checkpoint_write are its two halves.
+// checkpoint_begin, checkpoint_write_part, checkpoint_commit: collective over m.comm (opt: this rank's moments). For
+// one process and tests: a rank whose part fails throws while the others wait (the trainer agrees on errors first).
 void checkpoint_save(const std::string& dir, const Model& m, const AdamWState& opt, const TrainState& st);
 
-// A checkpoint gathered for writing: on rank 0 its file, every tensor whole and the metadata; nothing elsewhere.
-struct CheckpointData {
-    std::string path;
-    std::vector<std::vector<float>> owned;  // the gathered expert tensors, and with copies every other tensor
-    std::vector<TensorView> views;          // into the model, or with copies into `owned` only
-    std::map<std::string, std::string> meta;
+// This rank's part of a checkpoint being written.
+struct CheckpointWrite {
+    int64_t step = 0;
+    std::string path, temporary;  // the checkpoint, and the file it is written as until the rename
+    struct Part {
+        uint64_t offset;  // in the file
+        const float* values;
+        int64_t count;
+    };
+    std::vector<Part> parts;
+    std::vector<float> copies;  // with copies: the parts' values, which they point into
 };
-// The collective half of checkpoint_save. copies: rank 0's data owns every value, so the model may train on while
-// the file is written (--async-checkpoint: 12 more bytes a parameter on rank 0 meanwhile).
-CheckpointData checkpoint_collect(const std::string& dir, const Model& m, const AdamWState& opt, const TrainState& st,
-                                  bool copies);
-// Rank 0's half, on any thread: the file, through a temporary file and a rename (nothing on the other ranks).
-void checkpoint_write(const CheckpointData& data);
+// Collective: rank 0 creates the temporary file, its header and its full length (and removes the temporary files
+// of writes that never finished: one write at a time per directory); returns this rank's parts. copies: the
+// parts own their values, so the model may train on while they are written (--async-checkpoint: 12 bytes per value
+// of this rank's optimizer pieces meanwhile).
+CheckpointWrite checkpoint_begin(const std::string& dir, const Model& m, const AdamWState& opt, const TrainState& st,
+                                 bool copies);
+// This rank's part, on any thread: written into the temporary file and synced. Throws naming the file.
+void checkpoint_write_part(const CheckpointWrite& w);
+// Collective, once every rank's part is written: rank 0 renames the temporary file to the checkpoint.
+void checkpoint_commit(const CheckpointWrite& w, Comm& comm);
+// Collective, before training: rank 0 creates a file in dir (which exists), and every rank looks for it, so that
+// ranks that do not share the directory find out at the start instead of at the first checkpoint. Returns this
+// rank's error, or "".
+std::string checkpoint_check_dir(const std::string& dir, Comm& comm);
 // The config stored in a checkpoint (throws std::runtime_error on a foreign or damaged file).
 Config checkpoint_config(const std::string& path);
-// Loads into a model built with model_init(checkpoint_config(path), comm); each rank reads its own experts, so a
-// checkpoint saved with any EP x DP layout loads into any other. Throws naming the file and tensor on mismatch.
+// Loads into a model built with model_init(checkpoint_config(path), comm); each rank reads its own experts and the
+// moments of its optimizer shard (opt = adamw_state(m.shard)), so a checkpoint saved with any EP x DP layout loads
+// into any other. Throws naming the file and tensor on mismatch.
 void checkpoint_load(const std::string& path, Model& m, AdamWState& opt, TrainState& st);

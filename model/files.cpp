@@ -21,17 +21,25 @@ void write_file_atomic(const std::string& path, const std::function<bool(FILE*)>
         throw;
     }
     if (fclose(f) != 0 && ok) ok = false, err = errno;
-    if (ok && rename(tmp.c_str(), path.c_str()) != 0) ok = false, err = errno;
     if (!ok) {
         remove(tmp.c_str());
         throw std::runtime_error("cannot write " + path + ": " + (err ? strerror(err) : "short write"));
+    }
+    rename_durably(tmp, path);
+}
+
+void rename_durably(const std::string& from, const std::string& path) {
+    if (rename(from.c_str(), path.c_str()) != 0) {
+        const int err = errno;
+        remove(from.c_str());
+        throw std::runtime_error("cannot write " + path + ": " + strerror(err));
     }
     // the rename itself lasts only once the directory is on disk (EINVAL: a file system that cannot sync one)
     const size_t slash = path.rfind('/');
     const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
     const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY);
     if (fd < 0 || (fsync(fd) != 0 && errno != EINVAL)) {
-        err = errno;
+        const int err = errno;
         if (fd >= 0) close(fd);
         throw std::runtime_error("cannot write " + path + ": syncing " + dir + ": " + strerror(err));
     }

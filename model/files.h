@@ -28,6 +28,9 @@ inline std::string read_file(const std::string& path) {
 // (cannot create it) or "cannot write PATH: reason".
 void write_file_atomic(const std::string& path, const std::function<bool(FILE*)>& fill);
 void write_file_atomic(const std::string& path, const std::string& bytes);
+// The last step of an atomic write: renames the complete file `from` to PATH and syncs PATH's directory. On failure
+// `from` is removed; throws "cannot write PATH: reason".
+void rename_durably(const std::string& from, const std::string& path);
 
 // mkdir -p: creates dir and its parents; throws naming the part that cannot be created.
 void make_dirs(const std::string& dir);

@@ -358,7 +358,7 @@ void model_reduce_grads(Model& m) { shard_reduce_grads(m.shard, m.grads.data(), 
 double model_grad_norm(const Model& m) {
     double sum = 0.0;
     for (const OptimizerRange& r : m.shard.ranges)
-        if (r.in_norm) sum += grad_sum_squares(m.grads.data() + r.first, r.count);
+        if (r.owned) sum += grad_sum_squares(m.grads.data() + r.first, r.count);
     m.comm->all_reduce_sum(&sum, 1, Group::World);
     return sqrt(sum);
 }
@@ -366,9 +366,4 @@ double model_grad_norm(const Model& m) {
 void model_adamw(Model& m, AdamWState& opt, const OptimizerConfig& oc, float lr, float grad_multiplier) {
     adamw_update(m.shard, m.params.data(), m.grads.data(), opt, oc, lr, grad_multiplier);
     shard_gather(m.shard, m.params.data(), *m.comm);
-}
-
-void model_gather_moments(const Model& m, AdamWState& opt) {
-    shard_gather(m.shard, opt.m.data(), *m.comm);
-    shard_gather(m.shard, opt.v.data(), *m.comm);
 }

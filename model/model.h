@@ -124,11 +124,8 @@ void model_logits_row(Model& m, int64_t row, float* out);
 void model_reduce_grads(Model& m);
 // The global gradient norm over the shards of every rank: each value of every tensor counted once.
 double model_grad_norm(const Model& m);
-// AdamW on this rank's shard (opt laid out by the table), then the weights gathered from every rank's shard.
+// AdamW on this rank's shard (opt: adamw_state(m.shard)), then the weights gathered from every rank's shard.
 void model_adamw(Model& m, AdamWState& opt, const OptimizerConfig& oc, float lr, float grad_multiplier);
-// Fills opt's values outside this rank's shard from the ranks that update them: before opt is read whole (a
-// checkpoint). Collective.
-void model_gather_moments(const Model& m, AdamWState& opt);
 // Aux-loss-free balancing: b_i += gamma * sign(mean(count) - count_i) per MoE block, then counts reset.
 // counts are the global counts (summed over ranks and micro-batches).
 void model_update_router_bias(Model& m, const std::vector<std::vector<int64_t>>& counts);

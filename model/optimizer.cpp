@@ -42,7 +42,7 @@ OptimizerShard optimizer_shard(const ParamTable& table, int world, int rank, int
                 const int64_t hi = std::min(spans[span][1], tensors[t].offset + tensors[t].numel);
                 if (lo < hi)
                     s.ranges.push_back({lo, hi - lo, s.moments + lo - spans[span][0], tensors[t].weight_decay,
-                                        span == 0 || b.index == 0});
+                                        span == 0 || b.index == 0, (int)t});
             }
             s.moments += spans[span][1] - spans[span][0];
         }
@@ -54,6 +54,10 @@ OptimizerShard optimizer_shard(const ParamTable& table, int world, int rank, int
 
 OptimizerShard optimizer_shard(const ParamTable& table, const Comm& comm) {
     return optimizer_shard(table, comm.world, comm.rank, comm.dp_size, comm.dp_rank);
+}
+
+AdamWState adamw_state(const OptimizerShard& s) {
+    return {std::vector<float>(s.moments), std::vector<float>(s.moments), 0};
 }
 
 void shard_reduce_grads(const OptimizerShard& s, float* grads, Comm& comm) {
@@ -96,12 +100,13 @@ void adamw_update(const OptimizerShard& shard, float* params, const float* grads
     for (const OptimizerRange& r : shard.ranges) {
         const float decay = r.weight_decay ? oc.weight_decay : 0.0f;
 #pragma omp parallel for schedule(static)
-        for (int64_t i = r.first; i < r.first + r.count; i++) {
-            float g = grads[i] * grad_multiplier;
-            s.m[i] = oc.beta1 * s.m[i] + (1.0f - oc.beta1) * g;
-            s.v[i] = oc.beta2 * s.v[i] + (1.0f - oc.beta2) * g * g;
-            float m_hat = s.m[i] / bias1, v_hat = s.v[i] / bias2;
-            params[i] -= lr * (m_hat / (sqrtf(v_hat) + oc.eps) + decay * params[i]);
+        for (int64_t k = 0; k < r.count; k++) {
+            float &p = params[r.first + k], &m = s.m[r.moments + k], &v = s.v[r.moments + k];
+            const float g = grads[r.first + k] * grad_multiplier;
+            m = oc.beta1 * m + (1.0f - oc.beta1) * g;
+            v = oc.beta2 * v + (1.0f - oc.beta2) * g * g;
+            const float m_hat = m / bias1, v_hat = v / bias2;
+            p -= lr * (m_hat / (sqrtf(v_hat) + oc.eps) + decay * p);
         }
     }
 }

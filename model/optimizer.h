@@ -7,10 +7,10 @@
 // of their DataParallel group). A bucket held by n > 1 ranks is cut into n equal pieces, a multiple of PARAM_ALIGN
 // values each, and a tail of what is left (under n x PARAM_ALIGN values). A step: the gradients are
 // reduce-scattered (each rank gets the sum of its own piece; the tail is all-reduced), each rank updates its piece
-// and the tail, and the pieces are all-gathered. The traffic is that of an all-reduce of the gradients, and a GPU
-// keeps the AdamW moments of its pieces and tails alone, 8 bytes per parameter / n (the host's record of the
-// moments, for checkpoints, stays whole in the table's layout, on the CPU trainer too). A bucket held by one rank
-// is one piece: the plain update.
+// and the tail, and the pieces are all-gathered. The traffic is that of an all-reduce of the gradients, and a rank
+// keeps the AdamW moments of its pieces and tails alone, 8 bytes per parameter / n, on the GPU and in host memory
+// (each rank writes its own pieces of a checkpoint: model/checkpoint.h). A bucket held by one rank is one piece:
+// the plain update.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -29,7 +29,7 @@ struct OptimizerConfig {
 };
 
 struct AdamWState {
-    std::vector<float> m, v;  // same layout as the parameters
+    std::vector<float> m, v;  // this rank's moments alone: OptimizerShard::moments values, at OptimizerRange::moments
     int64_t step = 0;         // updates done so far
 };
 
@@ -47,7 +47,9 @@ struct OptimizerRange {
     int64_t first = 0, count = 0;
     int64_t moments = 0;        // where their moments start in a buffer of this rank's moments alone
     bool weight_decay = false;
-    bool in_norm = true;        // counted in the gradient norm: a tail is counted by its bucket's rank 0 alone
+    bool owned = true;          // this rank's alone: counted in the gradient norm and written to checkpoints by it
+                                // (a tail, which every rank of its bucket updates, is its bucket's rank 0's)
+    int tensor = 0;             // its tensor's index in the table
 };
 
 struct OptimizerShard {
@@ -60,11 +62,13 @@ struct OptimizerShard {
 // (comm/comm.h: dp_size replicas of each expert shard, this rank being replica dp_rank).
 OptimizerShard optimizer_shard(const ParamTable& table, int world, int rank, int dp_size, int dp_rank);
 OptimizerShard optimizer_shard(const ParamTable& table, const Comm& comm);
+// Zero moments for shard s, at step 0.
+AdamWState adamw_state(const OptimizerShard& s);
 // Sums the gradients over the ranks holding each bucket, where this rank needs them: its pieces and the tails.
 // grads: host memory, or device memory with the NCCL Comm.
 void shard_reduce_grads(const OptimizerShard& s, float* grads, Comm& comm);
 // Copies every rank's pieces of the buffer `values` (laid out by the table) to every rank: the weights after an
-// update; the AdamW moments, in the table's layout, before a checkpoint.
+// update.
 void shard_gather(const OptimizerShard& s, float* values, Comm& comm);
 
 // Learning rate of optimizer step `step` (0-based).
@@ -76,7 +80,7 @@ constexpr int64_t GRAD_NORM_CHUNK = 1 << 16;
 double grad_sum_squares(const float* grads, int64_t n);
 // The factor that brings the norm down to grad_clip (1 when below it).
 float clip_factor(const OptimizerConfig& oc, double norm);
-// One AdamW update of the shard's ranges with gradients multiplied by grad_multiplier (state.m and state.v laid
-// out by the table, as params and grads). The caller gathers the weights after it (shard_gather).
+// One AdamW update of the shard's ranges with gradients multiplied by grad_multiplier (params and grads laid out
+// by the table, state.m and state.v by the shard). The caller gathers the weights after it (shard_gather).
 void adamw_update(const OptimizerShard& shard, float* params, const float* grads, AdamWState& state,
                   const OptimizerConfig& oc, float lr, float grad_multiplier);

@@ -53,6 +53,9 @@ void print_plan(const Config& c, const PlanInputs& p) {
     const double held = replicated_params + expert_params / p.ep;
     const double weight_bytes = held * (4 + 4 + 2);  // master, gradient, BF16 copy
     const double optimizer_bytes = 8 * (replicated_params / p.gpus + expert_params / p.ep / dp);  // AdamW m and v
+    double frozen_params = 0;  // the router biases: in a checkpoint without moments
+    for (const ParamTensor& t : table.tensors) frozen_params += t.trainable ? 0 : t.numel;
+    const double checkpoint_bytes = 12 * (replicated_params + expert_params) - 8 * frozen_params;
     const double d = c.hidden_size, H = c.num_attention_heads, T = p.seq;
     const double dqk = c.qk_head_dim(), dv = c.v_head_dim, I = c.moe_intermediate_size, k = c.num_experts_per_tok;
     const int moe_layers = c.num_blocks() - std::min(c.first_k_dense_replace, c.num_hidden_layers);
@@ -108,6 +111,11 @@ void print_plan(const Config& c, const PlanInputs& p) {
            total_bytes > p.gpu_memory_gib * GiB
                ? "  -> does NOT fit: this needs pipeline stages or sharded weights, which moe.cu does not have"
                : "  -> fits");
+    // the host keeps a rank's FP32 weights (the record checkpoints are written from) and its AdamW shard; each rank
+    // writes its optimizer pieces' weights and moments into the checkpoint (with --async-checkpoint from a host copy)
+    printf("host memory per GPU: weights %.1f GiB, AdamW shard %.1f GiB; a checkpoint: %.3g TB, %.3g GB written by "
+           "each rank\n",
+           held * 4 / GiB, optimizer_bytes / GiB, checkpoint_bytes / 1e12, 1.5 * optimizer_bytes / 1e9);
     printf("FLOPs per token: %.4g (6 x %.4g active parameters incl. MTP, + %.4g attention)", flops_per_token, active,
            attn_flops);
     if (p.recompute) printf(", + %.4g recomputed (the blocks' and heads' forward, not model FLOPs)", recomputed);

@@ -45,27 +45,40 @@ static std::string shape_string(const std::vector<int64_t>& shape) {
     return s + "]";
 }
 
-void safetensors_write(const std::string& path, const std::vector<TensorView>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+uint64_t tensor_bytes(const TensorView& t) {
+    uint64_t bytes = dtype_size(t.dtype);
+    for (int64_t s : t.shape) bytes *= (uint64_t)s;
+    return bytes;
+}
+
+std::string safetensors_header(const std::vector<TensorView>& tensors,
+                               const std::map<std::string, std::string>& metadata) {
     json header = json::object();
     if (!metadata.empty()) header["__metadata__"] = metadata;
-    std::vector<uint64_t> sizes;  // in the file
     uint64_t offset = 0;
+    for (const TensorView& t : tensors) {
+        const uint64_t bytes = tensor_bytes(t);
+        header[t.name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+        offset += bytes;
+    }
+    std::string text = header.dump();
+    text.append((8 - text.size() % 8) % 8, ' ');  // the data section starts 8-byte aligned
+    const uint64_t len = text.size();
+    return std::string((const char*)&len, 8) + text;
+}
+
+void safetensors_write(const std::string& path, const std::vector<TensorView>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+    std::vector<uint64_t> sizes;  // in the file
     for (const TensorView& t : tensors) {
         if (t.source != t.dtype && !(t.source == DType::F32 && t.dtype == DType::BF16))
             throw std::runtime_error(path + ": tensor '" + t.name + "': cannot write " + dtype_name(t.source) +
                                      " data as " + dtype_name(t.dtype));
-        uint64_t bytes = dtype_size(t.dtype);
-        for (int64_t s : t.shape) bytes *= (uint64_t)s;
-        header[t.name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
-        offset += bytes;
-        sizes.push_back(bytes);
+        sizes.push_back(tensor_bytes(t));
     }
-    std::string text = header.dump();
-    text.append((8 - text.size() % 8) % 8, ' ');  // the data section starts 8-byte aligned
+    const std::string header = safetensors_header(tensors, metadata);
     write_file_atomic(path, [&](FILE* f) {
-        const uint64_t len = text.size();
-        if (fwrite(&len, 8, 1, f) != 1 || fwrite(text.data(), 1, len, f) != len) return false;
+        if (fwrite(header.data(), 1, header.size(), f) != header.size()) return false;
         std::vector<uint16_t> chunk;  // the scratch of F32 -> BF16
         for (size_t i = 0; i < tensors.size(); i++) {
             const TensorView& t = tensors[i];
@@ -170,11 +183,13 @@ const TensorInfo& SafetensorsReader::info(const std::string& name) const {
 
 void SafetensorsReader::read(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
                              void* out) const {
-    read_rows(name, dtype, shape, 0, shape.empty() ? 1 : shape[0], out);
+    int64_t numel = 1;
+    for (int64_t s : shape) numel *= s;
+    read_range(name, dtype, shape, 0, numel, out);
 }
 
-void SafetensorsReader::read_rows(const std::string& name, DType dtype, const std::vector<int64_t>& full_shape,
-                                  int64_t first_row, int64_t rows, void* out) const {
+void SafetensorsReader::read_range(const std::string& name, DType dtype, const std::vector<int64_t>& full_shape,
+                                   int64_t first, int64_t count, void* out) const {
     const TensorInfo& t = info(name);
     if (t.dtype != dtype)
         throw std::runtime_error(path_ + ": tensor '" + name + "' is " + dtype_name(t.dtype) + ", expected " +
@@ -182,9 +197,11 @@ void SafetensorsReader::read_rows(const std::string& name, DType dtype, const st
     if (t.shape != full_shape)
         throw std::runtime_error(path_ + ": tensor '" + name + "' has shape " + shape_string(t.shape) +
                                  ", expected " + shape_string(full_shape));
-    const uint64_t row_bytes = full_shape.empty() ? t.end - t.begin : (t.end - t.begin) / std::max<int64_t>(1, full_shape[0]);
-    const uint64_t bytes = row_bytes * rows;
-    if (fseeko(file_, (off_t)(data_start_ + t.begin + row_bytes * first_row), SEEK_SET) != 0 ||
+    if (first < 0 || count < 0 || first + count > t.numel())
+        throw std::runtime_error(path_ + ": tensor '" + name + "': values [" + std::to_string(first) + ", " +
+                                 std::to_string(first + count) + ") are outside its " + std::to_string(t.numel()));
+    const uint64_t bytes = dtype_size(dtype) * count;
+    if (fseeko(file_, (off_t)(data_start_ + t.begin + dtype_size(dtype) * first), SEEK_SET) != 0 ||
         (bytes > 0 && fread(out, 1, bytes, file_) != bytes))
         throw std::runtime_error(path_ + ": reading tensor '" + name + "' failed");
 }

@@ -46,6 +46,12 @@ struct TensorInfo {  // a tensor found in a file
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);  // as in the header: "F32", "BF16", ...
 
+// The bytes a tensor takes in the file.
+uint64_t tensor_bytes(const TensorView& t);
+// The file's first bytes: the 8-byte length and the JSON header of `tensors` laid out back to back in their order
+// (the first at the start of the data section), padded to a multiple of 8 bytes. Their data is not read.
+std::string safetensors_header(const std::vector<TensorView>& tensors,
+                               const std::map<std::string, std::string>& metadata);
 // Throws std::runtime_error on any I/O failure; the previous file at path survives until the rename. F32 data
 // written as BF16 is converted through one scratch chunk (1 MiB), never a whole tensor.
 void safetensors_write(const std::string& path, const std::vector<TensorView>& tensors,
@@ -66,9 +72,10 @@ public:
     const TensorInfo& info(const std::string& name) const;  // throws naming the missing tensor
     // Reads a tensor into out, checking dtype and shape; throws naming the tensor on a mismatch.
     void read(const std::string& name, DType dtype, const std::vector<int64_t>& shape, void* out) const;
-    // Reads rows [first_row, first_row + rows) along dim 0 of a tensor of shape full_shape (one rank's experts).
-    void read_rows(const std::string& name, DType dtype, const std::vector<int64_t>& full_shape, int64_t first_row,
-                   int64_t rows, void* out) const;
+    // Reads values [first, first + count) of a tensor of shape full_shape, in its row-major order (one rank's
+    // experts, one rank's optimizer pieces).
+    void read_range(const std::string& name, DType dtype, const std::vector<int64_t>& full_shape, int64_t first,
+                    int64_t count, void* out) const;
     std::string metadata_value(const std::string& key) const;  // throws when absent
 
 private:

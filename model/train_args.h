@@ -24,7 +24,7 @@ struct TrainArgs {
     std::string checkpoint_dir;     // --checkpoint-dir DIR
     int checkpoint_every = 0;       // --checkpoint-every N (and after the last step when a directory is given)
     int keep_checkpoints = 0;       // --keep-checkpoints N  the newest N only (0: all)
-    bool async_checkpoint = false;  // --async-checkpoint  rank 0 writes them on a thread while training goes on
+    bool async_checkpoint = false;  // --async-checkpoint  each rank writes its part on a thread while training goes on
     bool resume = false;            // --resume
     std::string log;                // --log FILE       JSON lines
     int sample = 0;                 // --sample N       tokens to sample at the end

@@ -53,9 +53,7 @@ int main(int argc, char** argv) {
         // moe.cu: the same step as train_cpu (forward, backward, clip, AdamW, bias update), 2 untimed warm-ups
         OptimizerConfig oc;
         oc.lr = 1e-3f;
-        AdamWState opt;
-        opt.m.assign(m.table.total, 0.0f);
-        opt.v.assign(m.table.total, 0.0f);
+        AdamWState opt = adamw_state(m.shard);
         double seconds = 0.0, first_loss = 0.0, last_loss = 0.0;
         for (int step = 0; step < steps + 2; step++) {
             auto t0 = std::chrono::steady_clock::now();

@@ -431,9 +431,7 @@ void bench_model(const Config& c, const Options& o, const cudaDeviceProp& prop, 
     model_init(host, c);
     release(host.grads);
     model_init_weights(host, SEED);
-    AdamWState opt;
-    opt.m.assign(host.table.total, 0.0f);
-    opt.v.assign(host.table.total, 0.0f);
+    AdamWState opt = adamw_state(host.shard);
     GpuModel m;
     gpu_model_init(m, c, local_comm(), o.precision, B, T, o.layout);
     gpu_model_upload(m, host, opt);

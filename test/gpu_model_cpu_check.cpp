@@ -148,8 +148,13 @@ void expect_throw(const std::string& name, const std::string& expect, const std:
     report(name, what.find(expect) != std::string::npos, "\"" + what.substr(0, 60) + "\"");
 }
 
-AdamWState zero_moments(const Model& m) {
-    return AdamWState{std::vector<float>(m.table.total, 0.0f), std::vector<float>(m.table.total, 0.0f), 0};
+// A rank's optimizer moments (its shard's layout) laid out by the table, every rank's pieces gathered in. Collective.
+std::vector<float> moments_by_table(const Model& m, const std::vector<float>& moments) {
+    std::vector<float> whole(m.table.total, 0.0f);
+    for (const OptimizerRange& r : m.shard.ranges)
+        std::copy(moments.begin() + r.moments, moments.begin() + r.moments + r.count, whole.begin() + r.first);
+    shard_gather(m.shard, whole.data(), *m.comm);
+    return whole;
 }
 
 // gm for host's config on comm, uploaded from host's weights and opt (zero moments): the stand-ins' device memory
@@ -163,7 +168,7 @@ int64_t init_uploaded(GpuModel& gm, const std::string& name, const Model& host, 
     const int64_t allocated = stand_in::memory().live_bytes - before;
     report(name + " memory plan = what init allocates", allocated == plan.total(),
            fmt("allocated %.0f bytes, plan %.0f", (double)allocated, (double)plan.total()));
-    opt = zero_moments(host);
+    opt = adamw_state(host.shard);
     gpu_model_upload(gm, host, opt);
     return before;
 }
@@ -213,8 +218,8 @@ void check_fp32(const std::string& tag, const Config& c, int B, int T, uint64_t 
     gpu_model_update_router_bias(gm, counts);
     Model back;
     model_init(back, c);
-    AdamWState opt_back = zero_moments(back);
-    gpu_model_download(gm, back);
+    AdamWState opt_back;
+    gpu_model_download(gm, back, opt_back);
     double bias_diff = 0.0;
     for (int l = 0; l < c.num_blocks(); l++)
         if (c.is_moe_layer(l))
@@ -230,9 +235,9 @@ void check_fp32(const std::string& tag, const Config& c, int B, int T, uint64_t 
 
     // AdamW from the same gradients (the CPU's, copied in) and random moments: params, moments, step
     Rng rng(seed + 5);
-    AdamWState opt_cpu = zero_moments(cpu);
-    for (const OptimizerRange& r : cpu.shard.ranges)  // the GPU keeps these alone (the gaps stay 0)
-        for (int64_t i = r.first; i < r.first + r.count; i++) {
+    AdamWState opt_cpu = adamw_state(cpu.shard);
+    for (const OptimizerRange& r : cpu.shard.ranges)  // the gaps between tensors stay 0
+        for (int64_t i = r.moments; i < r.moments + r.count; i++) {
             opt_cpu.m[i] = 1e-3f * rng.normal();
             opt_cpu.v[i] = 1e-6f * fabsf(rng.normal());
         }
@@ -244,26 +249,23 @@ void check_fp32(const std::string& tag, const Config& c, int B, int T, uint64_t 
     const float lr = 1e-2f, multiplier = 0.5f;
     model_adamw(cpu, opt_cpu, oc, lr, multiplier);
     gpu_model_adamw(gm, opt_gpu, oc, lr, multiplier);
-    gpu_model_download(gm, back);
-    gpu_model_gather_moments(gm, opt_back);
+    gpu_model_download(gm, back, opt_back);
     check_array(tag + " AdamW params", back.params.data(), cpu.params.data(), cpu.table.total, 1e-6);
-    check_array(tag + " AdamW m", opt_back.m.data(), opt_cpu.m.data(), cpu.table.total, 1e-6);
-    check_array(tag + " AdamW v", opt_back.v.data(), opt_cpu.v.data(), cpu.table.total, 1e-6);
+    check_array(tag + " AdamW m", opt_back.m.data(), opt_cpu.m.data(), cpu.shard.moments, 1e-6);
+    check_array(tag + " AdamW v", opt_back.v.data(), opt_cpu.v.data(), cpu.shard.moments, 1e-6);
     report(tag + " AdamW step count", opt_gpu.step == opt_cpu.step, std::to_string(opt_gpu.step));
 
-    // upload, then download and the moments' gather, give back what was uploaded (random params and moments)
+    // upload, then download, give back what was uploaded (random params and moments)
     Model rnd;
     model_init(rnd, c);
     randomize_for_test(rnd, seed + 6);
-    AdamWState opt_rnd = zero_moments(rnd);
-    for (const OptimizerRange& r : rnd.shard.ranges)
-        for (int64_t i = r.first; i < r.first + r.count; i++) {
-            opt_rnd.m[i] = rng.normal();
-            opt_rnd.v[i] = rng.normal();
-        }
+    AdamWState opt_rnd = adamw_state(rnd.shard);
+    for (int64_t i = 0; i < rnd.shard.moments; i++) {
+        opt_rnd.m[i] = rng.normal();
+        opt_rnd.v[i] = rng.normal();
+    }
     gpu_model_upload(gm, rnd, opt_rnd);
-    gpu_model_download(gm, back);
-    gpu_model_gather_moments(gm, opt_back);
+    gpu_model_download(gm, back, opt_back);
     report(tag + " upload, download round trip",
            back.params == rnd.params && opt_back.m == opt_rnd.m && opt_back.v == opt_rnd.v, "exact");
 
@@ -486,7 +488,7 @@ void check_errors(const Config& tiny) {
     const std::vector<int32_t> tokens = random_tokens(2 * 8, tiny.vocab_size, 6);
     gm = GpuModel();
     gpu_model_init(gm, tiny, local_comm(), gpu::Precision::FP32, 2, 8);
-    AdamWState opt = zero_moments(cpu);
+    AdamWState opt = adamw_state(cpu.shard);
     expect_throw("forward: a batch above the allocated one", "allocated for 2", [&] {
         gpu_model_forward(gm, tokens.data(), tokens.data(), 3, true);
     });
@@ -540,19 +542,17 @@ double cpu_train_step(Model& m, AdamWState& opt, const OptimizerConfig& oc, int6
 }
 
 // The worst relative error over the trainable tensors of `values` (laid out by this rank's table `host`; expert
-// tensors gathered from the EP group of DP replica 0) against `alone` (laid out by the one-process table), on rank
+// tensors all-gathered over the EP group) against `alone` (laid out by the one-process table), on rank
 // 0; each tensor over tol is reported. Collective.
 double worst_tensor_error(Comm& comm, const std::string& tag, const ParamTable& host, const float* values,
                           const ParamTable& alone_table, const float* alone, double tol, std::string& worst_name) {
     double worst = 0.0;
     for (const ParamTensor& t : host.tensors) {
         if (!t.trainable) continue;
-        std::vector<float> tensor(comm.rank == 0 ? t.numel * (t.expert_shard ? comm.ep_size : 1) : 0);
-        if (t.expert_shard) {
-            if (comm.dp_rank == 0) comm.gather_to_ep_root(values + t.offset, t.numel, tensor.data());
-        } else if (comm.rank == 0) {
-            std::copy(values + t.offset, values + t.offset + t.numel, tensor.begin());
-        }
+        const int pieces = t.expert_shard ? comm.ep_size : 1, mine = t.expert_shard ? comm.ep_rank : 0;
+        std::vector<float> tensor(t.numel * pieces);
+        std::copy(values + t.offset, values + t.offset + t.numel, tensor.begin() + mine * t.numel);
+        if (t.expert_shard) comm.all_gather(tensor.data(), t.numel, Group::ExpertParallel);
         if (comm.rank != 0) continue;
         const double rel = rel_error(tensor.data(), alone + alone_table.at(t.name).offset, (int64_t)tensor.size());
         if (rel > tol) report(tag + " " + t.name, false, fmt("rel %.2e tol %.0e", rel, tol));
@@ -583,7 +583,7 @@ void check_distributed(Comm& comm) {
     model_init(host, c, &comm);
     copy_params_by_name(alone, host, comm.ep_rank);
     GpuModel gm;
-    AdamWState opt_gpu, opt_alone = zero_moments(alone);
+    AdamWState opt_gpu, opt_alone = adamw_state(alone.shard);
     init_uploaded(gm, tag, host, comm, gpu::Precision::FP32, B, T, opt_gpu);  // each rank checks its own plan
     OptimizerConfig oc;
     oc.lr = 1e-2f;
@@ -616,8 +616,8 @@ void check_distributed(Comm& comm) {
     if (comm.rank == 0) model_update_router_bias(alone, alone.expert_counts);
     Model back;
     model_init(back, c, &comm);
-    AdamWState opt_back = zero_moments(back);
-    gpu_model_download(gm, back);
+    AdamWState opt_back;
+    gpu_model_download(gm, back, opt_back);
     if (comm.rank == 0) {
         double diff = 0.0;
         for (int l = 0; l < c.num_blocks(); l++)
@@ -650,15 +650,16 @@ void check_distributed(Comm& comm) {
         }
     }
     if (comm.rank == 0) report(tag + " losses over 5 optimizer steps", worst_loss <= 1e-4, fmt("worst rel %.2e tol 1e-04", worst_loss));
-    // the AdamW moments of every rank's optimizer shard, gathered whole (as for a checkpoint), against the one
-    // process's after the same 5 steps (the same tolerance as the losses: 5 steps of reordered sums)
-    gpu_model_gather_moments(gm, opt_back);
+    // the AdamW moments of every rank's optimizer shard, gathered whole, against the one process's after the same 5
+    // steps (the same tolerance as the losses: 5 steps of reordered sums)
+    gpu_model_download(gm, back, opt_back);
     for (int which = 0; which < 2; which++) {
         const char* name = which == 0 ? "m" : "v";
         std::string worst_moment;
-        const double moment = worst_tensor_error(
-            comm, tag + " AdamW " + name, host.table, (which == 0 ? opt_back.m : opt_back.v).data(), alone.table,
-            (which == 0 ? opt_alone.m : opt_alone.v).data(), 1e-4, worst_moment);
+        const std::vector<float> mine = moments_by_table(back, which == 0 ? opt_back.m : opt_back.v);
+        const std::vector<float> alone_moments = moments_by_table(alone, which == 0 ? opt_alone.m : opt_alone.v);
+        const double moment = worst_tensor_error(comm, tag + " AdamW " + name, host.table, mine.data(), alone.table,
+                                                 alone_moments.data(), 1e-4, worst_moment);
         if (comm.rank == 0)
             report(tag + " AdamW " + name + " gathered from the ranks' shards", moment <= 1e-4,
                    fmt("worst rel %.2e tol 1e-04", moment) + " (" + worst_moment + ")");

@@ -27,7 +27,7 @@ inline RecomputeComparison compare_recompute(const Config& c, gpu::Precision p, 
     Model host;
     model_init(host, c);
     randomize_for_test(host, seed);
-    const AdamWState zero{std::vector<float>(host.table.total, 0.0f), std::vector<float>(host.table.total, 0.0f), 0};
+    const AdamWState zero = adamw_state(host.shard);
     ActivationLayout keeping, recomputing;
     keeping.head_chunk_values = recomputing.head_chunk_values = head_chunk_values;
     recomputing.recompute = true;

@@ -164,6 +164,10 @@ TEST_CASE("cli: --plan for DeepSeek-V3 on 256 GPUs, with and without --recompute
     // the AdamW moments of a ZeRO-1 shard: 8 bytes x (17.5e9 replicated / 256 GPUs + 665e9 in experts / 64 / 4)
     CHECK(out.find("AdamW shard 19.9 GiB") != std::string::npos);
     CHECK(out.find("activations 307.8 GiB") != std::string::npos);  // FP32 (plan.cpp's per-token counts)
+    // the host: 27.8e9 FP32 weights = 103.7 GiB; a checkpoint, 12 bytes x 6.83e11 (the router biases' 58 x 256 without
+    // moments), 1.5 x the AdamW shard's 21.3e9 bytes from each rank
+    CHECK(out.find("host memory per GPU: weights 103.7 GiB, AdamW shard 19.9 GiB; a checkpoint: 8.19 TB, 32 GB written "
+                   "by each rank") != std::string::npos);
     // --recompute: per token, the 62 blocks' inputs (62 x 7168) and one MLA + dense FFN and one MLA + MoE activation
     // set (142144 + 69632 + 142144 + 184576 values, plan.cpp's counts) kept instead of every block's, and one chunk
     // of logits per head (2^26 / 129280 = 519 rows), FP32: 4 x (982912 x 4096 + 2 x 519 x 129280) = 15.5 GiB; the

@@ -123,8 +123,9 @@ const std::string TRAIN = "./train_cpu --config test/data/ep-tiny.json --data 'd
 
 }  // namespace
 
-TEST_CASE("ep: EP=2, EP=4 and EP=2 x DP=2 give the loss and gradients of one process, and the same 10 steps") {
-    for (auto [ranks, ep] : std::vector<std::pair<int, int>>{{1, 1}, {2, 2}, {4, 4}, {4, 2}}) {
+TEST_CASE("ep: EP=2, EP=4, DP=2 and EP=2 x DP=2 give the loss and gradients of one process, and the same 10 steps; "
+          "its checkpoint saved from them is the same file") {
+    for (auto [ranks, ep] : std::vector<std::pair<int, int>>{{1, 1}, {2, 2}, {4, 4}, {2, 1}, {4, 2}}) {
         Job j = mpirun(ranks, "./ep_check --ep " + std::to_string(ep));
         INFO("ranks " << ranks << " ep " << ep << "\n" << j.out << j.err);
         CHECK(j.status == 0);
@@ -245,4 +246,14 @@ TEST_CASE("ep: bad layouts are one error from rank 0 and a non-zero exit everywh
     Job mismatch = mpirun(1, TRAIN + " --steps 2 --batch 1 : -np 1 " + TRAIN + " --steps 2 --batch 1 --config tiny");
     CHECK(mismatch.status != 0);
     CHECK(count(mismatch.err, "rank 1's config, checkpoint or build differs from rank 0's") == 1);
+    // ranks that do not see one checkpoint directory, as on nodes without a shared file system (here: two
+    // directories): found before training
+    const std::string dirs = test_path("ep_unshared");
+    Job unshared = mpirun(1, TRAIN + " --steps 2 --batch 1 --checkpoint-dir " + dirs + "/a : -np 1 " + TRAIN +
+                                 " --steps 2 --batch 1 --checkpoint-dir " + dirs + "/b");
+    CHECK(unshared.status != 0);
+    CHECK(count(unshared.err, "[rank 1] --checkpoint-dir " + dirs + "/b: this rank does not see the file rank 0 "
+                              "created there") == 1);
+    CHECK(unshared.out.find("step") == std::string::npos);
+    system(("rm -rf " + dirs).c_str());
 }

@@ -212,20 +212,16 @@ static void test_adamw(Rng& rng) {
         const std::vector<int64_t> packed = gpu::shard_ranges_pack(shard);
         Dev<int64_t> d_table(packed);
         const gpu::ShardRanges ranges = gpu::shard_ranges_of(packed, d_table.ptr);
-        // the GPU keeps the moments of the shard's ranges alone, packed: the CPU's (laid out by the table) range by
-        // range
+        // both keep the moments of the shard's ranges alone, packed: m0 and v0's values of those ranges
         auto pack_moments = [&](const std::vector<float>& x) {
             std::vector<float> out(shard.moments);
             for (const OptimizerRange& r : shard.ranges)
                 std::copy(x.begin() + r.first, x.begin() + r.first + r.count, out.begin() + r.moments);
             return out;
         };
-        AdamWState state;
-        state.step = 6;
-        state.m = m0;
-        state.v = v0;
+        AdamWState state{pack_moments(m0), pack_moments(v0), 6};
         std::vector<float> params = params0;
-        Dev<float> d_params(params), d_m(pack_moments(m0)), d_v(pack_moments(v0));
+        Dev<float> d_params(params), d_m(state.m), d_v(state.v);
         Dev<__nv_bfloat16> d_params16(n);
         d_params16.poison();
         const float lr = 1e-3f, multiplier = 0.37f;
@@ -237,8 +233,8 @@ static void test_adamw(Rng& rng) {
         const std::vector<float> got = d_params.get();
         std::vector<float> got16 = widened(d_params16.get());
         check("adamw params " + shape, got, params, 1e-6);
-        check("adamw m " + shape, d_m.get(), pack_moments(state.m), 1e-6);
-        check("adamw v " + shape, d_v.get(), pack_moments(state.v), 1e-6);
+        check("adamw m " + shape, d_m.get(), state.m, 1e-6);
+        check("adamw v " + shape, d_v.get(), state.v, 1e-6);
         // the BF16 copy: the updated values rounded in the shard's ranges; everything else (other ranks' pieces,
         // frozen tensors, the alignment gaps between tensors) is left as it was (poison: NaN)
         const std::vector<float> rounded = bf16_rounded(got);

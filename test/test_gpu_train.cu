@@ -64,9 +64,7 @@ void compare_step(const std::string& name, const Config& c, gpu::Precision preci
 
     GpuModel gm;
     gpu_model_init(gm, c, local_comm(), precision, B, T);
-    AdamWState opt;
-    opt.m.assign(cpu.table.total, 0.0f);
-    opt.v.assign(cpu.table.total, 0.0f);
+    AdamWState opt = adamw_state(cpu.shard);
     gpu_model_upload(gm, cpu, opt);
     gpu_model_zero_grads(gm);
     const LossParts got = gpu_model_forward(gm, inputs.data(), targets.data(), B, true);

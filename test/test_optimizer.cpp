@@ -39,15 +39,13 @@ TEST_CASE("optimizer: AdamW with bias correction; decay on matrices only; untrai
         for (int64_t i = t.offset; i < t.offset + t.numel; i++) params[i] = 1.0f + 0.5f * rng.normal();
     OptimizerConfig oc;
     oc.weight_decay = 0.1f;
-    AdamWState state;
-    state.m.assign(table.total, 0.0f);
-    state.v.assign(table.total, 0.0f);
+    const OptimizerShard shard = optimizer_shard(table, local_comm());
+    AdamWState state = adamw_state(shard);
     std::vector<double> p(params.begin(), params.end()), m(table.total, 0.0), v(table.total, 0.0);
     const float lrs[] = {1e-2f, 5e-3f, 2e-3f}, multipliers[] = {1.0f, 0.5f, 1.0f};
     for (int step = 1; step <= 3; step++) {
         for (int64_t i = 0; i < table.total; i++) grads[i] = rng.normal();
-        adamw_update(optimizer_shard(table, local_comm()), params.data(), grads.data(), state, oc, lrs[step - 1],
-                     multipliers[step - 1]);
+        adamw_update(shard, params.data(), grads.data(), state, oc, lrs[step - 1], multipliers[step - 1]);
         for (const ParamTensor& t : table.tensors) {
             if (!t.trainable) continue;
             const double decay = t.weight_decay ? 0.1 : 0.0;
@@ -106,7 +104,7 @@ TEST_CASE("optimizer: ZeRO-1 shards cover every trainable value once, on 1 to 64
                 for (int64_t i = r.first; i < r.first + r.count; i++) {
                     const int key = held[i] == world ? 0 : rank % ep;
                     updated[key][i]++;
-                    counted[key][i] += r.in_norm;
+                    counted[key][i] += r.owned;
                     shared_slots += slot[r.moments + (i - r.first)];
                     slot[r.moments + (i - r.first)] = true;
                     for (const OptimizerBucket& b : s.buckets)  // a piece's value lies in this rank's block

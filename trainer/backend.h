@@ -1,10 +1,9 @@
 // Where the model's arithmetic runs. The trainer (trainer/trainer.cpp) keeps a host Model as the record of the
-// config, the weights and the AdamW moments for everything that touches files (init, Hugging Face import and
+// config, the weights and this rank's AdamW moments for everything that touches files (init, Hugging Face import and
 // export, checkpoints); a backend computes the training step on it (the CPU backend) or on a device copy of it
 // (the GPU backend in train.cu, over gpu/gpu_model.cu), and the two are brought level where the trainer says:
 //   load  after the host model changed (fresh init, --init-from-hf, --resume);
-//   store          before the host weights are read (a checkpoint, --export-hf);
-//   gather_moments before the host AdamW moments are read (a checkpoint): collective, from every rank's shard.
+//   store after training steps, before the host model is read (a checkpoint, --export-hf).
 // So train_cpu and train share one command line, one data path, one log format and one checkpoint format by
 // construction: a checkpoint written by one resumes on the other.
 #pragma once
@@ -22,10 +21,7 @@ class Backend {
 public:
     virtual ~Backend() = default;
     virtual void load(const Model& host, const AdamWState& opt) = 0;
-    virtual void store(Model& host) = 0;
-    // The whole AdamW moments into opt (laid out by the table) on every rank, from the ranks' optimizer shards
-    // (model/optimizer.h). Collective: every rank calls it.
-    virtual void gather_moments(AdamWState& opt) = 0;
+    virtual void store(Model& host, AdamWState& opt) = 0;  // opt: this rank's moments (model/optimizer.h)
     // As model_forward / model_backward (model/model.h); inputs and targets are host arrays of B*T tokens.
     virtual LossParts forward(const int32_t* inputs, const int32_t* targets, int B, int T, bool training) = 0;
     virtual void backward(float loss_scale) = 0;

@@ -21,8 +21,7 @@ public:
         keep_freed_memory();
     }
     void load(const Model& host, const AdamWState& opt) override {}
-    void store(Model& host) override {}
-    void gather_moments(AdamWState& opt) override { model_gather_moments(m_, opt); }
+    void store(Model& host, AdamWState& opt) override {}
     LossParts forward(const int32_t* inputs, const int32_t* targets, int B, int T, bool training) override {
         return model_forward(m_, inputs, targets, B, T, training);
     }

@@ -1,9 +1,9 @@
 // The training driver of train_cpu and train. Reads top to bottom: args -> ranks -> config -> model and backend
 // -> data -> (resume) -> loop of {micro-steps, gradient reduction, bias update, clip, AdamW, log, eval,
-// checkpoint} -> export, plot, sample. The host Model holds the config, weights and AdamW moments for everything
-// that touches files; all arithmetic on it goes through the Backend, which is brought level with it by load (after
-// init, import or resume) and store (before a checkpoint or an export). Under mpirun every rank runs this file;
-// rank 0 alone prints, logs and writes checkpoints.
+// checkpoint} -> export, plot, sample. The host Model holds the config, weights and this rank's AdamW moments for
+// everything that touches files; all arithmetic on it goes through the Backend, which is brought level with it by
+// load (after init, import or resume) and store (before a checkpoint or an export). Under mpirun every rank runs
+// this file; rank 0 alone prints and logs, and every rank writes its part of each checkpoint.
 #include "trainer/trainer.h"
 
 #include <algorithm>
@@ -53,23 +53,17 @@ struct Run {
     int eval_batches = 0;
     Tokenizer tokenizer;
     FILE* log = nullptr;
-    // --async-checkpoint (rank 0): the thread writing the last checkpoint, and its error if it failed
+    // --async-checkpoint: this rank's part of the checkpoint being written, the thread writing it, and its outcome
+    CheckpointWrite pending;
     std::thread writer;
+    std::atomic<bool> written{false};
     std::string write_error;
 };
 
 static Comm* g_comm = nullptr;
-static std::thread* g_checkpoint_writer = nullptr;  // Run::writer
-
-// Rank 0 with --async-checkpoint, before its process ends on a failure: the checkpoint being written is finished, as
-// it would have been without the option (a failure on another rank still ends the job, rank 0 included, at once).
-static void finish_checkpoint_before_exit() {
-    if (g_checkpoint_writer && g_checkpoint_writer->joinable()) g_checkpoint_writer->join();
-}
 
 // A failure during training: the rank that hit it says why, and the whole job ends.
 [[noreturn]] static void fail(const std::string& msg) {
-    finish_checkpoint_before_exit();
     g_comm->abort(msg);
     exit(1);  // not reached: abort() ends the job (a virtual call hides that from the compiler)
 }
@@ -95,7 +89,6 @@ static void agree_or_exit(const Run& r, const std::string& error) {
     if (failed == comm.rank)
         fprintf(stderr, "%s: %s%s\n", r.program,
                 comm.world > 1 ? ("[rank " + std::to_string(failed) + "] ").c_str() : "", error.c_str());
-    finish_checkpoint_before_exit();
     delete g_comm;
     exit(1);
 }
@@ -130,22 +123,26 @@ static int stop_signal(Comm& comm) { return (int)first_rank_with(comm, g_stop_si
 
 // The end of every run: the backend before the ranks' transport it may use, then the transport
 static void end_job(Run& r) {
-    g_checkpoint_writer = nullptr;
     if (r.log) fclose(r.log);
     r.log = nullptr;
     r.backend.reset();
     delete g_comm;
 }
 
-// Fault injection for the failure tests: MOE_FAULT=RANK:STEP:error|crash makes that rank fail at that step.
-static void maybe_inject_fault(const Comm& comm, int64_t step) {
+// Fault injection for the failure tests, MOE_FAULT=RANK:STEP:KIND: whether this rank is to fail at this step this way
+// (crash, error: at the start of step STEP, 0-based; write: its part of the checkpoint of step STEP).
+static bool fault_requested(const Comm& comm, int64_t step, const char* kind) {
     const char* spec = getenv("MOE_FAULT");
     int rank = -1;
     long long at = -1;
-    char kind[16] = {0};
-    if (!spec || sscanf(spec, "%d:%lld:%15s", &rank, &at, kind) != 3 || rank != comm.rank || at != step) return;
-    if (!strcmp(kind, "crash")) raise(SIGKILL);
-    fail("injected fault at step " + std::to_string(step) + " (MOE_FAULT)");
+    char requested[16] = {0};
+    return spec && sscanf(spec, "%d:%lld:%15s", &rank, &at, requested) == 3 && rank == comm.rank && at == step &&
+           !strcmp(requested, kind);
+}
+
+static void maybe_inject_fault(const Comm& comm, int64_t step) {
+    if (fault_requested(comm, step, "crash")) raise(SIGKILL);
+    if (fault_requested(comm, step, "error")) fail("injected fault at step " + std::to_string(step) + " (MOE_FAULT)");
 }
 
 // The next `count` batches of B x T from loader (from its start when `from_start`), batch i at i * B * T, all read
@@ -302,8 +299,7 @@ static void setup_run(Run& r, MakeBackend make_backend) {
         model_init(r.model, r.config, &comm);
         model_init_weights(r.model, args.seed);
         r.backend = make_backend(r.model, args);
-        r.opt.m.assign(r.model.table.total, 0.0f);
-        r.opt.v.assign(r.model.table.total, 0.0f);
+        r.opt = adamw_state(r.model.shard);
         if (!args.init_from_hf.empty()) import_hf(r.model, args.init_from_hf);
         // each rank reads its own slice of every global batch; a token outside the vocabulary is an error
         if (!args.data.empty())
@@ -345,6 +341,8 @@ static void setup_run(Run& r, MakeBackend make_backend) {
         error = e.what();
     }
     agree_or_exit(r, error);
+    if (!args.checkpoint_dir.empty() && !args.eval_only && comm.world > 1)
+        agree_or_exit(r, checkpoint_check_dir(args.checkpoint_dir, comm));
     if (comm.rank == 0 && !args.eval_only && !r.resume_from.empty() && r.state.run != run && !r.state.run.empty())
         fprintf(stderr, "%s: note: the checkpoint's run had %s; this one has %s (the schedule changes)\n",
                 r.program, r.state.run.c_str(), run.c_str());
@@ -425,16 +423,39 @@ static void log_step(const Run& r, int64_t step, const StepResult& s, double tok
     fflush(r.log);
 }
 
-// Rank 0 with --async-checkpoint: waits for the checkpoint being written, if any; if it failed, the job ends.
+// This rank's part of checkpoint w (on any thread: no Comm); the error it met, or "". injected_fault: fail instead.
+static std::string write_checkpoint_part(const CheckpointWrite& w, bool injected_fault) {
+    try {
+        if (injected_fault) throw std::runtime_error("injected write failure (MOE_FAULT)");
+        checkpoint_write_part(w);
+        return "";
+    } catch (const std::exception& e) {
+        return e.what();
+    }
+}
+
+// Once every rank has written its part of w (error: this rank's failure, if any): the checkpoint renamed into
+// place and the old ones pruned (--keep-checkpoints). If a part failed, the first such rank names the reason and
+// the job ends. Collective.
+static void commit_checkpoint(Run& r, const CheckpointWrite& w, const std::string& error) {
+    agree_or_exit(r, error);
+    checkpoint_commit(w, *r.comm);
+    if (r.args.keep_checkpoints > 0 && r.comm->rank == 0)
+        checkpoint_prune(r.args.checkpoint_dir, r.args.keep_checkpoints, w.step);
+}
+
+// --async-checkpoint: waits for this rank's part of the checkpoint being written, if any, then commits it.
+// Collective (every rank has a write in flight, or none).
 static void finish_checkpoint_write(Run& r) {
     if (!r.writer.joinable()) return;
     r.writer.join();
-    if (!r.write_error.empty()) fail(r.write_error);
+    commit_checkpoint(r, r.pending, r.write_error);
+    r.pending = CheckpointWrite{};
 }
 
-// The checkpoint of r.state.step, then the old ones pruned (--keep-checkpoints) once it is complete. With
-// --async-checkpoint rank 0 copies it (checkpoint_collect) and writes it on a thread while training goes on, one
-// write at a time: the next checkpoint, a stop and the end of the run wait for it.
+// The checkpoint of r.state.step, every rank writing its part (model/checkpoint.h). With --async-checkpoint each rank
+// copies its part and writes it on a thread while training goes on, one write at a time: the ranks commit it after
+// the first step at whose end all are done, and the next checkpoint, a stop and the end of the run wait for it.
 static void save_checkpoint(Run& r) {
     // every rank's loader is at the same global position; rank 0's is the one saved
     DataLoaderState ds = r.train->state();
@@ -443,32 +464,24 @@ static void save_checkpoint(Run& r) {
     r.state.data_file = ds.file;
     r.state.data_tokens = ds.tokens;
     r.state.rng_state = r.rng.state;
-    r.backend->store(r.model);
-    r.backend->gather_moments(r.opt);
+    r.backend->store(r.model, r.opt);
     finish_checkpoint_write(r);
-    const std::string dir = r.args.checkpoint_dir;
-    const int keep = r.args.keep_checkpoints;
-    const int64_t step = r.state.step;
-    if (!r.args.async_checkpoint) {
-        checkpoint_save(dir, r.model, r.opt, r.state);
-        if (keep > 0 && r.comm->rank == 0) checkpoint_prune(dir, keep, step);
+    const bool copies = r.args.async_checkpoint, fault = fault_requested(*r.comm, r.state.step, "write");
+    CheckpointWrite w = checkpoint_begin(r.args.checkpoint_dir, r.model, r.opt, r.state, copies);
+    if (!copies) {
+        commit_checkpoint(r, w, write_checkpoint_part(w, fault));
         return;
     }
-    CheckpointData data = checkpoint_collect(dir, r.model, r.opt, r.state, /*copies*/ true);
-    if (r.comm->rank != 0) return;
-    r.writer = std::thread([&r, dir, keep, step, data = std::move(data)] {
-        try {
-            checkpoint_write(data);
-            if (keep > 0) checkpoint_prune(dir, keep, step);
-        } catch (const std::exception& e) {
-            r.write_error = e.what();
-        }
+    r.pending = std::move(w);
+    r.written = false;
+    r.writer = std::thread([&r, fault] {
+        r.write_error = write_checkpoint_part(r.pending, fault);
+        r.written = true;
     });
 }
 
 int train_main(int argc, char** argv, const char* program, MakeComm make_comm, MakeBackend make_backend) {
     Run r;
-    g_checkpoint_writer = &r.writer;
     r.program = program;
     r.args = parse_train_args(argc, argv, program);
     const TrainArgs& args = r.args;
@@ -544,12 +557,12 @@ int train_main(int argc, char** argv, const char* program, MakeComm make_comm, M
             if (lead) log_step(r, step, s, tokens_per_step * (step + 1), tokens_per_step / seconds, eta, val_loss);
             r.state.step = step + 1;
             const int stop = stoppable ? stop_signal(comm) : 0;
+            if (r.writer.joinable() && first_rank_with(comm, !r.written).first < 0) finish_checkpoint_write(r);
             if (!args.checkpoint_dir.empty() &&
                 (last || stop || (args.checkpoint_every > 0 && r.state.step % args.checkpoint_every == 0)))
                 save_checkpoint(r);
             if (stop) {
                 finish_checkpoint_write(r);
-                comm.barrier();  // the others too wait for the rename
                 if (lead) {
                     printf("stopped by %s after step %lld: checkpoint %s written; --resume continues the run\n",
                            stop == SIGUSR1 ? "SIGUSR1" : "SIGTERM", (long long)r.state.step,
@@ -563,14 +576,18 @@ int train_main(int argc, char** argv, const char* program, MakeComm make_comm, M
             fail(e.what());
         }
     }
-    finish_checkpoint_write(r);  // while a signal still only stops: the last checkpoint is complete
+    try {
+        finish_checkpoint_write(r);  // while a signal still only stops: the last checkpoint is complete
+    } catch (const std::exception& e) {
+        fail(e.what());
+    }
     if (stoppable) catch_stop_signals(false);
     if (r.log) fclose(r.log);  // complete for the plot
     r.log = nullptr;
     if (lead) {
         try {
             if (!args.export_hf.empty()) {
-                r.backend->store(r.model);
+                r.backend->store(r.model, r.opt);
                 export_hf(r.model, args.export_hf, args.export_dtype == "f32" ? ExportDType::F32 : ExportDType::BF16);
                 printf("exported %s\n", args.export_hf.c_str());
             }
