@@ -41,6 +41,13 @@ bool launched_by_mpi() {
     return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK") || getenv("SLURM_PROCID");
 }
 
+std::string launch_error(int world) {
+    const char* tasks = getenv("SLURM_STEP_NUM_TASKS");
+    if (world != 1 || !tasks || atoi(tasks) <= 1 || !getenv("SLURM_PROCID")) return "";
+    return std::string("srun started ") + tasks + " tasks, but MPI sees each of them alone: start them with "
+           "srun --mpi=pmix (or another plugin from srun --mpi=list that this MPI supports)";
+}
+
 Comm& local_comm() {
     static SingleComm single("moe.cu");
     return single;

@@ -49,6 +49,10 @@ public:
 
 // Whether mpirun (or srun) started this process.
 bool launched_by_mpi();
+// After MPI_Init, given MPI's world size: why this launch cannot work, or "". srun without a PMI plugin that this MPI
+// uses starts N tasks that each see a world of one: N copies of rank 0 would train side by side and overwrite each
+// other's checkpoints.
+std::string launch_error(int world);
 
 // A one-rank Comm (no other process involved), for models that are not distributed.
 Comm& local_comm();

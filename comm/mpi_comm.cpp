@@ -32,6 +32,11 @@ public:
         check_mpi(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
         check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &rank), "MPI_Comm_rank");
         check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &world), "MPI_Comm_size");
+        if (const std::string error = launch_error(world); !error.empty()) {
+            fprintf(stderr, "%s: %s\n", program, error.c_str());
+            MPI_Finalize();
+            exit(2);
+        }
         MPI_Comm node;
         check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node), "split node");
         check_mpi(MPI_Comm_rank(node, &local_rank), "MPI_Comm_rank(node)");

@@ -232,7 +232,7 @@ TEST_CASE("ep: SIGTERM, or SIGUSR1 through mpirun, ends the run after a step wit
     system(("rm -rf " + ckpt + " " + log).c_str());
 }
 
-TEST_CASE("ep: bad layouts are one error from rank 0 and a non-zero exit everywhere") {
+TEST_CASE("ep: bad layouts and launches are one error from rank 0 and a non-zero exit everywhere") {
     Job undivided = mpirun(3, TRAIN + " --steps 2 --batch 1 --ep 2");
     CHECK(undivided.status != 0);
     CHECK(count(undivided.err, "does not divide the 3 ranks") == 1);
@@ -246,6 +246,11 @@ TEST_CASE("ep: bad layouts are one error from rank 0 and a non-zero exit everywh
     Job mismatch = mpirun(1, TRAIN + " --steps 2 --batch 1 : -np 1 " + TRAIN + " --steps 2 --batch 1 --config tiny");
     CHECK(mismatch.status != 0);
     CHECK(count(mismatch.err, "rank 1's config, checkpoint or build differs from rank 0's") == 1);
+    // srun without a PMI plugin that MPI uses: each task alone in a world of one (Slurm's variables, no mpirun)
+    const CommandResult lone =
+        run_logged("env SLURM_PROCID=0 SLURM_STEP_NUM_TASKS=2 " + TRAIN + " --steps 2 --batch 1", "ep_lone.txt", 60);
+    CHECK(lone.status == 2);
+    CHECK(count(lone.out, "srun started 2 tasks, but MPI sees each of them alone: start them with srun --mpi=pmix") == 1);
     // ranks that do not see one checkpoint directory, as on nodes without a shared file system (here: two
     // directories): found before training
     const std::string dirs = test_path("ep_unshared");
