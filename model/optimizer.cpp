@@ -6,9 +6,10 @@
 
 float learning_rate(const OptimizerConfig& oc, int64_t step) {
     if (step < oc.warmup_steps) return oc.lr * (float)(step + 1) / oc.warmup_steps;
-    int64_t decay_steps = oc.total_steps - oc.warmup_steps;
-    if (decay_steps <= 1) return oc.lr;
-    double progress = std::min(1.0, (double)(step - oc.warmup_steps) / (decay_steps - 1));
+    const int64_t decay_steps = oc.decay_steps >= 0 ? oc.decay_steps : oc.total_steps - oc.warmup_steps;
+    const int64_t decay_start = oc.total_steps - decay_steps;
+    if (step < decay_start || decay_steps <= 1) return oc.lr;
+    double progress = std::min(1.0, (double)(step - decay_start) / (decay_steps - 1));
     double cosine = 0.5 * (1.0 + cos(M_PI * progress));  // 1 -> 0
     return (float)(oc.lr * (oc.min_lr_ratio + (1.0 - oc.min_lr_ratio) * cosine));
 }

@@ -17,8 +17,11 @@ static const char* USAGE =
     "  --batch B              sequences per rank per micro-step (8)\n"
     "  --grad-accum N         micro-steps per optimizer step (1)\n"
     "  --seq T                tokens per sequence (128)\n"
-    "  --lr X                 peak learning rate (3e-4); linear warmup, cosine decay to 10%%\n"
+    "  --lr X                 peak learning rate (3e-4); linear warmup, the peak, cosine decay to --min-lr-ratio\n"
     "  --warmup N             warmup steps (steps/10)\n"
+    "  --decay-steps N        decay over the last N steps only, the peak held before them (warmup-stable-decay)\n"
+    "                         (default: every step after warmup)\n"
+    "  --min-lr-ratio X       the learning rate at the last step over the peak (0.1)\n"
     "  --weight-decay X       AdamW weight decay on matrices and embeddings (0.1)\n"
     "  --grad-clip X          global gradient-norm clip, 0 for none (1.0)\n"
     "  --seed S               initialisation and sampling seed (1337)\n"
@@ -115,6 +118,8 @@ TrainArgs parse_train_args(int argc, char** argv, const char* program) {
         else if (!strcmp(flag, "--seq")) a.seq = (int)parse_int(program, flag, v, 2, 1 << 24);
         else if (!strcmp(flag, "--lr")) a.lr = parse_float(program, flag, v, 0.0, 10.0);
         else if (!strcmp(flag, "--warmup")) a.warmup = (int)parse_int(program, flag, v, 0, BIG);
+        else if (!strcmp(flag, "--decay-steps")) a.decay_steps = (int)parse_int(program, flag, v, 0, BIG);
+        else if (!strcmp(flag, "--min-lr-ratio")) a.min_lr_ratio = parse_float(program, flag, v, 0.0, 1.0);
         else if (!strcmp(flag, "--weight-decay")) a.weight_decay = parse_float(program, flag, v, 0.0, 10.0);
         else if (!strcmp(flag, "--grad-clip")) a.grad_clip = parse_float(program, flag, v, 0.0, 1e6);
         else if (!strcmp(flag, "--seed")) a.seed = (unsigned long long)parse_int(program, flag, v, 0, 1LL << 62);
@@ -144,6 +149,9 @@ TrainArgs parse_train_args(int argc, char** argv, const char* program) {
         else bad(program, std::string("unknown flag ") + flag);
     }
     if (a.warmup < 0) a.warmup = a.steps / 10;
+    if (a.decay_steps > std::max(0, a.steps - a.warmup))
+        bad(program, "--decay-steps " + std::to_string(a.decay_steps) + " exceeds the " +
+                         std::to_string(std::max(0, a.steps - a.warmup)) + " steps after warmup");
     a.plan_inputs.ep = a.ep;
     a.plan_inputs.batch = a.batch;
     a.plan_inputs.seq = a.seq;

@@ -16,6 +16,8 @@ struct TrainArgs {
     int seq = 128;                  // --seq T
     float lr = 3e-4f;               // --lr X           peak learning rate
     int warmup = -1;                // --warmup N       (default: steps / 10)
+    int decay_steps = -1;           // --decay-steps N  the decay over the last N steps (default: all after warmup)
+    float min_lr_ratio = 0.1f;      // --min-lr-ratio X the learning rate at the last step over the peak
     float weight_decay = 0.1f;      // --weight-decay X
     float grad_clip = 1.0f;         // --grad-clip X    (0: off)
     unsigned long long seed = 1337; // --seed S

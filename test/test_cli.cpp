@@ -55,6 +55,9 @@ TEST_CASE("cli: nonsense flags and values are one-line errors") {
     expect_clean_failure("./train_cpu --lr" + DATA.substr(0, 0), "--lr needs a value");
     expect_clean_failure("./train_cpu --config small", "--data");
     expect_clean_failure("./train_cpu --resume" + DATA, "--checkpoint-dir");
+    expect_clean_failure("./train_cpu --steps 100 --warmup 10 --decay-steps 91" + DATA,
+                         "--decay-steps 91 exceeds the 90 steps after warmup");
+    expect_clean_failure("./train_cpu --min-lr-ratio 1.5" + DATA, "--min-lr-ratio");
 }
 
 TEST_CASE("cli: missing or foreign files are one-line errors") {

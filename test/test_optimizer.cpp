@@ -10,7 +10,7 @@
 #include "model/optimizer.h"
 #include "test/test_helpers.h"
 
-TEST_CASE("optimizer: warmup, cosine decay to 10% at the last step, and clipping") {
+TEST_CASE("optimizer: warmup, cosine decay to 10% at the last step, warmup-stable-decay, and clipping") {
     OptimizerConfig oc;
     oc.lr = 2.0f;
     oc.warmup_steps = 4;
@@ -19,6 +19,16 @@ TEST_CASE("optimizer: warmup, cosine decay to 10% at the last step, and clipping
     for (int step : {0, 1, 2, 3, 4, 9, 14}) CHECK_REL(learning_rate(oc, step), want[step], 1e-6);
     for (int step = 5; step < 15; step++) CHECK(learning_rate(oc, step) < learning_rate(oc, step - 1));  // falling
     CHECK_REL(learning_rate(oc, 40), 0.2, 1e-6);  // past the end: the floor
+
+    // warmup-stable-decay: the peak from warmup to the last 5 steps (10..14), then the same cosine over those 5
+    oc.decay_steps = 5;
+    for (int step = 4; step <= 10; step++) CHECK_REL(learning_rate(oc, step), 2.0, 1e-6);
+    CHECK_REL(learning_rate(oc, 12), 2.0 * (0.1 + 0.9 * 0.5), 1e-6);
+    CHECK_REL(learning_rate(oc, 14), 0.2, 1e-6);
+    oc.min_lr_ratio = 0.0f;  // to zero
+    CHECK(learning_rate(oc, 14) == 0.0f);
+    oc.decay_steps = 0;  // no decay: the peak to the end
+    CHECK(learning_rate(oc, 14) == 2.0f);
 
     oc.grad_clip = 1.0f;
     CHECK_REL(clip_factor(oc, 4.0), 0.25, 1e-7);

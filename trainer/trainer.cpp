@@ -284,10 +284,14 @@ static void setup_run(Run& r, MakeBackend make_backend) {
     r.oc.grad_clip = args.grad_clip;
     r.oc.warmup_steps = args.warmup;
     r.oc.total_steps = args.steps;
+    r.oc.decay_steps = args.decay_steps;
+    r.oc.min_lr_ratio = args.min_lr_ratio;
     r.rng = Rng(args.seed);
     // what makes two runs the same run: a resume that changes it is told so
     const std::string run = "lr=" + std::to_string(args.lr) + " warmup=" + std::to_string(args.warmup) +
-                            " steps=" + std::to_string(args.steps) + " seq=" + std::to_string(T) +
+                            " steps=" + std::to_string(args.steps) +
+                            (args.decay_steps >= 0 ? " decay_steps=" + std::to_string(args.decay_steps) : "") +
+                            " min_lr_ratio=" + std::to_string(args.min_lr_ratio) + " seq=" + std::to_string(T) +
                             " global_batch=" + std::to_string((int64_t)B * comm.world * args.grad_accum) +
                             " weight_decay=" + std::to_string(args.weight_decay) +
                             " grad_clip=" + std::to_string(args.grad_clip);
