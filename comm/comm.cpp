@@ -41,11 +41,19 @@ bool launched_by_mpi() {
     return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK") || getenv("SLURM_PROCID");
 }
 
-std::string launch_error(int world) {
+int srun_tasks() {
     const char* tasks = getenv("SLURM_STEP_NUM_TASKS");
-    if (world != 1 || !tasks || atoi(tasks) <= 1 || !getenv("SLURM_PROCID")) return "";
-    return std::string("srun started ") + tasks + " tasks, but MPI sees each of them alone: start them with "
-           "srun --mpi=pmix (or another plugin from srun --mpi=list that this MPI supports)";
+    const bool srun_task = tasks && getenv("SLURM_PROCID") && !getenv("OMPI_COMM_WORLD_SIZE") && !getenv("PMI_SIZE") &&
+                           !getenv("PMIX_RANK") && !getenv("SLURM_PTY_PORT");
+    return srun_task ? atoi(tasks) : 0;
+}
+
+bool refuse_launch(int tasks, int world, const char* program) {
+    if (tasks <= 1 || world != 1) return false;
+    if (!strcmp(getenv("SLURM_PROCID"), "0"))
+        fprintf(stderr, "%s: srun started %d tasks, but MPI sees each of them alone: start them with srun --mpi=pmix "
+                "(or another plugin from srun --mpi=list that this MPI supports)\n", program, tasks);
+    return true;
 }
 
 Comm& local_comm() {

@@ -49,10 +49,14 @@ public:
 
 // Whether mpirun (or srun) started this process.
 bool launched_by_mpi();
-// After MPI_Init, given MPI's world size: why this launch cannot work, or "". srun without a PMI plugin that this MPI
-// uses starts N tasks that each see a world of one: N copies of rank 0 would train side by side and overwrite each
-// other's checkpoints.
-std::string launch_error(int world);
+// srun's task count when srun started this process itself (not mpirun or MPI daemons, nor a shell of srun --pty),
+// else 0. Read before MPI_Init, which may set MPI's own variables.
+int srun_tasks();
+// After MPI_Init, given srun_tasks() and MPI's world size: whether this launch cannot work (the caller exits). srun
+// without a PMI plugin that this MPI uses starts N tasks that each see a world of one (MPICH, Intel MPI; Open MPI 4
+// refuses such a start in MPI_Init itself): N copies of rank 0 would train side by side and overwrite each other's
+// checkpoints. Every task exits; the one of SLURM_PROCID 0 says why.
+bool refuse_launch(int srun_tasks, int world, const char* program);
 
 // A one-rank Comm (no other process involved), for models that are not distributed.
 Comm& local_comm();

@@ -26,14 +26,14 @@ class MpiComm : public Comm {
 public:
     MpiComm(int ep, const char* program) : program_(program) {
         int provided = 0;
+        const int tasks = srun_tasks();
         check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
         // errors come back to check_mpi, which names the call (MPI's default handler aborts without a word); the
         // split communicators inherit it
         check_mpi(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
         check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &rank), "MPI_Comm_rank");
         check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &world), "MPI_Comm_size");
-        if (const std::string error = launch_error(world); !error.empty()) {
-            fprintf(stderr, "%s: %s\n", program, error.c_str());
+        if (refuse_launch(tasks, world, program)) {
             MPI_Finalize();
             exit(2);
         }

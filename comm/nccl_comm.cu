@@ -30,13 +30,13 @@ class NcclComm : public Comm {
 public:
     NcclComm(int ep, const char* program) : program_(program), use_mpi_(launched_by_mpi()) {
         if (use_mpi_) {
+            const int tasks = srun_tasks();
             check_mpi(MPI_Init(nullptr, nullptr), "MPI_Init");
             // errors come back to check_mpi, which names the call (MPI's default handler aborts without a word)
             check_mpi(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
             check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &rank), "MPI_Comm_rank");
             check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &world), "MPI_Comm_size");
-            if (const std::string error = launch_error(world); !error.empty()) {
-                fprintf(stderr, "%s: %s\n", program, error.c_str());
+            if (refuse_launch(tasks, world, program)) {
                 MPI_Finalize();
                 exit(2);
             }

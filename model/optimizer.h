@@ -1,6 +1,6 @@
 // AdamW with decoupled weight decay on FP32 master weights, the learning-rate schedule (linear warmup, the peak,
 // then cosine decay to min_lr_ratio of the peak at the last step: over every step after warmup by default, or over
-// the last decay_steps with the peak held before them, warmup-stable-decay, as DeepSeek-V3 trained) and global-norm
+// the last decay_steps with the peak held before them, warmup-stable-decay, like DeepSeek-V3's) and global-norm
 // gradient clipping (DESIGN §1.4).
 //   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;  p -= lr (m/(1-b1^t) / (sqrt(v/(1-b2^t)) + eps) + wd p)
 // The optimizer's work and state are sharded over the ranks that hold a copy of the weights (ZeRO stage 1, as

@@ -19,8 +19,8 @@ static const char* USAGE =
     "  --seq T                tokens per sequence (128)\n"
     "  --lr X                 peak learning rate (3e-4); linear warmup, the peak, cosine decay to --min-lr-ratio\n"
     "  --warmup N             warmup steps (steps/10)\n"
-    "  --decay-steps N        decay over the last N steps only, the peak held before them (warmup-stable-decay)\n"
-    "                         (default: every step after warmup)\n"
+    "  --decay-steps N        decay over the last N steps only, the peak held before them (warmup-stable-decay;\n"
+    "                         0: no decay) (default: every step after warmup)\n"
     "  --min-lr-ratio X       the learning rate at the last step over the peak (0.1)\n"
     "  --weight-decay X       AdamW weight decay on matrices and embeddings (0.1)\n"
     "  --grad-clip X          global gradient-norm clip, 0 for none (1.0)\n"
@@ -149,6 +149,9 @@ TrainArgs parse_train_args(int argc, char** argv, const char* program) {
         else bad(program, std::string("unknown flag ") + flag);
     }
     if (a.warmup < 0) a.warmup = a.steps / 10;
+    if (a.decay_steps == 1)
+        bad(program, "--decay-steps 1 lowers nothing (the first decay step is at the peak): give 2 or more, or 0 "
+                     "for none");
     if (a.decay_steps > std::max(0, a.steps - a.warmup))
         bad(program, "--decay-steps " + std::to_string(a.decay_steps) + " exceeds the " +
                          std::to_string(std::max(0, a.steps - a.warmup)) + " steps after warmup");

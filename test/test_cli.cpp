@@ -57,6 +57,7 @@ TEST_CASE("cli: nonsense flags and values are one-line errors") {
     expect_clean_failure("./train_cpu --resume" + DATA, "--checkpoint-dir");
     expect_clean_failure("./train_cpu --steps 100 --warmup 10 --decay-steps 91" + DATA,
                          "--decay-steps 91 exceeds the 90 steps after warmup");
+    expect_clean_failure("./train_cpu --decay-steps 1" + DATA, "--decay-steps 1 lowers nothing");
     expect_clean_failure("./train_cpu --min-lr-ratio 1.5" + DATA, "--min-lr-ratio");
 }
 

@@ -251,6 +251,9 @@ TEST_CASE("ep: bad layouts and launches are one error from rank 0 and a non-zero
         run_logged("env SLURM_PROCID=0 SLURM_STEP_NUM_TASKS=2 " + TRAIN + " --steps 2 --batch 1", "ep_lone.txt", 60);
     CHECK(lone.status == 2);
     CHECK(count(lone.out, "srun started 2 tasks, but MPI sees each of them alone: start them with srun --mpi=pmix") == 1);
+    // the same variables around mpirun's one rank (MPI daemons that srun started): a launch that works
+    Job under_mpirun = mpirun(1, "env SLURM_PROCID=0 SLURM_STEP_NUM_TASKS=2 " + TRAIN + " --steps 1 --batch 1");
+    CHECK(under_mpirun.status == 0);
     // ranks that do not see one checkpoint directory, as on nodes without a shared file system (here: two
     // directories): found before training
     const std::string dirs = test_path("ep_unshared");

@@ -291,7 +291,8 @@ static void setup_run(Run& r, MakeBackend make_backend) {
     const std::string run = "lr=" + std::to_string(args.lr) + " warmup=" + std::to_string(args.warmup) +
                             " steps=" + std::to_string(args.steps) +
                             (args.decay_steps >= 0 ? " decay_steps=" + std::to_string(args.decay_steps) : "") +
-                            " min_lr_ratio=" + std::to_string(args.min_lr_ratio) + " seq=" + std::to_string(T) +
+                            (args.min_lr_ratio != 0.1f ? " min_lr_ratio=" + std::to_string(args.min_lr_ratio) : "") +
+                            " seq=" + std::to_string(T) +
                             " global_batch=" + std::to_string((int64_t)B * comm.world * args.grad_accum) +
                             " weight_decay=" + std::to_string(args.weight_decay) +
                             " grad_clip=" + std::to_string(args.grad_clip);
