@@ -76,21 +76,23 @@ struct FileLayout {
 static FileLayout file_layout(const ParamTable& table, int ep_size) {
     FileLayout f;
     const size_t n = table.tensors.size();
-    f.params.resize(n);
-    f.m.resize(n);
-    f.v.resize(n);
-    auto add = [&](const std::string& name, const ParamTensor& t) {
-        f.views.push_back({name, DType::F32, whole_shape(t, ep_size), nullptr});
-        const uint64_t begin = f.bytes;
-        f.bytes += tensor_bytes(f.views.back());
-        return begin;
-    };
-    for (size_t i = 0; i < n; i++) f.params[i] = add(table.tensors[i].name, table.tensors[i]);
+    std::vector<size_t> m_view(n, 0);  // where a trainable tensor's m is among the views (its v follows)
+    for (const ParamTensor& t : table.tensors)
+        f.views.push_back({t.name, DType::F32, whole_shape(t, ep_size), nullptr});
     for (size_t i = 0; i < n; i++) {
-        if (!table.tensors[i].trainable) continue;
-        f.m[i] = add("optimizer.m." + table.tensors[i].name, table.tensors[i]);
-        f.v[i] = add("optimizer.v." + table.tensors[i].name, table.tensors[i]);
+        const ParamTensor& t = table.tensors[i];
+        if (!t.trainable) continue;
+        m_view[i] = f.views.size();
+        f.views.push_back({"optimizer.m." + t.name, DType::F32, whole_shape(t, ep_size), nullptr});
+        f.views.push_back({"optimizer.v." + t.name, DType::F32, whole_shape(t, ep_size), nullptr});
     }
+    const std::vector<uint64_t> offsets = safetensors_offsets(f.views);
+    f.params.assign(offsets.begin(), offsets.begin() + n);
+    f.m.assign(n, 0);
+    f.v.assign(n, 0);
+    for (size_t i = 0; i < n; i++)
+        if (table.tensors[i].trainable) f.m[i] = offsets[m_view[i]], f.v[i] = offsets[m_view[i] + 1];
+    f.bytes = offsets.back();
     return f;
 }
 

@@ -47,14 +47,15 @@ static double recomputed_flops_per_token(const Config& c, int T) {
 void print_plan(const Config& c, const PlanInputs& p) {
     const double GiB = 1024.0 * 1024 * 1024;
     ParamTable table = build_param_table(c, 1);
-    double expert_params = 0, replicated_params = 0;
-    for (const ParamTensor& t : table.tensors) (t.expert_shard ? expert_params : replicated_params) += t.numel;
+    double expert_params = 0, replicated_params = 0, frozen_params = 0;  // frozen: the router biases, without moments
+    for (const ParamTensor& t : table.tensors) {
+        (t.expert_shard ? expert_params : replicated_params) += t.numel;
+        if (!t.trainable) frozen_params += t.numel;
+    }
     const int dp = p.gpus / p.ep;
     const double held = replicated_params + expert_params / p.ep;
     const double weight_bytes = held * (4 + 4 + 2);  // master, gradient, BF16 copy
     const double optimizer_bytes = 8 * (replicated_params / p.gpus + expert_params / p.ep / dp);  // AdamW m and v
-    double frozen_params = 0;  // the router biases: in a checkpoint without moments
-    for (const ParamTensor& t : table.tensors) frozen_params += t.trainable ? 0 : t.numel;
     const double checkpoint_bytes = 12 * (replicated_params + expert_params) - 8 * frozen_params;
     const double d = c.hidden_size, H = c.num_attention_heads, T = p.seq;
     const double dqk = c.qk_head_dim(), dv = c.v_head_dim, I = c.moe_intermediate_size, k = c.num_experts_per_tok;

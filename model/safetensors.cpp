@@ -45,22 +45,27 @@ static std::string shape_string(const std::vector<int64_t>& shape) {
     return s + "]";
 }
 
-uint64_t tensor_bytes(const TensorView& t) {
+static uint64_t tensor_bytes(const TensorView& t) {
     uint64_t bytes = dtype_size(t.dtype);
     for (int64_t s : t.shape) bytes *= (uint64_t)s;
     return bytes;
+}
+
+std::vector<uint64_t> safetensors_offsets(const std::vector<TensorView>& tensors) {
+    std::vector<uint64_t> offsets(1, 0);
+    for (const TensorView& t : tensors) offsets.push_back(offsets.back() + tensor_bytes(t));
+    return offsets;
 }
 
 std::string safetensors_header(const std::vector<TensorView>& tensors,
                                const std::map<std::string, std::string>& metadata) {
     json header = json::object();
     if (!metadata.empty()) header["__metadata__"] = metadata;
-    uint64_t offset = 0;
-    for (const TensorView& t : tensors) {
-        const uint64_t bytes = tensor_bytes(t);
-        header[t.name] = {{"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
-        offset += bytes;
-    }
+    const std::vector<uint64_t> offsets = safetensors_offsets(tensors);
+    for (size_t i = 0; i < tensors.size(); i++)
+        header[tensors[i].name] = {{"dtype", dtype_name(tensors[i].dtype)},
+                                   {"shape", tensors[i].shape},
+                                   {"data_offsets", {offsets[i], offsets[i + 1]}}};
     std::string text = header.dump();
     text.append((8 - text.size() % 8) % 8, ' ');  // the data section starts 8-byte aligned
     const uint64_t len = text.size();
@@ -183,9 +188,7 @@ const TensorInfo& SafetensorsReader::info(const std::string& name) const {
 
 void SafetensorsReader::read(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
                              void* out) const {
-    int64_t numel = 1;
-    for (int64_t s : shape) numel *= s;
-    read_range(name, dtype, shape, 0, numel, out);
+    read_range(name, dtype, shape, 0, info(name).numel(), out);  // a shape other than the file's is refused there
 }
 
 void SafetensorsReader::read_range(const std::string& name, DType dtype, const std::vector<int64_t>& full_shape,

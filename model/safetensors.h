@@ -46,10 +46,11 @@ struct TensorInfo {  // a tensor found in a file
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);  // as in the header: "F32", "BF16", ...
 
-// The bytes a tensor takes in the file.
-uint64_t tensor_bytes(const TensorView& t);
-// The file's first bytes: the 8-byte length and the JSON header of `tensors` laid out back to back in their order
-// (the first at the start of the data section), padded to a multiple of 8 bytes. Their data is not read.
+// Where each of `tensors` starts in the data section when they are laid out back to back in their order (the first
+// at 0), then where the last ends: tensors.size() + 1 byte offsets.
+std::vector<uint64_t> safetensors_offsets(const std::vector<TensorView>& tensors);
+// The file's first bytes: the 8-byte length and the JSON header of `tensors` at safetensors_offsets, padded to a
+// multiple of 8 bytes. Their data is not read.
 std::string safetensors_header(const std::vector<TensorView>& tensors,
                                const std::map<std::string, std::string>& metadata);
 // Throws std::runtime_error on any I/O failure; the previous file at path survives until the rename. F32 data
