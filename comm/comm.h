@@ -22,6 +22,13 @@ public:
     int rank = 0, world = 1, local_rank = 0;
     int ep_size = 1, ep_rank = 0, dp_size = 1, dp_rank = 0;
 
+    // The EP x DP layout above, for `ep` dividing the world.
+    void set_layout(int ep) {
+        ep_size = ep;
+        ep_rank = rank % ep;
+        dp_size = world / ep;
+        dp_rank = rank / ep;
+    }
     virtual ~Comm() = default;
     virtual void all_reduce_sum(float* data, int64_t n, Group g) = 0;
     virtual void all_reduce_sum(double* data, int64_t n, Group g) = 0;

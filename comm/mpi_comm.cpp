@@ -47,10 +47,7 @@ public:
             MPI_Finalize();
             exit(2);
         }
-        ep_size = ep;
-        ep_rank = rank % ep;
-        dp_size = world / ep;
-        dp_rank = rank / ep;
+        set_layout(ep);
         check_mpi(MPI_Comm_split(MPI_COMM_WORLD, dp_rank, ep_rank, &ep_comm_), "split EP");
         check_mpi(MPI_Comm_split(MPI_COMM_WORLD, ep_rank, dp_rank, &dp_comm_), "split DP");
     }

@@ -71,10 +71,7 @@ public:
             error = "--ep " + std::to_string(ep) + " does not divide the " + std::to_string(world) +
                     " ranks (world = EP x DP)";
         agree_on_setup(error);
-        ep_size = ep;
-        ep_rank = rank % ep;
-        dp_size = world / ep;
-        dp_rank = rank / ep;
+        set_layout(ep);
         check_cuda(cudaSetDevice(device), "cudaSetDevice");
         cudaFuncAttributes probe;
         if (const cudaError_t rc = cudaFuncGetAttributes(&probe, build_probe_kernel); rc != cudaSuccess) {

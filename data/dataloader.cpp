@@ -64,7 +64,11 @@ void DataLoader::next_batch(int32_t* inputs, int32_t* targets) {
         targets[i] = (int32_t)window[i + 1];
     }
     position_ += global_tokens_;
-    if (position_ + global_tokens_ + 1 > shard_sizes_[shard_]) {  // the next shard is read by the next call
+    next_shard_if_full();  // the next shard is read by the next call
+}
+
+void DataLoader::next_shard_if_full() {
+    if (position_ + global_tokens_ + 1 > shard_sizes_[shard_]) {
         shard_ = (shard_ + 1) % (int64_t)files_.size();
         position_ = 0;
     }
@@ -104,10 +108,7 @@ void DataLoader::restore(const DataLoaderState& s) {
                                  files_[s.shard] + " (" + std::to_string(shard_sizes_[s.shard]) + " tokens)");
     shard_ = s.shard;
     position_ = s.position;
-    if (position_ + global_tokens_ + 1 > shard_sizes_[shard_]) {  // no room for this layout's batch: next_batch's rule
-        shard_ = (shard_ + 1) % n;
-        position_ = 0;
-    }
+    next_shard_if_full();  // no room for this layout's batch
     load_shard(shard_);
 }
 

@@ -3,9 +3,9 @@
 // p + r*B*T (inputs = the first B*T, targets = the same window shifted by one), then p += B*T*world; when
 // the next step would run past the shard (p + B*T*world + 1 > its tokens), move to the next shard (wrapping
 // to the first) at p = 0. So N ranks with batch B/N see exactly the rows of 1 rank with batch B.
-// Construction reads only the shards' 1 KiB headers (checking each file's size against its header); the
-// loader holds one shard in memory, read when it becomes current, and checks its tokens against the
-// vocabulary then. The state (shard, position, and the shard's file name and size to detect changed data)
+// Construction reads every shard's 1 KiB header (checking each file's size against it) and loads the first
+// shard; the loader holds one shard in memory, read when it becomes current, and checks its tokens against
+// the vocabulary then. The state (shard, position, and the shard's file name and size to detect changed data)
 // is saved in checkpoints and restored to resume the same token stream.
 #pragma once
 #include <cstdint>
@@ -39,6 +39,7 @@ public:
 
 private:
     void load_shard(int64_t shard);
+    void next_shard_if_full();  // no room for another step of every rank here: the next shard (wrapping), at 0
     std::vector<std::string> files_;
     std::vector<int64_t> shard_sizes_;  // from the headers
     int64_t batch_tokens_;   // B*T, one rank's step

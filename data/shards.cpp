@@ -61,10 +61,7 @@ static ShardHeader read_header(std::ifstream& in, const std::string& path) {
     if (file_bytes > expected)
         throw std::runtime_error(path + ": " + std::to_string(file_bytes - expected) + " extra bytes after the " +
                                  std::to_string(ntokens) + " tokens");
-    ShardHeader h;
-    h.version = version;
-    h.tokens = ntokens;
-    return h;
+    return {version, ntokens};
 }
 
 ShardHeader read_shard_header(const std::string& path) {
@@ -85,8 +82,7 @@ std::vector<uint32_t> read_shard(const std::string& path) {
     if (h.version == 1) {
         // back to front: token i's 4 bytes only cover the 2-byte slots of tokens >= i, already widened
         for (int64_t i = h.tokens - 1; i >= 0; i--) {
-            uint32_t t = (uint32_t)raw[2 * i] | ((uint32_t)raw[2 * i + 1] << 8);
-            tokens[(size_t)i] = t;
+            tokens[(size_t)i] = (uint32_t)raw[2 * i] | ((uint32_t)raw[2 * i + 1] << 8);
         }
     } else {
         for (size_t i = 0; i < tokens.size(); i++) tokens[i] = load_le32((const char*)raw + 4 * i);

@@ -58,6 +58,11 @@ static void merge_pair(std::vector<uint32_t>& ids, uint32_t left, uint32_t right
     ids.resize(out);
 }
 
+// The longest token a merge may make, and the most bytes all tokens of a loaded file may take: far beyond real
+// vocabularies (GPT-2's longest token has 128 bytes), they bound what a corrupt file can make load() allocate (a
+// token merged with itself doubles, 40 such merges would ask for a terabyte). train() makes no longer token.
+constexpr size_t MAX_TOKEN_BYTES = 1 << 16, MAX_TOKENIZER_BYTES = 1 << 28;
+
 Tokenizer::Tokenizer() {
     for (int b = 0; b < 256; b++) token_bytes_.push_back(std::string(1, (char)b));
 }
@@ -115,6 +120,10 @@ Tokenizer Tokenizer::train(const std::string& text, int vocab_size) {
         if (heap.empty() || heap.top().first < 2) break;
         uint64_t best_key = heap.top().second;
         uint32_t left = (uint32_t)(best_key >> 32), right = (uint32_t)best_key;
+        if (tok.token_bytes_[left].size() + tok.token_bytes_[right].size() > MAX_TOKEN_BYTES) {
+            pair_counts.erase(best_key);  // never merged
+            continue;
+        }
         uint32_t merged = tok.add_merge(left, right);
         std::vector<int32_t> where = std::move(pair_chunks[best_key]);
         pair_chunks.erase(best_key);
@@ -205,7 +214,7 @@ void Tokenizer::save(const std::string& path) const {
 }
 
 Tokenizer Tokenizer::load(const std::string& path) {
-    std::string bytes = read_file(path);
+    std::string bytes = read_file(path, 12 + 8 * (size_t)(1 << 24));  // vocab_size's bound (model/config.cpp)
     if (bytes.size() < 12 || load_le32(&bytes[0]) != TOKENIZER_MAGIC)
         throw std::runtime_error(path + ": not a tokenizer file (bad magic)");
     uint32_t version = load_le32(&bytes[4]), vocab = load_le32(&bytes[8]);
@@ -215,10 +224,16 @@ Tokenizer Tokenizer::load(const std::string& path) {
         throw std::runtime_error(path + ": truncated or corrupt (vocab " + std::to_string(vocab) + " does not match " +
                                  std::to_string(bytes.size()) + " bytes)");
     Tokenizer tok;
+    size_t total_bytes = 256;
     for (uint32_t i = 0; i < vocab - 256; i++) {
         uint32_t left = load_le32(&bytes[12 + 8 * i]), right = load_le32(&bytes[16 + 8 * i]);
         if (left >= 256 + i || right >= 256 + i)
             throw std::runtime_error(path + ": merge " + std::to_string(i) + " refers to a later token");
+        const size_t token_bytes = tok.token_bytes_[left].size() + tok.token_bytes_[right].size();
+        total_bytes += token_bytes;
+        if (token_bytes > MAX_TOKEN_BYTES || total_bytes > MAX_TOKENIZER_BYTES)
+            throw std::runtime_error(path + ": corrupt (merge " + std::to_string(i) + " makes a token of " +
+                                     std::to_string(token_bytes) + " bytes)");
         tok.add_merge(left, right);
     }
     return tok;

@@ -271,9 +271,10 @@ struct Scratch {
     __nv_bfloat16* d_o16;                                         // (N, H*dv): d_o for the tensor-core attention
     float *dc_kv_normed, *dc_kv, *dq_a_normed, *dq_a, *attn_d;
     float *ffn_da, *ffn_dg, *ffn_du;                              // (N, max width)
-    float *drows_back, *drows_sent, *dgate, *drouter;             // (N*k, d) x2, (N, k), (N, E): also the router's
-    int* seq_counts;                                              // (B, E)                        forward scratch
-    double *token_totals, *seq_balance;                           // (N), (B)
+    float *drows_back, *drows_sent, *dgate, *drouter;             // (N*k, d) x2, (N, k), (N, E) (drouter: also
+                                                                  // router_forward's scratch)
+    int* seq_counts;                                              // (B, E) \ the balance loss's, forward and
+    double *token_totals, *seq_balance;                           // (N), (B) / backward
     float* rms;                                                   // RMSNorm dw partial sums
 };
 
@@ -393,27 +394,25 @@ int64_t bytes_of(const std::function<void(ByteArena&)>& carve) {
 void ensure_expert_rows(GpuModel& m, GpuBlockActs& a, int64_t R) {
     const Config& c = m.config;
     const int ep = m.comm->ep_size;
+    // frees buf (once the stream is done with it) and allocates it anew for R rows; never left dangling
+    auto regrow = [&](void*& buf, int64_t& rows, int64_t bytes, const char* what) {
+        sync(m);
+        CUDA_CHECK(cudaFree(buf));
+        buf = nullptr;
+        rows = 0;
+        buf = device_alloc(bytes, what);
+        rows = R;
+    };
     if (R > a.expert_rows) {
-        CUDA_CHECK(cudaStreamSynchronize(m.stream));
-        CUDA_CHECK(cudaFree(a.expert_alloc));
-        a.expert_alloc = nullptr;
-        a.expert_rows = 0;
         const bool bf16 = m.precision != gpu::Precision::FP32;
-        a.expert_alloc = device_alloc(bytes_of([&](ByteArena& ar) { carve_expert_rows(ar, c, bf16, ep, R, a); }),
-                                      "the routed experts' rows");
+        regrow(a.expert_alloc, a.expert_rows,
+               bytes_of([&](ByteArena& ar) { carve_expert_rows(ar, c, bf16, ep, R, a); }), "the routed experts' rows");
         ByteArena ar{static_cast<char*>(a.expert_alloc), 0};
         carve_expert_rows(ar, c, bf16, ep, R, a);
-        a.expert_rows = R;
     }
-    if (R > m.expert_scratch_rows) {
-        CUDA_CHECK(cudaStreamSynchronize(m.stream));
-        CUDA_CHECK(cudaFree(m.expert_scratch));
-        m.expert_scratch = nullptr;
-        m.expert_scratch_rows = 0;
-        m.expert_scratch = device_alloc(
-            bytes_of([&](ByteArena& ar) { carve_expert_scratch(ar, c, ep, R); }), "the routed experts' gradients");
-        m.expert_scratch_rows = R;
-    }
+    if (R > m.expert_scratch_rows)
+        regrow(m.expert_scratch, m.expert_scratch_rows,
+               bytes_of([&](ByteArena& ar) { carve_expert_scratch(ar, c, ep, R); }), "the routed experts' gradients");
     gpu::matmul_reserve(m.matmul, cast_elements(c, (int64_t)m.max_B * m.T, R));
 }
 
@@ -820,6 +819,29 @@ void head_forward(GpuModel& m, const Head& h) {
     }
 }
 
+// One output head's backward, chunk by chunk (head_rows): dlogits = scale (softmax(logits) - onehot(targets)), then
+// dnormed = dlogits W_head and dW_head += dlogits^T normed. In BF16 mode the cross-entropy writes dlogits in BF16
+// only: the head's two GEMMs are its only readers.
+void head_backward(GpuModel& m, const Scratch& s, float* dnormed, const Head& h, float scale) {
+    const int64_t N = tokens(m), d = m.config.hidden_size, V = m.config.vocab_size;
+    for (int64_t r0 = 0; r0 < N; r0 += m.head_rows) {
+        const int64_t rows = std::min(m.head_rows, N - r0);
+        if (!keeps_logits(m)) m.timer.label = "recompute";
+        const float* logits = head_logits(m, h, r0, rows, /*compute*/ !keeps_logits(m));
+        m.timer.label = nullptr;
+        m.timer.mark("cross-entropy");
+        if (s.dlogits16)
+            gpu::cross_entropy_forward_backward_bf16(m.losses + r0, s.dlogits16, logits, h.targets + r0, rows, V,
+                                                     scale, m.stream);
+        else
+            gpu::cross_entropy_forward_backward(m.losses + r0, s.dlogits, logits, h.targets + r0, rows, V, scale,
+                                                m.stream);
+        m.timer.mark("head");
+        gpu::matmul_backward(m.matmul, dnormed + r0 * d, m.g.head, {s.dlogits, s.dlogits16}, rows_from(h.normed, r0, d),
+                             weight_of(m, m.w.head), rows, d, V, false);
+    }
+}
+
 // Sum of the first n per-row losses, in double, in row order (the CPU's order).
 double sum_losses(GpuModel& m, int64_t n) {
     std::vector<float> losses(n);
@@ -889,13 +911,13 @@ void allocate(GpuModel& m, const Config& c, Comm& comm, gpu::Precision p, int B,
         bytes_of([&](ByteArena& counting) { carve_scratch(counting, c, bf16, B, T, m.head_rows); }),
         "the backward's buffers");
     const std::vector<int64_t> packed_ranges = gpu::shard_ranges_pack(m.shard);
-    m.optimizer_tables = device_alloc(optimizer_table_bytes(m.table), "the optimizer's tables");
+    const int64_t table_bytes = optimizer_table_bytes(m.table);
+    m.optimizer_tables = device_alloc(table_bytes, "the optimizer's tables");
     int64_t* ranges = static_cast<int64_t*>(m.optimizer_tables);
-    CUDA_CHECK(cudaMemcpy(ranges, packed_ranges.data(), packed_ranges.size() * 8, cudaMemcpyHostToDevice));
     m.shard_ranges = gpu::shard_ranges_of(packed_ranges, ranges);
-    if ((int64_t)packed_ranges.size() * 8 + (m.shard_ranges.ranges + m.shard_ranges.chunks) * 8 >
-        optimizer_table_bytes(m.table))
+    if ((int64_t)packed_ranges.size() * 8 + (m.shard_ranges.ranges + m.shard_ranges.chunks) * 8 > table_bytes)
         throw std::runtime_error("internal error: the optimizer shard's ranges exceed their bound");
+    CUDA_CHECK(cudaMemcpy(ranges, packed_ranges.data(), packed_ranges.size() * 8, cudaMemcpyHostToDevice));
     m.norm_slots = reinterpret_cast<double*>(ranges + packed_ranges.size());
     m.norm_partials = m.norm_slots + m.shard_ranges.ranges;
     gpu::matmul_create(m.matmul, m.stream, bf16 ? cast_elements(c, N, 0) : gpu::MatmulCasts{},
@@ -954,7 +976,8 @@ void RegionTimer::release() {
 
 GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, int world, gpu::Precision p, int B, int T,
                               const ActivationLayout& layout) {
-    const int64_t total = build_param_table(c, ep_size).total, N = (int64_t)B * T;
+    const ParamTable table = build_param_table(c, ep_size);
+    const int64_t total = table.total, N = (int64_t)B * T;
     const int64_t R = N * c.num_experts_per_tok;  // the expected rows per rank: the buffers grow beyond it
     const std::vector<int> slot = block_slots(c, layout.recompute);
     std::set<int> moe_slots;  // the activation sets of MoE blocks, each with its expert rows
@@ -962,17 +985,15 @@ GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, int world, gpu::Prec
         if (c.is_moe_layer(l)) moe_slots.insert(slot[l]);
     const int64_t moe_sets = (int64_t)moe_slots.size();
     GpuMemoryPlan plan;
-    const ParamTable table = build_param_table(c, ep_size);
-    plan.params = total * 4 + (p != gpu::Precision::FP32 ? total * 2 : 0);
+    const bool bf16 = p != gpu::Precision::FP32;
     std::map<int64_t, Fp8Tensor> counted;
     if (p == gpu::Precision::FP8)
         plan.fp8_weights = bytes_of([&](ByteArena& ar) { carve_fp8_weights(ar, table, nullptr, counted); });
-    plan.params += plan.fp8_weights;
+    plan.params = total * 4 + (bf16 ? total * 2 : 0) + plan.fp8_weights;
     plan.grads = total * 4;
     const OptimizerShard shard = optimizer_shard(table, world, 0, world / ep_size, 0);
     plan.optimizer = shard.moments * 8;
     GpuModel counting;
-    const bool bf16 = p != gpu::Precision::FP32;
     plan.activations = bytes_of([&](ByteArena& ar) { carve_activations(ar, counting, c, bf16, B, T, layout); });
     GpuBlockActs layer;
     plan.expert_rows = moe_sets > 0 ? moe_sets * bytes_of([&](ByteArena& ar) {
@@ -1106,29 +1127,6 @@ LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* t
     return loss;
 }
 
-// One output head's backward, chunk by chunk (head_rows): dlogits = scale (softmax(logits) - onehot(targets)), then
-// dnormed = dlogits W_head and dW_head += dlogits^T normed. In BF16 mode the cross-entropy writes dlogits in BF16
-// only: the head's two GEMMs are its only readers.
-void head_backward(GpuModel& m, const Scratch& s, float* dnormed, const Head& h, float scale) {
-    const int64_t N = tokens(m), d = m.config.hidden_size, V = m.config.vocab_size;
-    for (int64_t r0 = 0; r0 < N; r0 += m.head_rows) {
-        const int64_t rows = std::min(m.head_rows, N - r0);
-        if (!keeps_logits(m)) m.timer.label = "recompute";
-        const float* logits = head_logits(m, h, r0, rows, /*compute*/ !keeps_logits(m));
-        m.timer.label = nullptr;
-        m.timer.mark("cross-entropy");
-        if (s.dlogits16)
-            gpu::cross_entropy_forward_backward_bf16(m.losses + r0, s.dlogits16, logits, h.targets + r0, rows, V,
-                                                     scale, m.stream);
-        else
-            gpu::cross_entropy_forward_backward(m.losses + r0, s.dlogits, logits, h.targets + r0, rows, V, scale,
-                                                m.stream);
-        m.timer.mark("head");
-        gpu::matmul_backward(m.matmul, dnormed + r0 * d, m.g.head, {s.dlogits, s.dlogits16}, rows_from(h.normed, r0, d),
-                             weight_of(m, m.w.head), rows, d, V, false);
-    }
-}
-
 void gpu_model_backward(GpuModel& m, float loss_scale) {
     const Config& c = m.config;
     const int B = m.B, T = m.T;
@@ -1216,12 +1214,7 @@ void gpu_model_update_router_bias(GpuModel& m, const std::vector<std::vector<int
         CUDA_CHECK(cudaMemcpyAsync(bias.data(), device_bias, bias.size() * sizeof(float), cudaMemcpyDeviceToHost,
                                    m.stream));
         sync(m);
-        int64_t total = 0;  // the rule of model_update_router_bias, on the same floats
-        for (int64_t n : counts[l]) total += n;
-        for (int e = 0; e < c.n_routed_experts; e++) {
-            const int64_t gap = total - (int64_t)c.n_routed_experts * counts[l][e];
-            bias[e] += c.bias_update_speed * (float)((gap > 0) - (gap < 0));
-        }
+        router_bias_step(c, counts[l], bias.data());
         CUDA_CHECK(cudaMemcpyAsync(device_bias, bias.data(), bias.size() * sizeof(float), cudaMemcpyHostToDevice,
                                    m.stream));
         sync(m);

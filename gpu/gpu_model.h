@@ -56,7 +56,7 @@ struct GpuBlockActs {
     float *q_a, *q_a_rstd, *q_a_normed, *q;                // (N, q_lora), (N), (N, q_lora), (N, H*dqk)
     float *kv_a, *c_kv, *c_kv_rstd, *c_kv_normed, *kv;     // (N, kv_lora+dr), (N, kv_lora), (N), .., (N, H*(dn+dv))
     float *q_heads, *k_heads, *o, *lse;                    // (N, H, dqk) x2 (FP32 attention), (N, H*dv), (B, H, T)
-    __nv_bfloat16 *q_heads16, *k_heads16, *v_heads16;      // (N, H, dqk) x2, (N, H, dv): the tensor-core attention's
+    __nv_bfloat16 *q_heads16, *k_heads16, *v_heads16;      // (N, H, dqk) x2, (N, H, dv): BF16 attention's q, k, v
     float *attn_out, *h_mid, *ffn_normed, *ffn_rstd;       // (N, d) x3, (N)
     float *ffn_g, *ffn_u, *ffn_a;                          // (N, width): the dense FFN or the shared experts (ffn_a:
                                                            // FP32 mode; BF16 writes only ffn_a16)
@@ -69,7 +69,8 @@ struct GpuBlockActs {
     int64_t *counts, *offsets, *row_of_slot, *slot_of_row; // (E), (E+1), (N*k), (N*k)
     float *rows_sent, *rows_back;                          // (N*k, d) in plan order (rows_sent: FP32 mode)
     __nv_bfloat16* rows_sent16;                            // (N*k, d) BF16 mode: the experts' input rows
-    // routed-expert rows in expert-contiguous order, R = dispatch.received() of them (capacity expert_rows)
+    // routed-expert rows in expert-contiguous order, R = dispatch.received() of them (capacity expert_rows); with EP 1
+    // the GEMMs read rows_sent and write rows_back in place of expert_in, expert_out and the permutations
     float *expert_in = nullptr, *expert_out = nullptr;     // (R, d) (expert_in: FP32 mode)
     float *expert_g = nullptr, *expert_u = nullptr, *expert_a = nullptr;  // (R, I) (expert_a: FP32 mode only)
     int64_t *recv_to_expert = nullptr, *expert_to_recv = nullptr;          // (R) the EP permutation and its inverse
@@ -156,7 +157,8 @@ void gpu_model_upload(GpuModel& m, const Model& host, const AdamWState& opt);
 // Device weights and this rank's moments -> host.
 void gpu_model_download(const GpuModel& m, Model& host, AdamWState& opt);
 // As model_forward: inputs, targets host arrays of B*T tokens (B <= the allocated B, T the allocated T). Without
-// targets only the logits are computed (no losses: the balance loss too stays 0).
+// targets only the logits are computed (no losses: the balance loss too stays 0), and under --recompute with a
+// chunked head not even those: gpu_model_logits_row computes a row's chunk when asked.
 LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* targets, int B, bool training);
 void gpu_model_backward(GpuModel& m, float loss_scale);
 void gpu_model_zero_grads(GpuModel& m);

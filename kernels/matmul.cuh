@@ -129,6 +129,13 @@ struct Fp8Scales {
     bool a_blocks = false, b_blocks = false;
 };
 
+inline void set_scale_pointers(cublasLtMatmulDesc_t desc, const Fp8Scales& scales) {
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &scales.a,
+                                                sizeof(scales.a)));
+    CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &scales.b,
+                                                sizeof(scales.b)));
+}
+
 // E4M3 values and their scales: one of a Matmul's three FP8 scratch buffers, grown on demand
 struct Fp8Buffer {
     __nv_fp8_storage_t* values = nullptr;
@@ -345,10 +352,7 @@ inline const MatmulPlan& matmul_plan(Matmul& mm, const MatmulSite& site, const M
         CUBLAS_CHECK(
             cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_b, sizeof(mode_b)));
         // the heuristic sees this problem's scales (null would mean "no scaling"); each call sets its own again
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &q.scales.a,
-                                                    sizeof(q.scales.a)));
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &q.scales.b,
-                                                    sizeof(q.scales.b)));
+        set_scale_pointers(p.desc, q.scales);
     }
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, in_type, q.ta ? q.k : q.m, q.ta ? q.m : q.k, q.lda));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, in_type, q.tb ? q.n : q.k, q.tb ? q.k : q.n, q.ldb));
@@ -404,12 +408,7 @@ inline void matmul_lt(Matmul& mm, int lane, const MatmulSite& site, const Matmul
         return;
     }
     const MatmulPlan& p = matmul_plan(mm, site, q);
-    if (q.type == GemmType::FP8) {  // the only per-call attributes
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &q.scales.a,
-                                                    sizeof(q.scales.a)));
-        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &q.scales.b,
-                                                    sizeof(q.scales.b)));
-    }
+    if (q.type == GemmType::FP8) set_scale_pointers(p.desc, q.scales);  // the only per-call attributes
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     void* workspace = (char*)mm.workspace + (size_t)lane * mm.workspace_bytes;
     const cublasStatus_t status = cublasLtMatmul(mm.handle, p.desc, &alpha, q.A, p.a, q.B, p.b, &beta, q.D, p.d, q.D,

@@ -181,10 +181,10 @@ CheckpointWrite checkpoint_begin(const std::string& dir, const Model& m, const A
     auto add = [&](uint64_t begin, const ParamTensor& t, int64_t first, const float* values, int64_t count) {
         w.parts.push_back({data + begin + 4 * (uint64_t)(first_in_whole(t, comm) + first), values, count});
     };
-    // outside the optimizer: rank 0's replicated tensors, data-parallel replica 0's expert shards
+    // outside the optimizer (the router biases, replicated): rank 0's
     for (size_t i = 0; i < m.table.tensors.size(); i++) {
         const ParamTensor& t = m.table.tensors[i];
-        if (!t.trainable && (t.expert_shard ? comm.dp_rank == 0 : comm.rank == 0))
+        if (!t.trainable && comm.rank == 0)
             add(layout.params[i], t, 0, m.params.data() + t.offset, t.numel);
     }
     for (const OptimizerRange& r : m.shard.ranges) {
@@ -264,15 +264,16 @@ Config checkpoint_config(const std::string& path) {
     return parse_config_json(r.metadata_value("config"), path);
 }
 
-static uint64_t parse_integer(const SafetensorsReader& r, const std::string& key, const std::string& path) {
+// A metadata value of decimal digits only, at most max
+static uint64_t parse_integer(const SafetensorsReader& r, const std::string& key, const std::string& path,
+                              uint64_t max = (uint64_t)1 << 62) {
     const std::string s = r.metadata_value(key);
-    try {
-        size_t used = 0;
-        unsigned long long v = std::stoull(s, &used);
-        if (used == s.size() && s[0] != '-') return v;
-    } catch (const std::exception&) {
+    const bool digits = !s.empty() && s.size() <= 20 && s.find_first_not_of("0123456789") == std::string::npos;
+    if (digits && (s.size() < 20 || s <= "18446744073709551615")) {
+        const uint64_t v = std::stoull(s);
+        if (v <= max) return v;
     }
-    throw std::runtime_error(path + ": metadata '" + key + "' is not a non-negative integer");
+    throw std::runtime_error(path + ": metadata '" + key + "' is not an integer between 0 and " + std::to_string(max));
 }
 
 void checkpoint_load(const std::string& path, Model& m, AdamWState& opt, TrainState& st) {
@@ -295,7 +296,7 @@ void checkpoint_load(const std::string& path, Model& m, AdamWState& opt, TrainSt
     opt.step = parse_integer(r, "optimizer_step", path);
     st.data_shard = parse_integer(r, "data_shard", path);
     st.data_position = parse_integer(r, "data_position", path);
-    st.rng_state = parse_integer(r, "rng_state", path);
+    st.rng_state = parse_integer(r, "rng_state", path, UINT64_MAX);
     st.data_file = r.metadata_value("data_file");
     st.data_tokens = parse_integer(r, "data_tokens", path);
     auto run = r.metadata().find("run");

@@ -1,11 +1,13 @@
 // Config loading: presets, JSON with Hugging Face DeepseekV3Config key names, validation, parameter counts.
 #include "config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
+#include <unistd.h>
 
 #include "files.h"
 
@@ -53,9 +55,50 @@ static const char* preset_json(const std::string& name) {
     return nullptr;
 }
 
-// Keys of Hugging Face configs that carry no information this trainer needs (metadata, inference options).
-static bool is_ignored_hf_key(const std::string& k) {
-    static const char* keys[] = {"architectures", "auto_map", "model_type", "torch_dtype", "transformers_version",
+// The numeric keys a config file sets, in the order they are read and written; `shape` marks the architectural
+// ones, whose defaults here need not be Hugging Face's (a file that leaves one out gets a note). norm_topk_prob is
+// the one boolean, read on its own.
+struct ConfigKey {
+    const char* name;
+    int Config::*i;    // an integer key, or
+    float Config::*f;  // a float key
+    bool shape;
+};
+static const ConfigKey config_keys[] = {
+    {"vocab_size", &Config::vocab_size, nullptr, true},
+    {"hidden_size", &Config::hidden_size, nullptr, true},
+    {"intermediate_size", &Config::intermediate_size, nullptr, true},
+    {"moe_intermediate_size", &Config::moe_intermediate_size, nullptr, true},
+    {"num_hidden_layers", &Config::num_hidden_layers, nullptr, true},
+    {"num_attention_heads", &Config::num_attention_heads, nullptr, true},
+    {"max_position_embeddings", &Config::max_position_embeddings, nullptr, false},
+    {"q_lora_rank", &Config::q_lora_rank, nullptr, true},  // null (0) in configs without a low-rank query
+    {"kv_lora_rank", &Config::kv_lora_rank, nullptr, true},
+    {"qk_nope_head_dim", &Config::qk_nope_head_dim, nullptr, true},
+    {"qk_rope_head_dim", &Config::qk_rope_head_dim, nullptr, true},
+    {"v_head_dim", &Config::v_head_dim, nullptr, true},
+    {"n_routed_experts", &Config::n_routed_experts, nullptr, true},
+    {"n_shared_experts", &Config::n_shared_experts, nullptr, true},
+    {"num_experts_per_tok", &Config::num_experts_per_tok, nullptr, true},
+    {"n_group", &Config::n_group, nullptr, true},
+    {"topk_group", &Config::topk_group, nullptr, true},
+    {"routed_scaling_factor", nullptr, &Config::routed_scaling_factor, true},
+    {"norm_topk_prob", nullptr, nullptr, true},
+    {"first_k_dense_replace", &Config::first_k_dense_replace, nullptr, true},
+    {"num_nextn_predict_layers", &Config::num_nextn_predict_layers, nullptr, false},
+    {"mtp_loss_weight", nullptr, &Config::mtp_loss_weight, false},
+    {"rms_norm_eps", nullptr, &Config::rms_norm_eps, false},
+    {"rope_theta", nullptr, &Config::rope_theta, false},
+    {"initializer_range", nullptr, &Config::initializer_range, false},
+    {"aux_loss_alpha", nullptr, &Config::aux_loss_alpha, false},
+    {"bias_update_speed", nullptr, &Config::bias_update_speed, false}};
+
+// Keys read apart (a fixed value, or an object), and keys of Hugging Face configs that carry no information this
+// trainer needs (metadata, inference options).
+static bool is_other_known_key(const std::string& k) {
+    static const char* keys[] = {"rope_scaling", "hidden_act", "tie_word_embeddings", "moe_layer_freq",
+        "scoring_func", "topk_method",
+        "architectures", "auto_map", "model_type", "torch_dtype", "transformers_version",
         "bos_token_id", "eos_token_id", "pad_token_id", "use_cache", "attention_bias", "attention_dropout",
         "pretraining_tp", "ep_size", "num_key_value_heads", "seq_aux", "quantization_config", "_name_or_path",
         "head_dim", "rope_interleave", "initializer_factor", "output_router_logits", "router_aux_loss_coef"};
@@ -100,36 +143,14 @@ Config parse_config_json(const std::string& text, const std::string& source) {
     if (!j.is_object()) throw std::runtime_error(source + ": the config must be a JSON object");
     Config c;
     try {
-        c.vocab_size = get_int(j, "vocab_size", c.vocab_size);
-        c.hidden_size = get_int(j, "hidden_size", c.hidden_size);
-        c.intermediate_size = get_int(j, "intermediate_size", c.intermediate_size);
-        c.moe_intermediate_size = get_int(j, "moe_intermediate_size", c.moe_intermediate_size);
-        c.num_hidden_layers = get_int(j, "num_hidden_layers", c.num_hidden_layers);
-        c.num_attention_heads = get_int(j, "num_attention_heads", c.num_attention_heads);
-        c.max_position_embeddings = get_int(j, "max_position_embeddings", c.max_position_embeddings);
-        c.q_lora_rank = get_int(j, "q_lora_rank", 0);  // null in configs without a low-rank query
-        c.kv_lora_rank = get_int(j, "kv_lora_rank", c.kv_lora_rank);
-        c.qk_nope_head_dim = get_int(j, "qk_nope_head_dim", c.qk_nope_head_dim);
-        c.qk_rope_head_dim = get_int(j, "qk_rope_head_dim", c.qk_rope_head_dim);
-        c.v_head_dim = get_int(j, "v_head_dim", c.v_head_dim);
-        c.n_routed_experts = get_int(j, "n_routed_experts", c.n_routed_experts);
-        c.n_shared_experts = get_int(j, "n_shared_experts", c.n_shared_experts);
-        c.num_experts_per_tok = get_int(j, "num_experts_per_tok", c.num_experts_per_tok);
-        c.n_group = get_int(j, "n_group", c.n_group);
-        c.topk_group = get_int(j, "topk_group", c.topk_group);
-        c.routed_scaling_factor = get_float(j, "routed_scaling_factor", c.routed_scaling_factor);
+        for (const ConfigKey& k : config_keys) {
+            if (k.i) c.*k.i = get_int(j, k.name, c.*k.i);
+            if (k.f) c.*k.f = get_float(j, k.name, c.*k.f);
+        }
         if (j.contains("norm_topk_prob")) {
             if (!j["norm_topk_prob"].is_boolean()) throw std::runtime_error("'norm_topk_prob' must be true or false");
             c.norm_topk_prob = j["norm_topk_prob"].get<bool>();
         }
-        c.first_k_dense_replace = get_int(j, "first_k_dense_replace", c.first_k_dense_replace);
-        c.num_nextn_predict_layers = get_int(j, "num_nextn_predict_layers", c.num_nextn_predict_layers);
-        c.mtp_loss_weight = get_float(j, "mtp_loss_weight", c.mtp_loss_weight);
-        c.rms_norm_eps = get_float(j, "rms_norm_eps", c.rms_norm_eps);
-        c.rope_theta = get_float(j, "rope_theta", c.rope_theta);
-        c.initializer_range = get_float(j, "initializer_range", c.initializer_range);
-        c.aux_loss_alpha = get_float(j, "aux_loss_alpha", c.aux_loss_alpha);
-        c.bias_update_speed = get_float(j, "bias_update_speed", c.bias_update_speed);
         if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
             const json& rs = j["rope_scaling"];
             if (!rs.is_object()) throw std::runtime_error("'rope_scaling' must be an object or null");
@@ -145,7 +166,7 @@ Config parse_config_json(const std::string& text, const std::string& source) {
         // Keys that must have the one value this trainer implements.
         if (j.contains("hidden_act") && j["hidden_act"] != "silu")
             throw std::runtime_error("hidden_act must be \"silu\" (SwiGLU experts)");
-        if (j.contains("tie_word_embeddings") && j["tie_word_embeddings"] == true)
+        if (j.contains("tie_word_embeddings") && j["tie_word_embeddings"] != false)
             throw std::runtime_error("tie_word_embeddings must be false (DeepSeek's head is untied)");
         if (j.contains("moe_layer_freq") && j["moe_layer_freq"] != 1)
             throw std::runtime_error("moe_layer_freq must be 1 (every layer after first_k_dense_replace is MoE)");
@@ -155,21 +176,12 @@ Config parse_config_json(const std::string& text, const std::string& source) {
         if (j.contains("topk_method") && j["topk_method"] != "noaux_tc")
             note("%s: note: topk_method %s is replaced by DeepSeek-V3's group-limited top-k with bias\n",
                  source.c_str(), j["topk_method"].dump().c_str());
-    } catch (const json::exception& e) {
-        throw std::runtime_error(source + ": " + e.what());
-    } catch (const std::runtime_error& e) {
+    } catch (const std::exception& e) {  // json's and ours
         throw std::runtime_error(source + ": " + e.what());
     }
-    static const char* known[] = {"vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
-        "num_hidden_layers", "num_attention_heads", "max_position_embeddings", "q_lora_rank", "kv_lora_rank",
-        "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "n_routed_experts", "n_shared_experts",
-        "num_experts_per_tok", "n_group", "topk_group", "routed_scaling_factor", "norm_topk_prob",
-        "first_k_dense_replace", "num_nextn_predict_layers", "mtp_loss_weight", "rms_norm_eps", "rope_theta",
-        "initializer_range", "aux_loss_alpha", "bias_update_speed", "rope_scaling", "hidden_act",
-        "tie_word_embeddings", "moe_layer_freq", "scoring_func", "topk_method"};
     for (auto it = j.begin(); it != j.end(); ++it) {
-        bool found = is_ignored_hf_key(it.key());
-        for (const char* k : known) found = found || it.key() == k;
+        bool found = is_other_known_key(it.key());
+        for (const ConfigKey& k : config_keys) found = found || it.key() == k.name;
         if (!found) note("%s: note: unknown key '%s' is ignored\n", source.c_str(), it.key().c_str());
     }
     try {
@@ -178,23 +190,38 @@ Config parse_config_json(const std::string& text, const std::string& source) {
         throw std::runtime_error(source + ": " + e.what());
     }
     // A file that leaves out an architectural key gets moe.cu's default, which need not be Hugging Face's: say so.
-    static const char* architectural[] = {"vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
-        "num_hidden_layers", "num_attention_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
-        "qk_rope_head_dim", "v_head_dim", "n_routed_experts", "n_shared_experts", "num_experts_per_tok", "n_group",
-        "topk_group", "routed_scaling_factor", "norm_topk_prob", "first_k_dense_replace"};
     std::string defaulted;
-    for (const char* k : architectural)
-        if (!j.contains(k)) defaulted += (defaulted.empty() ? "" : ", ") + std::string(k);
+    for (const ConfigKey& k : config_keys)
+        if (k.shape && !j.contains(k.name)) defaulted += (defaulted.empty() ? "" : ", ") + std::string(k.name);
     if (!defaulted.empty())
         note("%s: note: not given, so moe.cu's defaults are used (see model/config.h): %s\n", source.c_str(),
              defaulted.c_str());
     return c;
 }
 
+static int64_t block_params(const Config& c, int layer, bool active_only);
+
 void validate_config(const Config& c) {
     auto require = [](bool ok, const std::string& msg) {
         if (!ok) throw std::runtime_error(msg);
     };
+    // Bounds far above any real model (DeepSeek-V3: a vocabulary of 129280, widths up to 18432, 128 heads of 192,
+    // 256 experts, 61 layers, 6.8e11 parameters), so that every size stays exact in the int and int64 arithmetic
+    // that computes it, and a corrupt file cannot ask for an absurd model.
+    auto at_most = [&](int64_t limit, std::initializer_list<std::pair<const char*, int>> keys) {
+        for (const auto& [name, value] : keys)
+            require(value <= limit, std::string(name) + " " + std::to_string(value) + " is above moe.cu's limit of " +
+                                        std::to_string(limit));
+    };
+    at_most(1 << 24, {{"vocab_size", c.vocab_size}, {"max_position_embeddings", c.max_position_embeddings},
+                      {"rope_scaling.original_max_position_embeddings", c.yarn_original_max_position}});
+    at_most(1 << 20, {{"hidden_size", c.hidden_size}, {"intermediate_size", c.intermediate_size},
+                      {"moe_intermediate_size", c.moe_intermediate_size}, {"q_lora_rank", c.q_lora_rank},
+                      {"kv_lora_rank", c.kv_lora_rank}});
+    at_most(1 << 16, {{"n_routed_experts", c.n_routed_experts}});
+    at_most(1 << 14, {{"qk_nope_head_dim", c.qk_nope_head_dim}, {"v_head_dim", c.v_head_dim}});
+    at_most(1 << 12, {{"num_attention_heads", c.num_attention_heads}, {"num_hidden_layers", c.num_hidden_layers}});
+    at_most(1 << 10, {{"n_shared_experts", c.n_shared_experts}});
     require(c.vocab_size >= 2, "vocab_size must be at least 2");
     require(c.hidden_size >= 1 && c.intermediate_size >= 1 && c.moe_intermediate_size >= 1,
             "hidden_size, intermediate_size and moe_intermediate_size must be positive");
@@ -228,16 +255,29 @@ void validate_config(const Config& c) {
                                       c.yarn_original_max_position >= 1),
             "rope_scaling needs beta_fast > beta_slow > 0 and original_max_position_embeddings >= 1");
     require(c.max_position_embeddings >= 1, "max_position_embeddings must be positive");
+    // with the bounds above one block holds under 2^58 parameters; two blocks, the first and the last, cover both
+    // kinds (dense and MoE)
+    const int64_t max_params = (int64_t)1 << 42;
+    const int64_t largest_block = std::max(block_params(c, 0, false), block_params(c, c.num_hidden_layers - 1, false));
+    const int64_t total = largest_block > max_params ? largest_block : count_total_params(c);
+    if (total > max_params) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "the config has %.3g parameters%s, above moe.cu's limit of %.3g", (double)total,
+                 largest_block > max_params ? " in one block" : "", (double)max_params);
+        throw std::runtime_error(msg);
+    }
 }
 
 Config parse_config_file(const std::string& name) {
     if (const char* text = preset_json(name)) return parse_config_json(text, "preset " + name);
-    std::string text;
-    try {
-        text = read_file(name);
-    } catch (const std::runtime_error&) {
+    if (access(name.c_str(), R_OK) != 0)
         throw std::runtime_error("config " + name +
                                  ": no such preset (tiny, small, deepseek-v2-lite, deepseek-v3) or readable file");
+    std::string text;
+    try {
+        text = read_file(name, 1 << 26);
+    } catch (const std::runtime_error& e) {
+        throw std::runtime_error("config " + name + ": " + e.what());
     }
     return parse_config_json(text, "config " + name);
 }
@@ -265,35 +305,11 @@ std::string config_to_json(const Config& c) {
     json j;
     j["architectures"] = {"DeepseekV3ForCausalLM"};
     j["model_type"] = "deepseek_v3";
-    j["vocab_size"] = c.vocab_size;
-    j["hidden_size"] = c.hidden_size;
-    j["intermediate_size"] = c.intermediate_size;
-    j["moe_intermediate_size"] = c.moe_intermediate_size;
-    j["num_hidden_layers"] = c.num_hidden_layers;
-    j["num_attention_heads"] = c.num_attention_heads;
+    for (const ConfigKey& k : config_keys)
+        j[k.name] = k.i ? json(c.*k.i) : k.f ? float_json(c.*k.f) : json(c.norm_topk_prob);
+    if (c.q_lora_rank == 0) j["q_lora_rank"] = nullptr;
     j["num_key_value_heads"] = c.num_attention_heads;
-    j["max_position_embeddings"] = c.max_position_embeddings;
-    j["q_lora_rank"] = c.q_lora_rank > 0 ? json(c.q_lora_rank) : json(nullptr);
-    j["kv_lora_rank"] = c.kv_lora_rank;
-    j["qk_nope_head_dim"] = c.qk_nope_head_dim;
-    j["qk_rope_head_dim"] = c.qk_rope_head_dim;
-    j["v_head_dim"] = c.v_head_dim;
-    j["n_routed_experts"] = c.n_routed_experts;
-    j["n_shared_experts"] = c.n_shared_experts;
-    j["num_experts_per_tok"] = c.num_experts_per_tok;
-    j["n_group"] = c.n_group;
-    j["topk_group"] = c.topk_group;
-    j["routed_scaling_factor"] = float_json(c.routed_scaling_factor);
-    j["norm_topk_prob"] = c.norm_topk_prob;
-    j["first_k_dense_replace"] = c.first_k_dense_replace;
     j["moe_layer_freq"] = 1;
-    j["num_nextn_predict_layers"] = c.num_nextn_predict_layers;
-    j["mtp_loss_weight"] = float_json(c.mtp_loss_weight);
-    j["rms_norm_eps"] = float_json(c.rms_norm_eps);
-    j["rope_theta"] = float_json(c.rope_theta);
-    j["initializer_range"] = float_json(c.initializer_range);
-    j["aux_loss_alpha"] = float_json(c.aux_loss_alpha);
-    j["bias_update_speed"] = float_json(c.bias_update_speed);
     j["hidden_act"] = "silu";
     j["scoring_func"] = "sigmoid";
     j["topk_method"] = "noaux_tc";
@@ -346,8 +362,4 @@ int64_t count_mtp_params(const Config& c) {
     if (c.num_nextn_predict_layers == 0) return 0;
     int64_t d = c.hidden_size;
     return 3 * d + 2 * d * d + block_params(c, c.num_hidden_layers, false);  // enorm, hnorm, head norm; eh_proj
-}
-
-void print_config(const Config& c) {
-    printf("config:\n%s\n", config_to_json(c).c_str());
 }

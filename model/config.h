@@ -66,8 +66,6 @@ Config parse_config_json(const std::string& json_text, const std::string& source
 void validate_config(const Config& c);
 // The config as a Hugging Face style JSON document (model_type deepseek_v3).
 std::string config_to_json(const Config& c);
-// Human-readable summary for --describe.
-void print_config(const Config& c);
 // Parameter counts: total without MTP, and active per token without MTP or the input embedding (DESIGN §1.6).
 int64_t count_total_params(const Config& c);
 int64_t count_active_params(const Config& c);

@@ -3,23 +3,27 @@
 // and mkdir -p. Every failure throws std::runtime_error with one line naming the file and the reason.
 #pragma once
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <functional>
 #include <stdexcept>
 #include <string>
 
-// The whole file; throws "cannot open PATH: reason" or "cannot read PATH: reason".
-inline std::string read_file(const std::string& path) {
+// The whole file, of at most max_bytes; throws "cannot open PATH: reason", "cannot read PATH: reason" or "PATH is
+// larger than N bytes" (a device like /dev/zero, or the wrong file).
+inline std::string read_file(const std::string& path, size_t max_bytes = SIZE_MAX) {
     FILE* f = fopen(path.c_str(), "rb");
     if (!f) throw std::runtime_error("cannot open " + path + ": " + strerror(errno));
     std::string out;
     char buf[1 << 16];
-    for (size_t n; (n = fread(buf, 1, sizeof buf, f)) > 0;) out.append(buf, n);
+    for (size_t n; out.size() <= max_bytes && (n = fread(buf, 1, sizeof buf, f)) > 0;) out.append(buf, n);
     const bool bad = ferror(f);
     const int err = errno;
     fclose(f);
     if (bad) throw std::runtime_error("cannot read " + path + ": " + strerror(err));
+    if (out.size() > max_bytes)
+        throw std::runtime_error(path + " is larger than " + std::to_string(max_bytes) + " bytes");
     return out;
 }
 

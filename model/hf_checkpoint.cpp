@@ -90,7 +90,7 @@ void export_hf(const Model& m, const std::string& dir, ExportDType dtype) {
 Config hf_config(const std::string& dir) {
     const std::string path = dir + "/config.json";
     if (!is_file(path)) throw std::runtime_error(path + ": not found (not a Hugging Face model directory?)");
-    const std::string text = read_file(path);
+    const std::string text = read_file(path, 1 << 26);
     json j = json::parse(text, nullptr, false);
     if (j.is_object() && j.contains("model_type")) {
         const json& t = j["model_type"];
@@ -111,7 +111,7 @@ void import_hf(Model& m, const std::string& dir) {
         for (const auto& kv : readers[single]->tensors()) where[kv.first] = single;
     } else if (is_file(index)) {
         source = index;
-        json j = json::parse(read_file(index), nullptr, false);
+        json j = json::parse(read_file(index, 1 << 28), nullptr, false);
         if (j.is_discarded()) throw std::runtime_error(index + ": malformed JSON");
         if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
             throw std::runtime_error(index + ": no \"weight_map\" object");

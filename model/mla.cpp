@@ -30,7 +30,8 @@ void mla_carve(Arena<float>& arena, const Config& c, int B, int T, MLAActs& a) {
     a.rope_sin = arena.take((int64_t)T * dr / 2);
 }
 
-// Rotates interleaved pairs of x (dr values) at position pos; inverse = true applies the transpose (backward).
+// Rotates interleaved pairs of x (dr values) by the cos and sin rows of its position; inverse = true applies the
+// transpose (backward).
 static inline void rope_rotate(float* out, const float* x, const float* cos_row, const float* sin_row, int dr,
                                bool inverse) {
     for (int i = 0; i < dr / 2; i++) {
@@ -94,7 +95,7 @@ void mla_forward(const Config& c, LinearPrecision precision, const BlockWeights&
     for (int64_t n = 0; n < N; n++) {
         const int t = (int)(n % T);
         const float *cos_row = a.rope_cos + t * dr / 2, *sin_row = a.rope_sin + t * dr / 2;
-        float k_rope[1024];  // dr <= 1024 is checked by the caller's config limits
+        float k_rope[1024];  // dr <= 1024: validate_config
         rope_rotate(k_rope, a.kv_a + n * (kr + dr) + kr, cos_row, sin_row, (int)dr, false);
         for (int64_t h = 0; h < H; h++) {
             float* qh = a.q_heads + (n * H + h) * dqk;

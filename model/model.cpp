@@ -90,7 +90,7 @@ std::vector<int> block_slots(const Config& c, bool recompute) {
 }
 
 // Lays out every activation of a B x T batch in one allocation (re-done only when B or T change).
-static void ensure_activations(Model& m, int B, int T) {
+void model_reserve(Model& m, int B, int T) {
     if (m.B == B && m.T == T) return;
     const Config& c = m.config;
     const int64_t N = (int64_t)B * T, d = c.hidden_size, V = c.vocab_size;
@@ -124,8 +124,6 @@ static void ensure_activations(Model& m, int B, int T) {
     m.B = B;
     m.T = T;
 }
-
-void model_reserve(Model& m, int B, int T) { ensure_activations(m, B, T); }
 
 // mallopt returns 0 when glibc refuses a setting: that only costs the speed, so it is not an error
 void keep_freed_memory() {
@@ -248,7 +246,7 @@ void model_logits_row(Model& m, int64_t row, float* out) {
 }
 
 LossParts model_forward(Model& m, const int32_t* inputs, const int32_t* targets, int B, int T, bool training) {
-    ensure_activations(m, B, T);
+    model_reserve(m, B, T);
     const Config& c = m.config;
     ModelActs& a = m.acts;
     const int64_t N = (int64_t)B * T, d = c.hidden_size, L = c.num_hidden_layers;
@@ -323,18 +321,21 @@ void model_backward(Model& m, float loss_scale) {
     embedding_backward(m.g.embed, dh.data(), m.inputs.data(), N, d);
 }
 
+void router_bias_step(const Config& c, const std::vector<int64_t>& counts, float* bias) {
+    // compare E * count_i with the total in integers: no rounding can move an expert that sits at the mean
+    int64_t total = 0;
+    for (int64_t n : counts) total += n;
+    for (int e = 0; e < c.n_routed_experts; e++) {
+        const int64_t gap = total - (int64_t)c.n_routed_experts * counts[e];
+        bias[e] += c.bias_update_speed * (float)((gap > 0) - (gap < 0));
+    }
+}
+
 void model_update_router_bias(Model& m, const std::vector<std::vector<int64_t>>& counts) {
     const Config& c = m.config;
     for (int l = 0; l < c.num_blocks(); l++) {
         if (!c.is_moe_layer(l)) continue;
-        // compare E * count_i with the total in integers: no rounding can move an expert that sits at the mean
-        int64_t total = 0;
-        for (int64_t n : counts[l]) total += n;
-        float* bias = m.w.blocks[l].router_bias;
-        for (int e = 0; e < c.n_routed_experts; e++) {
-            int64_t gap = total - (int64_t)c.n_routed_experts * counts[l][e];
-            bias[e] += c.bias_update_speed * (float)((gap > 0) - (gap < 0));
-        }
+        router_bias_step(c, counts[l], m.w.blocks[l].router_bias);
         std::fill(m.expert_counts[l].begin(), m.expert_counts[l].end(), 0);
     }
 }

@@ -127,7 +127,9 @@ double model_grad_norm(const Model& m);
 // AdamW on this rank's shard (opt: adamw_state(m.shard)), then the weights gathered from every rank's shard.
 void model_adamw(Model& m, AdamWState& opt, const OptimizerConfig& oc, float lr, float grad_multiplier);
 // Aux-loss-free balancing: b_i += gamma * sign(mean(count) - count_i) per MoE block, then counts reset.
-// counts are the global counts (summed over ranks and micro-batches).
+// counts are the global counts (summed over ranks and micro-batches). router_bias_step: one block's update (the
+// GPU model applies it to its bias too).
+void router_bias_step(const Config& c, const std::vector<int64_t>& counts, float* bias);
 void model_update_router_bias(Model& m, const std::vector<std::vector<int64_t>>& counts);
 // The balance the log reports: per MoE block, the largest global expert count over the mean count (1 is perfect
 // balance, n_routed_experts the worst: every token to one expert; 0 when no token was routed).

@@ -17,12 +17,9 @@ float learning_rate(const OptimizerConfig& oc, int64_t step) {
 OptimizerShard optimizer_shard(const ParamTable& table, int world, int rank, int dp_size, int dp_rank) {
     OptimizerShard s;
     const std::vector<ParamTensor>& tensors = table.tensors;
-    for (size_t first = 0; first < tensors.size();) {
-        size_t last = first + 1;  // the bucket: tensors [first, last)
-        if (!tensors[first].trainable) {
-            first = last;
-            continue;
-        }
+    for (size_t first = 0, last = 0; first < tensors.size(); first = last) {
+        last = first + 1;  // the bucket: tensors [first, last)
+        if (!tensors[first].trainable) continue;
         while (last < tensors.size() && tensors[last].trainable &&
                tensors[last].expert_shard == tensors[first].expert_shard)
             last++;
@@ -48,7 +45,6 @@ OptimizerShard optimizer_shard(const ParamTable& table, int world, int rank, int
             s.moments += spans[span][1] - spans[span][0];
         }
         s.buckets.push_back(b);
-        first = last;
     }
     return s;
 }

@@ -3,8 +3,10 @@
 // the last decay_steps with the peak held before them, warmup-stable-decay, like DeepSeek-V3's) and global-norm
 // gradient clipping (DESIGN §1.4).
 //   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;  p -= lr (m/(1-b1^t) / (sqrt(v/(1-b2^t)) + eps) + wd p)
-// The optimizer's work and state are sharded over the ranks that hold a copy of the weights (ZeRO stage 1, as
-// llm.c's -z 1 and Megatron's distributed optimizer): the trainable tensors fall into buckets, runs of adjacent
+// The optimizer's work and moments are sharded over the ranks that hold a copy of the weights (ZeRO stage 1; llm.c's
+// -z 1 and Megatron's distributed optimizer shard the FP32 master weights too, while here every rank keeps them
+// whole: the GPU model reads them as the working weights in FP32 mode, its norms, router and embedding in FP32 in
+// every mode, and FP8 quantizes from them): the trainable tensors fall into buckets, runs of adjacent
 // tensors held by the same ranks (replicated ones by every rank, Group::World; expert shards by the dp_size ranks
 // of their DataParallel group). A bucket held by n > 1 ranks is cut into n equal pieces, a multiple of PARAM_ALIGN
 // values each, and a tail of what is left (under n x PARAM_ALIGN values). A step: the gradients are

@@ -113,13 +113,11 @@ ModelWeights map_weights(const Config& c, const ParamTable& table, float* buf) {
         b.expert_up = ptr(p + "mlp.experts.up_proj.weight");
         b.expert_down = ptr(p + "mlp.experts.down_proj.weight");
         w.blocks.push_back(b);
-        if (l == c.num_hidden_layers) {
-            w.mtp_enorm = ptr(p + "enorm.weight");
-            w.mtp_hnorm = ptr(p + "hnorm.weight");
-            w.mtp_eh_proj = ptr(p + "eh_proj.weight");
-            w.mtp_norm = ptr(p + "shared_head.norm.weight");
-        }
     }
-    if (c.num_nextn_predict_layers == 0) w.mtp_enorm = w.mtp_hnorm = w.mtp_eh_proj = w.mtp_norm = nullptr;
+    const std::string mtp = "model.layers." + std::to_string(c.num_hidden_layers) + ".";  // nullptr without MTP
+    w.mtp_enorm = ptr(mtp + "enorm.weight");
+    w.mtp_hnorm = ptr(mtp + "hnorm.weight");
+    w.mtp_eh_proj = ptr(mtp + "eh_proj.weight");
+    w.mtp_norm = ptr(mtp + "shared_head.norm.weight");
     return w;
 }

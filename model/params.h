@@ -1,6 +1,6 @@
 // The parameter table: every tensor of the model with its Hugging Face name, shape and 64-bit offset into ONE
-// contiguous float buffer. Gradients and the host's AdamW moments use the same offsets in buffers of their own (the
-// GPU packs its optimizer shard's moments: model/optimizer.h). Every offset
+// contiguous float buffer. Gradients use the same offsets in a buffer of their own; a rank's AdamW moments are packed
+// by its optimizer shard (model/optimizer.h). Every offset
 // is a multiple of PARAM_ALIGN floats (256 bytes; the gaps stay zero): aligned rows for vector loads and for
 // cuBLASLt's fastest kernels, which need 16-byte aligned operands (BF16 copies included).
 // Routed experts of a layer are stacked as one tensor [E, out, in] named model.layers.N.mlp.experts.*_proj.weight

@@ -101,7 +101,7 @@ void print_plan(const Config& c, const PlanInputs& p) {
     const double tokens_per_gpu_s = p.grad_accum * tokens / step_s;
 
     printf("plan: %d GPUs (%d per node) as EP %d x DP %d; micro-batch %d x %d tokens, %d micro-steps per step\n",
-           p.gpus, p.gpus_per_node, p.ep, p.gpus / p.ep, p.batch, p.seq, p.grad_accum);
+           p.gpus, p.gpus_per_node, p.ep, dp, p.batch, p.seq, p.grad_accum);
     printf("parameters: %.3g total (%.3g replicated, %.3g in routed experts); one GPU holds %.3g\n",
            replicated_params + expert_params, replicated_params, expert_params, held);
     const double total_bytes = weight_bytes + optimizer_bytes + act_bytes;

@@ -3,6 +3,8 @@
 #include <doctest/doctest.h>
 
 #include <cstdlib>
+#include <cstring>
+#include <nlohmann/json.hpp>
 #include <fstream>
 #include <string>
 #include <unistd.h>
@@ -113,6 +115,48 @@ TEST_CASE("checkpoint: save and load restore weights, AdamW moments, step, data 
     model_init(m3, other);
     CHECK_THROWS_WITH_AS(checkpoint_load(checkpoint_path(dir, 17), m3, opt2, st2), doctest::Contains("shape"),
                          std::runtime_error);
+    system(("rm -rf " + dir).c_str());
+}
+
+TEST_CASE("checkpoint: metadata numbers that are not plain digits, or out of range, are refused") {
+    std::string dir = make_temp_dir();
+    Model m;
+    model_init(m, load_config("tiny"));
+    AdamWState opt = adamw_state(m.shard);
+    TrainState st;
+    st.step = 3;
+    checkpoint_save(dir, m, opt, st);
+    const std::string path = checkpoint_path(dir, 3), good = slurp(path);
+    uint64_t header_bytes = 0;
+    memcpy(&header_bytes, good.data(), 8);
+    // the file with one metadata value replaced: a new header (padded to 8 bytes), the same data after it
+    auto write_with = [&](const std::string& key, const std::string& value) {
+        nlohmann::json header = nlohmann::json::parse(good.substr(8, header_bytes));
+        header["__metadata__"][key] = value;
+        std::string text = header.dump();
+        text.resize((text.size() + 7) / 8 * 8, ' ');
+        const uint64_t length = text.size();
+        std::ofstream(path, std::ios::binary) << std::string((const char*)&length, 8) << text
+                                              << good.substr(8 + header_bytes);
+    };
+    const std::pair<const char*, const char*> bad[] = {
+        {"step", " 3"}, {"step", "+3"}, {"step", ""}, {"step", "-1"}, {"step", "9223372036854775808"},
+        {"step", "123456789012345678901234"}, {"optimizer_step", "18446744073709551615"}, {"data_position", "0x10"}};
+    for (const auto& [key, value] : bad) {
+        CAPTURE(key);
+        CAPTURE(value);
+        write_with(key, value);
+        Model m2;
+        model_init(m2, load_config("tiny"));
+        AdamWState opt2;
+        TrainState st2;
+        const std::string quoted = std::string("'") + key + "'";
+        CHECK_THROWS_WITH_AS(checkpoint_load(path, m2, opt2, st2), doctest::Contains(quoted.c_str()), std::runtime_error);
+    }
+    write_with("rng_state", "18446744073709551615");  // the one metadata number that takes all 64 bits
+    checkpoint_load(path, m, opt, st);
+    CHECK(st.rng_state == UINT64_MAX);
+    CHECK(st.step == 3);
     system(("rm -rf " + dir).c_str());
 }
 

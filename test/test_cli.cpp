@@ -73,6 +73,9 @@ TEST_CASE("cli: missing or foreign files are one-line errors") {
     // data whose tokens do not fit the model's vocabulary
     expect_clean_failure("./train_cpu --config tiny" + DATA, "vocab_size");
     expect_clean_failure("./train_cpu --config small" + DATA + " --seq 5000", "max_position_embeddings");
+    expect_clean_failure("./train_cpu --config /dev/zero" + DATA, "/dev/zero is larger than 67108864 bytes");
+    // data too short for the batch is said before the batch's activations (tens of GB here) are allocated
+    expect_clean_failure("./train_cpu --config small" + DATA + " --batch 1000000 --seq 64", "fewer than B*T*world+1");
 }
 
 TEST_CASE("cli: --dtype bf16 is refused by the CPU trainer, an unknown --dtype by every trainer") {

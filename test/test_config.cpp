@@ -185,6 +185,7 @@ TEST_CASE("config: invalid values throw naming the key") {
     rejects(tiny_with("norm_topk_prob", 1), "norm_topk_prob");
     rejects(tiny_with("hidden_act", "gelu"), "hidden_act");
     rejects(tiny_with("tie_word_embeddings", true), "tie_word_embeddings");
+    rejects(tiny_with("tie_word_embeddings", 1), "tie_word_embeddings");
     rejects(tiny_with("rope_scaling", json{{"type", "linear"}, {"factor", 2.0}}), "rope_scaling");
     rejects(tiny_with("rope_scaling", json{{"type", "yarn"}, {"factor", 0.5}}), "factor");
     rejects(R"({"hidden_size": 64,)", "malformed JSON");
@@ -198,6 +199,32 @@ TEST_CASE("config: invalid values throw naming the key") {
     c.topk_group = 2;  // default n_group is 1
     CHECK_THROWS_WITH_AS(validate_config(c), doctest::Contains("topk_group"), std::runtime_error);
     CHECK_NOTHROW(validate_config(Config()));
+}
+
+TEST_CASE("config: sizes beyond moe.cu's bounds are refused before anything is allocated") {
+    auto rejects = [](const std::string& text, const std::string& what) {
+        CAPTURE(text);
+        CHECK_THROWS_WITH_AS(parse_config_json(text, "t.json"), doctest::Contains(what.c_str()), std::runtime_error);
+    };
+    // head dimensions whose int sum wrapped to a negative tensor size (a heap overflow before the bound)
+    json j = json::parse(tiny_with("qk_nope_head_dim", 1 << 30));
+    j["v_head_dim"] = 1 << 30;
+    j["num_attention_heads"] = 1;
+    rejects(j.dump(), "qk_nope_head_dim 1073741824 is above moe.cu's limit of 16384");
+    rejects(tiny_with("num_hidden_layers", 1 << 30), "num_hidden_layers");  // a parameter table of 20 billion names
+    rejects(tiny_with("vocab_size", (1 << 24) + 1), "vocab_size");
+    rejects(tiny_with("n_routed_experts", 1 << 17), "n_routed_experts");
+    // every dimension within its bound, the whole beyond 2^42 parameters: in one MoE block, or over the layers
+    j = json::parse(tiny_with("hidden_size", 1 << 20));
+    j["moe_intermediate_size"] = 1 << 20;
+    j["n_routed_experts"] = 1 << 16;
+    rejects(j.dump(), "parameters in one block, above moe.cu's limit of 4.4e+12");
+    j = json::parse(tiny_with("hidden_size", 1 << 16));
+    j["intermediate_size"] = 1 << 16;
+    j["num_hidden_layers"] = 4096;
+    j["first_k_dense_replace"] = 4096;
+    rejects(j.dump(), "parameters, above moe.cu's limit of 4.4e+12");
+    CHECK_NOTHROW(load_config("deepseek-v3"));
 }
 
 TEST_CASE("config: unknown keys are reported, not an error") {

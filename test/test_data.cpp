@@ -124,6 +124,28 @@ TEST_CASE("data: tokenizer load rejects missing, truncated and foreign files") {
     write_shard(dir.file("shard.bin"), {1, 2, 3}, 1);
     CHECK_THROWS_WITH_AS(Tokenizer::load(dir.file("shard.bin")), doctest::Contains("not a tokenizer file"), std::runtime_error);
     CHECK_THROWS_WITH_AS(Tokenizer::load(dir.file("missing.bin")), doctest::Contains("cannot open"), std::runtime_error);
+    // a merge bomb: each merge joins the last token with itself, 40 doublings would ask for 2^41 bytes
+    std::string bomb = bytes.substr(0, 8);
+    auto append_u32 = [&](uint32_t v) { bomb.append((const char*)&v, 4); };
+    append_u32(256 + 40);
+    for (uint32_t i = 0; i < 40; i++) {
+        append_u32(i == 0 ? 'a' : 255 + i);
+        append_u32(i == 0 ? 'a' : 255 + i);
+    }
+    write_file_atomic(dir.file("bomb.bin"), bomb);
+    CHECK_THROWS_WITH_AS(Tokenizer::load(dir.file("bomb.bin")), doctest::Contains("merge 16 makes a token of 131072 bytes"),
+                         std::runtime_error);
+}
+
+TEST_CASE("data: training makes no token longer than load accepts (64 KiB)") {
+    // two copies of one run of 2^17 letters: without the bound the 17th merge would join two 2^16-byte halves
+    const std::string run(1 << 17, 'a');
+    Tokenizer tok = Tokenizer::train(run + "\n" + run, 300);
+    CHECK(tok.vocab_size() == 256 + 16);
+    CHECK(tok.token_bytes(256 + 15) == std::string(1 << 16, 'a'));
+    TempDir dir;
+    tok.save(dir.file("tok.bin"));
+    CHECK(Tokenizer::load(dir.file("tok.bin")).vocab_size() == 256 + 16);
 }
 
 TEST_CASE("data: shard write/read round trip for versions 1 and 2") {

@@ -2,7 +2,6 @@
 // weights, gradients and AdamW moments it computes on are the host's own, so load and store have nothing to copy.
 #include "trainer/cpu_backend.h"
 
-#include <algorithm>
 #include <stdexcept>
 
 #include "model/train_args.h"

@@ -1,5 +1,5 @@
 // The training driver of train_cpu and train. Reads top to bottom: args -> ranks -> config -> model and backend
-// -> data -> (resume) -> loop of {micro-steps, gradient reduction, bias update, clip, AdamW, log, eval,
+// -> data -> (resume) -> loop of {micro-steps, gradient reduction, clip, AdamW, bias update, eval, log,
 // checkpoint} -> export, plot, sample. The host Model holds the config, weights and this rank's AdamW moments for
 // everything that touches files; all arithmetic on it goes through the Backend, which is brought level with it by
 // load (after init, import or resume) and store (before a checkpoint or an export). Under mpirun every rank runs
@@ -31,7 +31,6 @@
 #include "model/optimizer.h"
 #include "model/plan.h"
 #include "model/rng.h"
-#include "model/safetensors.h"
 #include "model/sample.h"
 #include "model/train_args.h"
 #include "tools/plot.h"
@@ -301,12 +300,8 @@ static void setup_run(Run& r, MakeBackend make_backend) {
         if (T > r.config.max_position_embeddings)
             throw std::runtime_error("--seq " + std::to_string(T) + " exceeds max_position_embeddings " +
                                      std::to_string(r.config.max_position_embeddings));
-        model_init(r.model, r.config, &comm);
-        model_init_weights(r.model, args.seed);
-        r.backend = make_backend(r.model, args);
-        r.opt = adamw_state(r.model.shard);
-        if (!args.init_from_hf.empty()) import_hf(r.model, args.init_from_hf);
-        // each rank reads its own slice of every global batch; a token outside the vocabulary is an error
+        // each rank reads its own slice of every global batch; a token outside the vocabulary is an error. First,
+        // so that data too short for the batch is said before the batch's memory is taken.
         if (!args.data.empty())
             r.train = std::make_unique<DataLoader>(args.data, B, T, comm.rank, comm.world, r.config.vocab_size);
         if (!args.val.empty()) {
@@ -314,6 +309,11 @@ static void setup_run(Run& r, MakeBackend make_backend) {
             // never more batches than one pass over the validation data, so no token is counted twice
             r.eval_batches = (int)std::min<int64_t>(args.eval_batches, r.val->batches_per_pass());
         }
+        model_init(r.model, r.config, &comm);
+        model_init_weights(r.model, args.seed);
+        r.backend = make_backend(r.model, args);
+        r.opt = adamw_state(r.model.shard);
+        if (!args.init_from_hf.empty()) import_hf(r.model, args.init_from_hf);
         if (!r.resume_from.empty()) {
             checkpoint_load(r.resume_from, r.model, r.opt, r.state);
             if (r.train) r.train->restore({r.state.data_shard, r.state.data_position, r.state.data_file, r.state.data_tokens});
@@ -509,7 +509,7 @@ int train_main(int argc, char** argv, const char* program, MakeComm make_comm, M
     resolve_config(r);
     if (args.describe) {
         if (lead) {
-            print_config(r.config);
+            printf("config:\n%s\n", config_to_json(r.config).c_str());
             printf("total_params %lld\nactive_params %lld\nmtp_params %lld\n", (long long)count_total_params(r.config),
                    (long long)count_active_params(r.config), (long long)count_mtp_params(r.config));
         }
@@ -518,34 +518,32 @@ int train_main(int argc, char** argv, const char* program, MakeComm make_comm, M
     }
     setup_run(r, make_backend);
     const int B = args.batch, T = args.seq;
-    if (args.eval_only) {
-        try {  // a shard's tokens are checked against the vocabulary when it is loaded
+    // From here on, any failure (the backend's, an allocation, a checkpoint write, the export, the plot, sampling)
+    // is one line from the rank that hit it, and the job ends: fail().
+    try {
+        if (args.eval_only) {
             const double val_loss = evaluate(r);
             if (lead) printf("val_loss %.6f\n", val_loss);
-        } catch (const std::exception& e) {
-            fail(e.what());
+            end_job(r);
+            return 0;
         }
-        end_job(r);
-        return 0;
-    }
-    if (lead) {
-        if (!r.resume_from.empty())
-            printf("resumed from %s at step %lld\n", r.resume_from.c_str(), (long long)r.state.step);
-        printf("model: %lld parameters (%lld active per token, %lld in MTP); %d rank(s) (EP %d x DP %d); "
-               "batch %d x %d x %d micro-steps per rank; %d steps\n",
-               (long long)count_total_params(r.config), (long long)count_active_params(r.config),
-               (long long)count_mtp_params(r.config), comm.world, comm.ep_size, comm.dp_size, B, T, args.grad_accum,
-               args.steps);
-    }
+        if (lead) {
+            if (!r.resume_from.empty())
+                printf("resumed from %s at step %lld\n", r.resume_from.c_str(), (long long)r.state.step);
+            printf("model: %lld parameters (%lld active per token, %lld in MTP); %d rank(s) (EP %d x DP %d); "
+                   "batch %d x %d x %d micro-steps per rank; %d steps\n",
+                   (long long)count_total_params(r.config), (long long)count_active_params(r.config),
+                   (long long)count_mtp_params(r.config), comm.world, comm.ep_size, comm.dp_size, B, T, args.grad_accum,
+                   args.steps);
+        }
 
-    const bool stoppable = !args.checkpoint_dir.empty();
-    if (stoppable) catch_stop_signals(true);
-    const double tokens_per_step = (double)B * T * args.grad_accum * comm.world;
-    const int64_t first_step = r.state.step;
-    double train_seconds = 0.0;  // steps after the first of this process (the first pays for warm-up)
-    int timed_steps = 0;
-    for (int64_t step = first_step; step < args.steps; step++) {
-        try {  // data read errors, allocation failures, checkpoint writes: one line, the job ends
+        const bool stoppable = !args.checkpoint_dir.empty();
+        if (stoppable) catch_stop_signals(true);
+        const double tokens_per_step = (double)B * T * args.grad_accum * comm.world;
+        const int64_t first_step = r.state.step;
+        double train_seconds = 0.0;  // steps after the first of this process (the first pays for warm-up)
+        int timed_steps = 0;
+        for (int64_t step = first_step; step < args.steps; step++) {
             maybe_inject_fault(comm, step);
             auto t0 = std::chrono::steady_clock::now();
             StepResult s = train_step(r, step);
@@ -577,36 +575,22 @@ int train_main(int argc, char** argv, const char* program, MakeComm make_comm, M
                 end_job(r);
                 return 128 + stop;
             }
-        } catch (const std::exception& e) {
-            fail(e.what());
         }
-    }
-    try {
         finish_checkpoint_write(r);  // while a signal still only stops: the last checkpoint is complete
-    } catch (const std::exception& e) {
-        fail(e.what());
-    }
-    if (stoppable) catch_stop_signals(false);
-    if (r.log) fclose(r.log);  // complete for the plot
-    r.log = nullptr;
-    if (lead) {
-        try {
-            if (!args.export_hf.empty()) {
-                r.backend->store(r.model, r.opt);
-                export_hf(r.model, args.export_hf, args.export_dtype == "f32" ? ExportDType::F32 : ExportDType::BF16);
-                printf("exported %s\n", args.export_hf.c_str());
-            }
-            if (!args.plot.empty()) {
-                PlotOptions po;
-                po.log_scale = args.plot_log_scale;
-                plot_training_log(args.log, args.plot, po);
-                printf("plotted %s\n", args.plot.c_str());
-            }
-        } catch (const std::exception& e) {
-            fail(e.what());
+        if (stoppable) catch_stop_signals(false);
+        if (r.log) fclose(r.log);  // complete for the plot
+        r.log = nullptr;
+        if (lead && !args.export_hf.empty()) {
+            r.backend->store(r.model, r.opt);
+            export_hf(r.model, args.export_hf, args.export_dtype == "f32" ? ExportDType::F32 : ExportDType::BF16);
+            printf("exported %s\n", args.export_hf.c_str());
         }
-    }
-    try {
+        if (lead && !args.plot.empty()) {
+            PlotOptions po;
+            po.log_scale = args.plot_log_scale;
+            plot_training_log(args.log, args.plot, po);
+            printf("plotted %s\n", args.plot.c_str());
+        }
         if (args.sample > 0) sample_text(r);
     } catch (const std::exception& e) {
         fail(e.what());
