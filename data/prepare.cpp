@@ -110,10 +110,14 @@ static void read_file_documents(const std::string& path, const std::string& text
         nlohmann::json object;
         try {
             object = nlohmann::json::parse(line);
-        } catch (const nlohmann::json::parse_error& e) {  // e.g. "... column 15: ... ill-formed UTF-8 byte ..."
-            const std::string why = e.what();
-            throw std::runtime_error(path + " line " + std::to_string(line_number) + ": not valid JSON (" +
-                                     why.substr(why.find("] ") == std::string::npos ? 0 : why.find("] ") + 2) + ")");
+        } catch (const nlohmann::json::exception& e) {  // e.g. "... column 15: ... ill-formed UTF-8 byte ...", or a
+                                                        // number beyond a double; the reason without the line's text
+            std::string why = e.what();
+            why = why.substr(why.find("] ") == std::string::npos ? 0 : why.find("] ") + 2);
+            why = why.substr(0, why.find("; last read:"));
+            if (why.size() > 200) why = why.substr(0, 200) + "...";
+            for (char& ch : why) ch = std::isprint((unsigned char)ch) ? ch : '?';
+            throw std::runtime_error(path + " line " + std::to_string(line_number) + ": not valid JSON (" + why + ")");
         }
         if (!object.is_object() || !object.contains(text_field) || !object[text_field].is_string())
             throw std::runtime_error(path + " line " + std::to_string(line_number) + ": no string field \"" + text_field + "\"");
@@ -127,6 +131,8 @@ static void read_input_documents(const std::string& path, const std::string& tex
                                  std::vector<std::string>& docs) {
     if (!fs::exists(path)) throw std::runtime_error("input " + path + " does not exist");
     if (!fs::is_directory(path)) {
+        if (!fs::is_regular_file(path))  // a FIFO would block, /dev/zero never end
+            throw std::runtime_error("input " + path + " is neither a file nor a directory");
         read_file_documents(path, text_field, docs);
         return;
     }

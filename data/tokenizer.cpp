@@ -21,6 +21,10 @@ static int char_class(unsigned char c) {
     return 3;
 }
 
+// The longest chunk, so the longest token: a run of one class is cut every MAX_CHUNK_BYTES (a text without
+// spaces, Chinese or DNA, would otherwise be one chunk, and training scans every chunk a pair is in at each merge).
+constexpr size_t MAX_CHUNK_BYTES = 256;
+
 // Calls emit(start, length) for each chunk of text, in order; the chunks cover text exactly.
 template <typename Emit>
 static void for_each_chunk(const std::string& text, Emit emit) {
@@ -29,7 +33,7 @@ static void for_each_chunk(const std::string& text, Emit emit) {
         size_t start = i;
         if (is_space(text[i])) {
             size_t end = i;
-            while (end < n && is_space(text[end])) end++;
+            while (end < n && is_space(text[end]) && end - i < MAX_CHUNK_BYTES) end++;
             if (end < n && text[end - 1] == ' ') end--;  // the last space prefixes the next chunk
             if (end > i) {
                 emit(i, end - i);
@@ -39,7 +43,7 @@ static void for_each_chunk(const std::string& text, Emit emit) {
             i++;  // a lone space before a non-space run: it starts that run's chunk
         }
         int cls = char_class(text[i]);
-        while (i < n && char_class(text[i]) == cls) i++;
+        while (i < n && char_class(text[i]) == cls && i - start < MAX_CHUNK_BYTES) i++;
         emit(start, i - start);
     }
 }
@@ -58,10 +62,10 @@ static void merge_pair(std::vector<uint32_t>& ids, uint32_t left, uint32_t right
     ids.resize(out);
 }
 
-// The longest token a merge may make, and the most bytes all tokens of a loaded file may take: far beyond real
-// vocabularies (GPT-2's longest token has 128 bytes), they bound what a corrupt file can make load() allocate (a
-// token merged with itself doubles, 40 such merges would ask for a terabyte). train() makes no longer token.
-constexpr size_t MAX_TOKEN_BYTES = 1 << 16, MAX_TOKENIZER_BYTES = 1 << 28;
+// The most bytes all tokens may take: with at most MAX_CHUNK_BYTES a token, these bound what a corrupt file can make
+// load() allocate (a token merged with itself doubles, 40 such merges would ask for a terabyte). train() keeps within
+// both, so what it saves loads.
+constexpr size_t MAX_TOKENIZER_BYTES = 1 << 28;
 
 Tokenizer::Tokenizer() {
     for (int b = 0; b < 256; b++) token_bytes_.push_back(std::string(1, (char)b));
@@ -111,6 +115,7 @@ Tokenizer Tokenizer::train(const std::string& text, int vocab_size) {
     std::unordered_map<uint64_t, int64_t> delta;  // the pair count changes of one merge
 
     Tokenizer tok;
+    size_t total_bytes = 256;
     while (tok.vocab_size() < vocab_size) {
         while (!heap.empty()) {
             auto it = pair_counts.find(heap.top().second);
@@ -120,10 +125,9 @@ Tokenizer Tokenizer::train(const std::string& text, int vocab_size) {
         if (heap.empty() || heap.top().first < 2) break;
         uint64_t best_key = heap.top().second;
         uint32_t left = (uint32_t)(best_key >> 32), right = (uint32_t)best_key;
-        if (tok.token_bytes_[left].size() + tok.token_bytes_[right].size() > MAX_TOKEN_BYTES) {
-            pair_counts.erase(best_key);  // never merged
-            continue;
-        }
+        const size_t token_bytes = tok.token_bytes_[left].size() + tok.token_bytes_[right].size();
+        if (total_bytes + token_bytes > MAX_TOKENIZER_BYTES) break;
+        total_bytes += token_bytes;
         uint32_t merged = tok.add_merge(left, right);
         std::vector<int32_t> where = std::move(pair_chunks[best_key]);
         pair_chunks.erase(best_key);
@@ -230,10 +234,13 @@ Tokenizer Tokenizer::load(const std::string& path) {
         if (left >= 256 + i || right >= 256 + i)
             throw std::runtime_error(path + ": merge " + std::to_string(i) + " refers to a later token");
         const size_t token_bytes = tok.token_bytes_[left].size() + tok.token_bytes_[right].size();
-        total_bytes += token_bytes;
-        if (token_bytes > MAX_TOKEN_BYTES || total_bytes > MAX_TOKENIZER_BYTES)
+        if (token_bytes > MAX_CHUNK_BYTES)
             throw std::runtime_error(path + ": corrupt (merge " + std::to_string(i) + " makes a token of " +
                                      std::to_string(token_bytes) + " bytes)");
+        total_bytes += token_bytes;
+        if (total_bytes > MAX_TOKENIZER_BYTES)
+            throw std::runtime_error(path + ": corrupt (its tokens take over " + std::to_string(MAX_TOKENIZER_BYTES) +
+                                     " bytes by merge " + std::to_string(i) + ")");
         tok.add_merge(left, right);
     }
     return tok;

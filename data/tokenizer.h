@@ -1,7 +1,8 @@
 // Byte-level BPE tokenizer. Token b < 256 is the byte b; token 256+i is merge i, the concatenation of two
 // earlier tokens. Text is first split into chunks that merges never cross (like GPT-2): a whitespace run, or
 // an optional single leading space followed by a run of letters (ASCII letters and bytes >= 128), a run of
-// digits, or a run of other non-space bytes. Any byte string round-trips: decode(encode(x)) == x.
+// digits, or a run of other non-space bytes, each cut every 256 bytes (so no token is longer). Any byte string
+// round-trips: decode(encode(x)) == x.
 #pragma once
 #include <cstdint>
 #include <string>

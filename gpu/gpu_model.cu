@@ -153,6 +153,10 @@ void check_device(const Config& c, gpu::Precision p) {
     if (p == gpu::Precision::FP8 && prop.major != 9)
         throw std::runtime_error("--dtype fp8 runs on cuBLASLt's 128-block scaled FP8 GEMMs, which Hopper GPUs " +
                                  std::string("(sm_90) have and this one (") + sm + ") does not: use --dtype bf16");
+    if (c.n_routed_experts > gpu::ROUTER_MAX_EXPERTS)
+        throw std::runtime_error("n_routed_experts " + std::to_string(c.n_routed_experts) + " is above the " +
+                                 std::to_string(gpu::ROUTER_MAX_EXPERTS) +
+                                 " the router's kernels count in shared memory (train_cpu takes it)");
     const int64_t attention_bytes =
         bf16_attention(c, p != gpu::Precision::FP32) ? gpu::attn_bf16_backward_bytes(c.qk_head_dim(), c.v_head_dim) : 0;
     if (attention_bytes > (int64_t)prop.sharedMemPerBlockOptin)

@@ -21,6 +21,8 @@
 namespace gpu {
 
 constexpr int ROUTER_FORWARD_THREADS = 64, ROUTER_BACKWARD_THREADS = 128;
+// The per-sequence counts live in a block's shared memory, E ints within the 48 KiB a launch gets without opting in
+constexpr int ROUTER_MAX_EXPERTS = 48 * 1024 / sizeof(int);
 
 static __global__ void router_forward_kernel(float* scores, int32_t* chosen, float* gate_weights, float* scratch,
                                       const float* logits, const float* bias, Config c, int64_t N) {

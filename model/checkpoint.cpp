@@ -181,10 +181,10 @@ CheckpointWrite checkpoint_begin(const std::string& dir, const Model& m, const A
     auto add = [&](uint64_t begin, const ParamTensor& t, int64_t first, const float* values, int64_t count) {
         w.parts.push_back({data + begin + 4 * (uint64_t)(first_in_whole(t, comm) + first), values, count});
     };
-    // outside the optimizer (the router biases, replicated): rank 0's
+    // outside the optimizer: rank 0's replicated tensors, data-parallel replica 0's expert shards
     for (size_t i = 0; i < m.table.tensors.size(); i++) {
         const ParamTensor& t = m.table.tensors[i];
-        if (!t.trainable && comm.rank == 0)
+        if (!t.trainable && (t.expert_shard ? comm.dp_rank == 0 : comm.rank == 0))
             add(layout.params[i], t, 0, m.params.data() + t.offset, t.numel);
     }
     for (const OptimizerRange& r : m.shard.ranges) {
@@ -232,8 +232,13 @@ std::string checkpoint_check_dir(const std::string& dir, Comm& comm) {
     const auto probe_path = [&] { return dir + "/.moe_probe." + std::to_string((uint64_t)id); };
     std::string error;
     if (comm.rank == 0) {
-        FILE* f = fopen(probe_path().c_str(), "wb");
-        if (!f || fclose(f) != 0) error = "cannot write " + probe_path() + ": " + strerror(errno);
+        try {
+            make_dirs(dir);
+            FILE* f = fopen(probe_path().c_str(), "wb");
+            if (!f || fclose(f) != 0) error = "cannot write " + probe_path() + ": " + strerror(errno);
+        } catch (const std::runtime_error& e) {
+            error = e.what();
+        }
     }
     comm.broadcast(&id, sizeof(id), 0);  // once the file exists
     if (comm.rank != 0 && access(probe_path().c_str(), F_OK) != 0)

@@ -58,7 +58,7 @@ CheckpointWrite checkpoint_begin(const std::string& dir, const Model& m, const A
 void checkpoint_write_part(const CheckpointWrite& w);
 // Collective, once every rank's part is written: rank 0 renames the temporary file to the checkpoint.
 void checkpoint_commit(const CheckpointWrite& w, Comm& comm);
-// Collective, before training: rank 0 creates a file in dir (which exists), and every rank looks for it, so that
+// Collective, before training: rank 0 creates dir if needed and a file in it, and every rank looks for it, so that
 // ranks that do not share the directory find out at the start instead of at the first checkpoint. Returns this
 // rank's error, or "".
 std::string checkpoint_check_dir(const std::string& dir, Comm& comm);

@@ -55,9 +55,9 @@ static const char* preset_json(const std::string& name) {
     return nullptr;
 }
 
-// The numeric keys a config file sets, in the order they are read and written; `shape` marks the architectural
-// ones, whose defaults here need not be Hugging Face's (a file that leaves one out gets a note). norm_topk_prob is
-// the one boolean, read on its own.
+// The keys a config file sets, in the order they are read and written: integers, floats, and the one boolean
+// (norm_topk_prob, neither); `shape` marks the architectural ones, whose defaults here need not be Hugging Face's (a
+// file that leaves one out gets a note).
 struct ConfigKey {
     const char* name;
     int Config::*i;    // an integer key, or
@@ -144,12 +144,14 @@ Config parse_config_json(const std::string& text, const std::string& source) {
     Config c;
     try {
         for (const ConfigKey& k : config_keys) {
-            if (k.i) c.*k.i = get_int(j, k.name, c.*k.i);
-            if (k.f) c.*k.f = get_float(j, k.name, c.*k.f);
-        }
-        if (j.contains("norm_topk_prob")) {
-            if (!j["norm_topk_prob"].is_boolean()) throw std::runtime_error("'norm_topk_prob' must be true or false");
-            c.norm_topk_prob = j["norm_topk_prob"].get<bool>();
+            if (k.i) {
+                c.*k.i = get_int(j, k.name, c.*k.i);
+            } else if (k.f) {
+                c.*k.f = get_float(j, k.name, c.*k.f);
+            } else if (j.contains(k.name)) {  // norm_topk_prob
+                if (!j[k.name].is_boolean()) throw std::runtime_error("'norm_topk_prob' must be true or false");
+                c.norm_topk_prob = j[k.name].get<bool>();
+            }
         }
         if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
             const json& rs = j["rope_scaling"];
@@ -255,11 +257,13 @@ void validate_config(const Config& c) {
                                       c.yarn_original_max_position >= 1),
             "rope_scaling needs beta_fast > beta_slow > 0 and original_max_position_embeddings >= 1");
     require(c.max_position_embeddings >= 1, "max_position_embeddings must be positive");
-    // with the bounds above one block holds under 2^58 parameters; two blocks, the first and the last, cover both
-    // kinds (dense and MoE)
+    // with the bounds above one block holds under 2^58 parameters; the first block, the last and the MTP block (always
+    // MoE) cover both kinds, dense and MoE
     const int64_t max_params = (int64_t)1 << 42;
-    const int64_t largest_block = std::max(block_params(c, 0, false), block_params(c, c.num_hidden_layers - 1, false));
-    const int64_t total = largest_block > max_params ? largest_block : count_total_params(c);
+    const int64_t largest_block =
+        std::max({block_params(c, 0, false), block_params(c, c.num_hidden_layers - 1, false),
+                  c.num_nextn_predict_layers > 0 ? block_params(c, c.num_hidden_layers, false) : 0});
+    const int64_t total = largest_block > max_params ? largest_block : count_total_params(c) + count_mtp_params(c);
     if (total > max_params) {
         char msg[160];
         snprintf(msg, sizeof msg, "the config has %.3g parameters%s, above moe.cu's limit of %.3g", (double)total,

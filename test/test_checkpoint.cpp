@@ -141,7 +141,8 @@ TEST_CASE("checkpoint: metadata numbers that are not plain digits, or out of ran
     };
     const std::pair<const char*, const char*> bad[] = {
         {"step", " 3"}, {"step", "+3"}, {"step", ""}, {"step", "-1"}, {"step", "9223372036854775808"},
-        {"step", "123456789012345678901234"}, {"optimizer_step", "18446744073709551615"}, {"data_position", "0x10"}};
+        {"step", "123456789012345678901234"}, {"optimizer_step", "18446744073709551615"}, {"data_position", "0x10"},
+        {"rng_state", "18446744073709551616"}, {"rng_state", "99999999999999999999"}};  // 2^64, and 20 nines
     for (const auto& [key, value] : bad) {
         CAPTURE(key);
         CAPTURE(value);

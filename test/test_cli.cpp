@@ -2,12 +2,16 @@
 // good file overwritten.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <sys/wait.h>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "data/shards.h"
 #include "test/test_helpers.h"
@@ -74,7 +78,17 @@ TEST_CASE("cli: missing or foreign files are one-line errors") {
     expect_clean_failure("./train_cpu --config tiny" + DATA, "vocab_size");
     expect_clean_failure("./train_cpu --config small" + DATA + " --seq 5000", "max_position_embeddings");
     expect_clean_failure("./train_cpu --config /dev/zero" + DATA, "/dev/zero is larger than 67108864 bytes");
-    // data too short for the batch is said before the batch's activations (tens of GB here) are allocated
+    // --vocab within its own bound, the parameters (an embedding and a head of 2^24 x 2^20) beyond 2^42
+    std::ofstream(test_path("cli_wide.json"))
+        << R"({"vocab_size": 512, "hidden_size": 1048576, "intermediate_size": 128, "moe_intermediate_size": 32,
+              "num_hidden_layers": 2, "num_attention_heads": 2, "q_lora_rank": null, "kv_lora_rank": 32,
+              "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16, "n_routed_experts": 8,
+              "n_shared_experts": 1, "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1,
+              "routed_scaling_factor": 1.0, "norm_topk_prob": true, "first_k_dense_replace": 1})";
+    expect_clean_failure("./train_cpu --config " + test_path("cli_wide.json") + DATA + " --vocab 16777216",
+                         "above moe.cu's limit of 4.4e+12");
+    // data too short for the batch is said before the batch's activations (tens of GB here) are allocated (the
+    // default data's shard holds 67590 tokens, far fewer than these 64 million)
     expect_clean_failure("./train_cpu --config small" + DATA + " --batch 1000000 --seq 64", "fewer than B*T*world+1");
 }
 
@@ -91,6 +105,20 @@ TEST_CASE("cli: a damaged checkpoint is refused and left alone") {
                          "ckpt_00000005.safetensors");
     std::ifstream f(ckpt + "/ckpt_00000005.safetensors", std::ios::binary | std::ios::ate);
     CHECK(f.tellg() == 20);
+    // a checkpoint whose output head is NaN (its bytes 0xFF; the router, before it, sees finite values): sampling
+    // from it stops instead of printing tokens
+    system(("rm -rf " + ckpt).c_str());
+    const std::string run = "./train_cpu --config small" + DATA + " --steps 1 --batch 1 --seq 16 --checkpoint-dir " + ckpt;
+    REQUIRE(system((run + " > /dev/null").c_str()) == 0);
+    const std::string path = ckpt + "/ckpt_00000001.safetensors";
+    std::string bytes = slurp(path);
+    uint64_t header_bytes = 0;
+    memcpy(&header_bytes, bytes.data(), 8);
+    const auto head = nlohmann::json::parse(bytes.substr(8, header_bytes))["lm_head.weight"]["data_offsets"];
+    std::fill(bytes.begin() + 8 + header_bytes + head[0].get<int64_t>(),
+              bytes.begin() + 8 + header_bytes + head[1].get<int64_t>(), '\xff');
+    std::ofstream(path, std::ios::binary) << bytes;
+    expect_clean_failure(run + " --resume --sample 5", "sampling: the logits are not finite");
     system(("rm -rf " + ckpt).c_str());
 }
 
@@ -116,6 +144,20 @@ TEST_CASE("cli: prepare_data rejects a missing input and an unknown flag") {
     expect_clean_failure("./prepare_data --bogus", "unknown flag --bogus");
     expect_clean_failure("./prepare_data --input --out-dir " + test_path("cli_out"), "--input needs a value");
     expect_clean_failure("./prepare_data --input x --out-dir y --shard-tokens 0", "--shard-tokens");
+    // a device or a FIFO would never end or block: only files and directories are read
+    expect_clean_failure("./prepare_data --input /dev/zero --out-dir " + test_path("cli_out"),
+                         "input /dev/zero is neither a file nor a directory");
+    // JSON lines: the error names the line, without repeating a megabyte of it; a number beyond a double too
+    std::ofstream(test_path("cli_long.jsonl")) << "{\"text\": \"" << std::string(1 << 20, 'a') << "\x01\"}\n";
+    const Result long_line = run_capture("./prepare_data --input " + test_path("cli_long.jsonl") + " --out-dir " +
+                                         test_path("cli_out"));
+    CHECK(long_line.status == 1);
+    CHECK(long_line.err.find("cli_long.jsonl line 1: not valid JSON") != std::string::npos);
+    CHECK(long_line.err.size() < 600);
+    std::ofstream(test_path("cli_huge.jsonl")) << "{\"text\": \"x y\", \"n\": 1e999}\n";
+    expect_clean_failure("./prepare_data --input " + test_path("cli_huge.jsonl") + " --out-dir " + test_path("cli_out"),
+                         "cli_huge.jsonl line 1: not valid JSON");
+    expect_clean_failure("./plot --log /dev/zero --out " + test_path("cli_plot.png"), "is not a regular file");
 }
 
 TEST_CASE("cli: a loss or gradient norm that stops being finite ends the run with the step; a tokenizer larger than "

@@ -224,7 +224,13 @@ TEST_CASE("config: sizes beyond moe.cu's bounds are refused before anything is a
     j["num_hidden_layers"] = 4096;
     j["first_k_dense_replace"] = 4096;
     rejects(j.dump(), "parameters, above moe.cu's limit of 4.4e+12");
-    CHECK_NOTHROW(load_config("deepseek-v3"));
+    // every block of the main stack dense and small, the MTP block (always MoE) beyond the bound
+    j = json::parse(tiny_with("hidden_size", 1 << 16));
+    j["moe_intermediate_size"] = 1 << 20;
+    j["n_routed_experts"] = 1 << 16;
+    j["first_k_dense_replace"] = j["num_hidden_layers"];
+    j["num_nextn_predict_layers"] = 1;
+    rejects(j.dump(), "parameters in one block, above moe.cu's limit of 4.4e+12");
 }
 
 TEST_CASE("config: unknown keys are reported, not an error") {

@@ -124,7 +124,8 @@ TEST_CASE("data: tokenizer load rejects missing, truncated and foreign files") {
     write_shard(dir.file("shard.bin"), {1, 2, 3}, 1);
     CHECK_THROWS_WITH_AS(Tokenizer::load(dir.file("shard.bin")), doctest::Contains("not a tokenizer file"), std::runtime_error);
     CHECK_THROWS_WITH_AS(Tokenizer::load(dir.file("missing.bin")), doctest::Contains("cannot open"), std::runtime_error);
-    // a merge bomb: each merge joins the last token with itself, 40 doublings would ask for 2^41 bytes
+    // a merge bomb: each merge joins the last token with itself, 40 doublings would ask for 2^41 bytes; a token is at
+    // most one chunk, 256 bytes
     std::string bomb = bytes.substr(0, 8);
     auto append_u32 = [&](uint32_t v) { bomb.append((const char*)&v, 4); };
     append_u32(256 + 40);
@@ -133,19 +134,34 @@ TEST_CASE("data: tokenizer load rejects missing, truncated and foreign files") {
         append_u32(i == 0 ? 'a' : 255 + i);
     }
     write_file_atomic(dir.file("bomb.bin"), bomb);
-    CHECK_THROWS_WITH_AS(Tokenizer::load(dir.file("bomb.bin")), doctest::Contains("merge 16 makes a token of 131072 bytes"),
+    CHECK_THROWS_WITH_AS(Tokenizer::load(dir.file("bomb.bin")), doctest::Contains("merge 8 makes a token of 512 bytes"),
+                         std::runtime_error);
+    // tokens of 256 bytes each, allowed one by one: 2^20 of them pass the 256 MiB that all tokens may take
+    std::string wide = bytes.substr(0, 8);
+    auto append_wide = [&](uint32_t v) { wide.append((const char*)&v, 4); };
+    const uint32_t merges = 7 + (1 << 20);
+    append_wide(256 + merges);
+    for (uint32_t i = 0; i < merges; i++) {
+        const uint32_t half = i < 7 ? (i == 0 ? 'a' : 255 + i) : 255 + 7;  // a 2^i-byte token, then 128 bytes
+        append_wide(half);
+        append_wide(half);
+    }
+    write_file_atomic(dir.file("wide.bin"), wide);
+    CHECK_THROWS_WITH_AS(Tokenizer::load(dir.file("wide.bin")), doctest::Contains("its tokens take over 268435456 bytes"),
                          std::runtime_error);
 }
 
-TEST_CASE("data: training makes no token longer than load accepts (64 KiB)") {
-    // two copies of one run of 2^17 letters: without the bound the 17th merge would join two 2^16-byte halves
+TEST_CASE("data: a run without spaces is cut into chunks of 256 bytes, the longest token") {
+    // two copies of a run of 2^17 letters (a text without spaces): one chunk each would let the merges go on to a
+    // token of 2^17 bytes, every merge rescanning the whole run
     const std::string run(1 << 17, 'a');
     Tokenizer tok = Tokenizer::train(run + "\n" + run, 300);
-    CHECK(tok.vocab_size() == 256 + 16);
-    CHECK(tok.token_bytes(256 + 15) == std::string(1 << 16, 'a'));
+    CHECK(tok.vocab_size() == 256 + 8);
+    CHECK(tok.token_bytes(256 + 7) == std::string(256, 'a'));
+    CHECK(tok.encode(run) == std::vector<uint32_t>(512, 256 + 7));
     TempDir dir;
     tok.save(dir.file("tok.bin"));
-    CHECK(Tokenizer::load(dir.file("tok.bin")).vocab_size() == 256 + 16);
+    CHECK(Tokenizer::load(dir.file("tok.bin")).vocab_size() == 256 + 8);
 }
 
 TEST_CASE("data: shard write/read round trip for versions 1 and 2") {

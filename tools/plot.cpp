@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include <sys/stat.h>
 #include <nlohmann/json.hpp>
 #define STB_IMAGE_WRITE_IMPLEMENTATION
 #include <stb/stb_image_write.h>
@@ -152,7 +153,8 @@ void linear_ticks(Axis& a, int max_ticks) {
 Axis make_axis(double lo, double hi, bool log, int max_ticks) {
     Axis a{lo, hi, log, {}, {}};
     if (log) {
-        if (hi < lo * 1.001) a.lo /= 1.5, a.hi *= 1.5;
+        a.hi = std::min(a.hi, 1e300), a.lo = std::max(a.lo, a.hi * 1e-30);  // 30 decades at most, all finite
+        if (a.hi < a.lo * 1.001) a.lo /= 1.5, a.hi *= 1.5;
         double pad = std::pow(a.hi / a.lo, 0.04);
         a.lo /= pad, a.hi *= pad;
         // Decades (every stride-th of many), else 1-2-5 per decade, else 1..9: the first that gives 3 ticks.
@@ -361,6 +363,9 @@ double field(const nlohmann::json& j, const char* key, const std::string& where)
 
 // The step lines by step number; a later line of the same step (a resumed run) replaces the earlier one.
 std::map<double, StepLine> read_log(const std::string& path) {
+    struct stat st;
+    if (stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))  // a FIFO would block, /dev/zero never end
+        throw std::runtime_error("the log " + path + " is not a regular file");
     std::ifstream f(path);
     if (!f) throw std::runtime_error("cannot open the log " + path + ": " + std::strerror(errno));
     errno = 0;

@@ -1,5 +1,5 @@
-// The training driver of train_cpu and train. Reads top to bottom: args -> ranks -> config -> model and backend
-// -> data -> (resume) -> loop of {micro-steps, gradient reduction, clip, AdamW, bias update, eval, log,
+// The training driver of train_cpu and train. Reads top to bottom: args -> ranks -> config -> data -> model and
+// backend -> (resume) -> loop of {micro-steps, gradient reduction, clip, AdamW, bias update, eval, log,
 // checkpoint} -> export, plot, sample. The host Model holds the config, weights and this rank's AdamW moments for
 // everything that touches files; all arithmetic on it goes through the Backend, which is brought level with it by
 // load (after init, import or resume) and store (before a checkpoint or an export). Under mpirun every rank runs
@@ -38,6 +38,7 @@
 // Everything one run holds, set up once and carried through the loop.
 struct Run {
     const char* program = nullptr;  // names the error lines
+    std::string flags;              // the command line after the program's name
     TrainArgs args;
     Comm* comm = nullptr;
     Config config;
@@ -206,6 +207,8 @@ static void sample_text(Run& r) {
         window.resize(T, 0);
         r.backend->forward(window.data(), nullptr, 1, T, false);
         r.backend->logits_row(last, logits.data());
+        if (!std::all_of(logits.begin(), logits.end(), [](float x) { return std::isfinite(x); }))
+            halt_all(*r.comm, "sampling: the logits are not finite (the model's weights are damaged)");
         const int next = sample_token(logits.data(), V, args.temperature, args.top_k, r.rng);
         context.push_back(next);
         if (speak && (uint32_t)next < (uint32_t)tok.vocab_size()) {
@@ -241,6 +244,7 @@ static void resolve_config(Run& r) {
                 throw std::runtime_error("--vocab " + std::to_string(args.vocab) + " differs from the loaded model's " +
                                          std::to_string(r.config.vocab_size));
             r.config.vocab_size = args.vocab;
+            validate_config(r.config);  // the bounds on the parameter count
         }
         if (r.config.n_routed_experts % args.ep != 0)
             error = "--ep " + std::to_string(args.ep) + " does not divide n_routed_experts " +
@@ -253,18 +257,24 @@ static void resolve_config(Run& r) {
         error = e.what();
     }
     agree_or_exit(r, error);
+    // before the flags are compared below: on nodes without a shared file system the ranks share the flags, not the
+    // directory, and this check says so
+    if (!args.checkpoint_dir.empty() && !args.eval_only && comm.world > 1)
+        agree_or_exit(r, checkpoint_check_dir(args.checkpoint_dir, comm));
 
-    // the checkpoint too: ranks whose listings of --checkpoint-dir differ (a shared file system's cache) would resume
-    // from different steps
-    uint64_t fingerprint =
-        fnv1a(config_to_json(r.config) + " resuming " + r.resume_from + " built " __DATE__ " " __TIME__,
-              1469598103934665603ull);
+    // the flags too: ranks given another --ep, --steps, ... would take other layouts or steps, and hang or corrupt
+    // the collectives; and the checkpoint: ranks whose listings of --checkpoint-dir differ (a shared file system's
+    // cache) would resume from different steps
+    uint64_t fingerprint = fnv1a(r.flags + config_to_json(r.config) + " resuming " + r.resume_from +
+                                     " built " __DATE__ " " __TIME__,
+                                 1469598103934665603ull);
     uint64_t lead_fingerprint = fingerprint;
     comm.broadcast(&lead_fingerprint, sizeof(lead_fingerprint), 0);
     const int differs = first_rank_with(comm, lead_fingerprint != fingerprint).first;
     if (differs >= 0) {
         if (comm.rank == 0)
-            fprintf(stderr, "%s: rank %d's config, checkpoint or build differs from rank 0's\n", r.program, differs);
+            fprintf(stderr, "%s: rank %d's flags, config, checkpoint or build differ from rank 0's\n", r.program,
+                    differs);
         delete g_comm;
         exit(1);
     }
@@ -346,8 +356,6 @@ static void setup_run(Run& r, MakeBackend make_backend) {
         error = e.what();
     }
     agree_or_exit(r, error);
-    if (!args.checkpoint_dir.empty() && !args.eval_only && comm.world > 1)
-        agree_or_exit(r, checkpoint_check_dir(args.checkpoint_dir, comm));
     if (comm.rank == 0 && !args.eval_only && !r.resume_from.empty() && r.state.run != run && !r.state.run.empty())
         fprintf(stderr, "%s: note: the checkpoint's run had %s; this one has %s (the schedule changes)\n",
                 r.program, r.state.run.c_str(), run.c_str());
@@ -488,6 +496,7 @@ static void save_checkpoint(Run& r) {
 int train_main(int argc, char** argv, const char* program, MakeComm make_comm, MakeBackend make_backend) {
     Run r;
     r.program = program;
+    for (int i = 1; i < argc; i++) r.flags += std::string(argv[i]) + '\n';
     r.args = parse_train_args(argc, argv, program);
     const TrainArgs& args = r.args;
     if (args.plan) {

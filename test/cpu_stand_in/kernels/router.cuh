@@ -12,6 +12,8 @@
 
 namespace gpu {
 
+constexpr int ROUTER_MAX_EXPERTS = 48 * 1024 / sizeof(int);  // the real kernels' bound, which gpu_model.cu checks
+
 // logits (N, E) -> scores = sigmoid(logits) (N, E) (may be the same buffer as logits), chosen (N, k),
 // gate_weights (N, k) by router_select. bias (E). scratch: N * E floats.
 inline void router_forward(float* scores, int32_t* chosen, float* gate_weights, float* scratch, const float* logits,
