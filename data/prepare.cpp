@@ -131,8 +131,8 @@ static void read_input_documents(const std::string& path, const std::string& tex
                                  std::vector<std::string>& docs) {
     if (!fs::exists(path)) throw std::runtime_error("input " + path + " does not exist");
     if (!fs::is_directory(path)) {
-        if (!fs::is_regular_file(path))  // a FIFO would block, /dev/zero never end
-            throw std::runtime_error("input " + path + " is neither a file nor a directory");
+        if (fs::is_character_file(path) || fs::is_block_file(path))  // /dev/zero would never end (a pipe may)
+            throw std::runtime_error("input " + path + " is a device, not a file");
         read_file_documents(path, text_field, docs);
         return;
     }

@@ -62,10 +62,10 @@ static void merge_pair(std::vector<uint32_t>& ids, uint32_t left, uint32_t right
     ids.resize(out);
 }
 
-// The most bytes all tokens may take: with at most MAX_CHUNK_BYTES a token, these bound what a corrupt file can make
-// load() allocate (a token merged with itself doubles, 40 such merges would ask for a terabyte). train() keeps within
-// both, so what it saves loads.
-constexpr size_t MAX_TOKENIZER_BYTES = 1 << 28;
+// The longest token load() takes (far above MAX_CHUNK_BYTES, for files trained before chunks were cut) and the most
+// bytes all tokens may take: they bound what a corrupt file can make load() allocate (a token merged with itself
+// doubles, 40 such merges would ask for a terabyte). train() stays within both, so what it saves loads.
+constexpr size_t MAX_TOKEN_BYTES = 1 << 16, MAX_TOKENIZER_BYTES = 1 << 28;
 
 Tokenizer::Tokenizer() {
     for (int b = 0; b < 256; b++) token_bytes_.push_back(std::string(1, (char)b));
@@ -234,7 +234,7 @@ Tokenizer Tokenizer::load(const std::string& path) {
         if (left >= 256 + i || right >= 256 + i)
             throw std::runtime_error(path + ": merge " + std::to_string(i) + " refers to a later token");
         const size_t token_bytes = tok.token_bytes_[left].size() + tok.token_bytes_[right].size();
-        if (token_bytes > MAX_CHUNK_BYTES)
+        if (token_bytes > MAX_TOKEN_BYTES)
             throw std::runtime_error(path + ": corrupt (merge " + std::to_string(i) + " makes a token of " +
                                      std::to_string(token_bytes) + " bytes)");
         total_bytes += token_bytes;

@@ -144,9 +144,9 @@ TEST_CASE("cli: prepare_data rejects a missing input and an unknown flag") {
     expect_clean_failure("./prepare_data --bogus", "unknown flag --bogus");
     expect_clean_failure("./prepare_data --input --out-dir " + test_path("cli_out"), "--input needs a value");
     expect_clean_failure("./prepare_data --input x --out-dir y --shard-tokens 0", "--shard-tokens");
-    // a device or a FIFO would never end or block: only files and directories are read
+    // a device would never end: files, directories and pipes are read
     expect_clean_failure("./prepare_data --input /dev/zero --out-dir " + test_path("cli_out"),
-                         "input /dev/zero is neither a file nor a directory");
+                         "input /dev/zero is a device, not a file");
     // JSON lines: the error names the line, without repeating a megabyte of it; a number beyond a double too
     std::ofstream(test_path("cli_long.jsonl")) << "{\"text\": \"" << std::string(1 << 20, 'a') << "\x01\"}\n";
     const Result long_line = run_capture("./prepare_data --input " + test_path("cli_long.jsonl") + " --out-dir " +
@@ -157,7 +157,7 @@ TEST_CASE("cli: prepare_data rejects a missing input and an unknown flag") {
     std::ofstream(test_path("cli_huge.jsonl")) << "{\"text\": \"x y\", \"n\": 1e999}\n";
     expect_clean_failure("./prepare_data --input " + test_path("cli_huge.jsonl") + " --out-dir " + test_path("cli_out"),
                          "cli_huge.jsonl line 1: not valid JSON");
-    expect_clean_failure("./plot --log /dev/zero --out " + test_path("cli_plot.png"), "is not a regular file");
+    expect_clean_failure("./plot --log /dev/zero --out " + test_path("cli_plot.png"), "the log /dev/zero is a device");
 }
 
 TEST_CASE("cli: a loss or gradient norm that stops being finite ends the run with the step; a tokenizer larger than "

@@ -124,8 +124,7 @@ TEST_CASE("data: tokenizer load rejects missing, truncated and foreign files") {
     write_shard(dir.file("shard.bin"), {1, 2, 3}, 1);
     CHECK_THROWS_WITH_AS(Tokenizer::load(dir.file("shard.bin")), doctest::Contains("not a tokenizer file"), std::runtime_error);
     CHECK_THROWS_WITH_AS(Tokenizer::load(dir.file("missing.bin")), doctest::Contains("cannot open"), std::runtime_error);
-    // a merge bomb: each merge joins the last token with itself, 40 doublings would ask for 2^41 bytes; a token is at
-    // most one chunk, 256 bytes
+    // a merge bomb: each merge joins the last token with itself, 40 doublings would ask for 2^41 bytes
     std::string bomb = bytes.substr(0, 8);
     auto append_u32 = [&](uint32_t v) { bomb.append((const char*)&v, 4); };
     append_u32(256 + 40);
@@ -134,15 +133,15 @@ TEST_CASE("data: tokenizer load rejects missing, truncated and foreign files") {
         append_u32(i == 0 ? 'a' : 255 + i);
     }
     write_file_atomic(dir.file("bomb.bin"), bomb);
-    CHECK_THROWS_WITH_AS(Tokenizer::load(dir.file("bomb.bin")), doctest::Contains("merge 8 makes a token of 512 bytes"),
+    CHECK_THROWS_WITH_AS(Tokenizer::load(dir.file("bomb.bin")), doctest::Contains("merge 16 makes a token of 131072 bytes"),
                          std::runtime_error);
-    // tokens of 256 bytes each, allowed one by one: 2^20 of them pass the 256 MiB that all tokens may take
+    // tokens of 64 KiB each, allowed one by one: 4096 of them pass the 256 MiB that all tokens may take
     std::string wide = bytes.substr(0, 8);
     auto append_wide = [&](uint32_t v) { wide.append((const char*)&v, 4); };
-    const uint32_t merges = 7 + (1 << 20);
+    const uint32_t merges = 15 + 4100;
     append_wide(256 + merges);
     for (uint32_t i = 0; i < merges; i++) {
-        const uint32_t half = i < 7 ? (i == 0 ? 'a' : 255 + i) : 255 + 7;  // a 2^i-byte token, then 128 bytes
+        const uint32_t half = i < 15 ? (i == 0 ? 'a' : 255 + i) : 255 + 15;  // a 2^i-byte token, then 32 KiB
         append_wide(half);
         append_wide(half);
     }

@@ -242,12 +242,22 @@ TEST_CASE("ep: bad layouts and launches are one error from rank 0 and a non-zero
     Job alone = mpirun(1, TRAIN + " --steps 2 --batch 1 --ep 2");
     CHECK(alone.status != 0);
     CHECK(count(alone.err, "does not divide the 1 ranks") == 1);
-    // two ranks started with different configs, or different --ep (which corrupted the all-to-all's buffers before
-    // it was checked) (mpirun's MPMD form: one program line per rank)
-    for (const char* other : {" --config tiny", " --ep 2"}) {
+    // two ranks started with other flags (mpirun's MPMD form: one program line per rank): another config, more
+    // steps (a hang before the flags were compared), a checkpoint directory (a hang: one rank probed it)
+    for (const std::string& other :
+         std::vector<std::string>{" --config tiny", " --steps 3", " --checkpoint-dir " + test_path("ep_other")}) {
         Job mismatch = mpirun(1, TRAIN + " --steps 2 --batch 1 : -np 1 " + TRAIN + " --steps 2 --batch 1" + other);
         CHECK(mismatch.status != 0);
-        CHECK(count(mismatch.err, "rank 1's flags, config, checkpoint or build differ from rank 0's") == 1);
+        CHECK(count(mismatch.err, "rank 1's flags, config or build differ from rank 0's") == 1);
+    }
+    // another --ep corrupted the all-to-all's buffers (MPI) or hung the first all-to-all (NCCL), before anything
+    // compared the flags: both Comms compare it first
+    const std::string emulated = "env STAND_IN_GPUS=2 ./train_emulated --dtype fp32" + TRAIN.substr(TRAIN.find(' '));
+    for (const std::string& program : std::vector<std::string>{TRAIN, emulated}) {
+        Job ep_mismatch = mpirun(1, program + " --steps 2 --batch 1 : -np 1 " + program + " --steps 2 --batch 1 --ep 2");
+        CHECK(ep_mismatch.status != 0);
+        CHECK(count(ep_mismatch.err, "the ranks were given different --ep (1 to 2): start every rank with the same "
+                                     "flags") == 1);
     }
     // srun without a PMI plugin that MPI uses: each task alone in a world of one (Slurm's variables, no mpirun)
     const CommandResult lone =

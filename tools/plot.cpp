@@ -153,7 +153,7 @@ void linear_ticks(Axis& a, int max_ticks) {
 Axis make_axis(double lo, double hi, bool log, int max_ticks) {
     Axis a{lo, hi, log, {}, {}};
     if (log) {
-        a.hi = std::min(a.hi, 1e300), a.lo = std::max(a.lo, a.hi * 1e-30);  // 30 decades at most, all finite
+        a.hi = std::clamp(a.hi, 1e-250, 1e300), a.lo = std::clamp(a.lo, a.hi * 1e-30, a.hi);  // finite, 30 decades
         if (a.hi < a.lo * 1.001) a.lo /= 1.5, a.hi *= 1.5;
         double pad = std::pow(a.hi / a.lo, 0.04);
         a.lo /= pad, a.hi *= pad;
@@ -364,8 +364,8 @@ double field(const nlohmann::json& j, const char* key, const std::string& where)
 // The step lines by step number; a later line of the same step (a resumed run) replaces the earlier one.
 std::map<double, StepLine> read_log(const std::string& path) {
     struct stat st;
-    if (stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))  // a FIFO would block, /dev/zero never end
-        throw std::runtime_error("the log " + path + " is not a regular file");
+    if (stat(path.c_str(), &st) == 0 && (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)))  // /dev/zero would never end
+        throw std::runtime_error("the log " + path + " is a device, not a file");
     std::ifstream f(path);
     if (!f) throw std::runtime_error("cannot open the log " + path + ": " + std::strerror(errno));
     errno = 0;
