@@ -248,8 +248,13 @@ TEST_CASE("ep: bad layouts and launches are one error from rank 0 and a non-zero
          std::vector<std::string>{" --config tiny", " --steps 3", " --checkpoint-dir " + test_path("ep_other")}) {
         Job mismatch = mpirun(1, TRAIN + " --steps 2 --batch 1 : -np 1 " + TRAIN + " --steps 2 --batch 1" + other);
         CHECK(mismatch.status != 0);
-        CHECK(count(mismatch.err, "rank 1's flags, config or build differ from rank 0's") == 1);
+        CHECK(count(mismatch.err, "rank 1's flags or build differ from rank 0's") == 1);
     }
+    // a directory's path is not compared (the probe below is), but an empty one is: only rank 0 would probe
+    Job empty_dir = mpirun(1, TRAIN + " --steps 2 --batch 1 --checkpoint-dir " + test_path("ep_dir") + " : -np 1 " +
+                                  TRAIN + " --steps 2 --batch 1 --checkpoint-dir ''");
+    CHECK(empty_dir.status != 0);
+    CHECK(count(empty_dir.err, "rank 1's flags or build differ from rank 0's") == 1);
     // another --ep corrupted the all-to-all's buffers (MPI) or hung the first all-to-all (NCCL), before anything
     // compared the flags: both Comms compare it first
     const std::string emulated = "env STAND_IN_GPUS=2 ./train_emulated --dtype fp32" + TRAIN.substr(TRAIN.find(' '));

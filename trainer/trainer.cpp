@@ -227,12 +227,28 @@ static std::string format_eta(double seconds) {
     return buf;
 }
 
+// `text` the same on every rank, or rank 0 names the first rank whose text differs (`what`) and the job ends
+static void agree_on(Run& r, const std::string& text, const char* what) {
+    Comm& comm = *r.comm;
+    const uint64_t fingerprint = fnv1a(text, 1469598103934665603ull);
+    uint64_t lead_fingerprint = fingerprint;
+    comm.broadcast(&lead_fingerprint, sizeof(lead_fingerprint), 0);
+    const int differs = first_rank_with(comm, lead_fingerprint != fingerprint).first;
+    if (differs < 0) return;
+    if (comm.rank == 0) fprintf(stderr, "%s: rank %d's %s from rank 0's\n", r.program, differs, what);
+    delete g_comm;
+    exit(1);
+}
+
 // The config from the checkpoint when resuming, from the Hugging Face directory, else from --config, and the
 // same on every rank (the same flags, config, build and newest checkpoint, compared through fingerprints).
 static void resolve_config(Run& r) {
     const TrainArgs& args = r.args;
     Comm& comm = *r.comm;
     config_notes(comm.rank == 0);
+    // first: ranks given another --ep, --steps, ... would take other layouts or steps, and hang or corrupt the
+    // collectives
+    agree_on(r, r.flags + " built " __DATE__ " " __TIME__, "flags or build differ");
     std::string error;
     try {
         r.resume_from = args.resume ? checkpoint_find_latest(args.checkpoint_dir) : "";
@@ -257,24 +273,11 @@ static void resolve_config(Run& r) {
         error = e.what();
     }
     agree_or_exit(r, error);
-    // text the same on every rank, or rank 0 names the first rank that differs and the job ends
-    auto agree_on = [&](const std::string& text, const char* what) {
-        const uint64_t fingerprint = fnv1a(text, 1469598103934665603ull);
-        uint64_t lead_fingerprint = fingerprint;
-        comm.broadcast(&lead_fingerprint, sizeof(lead_fingerprint), 0);
-        const int differs = first_rank_with(comm, lead_fingerprint != fingerprint).first;
-        if (differs < 0) return;
-        if (comm.rank == 0) fprintf(stderr, "%s: rank %d's %s from rank 0's\n", r.program, differs, what);
-        delete g_comm;
-        exit(1);
-    };
-    // ranks given another --ep, --steps, ... would take other layouts or steps, and hang or corrupt the collectives
-    agree_on(r.flags + config_to_json(r.config) + " built " __DATE__ " " __TIME__, "flags, config or build differ");
     // nodes without a shared file system: the same --checkpoint-dir, but not the same directory
     if (!args.checkpoint_dir.empty() && !args.eval_only && !args.describe && comm.world > 1)
         agree_or_exit(r, checkpoint_check_dir(args.checkpoint_dir, comm));
     // ranks whose listings of --checkpoint-dir differ (a shared file system's cache) would resume from other steps
-    agree_on(r.resume_from, "newest checkpoint in --checkpoint-dir differs");
+    agree_on(r, config_to_json(r.config) + " resuming " + r.resume_from, "config or newest checkpoint differ");
     if (args.resume && r.resume_from.empty() && comm.rank == 0)
         fprintf(stderr, "%s: no checkpoint in %s yet; starting from step 0\n", r.program, args.checkpoint_dir.c_str());
 }
@@ -493,9 +496,11 @@ static void save_checkpoint(Run& r) {
 int train_main(int argc, char** argv, const char* program, MakeComm make_comm, MakeBackend make_backend) {
     Run r;
     r.program = program;
-    // compared across ranks at start; the checkpoint directory apart (checkpoint_check_dir says more about it)
-    for (int i = 1; i < argc; i++)
-        r.flags += (i > 1 && !strcmp(argv[i - 1], "--checkpoint-dir") ? "DIR" : std::string(argv[i])) + '\n';
+    // compared across ranks at start; a checkpoint directory's path apart (checkpoint_check_dir says more about it)
+    for (int i = 1; i < argc; i++) {
+        const bool directory = i > 1 && !strcmp(argv[i - 1], "--checkpoint-dir") && argv[i][0];
+        r.flags += (directory ? "DIR" : std::string(argv[i])) + '\n';
+    }
     r.args = parse_train_args(argc, argv, program);
     const TrainArgs& args = r.args;
     if (args.plan) {
