@@ -7,6 +7,7 @@
 // shards of an earlier, longer run are removed.
 #include "data/shards.h"
 #include "data/tokenizer.h"
+#include "model/config.h"
 #include "model/files.h"
 
 #include <algorithm>
@@ -66,8 +67,9 @@ static Options parse_args(int argc, char** argv) {
         } else if (flag == "--vocab") {
             const std::string v = value();
             const long n = strtol(v.c_str(), &end, 10);
-            if (*end || v.empty() || n < 256 || n > (1L << 24))
-                throw UsageError("--vocab must be an integer in [256, 16777216], got '" + v + "'");
+            if (*end || v.empty() || n < 256 || n > MAX_VOCAB_SIZE)
+                throw UsageError("--vocab must be an integer in [256, " + std::to_string(MAX_VOCAB_SIZE) + "], got '" +
+                                 v + "'");
             opt.vocab = (int)n;
             opt.vocab_given = true;
         } else if (flag == "--val-fraction") {

@@ -3,6 +3,7 @@
 #include "tokenizer.h"
 
 #include "shards.h"
+#include "model/config.h"
 
 #include <queue>
 #include <stdexcept>
@@ -218,7 +219,7 @@ void Tokenizer::save(const std::string& path) const {
 }
 
 Tokenizer Tokenizer::load(const std::string& path) {
-    std::string bytes = read_file(path, 12 + 8 * (size_t)(1 << 24));  // vocab_size's bound (model/config.cpp)
+    std::string bytes = read_file(path, 12 + 8 * (size_t)MAX_VOCAB_SIZE);
     if (bytes.size() < 12 || load_le32(&bytes[0]) != TOKENIZER_MAGIC)
         throw std::runtime_error(path + ": not a tokenizer file (bad magic)");
     uint32_t version = load_le32(&bytes[4]), vocab = load_le32(&bytes[8]);

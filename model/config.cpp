@@ -215,7 +215,8 @@ void validate_config(const Config& c) {
             require(value <= limit, std::string(name) + " " + std::to_string(value) + " is above moe.cu's limit of " +
                                         std::to_string(limit));
     };
-    at_most(1 << 24, {{"vocab_size", c.vocab_size}, {"max_position_embeddings", c.max_position_embeddings},
+    at_most(MAX_VOCAB_SIZE, {{"vocab_size", c.vocab_size}});
+    at_most(1 << 24, {{"max_position_embeddings", c.max_position_embeddings},
                       {"rope_scaling.original_max_position_embeddings", c.yarn_original_max_position}});
     at_most(1 << 20, {{"hidden_size", c.hidden_size}, {"intermediate_size", c.intermediate_size},
                       {"moe_intermediate_size", c.moe_intermediate_size}, {"q_lora_rank", c.q_lora_rank},
@@ -279,7 +280,7 @@ Config parse_config_file(const std::string& name) {
                                  ": no such preset (tiny, small, deepseek-v2-lite, deepseek-v3) or readable file");
     std::string text;
     try {
-        text = read_file(name, 1 << 26);
+        text = read_file(name, MAX_CONFIG_BYTES);
     } catch (const std::runtime_error& e) {
         throw std::runtime_error("config " + name + ": " + e.what());
     }

@@ -2,8 +2,14 @@
 // A config is read from a preset name (tiny, small, deepseek-v2-lite, deepseek-v3) or a JSON file;
 // a real DeepSeek config.json loads as is. Unknown keys are reported, invalid values are an error.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <string>
+
+// The largest vocabulary validate_config takes (also what --vocab, prepare_data --vocab and a tokenizer file are
+// held to), and the most bytes a config file or a Hugging Face config.json may have
+constexpr int MAX_VOCAB_SIZE = 1 << 24;
+constexpr size_t MAX_CONFIG_BYTES = 1 << 26;
 
 struct Config {
     // sizes

@@ -90,7 +90,7 @@ void export_hf(const Model& m, const std::string& dir, ExportDType dtype) {
 Config hf_config(const std::string& dir) {
     const std::string path = dir + "/config.json";
     if (!is_file(path)) throw std::runtime_error(path + ": not found (not a Hugging Face model directory?)");
-    const std::string text = read_file(path, 1 << 26);
+    const std::string text = read_file(path, MAX_CONFIG_BYTES);
     json j = json::parse(text, nullptr, false);
     if (j.is_object() && j.contains("model_type")) {
         const json& t = j["model_type"];

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <string>
 
+#include "config.h"
+
 static const char* USAGE =
     "usage: %s [flags]\n"
     "  --config PRESET|FILE   tiny, small, deepseek-v2-lite, deepseek-v3, or a Hugging Face config.json (small)\n"
@@ -134,7 +136,7 @@ TrainArgs parse_train_args(int argc, char** argv, const char* program) {
         else if (!strcmp(flag, "--temperature")) a.temperature = parse_float(program, flag, v, 1e-3, 100.0);
         else if (!strcmp(flag, "--top-k")) a.top_k = (int)parse_int(program, flag, v, 0, BIG);
         else if (!strcmp(flag, "--ep")) a.ep = (int)parse_int(program, flag, v, 1, 1 << 16);
-        else if (!strcmp(flag, "--vocab")) a.vocab = (int)parse_int(program, flag, v, 2, 1 << 24);  // validate_config's bound
+        else if (!strcmp(flag, "--vocab")) a.vocab = (int)parse_int(program, flag, v, 2, MAX_VOCAB_SIZE);
         else if (!strcmp(flag, "--init-from-hf")) a.init_from_hf = v;
         else if (!strcmp(flag, "--export-hf")) a.export_hf = v;
         else if (!strcmp(flag, "--export-dtype")) a.export_dtype = v;
