@@ -7,7 +7,12 @@
 #include <cstring>
 #include <string>
 
+#include <unistd.h>
+
 #include "config.h"
+
+// How long a rank other than 0 waits before it reports a flag it rejects (bad(), below).
+static const unsigned OTHER_RANK_FLAG_ERROR_DELAY_SECONDS = 5;
 
 static const char* USAGE =
     "usage: %s [flags]\n"
@@ -57,17 +62,27 @@ static const char* USAGE =
     "                         --gpus N (8) --gpus-per-node N (8) --ep M --batch B --seq T --grad-accum N\n"
     "                         --matmul-tflops X (400) --nvlink-gbps X (160) --network-gbps X (40) --gpu-memory-gib X (80)\n";
 
-// Whether this process is rank 0 of its job, from the launcher's environment (mpirun's, or srun's with PMIx or PMI):
-// the flags are parsed before MPI starts
-static bool rank_zero() {
+// This process's rank in its job, from the launcher's environment (mpirun's, or srun's with PMIx or PMI): the
+// flags are parsed before MPI starts. "0" when there is no launcher.
+static std::string launcher_rank() {
     for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"})
-        if (const char* rank = getenv(name)) return !strcmp(rank, "0");
-    return true;
+        if (const char* rank = getenv(name)) return rank;
+    return "0";
 }
 
-// Every rank of an mpirun job parses the same flags; only rank 0 says what is wrong.
+// The ranks of a job usually get the same flags, so they all reject the same one: rank 0 says what is wrong, at
+// once, and the launcher ends the others (mpirun does; srun with --kill-on-bad-exit). Another rank waits before it
+// speaks, so that its line is only seen when rank 0 accepted its own flags (a launch that gave the ranks different
+// flags, which the launcher cannot end for us). A launcher that lets every rank finish prints the line once per rank.
 [[noreturn]] static void bad(const char* program, const std::string& msg) {
-    if (rank_zero()) fprintf(stderr, "%s: %s (see --help)\n", program, msg.c_str());
+    const std::string rank = launcher_rank();
+    if (rank == "0") {
+        fprintf(stderr, "%s: %s (see --help)\n", program, msg.c_str());
+    } else {
+        sleep(OTHER_RANK_FLAG_ERROR_DELAY_SECONDS);
+        fprintf(stderr, "%s: [rank %s] %s (see --help; start every rank with the same flags)\n", program,
+                rank.c_str(), msg.c_str());
+    }
     exit(2);
 }
 

@@ -255,6 +255,14 @@ TEST_CASE("ep: bad layouts and launches are one error from rank 0 and a non-zero
                                   TRAIN + " --steps 2 --batch 1 --checkpoint-dir ''");
     CHECK(empty_dir.status != 0);
     CHECK(count(empty_dir.err, "rank 1's flags or build differ from rank 0's") == 1);
+    // flags are parsed before MPI starts: a flag only rank 1 rejects is one line from rank 1, the same bad flag on
+    // every rank one line from rank 0 (the others wait before they speak, and mpirun ends them first)
+    Job rank1_flag = mpirun(1, TRAIN + " --steps 2 --batch 1 : -np 1 " + TRAIN + " --steps 2 --batch x");
+    CHECK(rank1_flag.status != 0);
+    CHECK(count(rank1_flag.err, "[rank 1] --batch needs an integer") == 1);
+    Job every_rank_flag = mpirun(2, TRAIN + " --steps 2 --batch x");
+    CHECK(every_rank_flag.status != 0);
+    CHECK(count(every_rank_flag.err, "--batch needs an integer") == 1);
     // another --ep corrupted the all-to-all's buffers (MPI) or hung the first all-to-all (NCCL), before anything
     // compared the flags: both Comms compare it first
     const std::string emulated = "env STAND_IN_GPUS=2 ./train_emulated --dtype fp32" + TRAIN.substr(TRAIN.find(' '));
