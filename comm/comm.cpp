@@ -56,6 +56,16 @@ bool refuse_launch(int tasks, int world, const char* program) {
     return true;
 }
 
+std::string layout_error(int ep, int ep_max, int ep_min, int world) {
+    if (ep_max != ep_min)
+        return "the ranks were given different --ep (" + std::to_string(ep_min) + " to " + std::to_string(ep_max) +
+               "): start every rank with the same flags";
+    if (ep < 1 || world % ep != 0)
+        return "--ep " + std::to_string(ep) + " does not divide the " + std::to_string(world) +
+               " ranks (world = EP x DP)";
+    return "";
+}
+
 Comm& local_comm() {
     static SingleComm single("moe.cu");
     return single;

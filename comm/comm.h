@@ -64,6 +64,9 @@ int srun_tasks();
 // refuses such a start in MPI_Init itself): N copies of rank 0 would train side by side and overwrite each other's
 // checkpoints. Every task exits; the one of SLURM_PROCID 0 says why.
 bool refuse_launch(int srun_tasks, int world, const char* program);
+// Why the ranks cannot cut the layout, or "": given this rank's --ep and the largest and smallest --ep over the
+// ranks (an all-reduce before anything is cut by it), whether they agree and divide the world.
+std::string layout_error(int ep, int ep_max, int ep_min, int world);
 
 // A one-rank Comm (no other process involved), for models that are not distributed.
 Comm& local_comm();

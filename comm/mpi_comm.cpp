@@ -41,18 +41,10 @@ public:
         check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node), "split node");
         check_mpi(MPI_Comm_rank(node, &local_rank), "MPI_Comm_rank(node)");
         check_mpi(MPI_Comm_free(&node), "MPI_Comm_free");
-        int ep_range[2] = {ep, -ep};  // the largest and the smallest --ep of the ranks: before the layout is cut by it
+        int ep_range[2] = {ep, -ep};  // the largest and the smallest --ep of the ranks
         check_mpi(MPI_Allreduce(MPI_IN_PLACE, ep_range, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD), "MPI_Allreduce(--ep)");
-        if (ep_range[0] != -ep_range[1]) {
-            if (rank == 0)
-                fprintf(stderr, "%s: the ranks were given different --ep (%d to %d): start every rank with the same "
-                        "flags\n", program, -ep_range[1], ep_range[0]);
-            MPI_Finalize();
-            exit(2);
-        }
-        if (ep < 1 || world % ep != 0) {
-            if (rank == 0)
-                fprintf(stderr, "%s: --ep %d does not divide the %d ranks (world = EP x DP)\n", program, ep, world);
+        if (const std::string why = layout_error(ep, ep_range[0], -ep_range[1], world); !why.empty()) {
+            if (rank == 0) fprintf(stderr, "%s: %s\n", program, why.c_str());
             MPI_Finalize();
             exit(2);
         }

@@ -67,16 +67,10 @@ public:
             if (error.empty()) error = shared;
             check_mpi(MPI_Comm_free(&node), "MPI_Comm_free");
         }
-        if (use_mpi_) {  // the largest and the smallest --ep of the ranks: before the layout is cut by it
-            int ep_range[2] = {ep, -ep};
+        int ep_range[2] = {ep, -ep};  // the largest and the smallest --ep of the ranks
+        if (use_mpi_)
             check_mpi(MPI_Allreduce(MPI_IN_PLACE, ep_range, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD), "MPI_Allreduce");
-            if (error.empty() && ep_range[0] != -ep_range[1])
-                error = "the ranks were given different --ep (" + std::to_string(-ep_range[1]) + " to " +
-                        std::to_string(ep_range[0]) + "): start every rank with the same flags";
-        }
-        if (error.empty() && (ep < 1 || world % ep != 0))
-            error = "--ep " + std::to_string(ep) + " does not divide the " + std::to_string(world) +
-                    " ranks (world = EP x DP)";
+        if (error.empty()) error = layout_error(ep, ep_range[0], -ep_range[1], world);
         agree_on_setup(error);
         set_layout(ep);
         check_cuda(cudaSetDevice(device), "cudaSetDevice");
