@@ -4,6 +4,9 @@
 // process, then that 10 optimizer steps give the same losses, then that the single process's checkpoint, loaded
 // in this layout and saved again (every rank writing its own part), is the same file byte for byte. Exit status 0
 // when all agree.
+// With --expert-tail the experts are shaped so that each MoE layer's expert bucket leaves a tail under DP 2 (4
+// experts of width 3: 576 values a rank at EP 2, two pieces of 256 and a tail of 64), which the optimizer
+// all-reduces over the DP group instead of reduce-scattering it (model/optimizer.h); tiny's buckets have none.
 // Tolerance: the routing and every per-row product are bit-identical in both layouts (the GEMM sums each output
 // in a fixed order whatever the batch); only the sums over tokens and ranks are reordered, ~1e-6 relative in fp32
 // (measured: gradients 4.4e-7, losses over 10 steps 1.1e-8, for EP 2, EP 4 and EP 2 x DP 2), so 1e-5 for both.
@@ -48,10 +51,21 @@ static double train_step(Model& m, AdamWState& opt, const OptimizerConfig& oc, i
 }
 
 int main(int argc, char** argv) {
-    int ep = argc == 3 && !strcmp(argv[1], "--ep") ? atoi(argv[2]) : 1;
+    int ep = 1;
+    bool expert_tail = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--ep") && i + 1 < argc) ep = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--expert-tail")) expert_tail = true;
+        else return fprintf(stderr, "usage: ep_check [--ep N] [--expert-tail]\n"), 2;
+    }
     std::unique_ptr<Comm> comm = make_comm(ep, "ep_check");
     Config c = load_config("tiny");
     c.aux_loss_alpha = 0.05f;  // make the balance loss's gradient visible
+    if (expert_tail) {
+        c.n_routed_experts = 4;
+        c.moe_intermediate_size = 3;
+        c.n_group = c.topk_group = 1;
+    }
     const int B_global = 4, T = 16;
     if (B_global % comm->world) comm->abort("the world size must divide 4");
     const int B = B_global / comm->world;
@@ -73,6 +87,15 @@ int main(int argc, char** argv) {
     AdamWState opt_dist = adamw_state(dist.shard), opt_alone = adamw_state(alone.shard);
 
     int failures = 0;
+    if (expert_tail && comm->dp_size > 1) {
+        bool tail = false;
+        for (const OptimizerBucket& b : dist.shard.buckets)
+            tail = tail || (b.group == Group::DataParallel && b.count > b.ranks * b.piece);
+        if (comm->rank == 0 && !tail) {
+            printf("--expert-tail: no expert bucket has a tail in this layout\n");
+            failures++;
+        }
+    }
     double loss_dist = train_step(dist, opt_dist, oc, 0, my_inputs, my_targets, B, T, false);
     double loss_alone = comm->rank == 0 ? train_step(alone, opt_alone, oc, 0, inputs.data(), targets.data(), B_global, T, false) : 0;
     if (comm->rank == 0 && fabs(loss_dist - loss_alone) > 1e-5 * fabs(loss_alone)) {

@@ -3,6 +3,8 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -14,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "data/shards.h"
+#include "model/optimizer.h"
 #include "test/test_helpers.h"
 
 namespace {
@@ -187,6 +190,44 @@ TEST_CASE("cli: --eval-every evaluates every N steps and after the last; a resum
     const Result resumed = run_capture(train + " --steps 7 --lr 1e-3 --resume");
     CHECK(resumed.status == 0);
     CHECK(resumed.err.find("note: the checkpoint's run had") != std::string::npos);
+}
+
+// The schedule's flags as the optimizer sees them: each step's logged learning rate is learning_rate() of that step
+// (0-based) for an OptimizerConfig built here from the same values (rel 1e-6: the log prints 7 digits), through
+// warmup, the stable peak and the decay to --min-lr-ratio; and --weight-decay and --grad-clip change the run (the
+// loss of step 3 moves by far more than the 9 digits it is logged with: a decay of 5 x lr 1e-2 shrinks every
+// matrix by 5% a step; a clip to 1e-7 brings the gradients below AdamW's eps, which shrinks the first updates).
+TEST_CASE("cli: the schedule, weight decay and clipping flags reach the optimizer") {
+    const std::string log = test_path("cli_schedule.jsonl");
+    const std::string train = "./train_cpu --config test/data/ep-tiny.json" + DATA + " --seq 32 --batch 2 --lr 1e-2";
+    auto run_log = [&](const std::string& flags) {
+        remove(log.c_str());
+        REQUIRE(run_capture(train + flags + " --log " + log).status == 0);
+        std::vector<nlohmann::json> lines;
+        std::ifstream f(log);
+        for (std::string line; std::getline(f, line);) lines.push_back(nlohmann::json::parse(line));
+        return lines;
+    };
+    OptimizerConfig oc;
+    oc.lr = 1e-2f;
+    oc.warmup_steps = 2;
+    oc.total_steps = 7;
+    oc.decay_steps = 3;
+    oc.min_lr_ratio = 0.5f;
+    const std::vector<nlohmann::json> scheduled =
+        run_log(" --steps 7 --warmup 2 --decay-steps 3 --min-lr-ratio 0.5");
+    REQUIRE(scheduled.size() == 7);
+    for (int step = 0; step < 7; step++) {
+        INFO("step " << step + 1);
+        CHECK(scheduled[step]["step"].get<int>() == step + 1);
+        CHECK_REL(scheduled[step]["lr"].get<double>(), learning_rate(oc, step), 1e-6);
+    }
+    CHECK_REL(scheduled[6]["lr"].get<double>(), 5e-3, 1e-6);  // the floor: --min-lr-ratio of the peak
+
+    auto third_loss = [&](const std::string& flags) { return run_log(" --steps 3" + flags)[2]["loss"].get<double>(); };
+    const double plain = third_loss("");
+    CHECK(std::fabs(third_loss(" --weight-decay 5") - plain) > 1e-6 * plain);
+    CHECK(std::fabs(third_loss(" --grad-clip 1e-7") - plain) > 1e-6 * plain);
 }
 
 TEST_CASE("cli: --describe prints the config and the README's parameter counts") {

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <string>
 #include <sys/wait.h>
+#include <tuple>
 #include <vector>
 
 #include "comm/expert_plan.h"
@@ -125,15 +126,18 @@ const std::string TRAIN = "./train_cpu --config test/data/ep-tiny.json --data 'd
 
 TEST_CASE("ep: EP=2, EP=4, DP=2 and EP=2 x DP=2 give the loss and gradients of one process, and the same 10 steps; "
           "its checkpoint saved from them is the same file") {
-    for (auto [ranks, ep] : std::vector<std::pair<int, int>>{{1, 1}, {2, 2}, {4, 4}, {2, 1}, {4, 2}}) {
-        Job j = mpirun(ranks, "./ep_check --ep " + std::to_string(ep));
-        INFO("ranks " << ranks << " ep " << ep << "\n" << j.out << j.err);
+    // the last: experts shaped so that their buckets leave a tail for the DP group (ep_check --expert-tail)
+    for (auto [ranks, ep, flags] : std::vector<std::tuple<int, int, const char*>>{
+             {1, 1, ""}, {2, 2, ""}, {4, 4, ""}, {2, 1, ""}, {4, 2, ""}, {4, 2, " --expert-tail"}}) {
+        Job j = mpirun(ranks, "./ep_check --ep " + std::to_string(ep) + flags);
+        INFO("ranks " << ranks << " ep " << ep << flags << "\n" << j.out << j.err);
         CHECK(j.status == 0);
         CHECK(j.out.find(", ok") != std::string::npos);
     }
 }
 
-TEST_CASE("ep: train_cpu on 4 ranks (EP 2 x DP 2) matches 1 rank, and its checkpoint resumes on 2 ranks") {
+TEST_CASE("ep: train_cpu on 4 ranks (EP 2 x DP 2) matches 1 rank, its checkpoint resumes on 2 ranks, and it evaluates "
+          "alike on 1, 2 and 4") {
     const std::string ckpt = test_path("ep_ckpt"), log_one = test_path("ep_one.jsonl"),
                       log_four = test_path("ep_four.jsonl"), log_two = test_path("ep_two.jsonl");
     const std::string clean = "rm -rf " + ckpt + " " + log_one + " " + log_four + " " + log_two;
@@ -157,6 +161,20 @@ TEST_CASE("ep: train_cpu on 4 ranks (EP 2 x DP 2) matches 1 rank, and its checkp
     std::vector<std::string> c = losses(log_two);
     REQUIRE(c.size() == 3);
     for (int i = 0; i < 3; i++) CHECK(std::stod(c[i]) == doctest::Approx(std::stod(a[3 + i])).epsilon(1e-5));
+    // the validation loss of the newest checkpoint: the mean over the same global batches on 1, 2 and 4 ranks
+    const std::string evaluate = TRAIN + " --val 'data/default/val_*.bin' --eval-batches 2 --checkpoint-dir " + ckpt +
+                                 " --resume --eval-only";
+    std::vector<double> val_losses;
+    for (auto [ranks, ep] : std::vector<std::pair<int, int>>{{1, 1}, {2, 2}, {4, 2}}) {
+        Job eval = mpirun(ranks, evaluate + " --batch " + std::to_string(4 / ranks) + " --ep " + std::to_string(ep));
+        INFO("ranks " << ranks << "\n" << eval.out << eval.err);
+        REQUIRE(eval.status == 0);
+        const size_t at = eval.out.find("val_loss ");
+        REQUIRE(at != std::string::npos);
+        val_losses.push_back(std::stod(eval.out.substr(at + 9)));
+    }
+    CHECK(val_losses[1] == doctest::Approx(val_losses[0]).epsilon(1e-5));
+    CHECK(val_losses[2] == doctest::Approx(val_losses[0]).epsilon(1e-5));
     system(clean.c_str());
 }
 

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <vector>
 
+#include "model/config.h"
 #include "model/optimizer.h"
 #include "test/test_helpers.h"
 
@@ -54,7 +55,8 @@ TEST_CASE("optimizer: AdamW with bias correction; decay on matrices only; untrai
     std::vector<double> p(params.begin(), params.end()), m(table.total, 0.0), v(table.total, 0.0);
     const float lrs[] = {1e-2f, 5e-3f, 2e-3f}, multipliers[] = {1.0f, 0.5f, 1.0f};
     for (int step = 1; step <= 3; step++) {
-        for (int64_t i = 0; i < table.total; i++) grads[i] = rng.normal();
+        // every other gradient of the size late in training (1e-7), where eps = 1e-8 is a tenth of sqrt(v)
+        for (int64_t i = 0; i < table.total; i++) grads[i] = rng.normal() * (i % 2 ? 1e-7f : 1.0f);
         adamw_update(shard, params.data(), grads.data(), state, oc, lrs[step - 1], multipliers[step - 1]);
         for (const ParamTensor& t : table.tensors) {
             if (!t.trainable) continue;
@@ -73,9 +75,35 @@ TEST_CASE("optimizer: AdamW with bias correction; decay on matrices only; untrai
         for (int64_t i = t.offset; i < t.offset + t.numel; i++) {
             INFO(t.name << "[" << i - t.offset << "]");
             // float arithmetic over three steps of a value near 1; a decay on the norm, or none on the matrix,
-            // moves a value by lr x 0.1 x ~1 = 1e-3 at the first step, missing bias correction by far more
+            // moves a value by lr x 0.1 x ~1 = 1e-3 at the first step, missing bias correction by far more, and
+            // eps inside the square root (sqrt(v + eps) = 1e-4 for the small gradients) by lr x ~1
             CHECK_REL(params[i], p[i], 1e-5);
         }
+}
+
+// The flags the AdamW test above sets by hand, as the parameter table sets them for real models: weight decay on
+// the matrices and embeddings (2 or more dimensions, stacked experts included), none on the RMSNorm weights or the
+// router's balancing bias, which AdamW does not touch at all.
+TEST_CASE("optimizer: the parameter table decays matrices and embeddings, not norms; the router bias is frozen") {
+    for (const char* preset : {"tiny", "small"}) {
+        const ParamTable table = build_param_table(load_config(preset), 1);
+        int decayed = 0, norms = 0, biases = 0;
+        for (const ParamTensor& t : table.tensors) {
+            INFO(preset << " " << t.name);
+            const bool norm = t.name.find("norm") != std::string::npos;
+            const bool bias = t.name.find("e_score_correction_bias") != std::string::npos;
+            CHECK(t.weight_decay == (t.shape.size() >= 2));
+            CHECK(t.weight_decay == (!norm && !bias));
+            CHECK(t.trainable == !bias);
+            decayed += t.weight_decay;
+            norms += norm;
+            biases += bias;
+        }
+        CHECK(table.at("model.embed_tokens.weight").weight_decay);
+        CHECK(decayed > 0);
+        CHECK(norms > 0);
+        CHECK(biases > 0);
+    }
 }
 
 // The ZeRO-1 shards of every rank of a world, for the tiny config laid out as EP x DP: within each group of ranks
