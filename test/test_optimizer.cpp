@@ -55,7 +55,8 @@ TEST_CASE("optimizer: AdamW with bias correction; decay on matrices only; untrai
     std::vector<double> p(params.begin(), params.end()), m(table.total, 0.0), v(table.total, 0.0);
     const float lrs[] = {1e-2f, 5e-3f, 2e-3f}, multipliers[] = {1.0f, 0.5f, 1.0f};
     for (int step = 1; step <= 3; step++) {
-        // every other gradient of the size late in training (1e-7), where eps = 1e-8 is a tenth of sqrt(v)
+        // every other gradient 1e-7 (a large model's gradients per value are this small), where eps = 1e-8 is a
+        // tenth of sqrt(v)
         for (int64_t i = 0; i < table.total; i++) grads[i] = rng.normal() * (i % 2 ? 1e-7f : 1.0f);
         adamw_update(shard, params.data(), grads.data(), state, oc, lrs[step - 1], multipliers[step - 1]);
         for (const ParamTensor& t : table.tensors) {
