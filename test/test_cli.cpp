@@ -230,6 +230,32 @@ TEST_CASE("cli: the schedule, weight decay and clipping flags reach the optimize
     CHECK(std::fabs(third_loss(" --grad-clip 1e-7") - plain) > 1e-6 * plain);
 }
 
+// Gradient accumulation: batch 4 in one micro-step, 2 x 2 and 4 x 1 read the same sequences (the loader reads the
+// micro-batches one after another) and average the same per-token losses, so the 6 steps' losses and gradient norms
+// agree but for the order of float sums (the losses measured within 6e-9 relative; 1e-6, and the norms' printed
+// sixth decimal). A parameter gradient written (=) where it
+// should accumulate (+=) keeps only the last micro-batch's part: the norms then differ at the first step.
+TEST_CASE("cli: --grad-accum 2 and 4 train as one micro-step of the whole batch") {
+    const std::string train = "./train_cpu --config test/data/ep-tiny.json" + DATA + " --seq 32 --lr 1e-2 --steps 6";
+    std::vector<std::vector<nlohmann::json>> runs;
+    for (const char* layout : {" --batch 4", " --batch 2 --grad-accum 2", " --batch 1 --grad-accum 4"}) {
+        const std::string log = test_path("cli_accum.jsonl");
+        remove(log.c_str());
+        REQUIRE(run_capture(train + layout + " --log " + log).status == 0);
+        std::ifstream f(log);
+        runs.emplace_back();
+        for (std::string line; std::getline(f, line);) runs.back().push_back(nlohmann::json::parse(line));
+        REQUIRE(runs.back().size() == 6);
+    }
+    for (int r = 1; r < 3; r++)
+        for (int step = 0; step < 6; step++) {
+            INFO("layout " << r << " step " << step + 1);
+            CHECK_REL(runs[r][step]["loss"].get<double>(), runs[0][step]["loss"].get<double>(), 1e-6);
+            const double norm = runs[r][step]["grad_norm"].get<double>(), want = runs[0][step]["grad_norm"].get<double>();
+            CHECK(std::fabs(norm - want) <= 1e-6 * want + 1e-6);  // the log prints the norm with 6 decimals
+        }
+}
+
 TEST_CASE("cli: --describe prints the config and the README's parameter counts") {
     const CommandResult describe = run_logged("./train_cpu --config small --describe", "cli_describe.txt", 60);
     REQUIRE(describe.status == 0);
