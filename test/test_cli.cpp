@@ -53,6 +53,18 @@ void expect_clean_failure(const std::string& cmd, const std::string& expect) {
 
 const std::string DATA = " --data 'data/default/train_*.bin'";
 
+// Runs a train_cpu command line with --log, which must succeed, and returns the log's lines (one per step).
+std::vector<nlohmann::json> train_log(const std::string& cmd) {
+    const std::string log = test_path("cli_train_log.jsonl");
+    remove(log.c_str());
+    const Result run = run_capture(cmd + " --log " + log);
+    REQUIRE_MESSAGE(run.status == 0, cmd << "\n" << run.err);
+    std::vector<nlohmann::json> lines;
+    std::ifstream f(log);
+    for (std::string line; std::getline(f, line);) lines.push_back(nlohmann::json::parse(line));
+    return lines;
+}
+
 }  // namespace
 
 TEST_CASE("cli: nonsense flags and values are one-line errors") {
@@ -198,16 +210,7 @@ TEST_CASE("cli: --eval-every evaluates every N steps and after the last; a resum
 // loss of step 3 moves by far more than the 9 digits it is logged with: a decay of 5 x lr 1e-2 shrinks every
 // matrix by 5% a step; a clip to 1e-7 brings the gradients below AdamW's eps, which shrinks the first updates).
 TEST_CASE("cli: the schedule, weight decay and clipping flags reach the optimizer") {
-    const std::string log = test_path("cli_schedule.jsonl");
     const std::string train = "./train_cpu --config test/data/ep-tiny.json" + DATA + " --seq 32 --batch 2 --lr 1e-2";
-    auto run_log = [&](const std::string& flags) {
-        remove(log.c_str());
-        REQUIRE(run_capture(train + flags + " --log " + log).status == 0);
-        std::vector<nlohmann::json> lines;
-        std::ifstream f(log);
-        for (std::string line; std::getline(f, line);) lines.push_back(nlohmann::json::parse(line));
-        return lines;
-    };
     OptimizerConfig oc;
     oc.lr = 1e-2f;
     oc.warmup_steps = 2;
@@ -215,7 +218,7 @@ TEST_CASE("cli: the schedule, weight decay and clipping flags reach the optimize
     oc.decay_steps = 3;
     oc.min_lr_ratio = 0.5f;
     const std::vector<nlohmann::json> scheduled =
-        run_log(" --steps 7 --warmup 2 --decay-steps 3 --min-lr-ratio 0.5");
+        train_log(train + " --steps 7 --warmup 2 --decay-steps 3 --min-lr-ratio 0.5");
     REQUIRE(scheduled.size() == 7);
     for (int step = 0; step < 7; step++) {
         INFO("step " << step + 1);
@@ -224,7 +227,9 @@ TEST_CASE("cli: the schedule, weight decay and clipping flags reach the optimize
     }
     CHECK_REL(scheduled[6]["lr"].get<double>(), 5e-3, 1e-6);  // the floor: --min-lr-ratio of the peak
 
-    auto third_loss = [&](const std::string& flags) { return run_log(" --steps 3" + flags)[2]["loss"].get<double>(); };
+    auto third_loss = [&](const std::string& flags) {
+        return train_log(train + " --steps 3" + flags)[2]["loss"].get<double>();
+    };
     const double plain = third_loss("");
     CHECK(std::fabs(third_loss(" --weight-decay 5") - plain) > 1e-6 * plain);
     CHECK(std::fabs(third_loss(" --grad-clip 1e-7") - plain) > 1e-6 * plain);
@@ -233,18 +238,13 @@ TEST_CASE("cli: the schedule, weight decay and clipping flags reach the optimize
 // Gradient accumulation: batch 4 in one micro-step, 2 x 2 and 4 x 1 read the same sequences (the loader reads the
 // micro-batches one after another) and average the same per-token losses, so the 6 steps' losses and gradient norms
 // agree but for the order of float sums (the losses measured within 6e-9 relative; 1e-6, and the norms' printed
-// sixth decimal). A parameter gradient written (=) where it
-// should accumulate (+=) keeps only the last micro-batch's part: the norms then differ at the first step.
+// sixth decimal). A parameter gradient written (=) where it should accumulate (+=) keeps only the last
+// micro-batch's part: the norms then differ at the first step.
 TEST_CASE("cli: --grad-accum 2 and 4 train as one micro-step of the whole batch") {
     const std::string train = "./train_cpu --config test/data/ep-tiny.json" + DATA + " --seq 32 --lr 1e-2 --steps 6";
     std::vector<std::vector<nlohmann::json>> runs;
     for (const char* layout : {" --batch 4", " --batch 2 --grad-accum 2", " --batch 1 --grad-accum 4"}) {
-        const std::string log = test_path("cli_accum.jsonl");
-        remove(log.c_str());
-        REQUIRE(run_capture(train + layout + " --log " + log).status == 0);
-        std::ifstream f(log);
-        runs.emplace_back();
-        for (std::string line; std::getline(f, line);) runs.back().push_back(nlohmann::json::parse(line));
+        runs.push_back(train_log(train + layout));
         REQUIRE(runs.back().size() == 6);
     }
     for (int r = 1; r < 3; r++)
