@@ -1,9 +1,57 @@
-// train_cpu: the CPU reference trainer (fp32, OpenMP, optionally over MPI ranks). The training driver is shared
-// with the GPU trainer ./train (trainer/trainer.cpp); this program runs it over MPI or one process (comm/) with the
-// model's arithmetic on the host (trainer/cpu_backend.cpp). Under mpirun every rank runs it; rank 0 alone prints and
-// logs, and every rank writes its part of each checkpoint.
-#include "comm/comm.h"
-#include "trainer/cpu_backend.h"
-#include "trainer/trainer.h"
+// train_cpu: the CPU reference trainer (FP32, or FP8 simulated; OpenMP; over MPI ranks under mpirun). It trains the
+// host model of model/model.h in place; everything around the loop (flags, data, checkpoints, logs, evaluation,
+// sampling) is trainer/run.h, shared with the GPU trainer train.cu, whose loop is this one on the GPU.
+#include <stdexcept>
 
-int main(int argc, char** argv) { return train_main(argc, argv, "train_cpu", make_comm, make_cpu_backend); }
+#include "trainer/run.h"
+
+int main(int argc, char** argv) {
+    Run run;
+    int status = 0;
+    if (!start_run(run, argc, argv, "train_cpu", make_comm, &status)) return status;
+    const int B = run.args.batch, T = run.args.seq;
+    Model& model = run.model;
+    agree(run, [&] {
+        model.precision = run.args.precision_or(Precision::FP32);
+        if (model.precision == Precision::BF16)
+            throw std::runtime_error("the CPU trainer computes in fp32 (or fp8, simulated); --dtype bf16 is for the "
+                                     "GPU trainer ./train");
+        model.layout.recompute = run.args.recompute;
+        model_reserve(model, B, T);  // the activations now: out of memory is said before training
+        keep_freed_memory();
+    });
+    const ModelCalls calls{
+        [&](const int32_t* inputs, const int32_t* targets, int b, bool training) {
+            return model_forward(model, inputs, targets, b, T, training);
+        },
+        [&](int64_t row, float* out) { model_logits_row(model, row, out); },
+        [] {}};  // the host model is the one trained
+    if (run.args.eval_only) return eval_only(run, calls);
+
+    start_training(run);
+    try {
+        for (int64_t step = run.state.step; step < run.args.steps; step++) {
+            Step s = begin_step(run, step);  // every micro-step's batch, read and checked on every rank
+            model_zero_grads(model);
+            for (int micro = 0; micro < run.args.grad_accum; micro++) {
+                s.add(model_forward(model, s.inputs_of(micro), s.targets_of(micro), B, T, /*training*/ true));
+                model_backward(model, s.loss_scale);
+            }
+            model_reduce_grads(model);  // over the ranks that share each tensor
+            s.grad_norm = model_grad_norm(model);
+            reduce_step(run, s, model.expert_counts);  // losses and expert loads over the ranks, checked finite
+            s.lr = learning_rate(run.oc, step);
+            model_adamw(model, run.opt, run.oc, s.lr, clip_factor(run.oc, s.grad_norm));
+            model_update_router_bias(model, model.expert_counts);
+            s.seconds = s.elapsed();  // the step's time, without the evaluation
+            if (eval_due(run, step)) s.val_loss = evaluate(run, calls);
+            log_step(run, s);
+            const int stop = end_step(run, step);  // a stop signal any rank received
+            if (checkpoint_due(run, stop)) save_checkpoint(run, calls);
+            if (stop) return stop_run(run, stop);
+        }
+    } catch (const std::exception& e) {
+        fail(e.what());
+    }
+    return finish_run(run, calls);
+}

@@ -1,4 +1,4 @@
-// The Comm interface: the collectives the trainers need, over a world of ranks laid out as EP x DP (DESIGN §2).
+// The Comm interface: the collectives the trainers need, over a world of ranks laid out as EP x DP (docs/design.md §2).
 // rank = dp_rank * ep_size + ep_rank: the ranks of one expert-parallel group are consecutive (on one node when
 // ep_size divides the GPUs per node). Backends: one process (comm/comm.cpp) and MPI (comm/mpi_comm.cpp, for
 // train_cpu); the NCCL backend for train.cu builds on the same interface.

@@ -8,7 +8,7 @@
 #include "data/shards.h"
 #include "data/tokenizer.h"
 #include "model/config.h"
-#include "model/files.h"
+#include "io/files.h"
 
 #include <algorithm>
 #include <cctype>

@@ -1,13 +1,13 @@
 // Token shards in llm.c's format: a header of 256 little-endian int32 ([0] magic 20240520, [1] version,
 // [2] token count) followed by the tokens, uint16 in version 1 (llm.c) or uint32 in version 2 (our extension
 // for vocabularies over 65536). Also glob, the unigram entropy of a token stream and little-endian helpers; the
-// whole-file read and atomic write are model/files.h's.
+// whole-file read and atomic write are io/files.h's.
 #pragma once
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "model/files.h"
+#include "io/files.h"
 
 constexpr int32_t SHARD_MAGIC = 20240520;
 constexpr int SHARD_HEADER_INTS = 256;

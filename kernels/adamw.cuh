@@ -1,4 +1,4 @@
-// AdamW on FP32 master weights and the global gradient norm, FP32 / FP64 (DESIGN §1.4), exactly the update of
+// AdamW on FP32 master weights and the global gradient norm, FP32 / FP64 (docs/design.md §1.4), exactly the update of
 // model/optimizer.cpp. For step t (1-based), gradient g = grad * grad_multiplier (the clip factor):
 //   m = b1 m + (1-b1) g;   v = b2 v + (1-b2) g^2
 //   p -= lr (m / (1-b1^t) / (sqrt(v / (1-b2^t)) + eps) + decay p)

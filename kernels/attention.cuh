@@ -1,4 +1,4 @@
-// Causal multi-head attention core, FP32 (DESIGN §1.1; the CPU reference is the attention of model/mla.cpp).
+// Causal multi-head attention core, FP32 (docs/design.md §1.1; the CPU reference is the attention of model/mla.cpp).
 // Per sequence and head, with q_i, k_j (dqk values) and v_j (dv values) of tokens i, j:
 //   forward:  s_ij = scale q_i.k_j (j <= i);  L_i = log sum_j exp(s_ij) (saved);  P_ij = exp(s_ij - L_i);
 //             o_i = sum_j P_ij v_j

@@ -1,5 +1,5 @@
-// The tensor-core attention's tiles (kernels/attention_bf16.cuh), shared by its kernels, by the GPU model's device
-// check and by the CPU stand-in: which head dims run on the tensor cores, and the shared memory a block takes.
+// The tensor-core attention's tiles (kernels/attention_bf16.cuh), shared by its kernels and by the GPU model's device
+// check: which head dims run on the tensor cores, and the shared memory a block takes.
 // A block has 4 or 8 warps of 16 rows each: its own tile (the queries of the forward and of dq, the keys of dk/dv)
 // has 16 x warps rows; the tiles it streams (keys, or queries) have 64. A tile's rows are BF16, each padded to a
 // multiple of 16 values plus 8 (so that ldmatrix's eight row addresses fall in different banks): rows x (pad16(d) +

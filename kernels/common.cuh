@@ -10,13 +10,9 @@
 
 #include "kernels/cuda_check.cuh"
 #include "kernels/launch.cuh"
+#include "model/fp8.h"  // Precision
 
 namespace gpu {
-
-// The inputs of the GEMMs and of the attention products (kernels/matmul.cuh, kernels/attention.cuh); accumulation,
-// activations and every output stay FP32.
-// FP8: the linear layers inside the blocks in E4M3 with fine-grained scales (kernels/fp8.cuh), the rest as BF16.
-enum class Precision { FP32, BF16, FP8 };
 
 __host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 

@@ -1,4 +1,4 @@
-// Fused softmax + cross-entropy over the vocabulary, FP32, one block per row (DESIGN §1):
+// Fused softmax + cross-entropy over the vocabulary, FP32, one block per row (docs/design.md §1):
 //   row m with target y >= 0:  loss_m = log sum_v exp(z_mv - zmax) - (z_my - zmax)   (zmax: the row's max)
 //                              dlogits_mv = loss_scale * (softmax(z_m)_v - [v == y])
 //   target < 0: the row is ignored: loss_m = 0, dlogits_m = 0.

@@ -1,4 +1,4 @@
-// Every CUDA runtime call is checked (DESIGN §4): a failure prints the error, the file, the line and the call,
+// Every CUDA runtime call is checked (docs/design.md §4): a failure prints the error, the file, the line and the call,
 // then exits. Kernel launches are checked with CUDA_CHECK(cudaGetLastError()) right after the launch; an error
 // inside a running kernel surfaces at the next synchronising call, which is checked too.
 #pragma once

@@ -1,4 +1,4 @@
-// Token embedding (DESIGN §1), FP32.
+// Token embedding (docs/design.md §1), FP32.
 //   forward:  out (M, d) = embed (V, d) [tokens (M)],  tokens in [0, V)
 //   backward: dembed (V, d) += dout (M, d) scattered to the rows tokens[m]; a token that repeats adds up.
 // The backward is deterministic without atomics: the host groups the rows by token (TokenRows, in

@@ -1,4 +1,4 @@
-// FP8 (E4M3) quantization with DeepSeek-V3's fine-grained scales (DESIGN §1.5), into what cuBLASLt's block-scaled
+// FP8 (E4M3) quantization with DeepSeek-V3's fine-grained scales (docs/design.md §1.5), into what cuBLASLt's block-scaled
 // FP8 GEMMs read (kernels/matmul.cuh). model/fp8.h is the CPU reference: the same tiles, scale =
 // max(amax, FP8_MIN_AMAX) / 448 and q = E4M3(x / scale) with an IEEE division and __nv_cvt_float_to_fp8's
 // round-to-nearest-even with saturation, so the values and scales are the CPU's bits.

@@ -1,6 +1,6 @@
-// What the GEMMs (kernels/matmul.cuh) share with their CPU stand-in (test/cpu_stand_in/kernels/matmul.cuh): the
-// operands, an input with the copies its caller keeps (GemmInput) and a weight with the copies its precision reads
-// (GemmWeight), which precision that is (GemmType); and what a Matmul allocates (MatmulCasts, matmul_memory_bytes).
+// The operands of the GEMMs (kernels/matmul.cuh), apart so that the GPU model's headers need not see cuBLASLt: an
+// input with the copies its caller keeps (GemmInput) and a weight with the copies its precision reads (GemmWeight),
+// which precision that is (GemmType); and what a Matmul allocates (MatmulCasts, matmul_memory_bytes).
 #pragma once
 #include <array>
 #include <cstddef>

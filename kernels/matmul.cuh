@@ -1,83 +1,15 @@
-// The GEMMs of the GPU trainer (DESIGN §1), through cuBLASLt. Every linear layer is y = x W^T with row-major
-// activations x (M, K), y (M, N) and weights W (N, K) = [out, in], as model/ops.h:
+// The GEMMs of the GPU model, through cuBLASLt (docs/design.md §7 derives the layouts). Every linear layer is
+// y = x W^T with row-major activations x (M, K), y (M, N) and weights W (N, K), as model/ops.h:
 //   forward:   out  (M, N) (=|+=) inp  (M, K) @ W^T
 //   backward:  dinp (M, K) (=|+=) dout (M, N) @ W          (skipped when dinp is nullptr)
 //              dW   (N, K)  +=    dout^T (N, M) @ inp (M, K)
-// and the grouped versions for the routed experts: rows [offsets[g], offsets[g+1]) use weights g of the stacked
-// W (G, N, K).
-//
-// Layout mapping. cuBLASLt is column-major: D (m, n) = alpha op(A) (m, k) op(B) (k, n) + beta C, with C = D here.
-// A row-major (R, C) buffer X (element X[r][c] at r*C + c) read column-major with ld = C is a (C, R) matrix whose
-// element (c, r) sits at r*C + c: it is X^T, for free. So every row-major product P = X Y is computed as its
-// transpose P^T = Y^T X^T, on the buffers as they are (no copies), with op() chosen so each factor reads right:
-//   forward  out^T (N, M)  = W (N, K) @ inp^T (K, M):    m=N n=M k=K  A=W    stored (K, N) ld K  op T
-//                                                                    B=inp  stored (K, M) ld K  op N   D ld N
-//   dinp     dinp^T (K, M) = W^T (K, N) @ dout^T (N, M): m=K n=M k=N  A=W    stored (K, N) ld K  op N
-//                                                                    B=dout stored (N, M) ld N  op N   D ld K
-//   dW       dW^T (K, N)   = inp^T (K, M) @ dout (M, N): m=K n=N k=M  A=inp  stored (K, M) ld K  op N
-//                                                                    B=dout stored (N, M) ld N  op T   D ld K
-// Element by element, with Z(r, c) the column-major element at c*ld + r of a stored matrix:
-//   forward  D(j, i) at i*N + j = out[i][j];  op(A)(j, k) = A(k, j) at j*K + k = W[j][k];
-//            op(B)(k, i) = B(k, i) at i*K + k = inp[i][k]          => out[i][j] = sum_k W[j][k] inp[i][k]
-//   dinp     D(k, i) at i*K + k = dinp[i][k]; op(A)(k, j) = A(k, j) at j*K + k = W[j][k];
-//            op(B)(j, i) = B(j, i) at i*N + j = dout[i][j]         => dinp[i][k] = sum_j dout[i][j] W[j][k]
-//   dW       D(k, j) at j*K + k = dW[j][k];   op(A)(k, i) = A(k, i) at i*K + k = inp[i][k];
-//            op(B)(i, j) = B(j, i) at i*N + j = dout[i][j]         => dW[j][k] += sum_i dout[i][j] inp[i][k]
-// Every ld equals the stored matrix's row count (rows are contiguous), as cuBLASLt requires (ld >= rows).
-//
-// Precision policy. Accumulation, alpha/beta and every output are FP32 (CUBLAS_COMPUTE_32F, CUDA_R_32F scale and
-// C/D), in every mode; a call's mode is its weight's (GemmWeight: the most compact copy given):
-//   FP32             A and B FP32: a true FP32 GEMM (CUBLAS_COMPUTE_32F, never _FAST_TF32), within FP32 roundoff
-//                    of the CPU reference (the order of the sums differs).
-//   BF16             A and B BF16 (CUDA_R_16BF): the weights come as a BF16 copy W16 the caller keeps (refreshed
-//                    after each update). An input comes with the BF16 copy the caller keeps (GemmInput: cast once
-//                    by the model for every GEMM that reads it, forward and backward), or is cast here;
-//                    matmul_backward's output gradient likewise (the head's comes in BF16 from the cross-entropy
-//                    kernel), the grouped backward's is cast here. The casts here (round to nearest even) go into
-//                    the two cast buffers of the Matmul, sized by the caller (MatmulCasts: at matmul_create, then
-//                    by matmul_reserve as the routed experts' rows grow). Products of two BF16 values are exact in
-//                    FP32, so the only error beyond FP32 is the rounding of the inputs (relative 2^-8 each).
-//                    The FP32 master weights and gradients are untouched: dW is FP32 +=.
-//   FP8              A and B E4M3 with DeepSeek-V3's fine-grained scales (kernels/fp8.cuh, model/fp8.h): the input's
-//                    rows quantized here in 1 x 128 tiles, the weight's E4M3 copies (W and W^T, 128 x 128 blocks) the
-//                    caller keeps, and for the weight gradient both operands quantized here in 128 x 1 tiles down the
-//                    tokens, transposed; cuBLASLt applies the scales and accumulates in FP32 (FAST_ACCUM off). The
-//                    operands are quantized into the Matmul's three FP8 buffers, sized like the casts (MatmulCasts'
-//                    fp8_inputs and output_grads) and grown on demand beyond that. Their own mapping
-//                    (every product "TN") is described at fp8_forward_problem below.
-// Odd sizes: no padding. cuBLASLt documents leading-dimension rules only for FP8 and int8 (multiples of 16 bytes),
-// none for BF16 or FP32; the layouts carry the true ld and the alignment preferences below carry the true pointer
-// alignment, so the heuristic returns only kernels valid for them. With an odd K or N the rows are 2-byte (BF16)
-// or 4-byte (FP32) aligned and the kernels found are slower ones: model widths should be multiples of 8.
-//
-// Algorithms: cublasLtMatmulAlgoGetHeuristic with the workspace size and the minimum alignments of A, B, C, D
-// computed from the actual pointers (cuBLASLt assumes 256 bytes unless told: the FP32 tensors of the parameter buffer
-// start on 256 bytes, but their BF16 copies on 128, and an expert's rows or a cast of a group anywhere). The first
-// choice is cached with its descriptors, keyed by precision, transposes, m, n, k, the ld's and the alignments, so the
-// heuristic runs once per shape. The routed experts' row counts change every step, so their keys miss until the
-// counts seen cover the spread of the routing: about 9 GEMM shapes per expert size times a few hundred row counts
-// when balanced, a few thousand entries of a few hundred bytes. The cache is cleared if it ever reaches
-// MATMUL_CACHE_MAX entries.
-//
-// Grouped: each group is one cuBLASLt call, which takes its m/n/k from the host, so the group sizes (offsets)
-// must be on the host: the trainer copies the expert counts to the host once per MoE layer (one sync). One expert's
-// GEMM is small for the GPU: at DeepSeek-V2-Lite shapes and 8K tokens, 768 rows x 1408 x 2048, about 66 output
-// tiles of 128 x 128 for 132 SMs. So the groups are spread over MATMUL_LANES streams ("lanes": the caller's stream
-// and MATMUL_LANES - 1 of the Matmul's own; the largest group first, onto the least loaded lane), where they run
-// concurrently and fill the SMs. The lanes wait on an event for the casts queued before them (fork) and the
-// caller's stream waits for every lane at the end (join), so a grouped call is ordered on the caller's stream like
-// any other. Each lane has its own slice of the workspace (concurrent cuBLASLt calls must not share one). The
-// results are the same bits as on one stream: the same algorithm per shape, and each group writes only its own
-// rows and its own dW_g. `group_lanes` = 1 runs every group on the caller's stream (the benchmark compares the
-// two). A device-side grouped GEMM (CUTLASS grouped, or cuBLAS grouped-batched) would also avoid the sync and the
-// per-group launches. BF16 casts of the activation operands are done once for all groups (or not at all: an input's
-// copy the caller keeps).
-//
-// On a machine without a GPU, the kernel emulator runs this file as it is against the CPU reference, with a CPU model
-// of cuBLASLt's documented semantics (test/kernel_emulator/cublasLt.h): the mapping, casts, groups and lanes.
-//
-// Every cuBLASLt call is checked: with CUBLAS_CHECK (status name, file, line, call; exit), as CUDA_CHECK, and the
-// heuristic and the multiply itself with a report of the whole problem (site, shapes, layouts, alignments).
+// and the grouped versions for the routed experts: rows [offsets[g], offsets[g+1]) use weights g of W (G, N, K).
+// cuBLASLt is column-major, so each product is computed as its transpose on the buffers as they are (§7.2).
+// A call's precision is its weight's (GemmWeight): FP32, BF16 (inputs cast once by the caller, or here into the
+// Matmul's cast buffers) or FP8 with DeepSeek-V3's scales (operands quantized here, §7.3); accumulation and outputs
+// are FP32. The heuristic's choice is cached per problem (§7.5). A grouped call is one cuBLASLt call per group,
+// spread over the Matmul's lanes (streams), so the group sizes come from the host (§7.6).
+// Every cuBLASLt call is checked; a failed multiply reports the whole problem (site, shapes, layouts, alignments).
 #pragma once
 #include <algorithm>
 #include <array>

@@ -1,4 +1,4 @@
-// RMSNorm over the rows of (M, C), FP32 (DESIGN §1):
+// RMSNorm over the rows of (M, C), FP32 (docs/design.md §1):
 //   forward:  r_m = 1 / sqrt(mean_c x_mc^2 + eps) (saved as rstd (M)),  y_mc = x_mc r_m w_c; with a BF16 output
 //             too (out16 not null), y rounded to BF16 in the same pass: the copy the BF16 GEMMs that read y take
 //             (kernels/matmul.cuh's GemmInput), without a cast kernel reading y back

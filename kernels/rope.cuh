@@ -1,4 +1,4 @@
-// RoPE and the per-head assembly of MLA's queries and keys (DESIGN §1.1), FP32; the CPU reference is model/mla.cpp.
+// RoPE and the per-head assembly of MLA's queries and keys (docs/design.md §1.1), FP32; the CPU reference is model/mla.cpp.
 //   table:    cos[t][i] = m cos(t f_i),  sin[t][i] = m sin(t f_i)   (T, dr/2);  f_i = rope_inv_freq, m = rope_magnitude
 //   forward:  q_heads[n,h] = [q_nope[n,h] ; R_t q_rope[n,h]],  k_heads[n,h] = [k_nope[n,h] (from kv) ; R_t k_rope[n]]
 //             with ONE rope key per token (the last dr columns of kv_a) shared by all heads; t = n mod T, and R_t

@@ -1,4 +1,4 @@
-// DeepSeek-V3 router, FP32 (DESIGN §1.2; the CPU reference is model/moe.cpp).
+// DeepSeek-V3 router, FP32 (docs/design.md §1.2; the CPU reference is model/moe.cpp).
 //   forward, per token t:  s_t = sigmoid(z_t) (E scores), then router_select (model/router.h, the same MOE_HD
 //     function the CPU runs) picks k experts by s + bias with group-limited routing -> chosen (N, k), gate
 //     weights w (N, k) = s[chosen] / sum_j s[chosen_j] (norm_topk_prob) * routed_scaling_factor.
@@ -48,7 +48,7 @@ static __global__ void router_sequence_counts_kernel(int* counts, const int32_t*
 }
 
 // one block per token t, threads over experts
-static __global__ void router_backward_kernel(float* dlogits, const float* dgate_weights, const float* scores,
+static __global__ void router_backward_kernel(float* drouter_logits, const float* dgate_weights, const float* scores,
                                        const int32_t* chosen, const int* seq_counts, Config c, int64_t T,
                                        double balance_coef) {
     const int64_t t = blockIdx.x, E = c.n_routed_experts, k = c.num_experts_per_tok;
@@ -79,7 +79,7 @@ static __global__ void router_backward_kernel(float* dlogits, const float* dgate
         for (int64_t j = 0; j < k; j++)
             if (idx[j] == e) ds += c.norm_topk_prob ? r * (dw[j] / sum - weighted / (sum * sum)) : r * dw[j];
         if (balance) ds += (float)(balance_coef * (f_unit * count[e] / total - fs / (total * total)));
-        dlogits[t * E + e] = ds * (s[e] * (1.0f - s[e]));
+        drouter_logits[t * E + e] = ds * (s[e] * (1.0f - s[e]));
     }
 }
 
@@ -117,11 +117,11 @@ inline void router_forward(float* scores, int32_t* chosen, float* gate_weights, 
                   scratch, logits, bias, c, N);
 }
 
-// dgate_weights (N, k), scores (N, E), chosen (N, k) of B sequences of T tokens -> dlogits (N, E) overwritten.
+// dgate_weights (N, k), scores (N, E), chosen (N, k) of B sequences of T tokens -> drouter_logits (N, E) overwritten.
 // balance_scale: the balance loss's weight in what is differentiated (as moe_backward). scratch: B * E ints.
-inline void router_backward(float* dlogits, const float* dgate_weights, const float* scores, const int32_t* chosen,
-                            const Config& c, int64_t B, int64_t T, float balance_scale, int* scratch,
-                            cudaStream_t stream) {
+inline void router_backward(float* drouter_logits, const float* dgate_weights, const float* scores,
+                            const int32_t* chosen, const Config& c, int64_t B, int64_t T, float balance_scale,
+                            int* scratch, cudaStream_t stream) {
     if (B * T == 0) return;
     const int E = c.n_routed_experts, k = c.num_experts_per_tok;
     if (c.aux_loss_alpha > 0) {
@@ -129,8 +129,8 @@ inline void router_backward(float* dlogits, const float* dgate_weights, const fl
                       scratch, chosen, T, E, k);
     }
     const double balance_coef = balance_scale * c.aux_loss_alpha / ((double)B * T);  // the CPU's expression
-    launch_kernel(router_backward_kernel, (unsigned)(B * T), ROUTER_BACKWARD_THREADS, 0, stream, dlogits, dgate_weights,
-                  scores, chosen, scratch, c, T, balance_coef);
+    launch_kernel(router_backward_kernel, (unsigned)(B * T), ROUTER_BACKWARD_THREADS, 0, stream, drouter_logits,
+                  dgate_weights, scores, chosen, scratch, c, T, balance_coef);
 }
 
 // The sequence-wise balance loss's sum_e f_e P_e of each of the B sequences -> per_sequence (B) doubles.

@@ -2,7 +2,7 @@
 // norm take one launch each for all of a rank's ranges (a few thousand for DeepSeek-V3) instead of one or two per
 // range. Each launch cuts every range into fixed pieces (ADAMW_BLOCK_VALUES for the update, GRAD_NORM_CHUNK for
 // the norm), one block per piece; a block finds its range by binary search over the prefix sums of the pieces.
-// Built once on the host (a shard is fixed for the run); plain C++, shared with the CPU stand-ins.
+// Built once on the host (a shard is fixed for the run); plain C++.
 #pragma once
 #include <cstdint>
 #include <vector>

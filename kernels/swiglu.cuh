@@ -1,4 +1,4 @@
-// SwiGLU gate, elementwise over n values, FP32 (DESIGN §1.2):
+// SwiGLU gate, elementwise over n values, FP32 (docs/design.md §1.2):
 //   forward:  out = silu(g) * u,  silu(g) = g / (1 + exp(-g)) = g s,  s = sigmoid(g); with --dtype bf16 out is
 //             only the input of the down projection's GEMM, so it is written in BF16 (swiglu_forward_bf16)
 //   backward: dg = dout u s (1 + g (1 - s))   (silu'(g)),   du = dout g s   (both overwritten)

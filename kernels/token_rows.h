@@ -1,5 +1,5 @@
 // A token list's rows grouped by token, for the embedding's backward (kernels/embedding.cuh): built on the host,
-// where the batch's tokens come from, and read on the device. Plain C++, shared with the CPU stand-ins.
+// where the batch's tokens come from, and read on the device. Plain C++.
 #pragma once
 #include <algorithm>
 #include <cstdint>

@@ -1,26 +1,29 @@
-// Carving one contiguous allocation into named activation tensors. Layout code runs twice: first on an
-// empty arena that only counts, then on the real allocation, so sizes are written down in exactly one place.
+// Carving one allocation into typed, 256-byte aligned pieces (the CPU's activations, and every buffer of the GPU
+// model). Layout code runs twice: first on an arena with no base, which only counts, then on the allocation, so
+// each size is written down in one place.
 #pragma once
 #include <cstdint>
 #include <vector>
 
-template <typename T>
 struct Arena {
-    T* base = nullptr;  // nullptr while counting
-    int64_t used = 0;
+    char* base = nullptr;  // nullptr while counting
+    int64_t used = 0;      // bytes
+    template <typename T>
     T* take(int64_t n) {
-        T* p = base ? base + used : nullptr;
-        used += n;
+        if (n <= 0) return nullptr;
+        used = (used + 255) / 256 * 256;
+        T* p = base ? reinterpret_cast<T*>(base + used) : nullptr;
+        used += n * (int64_t)sizeof(T);
         return p;
     }
 };
 
-// Runs carve(arena) to count, allocates storage, then runs it again to hand out pointers.
-template <typename T, typename Carve>
-void carve_arena(std::vector<T>& storage, Carve carve) {
-    Arena<T> counting;
+// Runs carve(arena) to count, sizes storage (zeroed), then runs it again to hand out pointers.
+template <typename Carve>
+void carve_arena(std::vector<float>& storage, Carve carve) {
+    Arena counting;
     carve(counting);
-    storage.assign(counting.used, T(0));
-    Arena<T> real{storage.data(), 0};
+    storage.assign((counting.used + 3) / 4, 0.0f);
+    Arena real{reinterpret_cast<char*>(storage.data()), 0};
     carve(real);
 }

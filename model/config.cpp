@@ -9,7 +9,7 @@
 #include <stdexcept>
 #include <unistd.h>
 
-#include "files.h"
+#include "io/files.h"
 
 using nlohmann::json;
 

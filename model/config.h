@@ -1,4 +1,4 @@
-// Model configuration: the Hugging Face DeepseekV3Config keys (DESIGN §1.6), presets, validation.
+// Model configuration: the Hugging Face DeepseekV3Config keys (docs/design.md §1.6), presets, validation.
 // A config is read from a preset name (tiny, small, deepseek-v2-lite, deepseek-v3) or a JSON file;
 // a real DeepSeek config.json loads as is. Unknown keys are reported, invalid values are an error.
 #pragma once
@@ -72,7 +72,7 @@ Config parse_config_json(const std::string& json_text, const std::string& source
 void validate_config(const Config& c);
 // The config as a Hugging Face style JSON document (model_type deepseek_v3).
 std::string config_to_json(const Config& c);
-// Parameter counts: total without MTP, and active per token without MTP or the input embedding (DESIGN §1.6).
+// Parameter counts: total without MTP, and active per token without MTP or the input embedding (docs/design.md §1.6).
 int64_t count_total_params(const Config& c);
 int64_t count_active_params(const Config& c);
 int64_t count_mtp_params(const Config& c);

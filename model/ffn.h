@@ -1,5 +1,5 @@
-// SwiGLU feed-forward: out = W_down (silu(W_gate x) * (W_up x)). One function serves the dense layers, the shared
-// experts (width n_shared * moe_intermediate_size) and every routed expert (on its contiguous block of rows).
+// SwiGLU feed-forward: out = W_down (silu(W_gate x) * (W_up x)), for the dense layers and the shared experts (width
+// n_shared * moe_intermediate_size). The routed experts run the same three products per expert (model/moe.cpp).
 #pragma once
 #include <cstdint>
 
@@ -12,11 +12,11 @@ struct SwigluActs {
     float* a;  // (M, I) silu(g) * u
 };
 
-void swiglu_carve(Arena<float>& arena, int64_t M, int64_t I, SwigluActs& s);
-// x (M, d) -> out (M, d), the three GEMMs in precision `precision`; W_gate, W_up (I, d), W_down (d, I)
-void swiglu_ffn_forward(LinearPrecision precision, float* out, const SwigluActs& s, const float* x, const float* w_gate,
-                        const float* w_up, const float* w_down, int64_t M, int64_t d, int64_t I);
+void swiglu_carve(Arena& arena, int64_t M, int64_t I, SwigluActs& s);
+// x (M, d) -> out (M, d); W_gate, W_up (I, d), W_down (d, I)
+void ffn_forward(Precision p, float* out, const SwigluActs& s, const float* x, const float* w_gate, const float* w_up,
+                 const float* w_down, int64_t M, int64_t d, int64_t I);
 // dout (M, d) -> dx (M, d) (= or +=); weight gradients +=.
-void swiglu_ffn_backward(LinearPrecision precision, float* dx, float* dw_gate, float* dw_up, float* dw_down,
-                         const float* dout, const SwigluActs& s, const float* x, const float* w_gate, const float* w_up,
-                         const float* w_down, int64_t M, int64_t d, int64_t I, bool accumulate_dx);
+void ffn_backward(Precision p, float* dx, float* dw_gate, float* dw_up, float* dw_down, const float* dout,
+                  const SwigluActs& s, const float* x, const float* w_gate, const float* w_up, const float* w_down,
+                  int64_t M, int64_t d, int64_t I, bool accumulate_dx);

@@ -61,17 +61,17 @@ void fp8_round_trip(float* out, const float* x, int64_t rows, int64_t cols, int6
     quantize_tiles(out, nullptr, x, rows, cols, tile_rows, tile_cols, true);
 }
 
-void linear_forward(LinearPrecision p, float* out, const float* inp, const float* W, int64_t M, int64_t K, int64_t N) {
-    if (p == LinearPrecision::FP32) return matmul_forward(out, inp, W, M, K, N);
+void linear_forward(Precision p, float* out, const float* inp, const float* W, int64_t M, int64_t K, int64_t N) {
+    if (p != Precision::FP8) return matmul_forward(out, inp, W, M, K, N);
     std::vector<float> inp8(M * K), W8(N * K);
     fp8_round_trip(inp8.data(), inp, M, K, 1, FP8_TILE);
     fp8_round_trip(W8.data(), W, N, K, FP8_TILE, FP8_TILE);
     matmul_forward(out, inp8.data(), W8.data(), M, K, N);
 }
 
-void linear_backward(LinearPrecision p, float* dinp, float* dW, const float* dout, const float* inp, const float* W,
+void linear_backward(Precision p, float* dinp, float* dW, const float* dout, const float* inp, const float* W,
                      int64_t M, int64_t K, int64_t N, bool accumulate_dinp) {
-    if (p == LinearPrecision::FP32) return matmul_backward(dinp, dW, dout, inp, W, M, K, N, accumulate_dinp);
+    if (p != Precision::FP8) return matmul_backward(dinp, dW, dout, inp, W, M, K, N, accumulate_dinp);
     if (dinp) {  // summed over N: dout in 1 x 128 tiles along N, W in its 128 x 128 blocks
         std::vector<float> dout8(M * N), W8(N * K);
         fp8_round_trip(dout8.data(), dout, M, N, 1, FP8_TILE);
@@ -83,4 +83,22 @@ void linear_backward(LinearPrecision p, float* dinp, float* dW, const float* dou
     fp8_round_trip(dout8.data(), dout, M, N, FP8_TILE, 1);
     fp8_round_trip(inp8.data(), inp, M, K, FP8_TILE, 1);
     matmul_backward(nullptr, dW, dout8.data(), inp8.data(), W, M, K, N, false);
+}
+
+void grouped_linear_forward(Precision p, float* out, const float* inp, const float* W, const int64_t* offsets,
+                            int64_t G, int64_t K, int64_t N) {
+    for (int64_t g = 0; g < G; g++) {
+        const int64_t first = offsets[g], rows = offsets[g + 1] - first;
+        if (rows > 0) linear_forward(p, out + first * N, inp + first * K, W + g * N * K, rows, K, N);
+    }
+}
+
+void grouped_linear_backward(Precision p, float* dinp, float* dW, const float* dout, const float* inp, const float* W,
+                             const int64_t* offsets, int64_t G, int64_t K, int64_t N, bool accumulate_dinp) {
+    for (int64_t g = 0; g < G; g++) {
+        const int64_t first = offsets[g], rows = offsets[g + 1] - first;
+        if (rows > 0)
+            linear_backward(p, dinp + first * K, dW + g * N * K, dout + first * N, inp + first * K, W + g * N * K,
+                            rows, K, N, accumulate_dinp);
+    }
 }

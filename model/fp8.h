@@ -1,4 +1,4 @@
-// DeepSeek-V3's FP8 recipe on the CPU (DESIGN §1.5): the reference the GPU's FP8 GEMMs are checked against, and a
+// DeepSeek-V3's FP8 recipe on the CPU (docs/design.md §1.5): the reference the GPU's FP8 GEMMs are checked against, and a
 // way to see what FP8 does to training on any machine.
 //
 // E4M3: 1 sign, 4 exponent (bias 7), 3 mantissa bits; largest finite 448 = 1.75 * 2^8, smallest normal 2^-6,
@@ -30,12 +30,18 @@ void fp8_quantize(float* q, float* scales, const float* x, int64_t rows, int64_t
 // The same, returning q * scale: the value an FP8 GEMM multiplies. out may be x.
 void fp8_round_trip(float* out, const float* x, int64_t rows, int64_t cols, int64_t tile_rows, int64_t tile_cols);
 
-// The precision of the linear layers inside the transformer blocks (the attention's projections, the dense FFNs', the
-// shared and routed experts' matrices): FP32, or FP8 as above. The router, the head, the embedding and the MTP
-// projection always run in FP32.
-enum class LinearPrecision { FP32, FP8 };
+// The precision of the GEMM inputs, chosen at run time (--dtype). The CPU model computes FP32 and, for the linear
+// layers inside the transformer blocks (the attention's projections, the dense FFNs', the shared and routed
+// experts' matrices), FP8 as above; the router, the head, the embedding and the MTP projection stay FP32. BF16 is the
+// GPU's (gpu/model.h).
+enum class Precision { FP32, BF16, FP8 };
 
-// As model/ops.h's matmul_forward / matmul_backward, in precision p.
-void linear_forward(LinearPrecision p, float* out, const float* inp, const float* W, int64_t M, int64_t K, int64_t N);
-void linear_backward(LinearPrecision p, float* dinp, float* dW, const float* dout, const float* inp, const float* W,
+// As model/ops.h's matmul_forward / matmul_backward; FP8 rounds the operands as above.
+void linear_forward(Precision p, float* out, const float* inp, const float* W, int64_t M, int64_t K, int64_t N);
+void linear_backward(Precision p, float* dinp, float* dW, const float* dout, const float* inp, const float* W,
                      int64_t M, int64_t K, int64_t N, bool accumulate_dinp);
+// The same per group g: rows [offsets[g], offsets[g+1]) with weight g of the stacked W (G, N, K) (the routed experts).
+void grouped_linear_forward(Precision p, float* out, const float* inp, const float* W, const int64_t* offsets,
+                            int64_t G, int64_t K, int64_t N);
+void grouped_linear_backward(Precision p, float* dinp, float* dW, const float* dout, const float* inp, const float* W,
+                             const int64_t* offsets, int64_t G, int64_t K, int64_t N, bool accumulate_dinp);

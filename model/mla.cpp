@@ -10,24 +10,24 @@
 #include "ops.h"
 #include "rope.h"
 
-void mla_carve(Arena<float>& arena, const Config& c, int B, int T, MLAActs& a) {
+void mla_carve(Arena& arena, const Config& c, int B, int T, MLAActs& a) {
     const int64_t N = (int64_t)B * T, H = c.num_attention_heads, dqk = c.qk_head_dim();
     const int64_t qr = c.q_lora_rank, kr = c.kv_lora_rank, dr = c.qk_rope_head_dim;
-    a.q_a = arena.take(N * qr);
-    a.q_a_rstd = arena.take(qr > 0 ? N : 0);
-    a.q_a_normed = arena.take(N * qr);
-    a.q = arena.take(N * H * dqk);
-    a.kv_a = arena.take(N * (kr + dr));
-    a.c_kv = arena.take(N * kr);
-    a.c_kv_rstd = arena.take(N);
-    a.c_kv_normed = arena.take(N * kr);
-    a.kv = arena.take(N * H * (c.qk_nope_head_dim + c.v_head_dim));
-    a.q_heads = arena.take(N * H * dqk);
-    a.k_heads = arena.take(N * H * dqk);
-    a.probs = arena.take((int64_t)B * H * T * T);
-    a.o = arena.take(N * H * c.v_head_dim);
-    a.rope_cos = arena.take((int64_t)T * dr / 2);
-    a.rope_sin = arena.take((int64_t)T * dr / 2);
+    a.q_a = arena.take<float>(N * qr);
+    a.q_a_rstd = arena.take<float>(qr > 0 ? N : 0);
+    a.q_a_normed = arena.take<float>(N * qr);
+    a.q = arena.take<float>(N * H * dqk);
+    a.kv_a = arena.take<float>(N * (kr + dr));
+    a.c_kv = arena.take<float>(N * kr);
+    a.c_kv_rstd = arena.take<float>(N);
+    a.c_kv_normed = arena.take<float>(N * kr);
+    a.kv = arena.take<float>(N * H * (c.qk_nope_head_dim + c.v_head_dim));
+    a.q_heads = arena.take<float>(N * H * dqk);
+    a.k_heads = arena.take<float>(N * H * dqk);
+    a.probs = arena.take<float>((int64_t)B * H * T * T);
+    a.o = arena.take<float>(N * H * c.v_head_dim);
+    a.rope_cos = arena.take<float>((int64_t)T * dr / 2);
+    a.rope_sin = arena.take<float>((int64_t)T * dr / 2);
 }
 
 // Rotates interleaved pairs of x (dr values) by the cos and sin rows of its position; inverse = true applies the
@@ -61,7 +61,7 @@ float attention_softmax_row(float* p, const float* q, const float* k, int64_t k_
     return max_score + logf(sum);
 }
 
-void mla_forward(const Config& c, LinearPrecision precision, const BlockWeights& w, MLAActs& a, const float* x,
+void mla_forward(const Config& c, Precision precision, const BlockWeights& w, MLAActs& a, const float* x,
                  float* out, int B, int T) {
     const int64_t N = (int64_t)B * T, d = c.hidden_size, H = c.num_attention_heads;
     const int64_t dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim, dqk = dn + dr;
@@ -86,7 +86,7 @@ void mla_forward(const Config& c, LinearPrecision precision, const BlockWeights&
     }
     // keys and values: (N, d) -> (N, kr + dr) -> c_kv (N, kr) -> (N, H*(dn+dv))
     linear_forward(precision, a.kv_a, x, w.kv_a, N, d, kr + dr);
-    for (int64_t n = 0; n < N; n++) memcpy(a.c_kv + n * kr, a.kv_a + n * (kr + dr), kr * sizeof(float));
+    copy_columns(a.c_kv, kr, a.kv_a, kr + dr, N, kr);
     rmsnorm_forward(a.c_kv_normed, a.c_kv_rstd, a.c_kv, w.kv_a_norm, N, kr, c.rms_norm_eps);
     linear_forward(precision, a.kv, a.c_kv_normed, w.kv_b, N, kr, H * (dn + dv));
 
@@ -202,7 +202,7 @@ void heads_backward(const Config& c, const MLAActs& a, const float* dq_heads, co
     }
 }
 
-void mla_backward(const Config& c, LinearPrecision precision, const BlockWeights& w, BlockWeights& g, const MLAActs& a,
+void mla_backward(const Config& c, Precision precision, const BlockWeights& w, BlockWeights& g, const MLAActs& a,
                   const float* x, const float* dout, float* dx, int B, int T) {
     const int64_t N = (int64_t)B * T, d = c.hidden_size, H = c.num_attention_heads;
     const int64_t dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim, dv = c.v_head_dim, dqk = dn + dr;
@@ -218,7 +218,7 @@ void mla_backward(const Config& c, LinearPrecision precision, const BlockWeights
     linear_backward(precision, dc_kv_normed.data(), g.kv_b, dkv.data(), a.c_kv_normed, w.kv_b, N, kr, H * (dn + dv),
                     false);
     rmsnorm_backward(dc_kv.data(), g.kv_a_norm, dc_kv_normed.data(), a.c_kv, w.kv_a_norm, a.c_kv_rstd, N, kr, false);
-    for (int64_t n = 0; n < N; n++) memcpy(dkv_a.data() + n * (kr + dr), dc_kv.data() + n * kr, kr * sizeof(float));
+    copy_columns(dkv_a.data(), kr + dr, dc_kv.data(), kr, N, kr);
     linear_backward(precision, dx, g.kv_a, dkv_a.data(), x, w.kv_a, N, d, kr + dr, false);
 
     // queries back to the input (accumulating into dx)

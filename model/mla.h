@@ -1,4 +1,4 @@
-// Multi-head Latent Attention (DESIGN §1.1), CPU reference, forward and backward.
+// Multi-head Latent Attention (docs/design.md §1.1), CPU reference, forward and backward.
 //   q = W_qb RMSNorm(W_qa x) (or W_q x);  [c_kv | k_rope] = W_kva x;  [k_nope | v]_h = W_kvb RMSNorm(c_kv)
 //   k_h = [k_nope_h ; RoPE(k_rope)] (one rope key shared by all heads),  q_h = [q_nope_h ; RoPE(q_rope_h)]
 //   o_h = softmax(q_h k_h^T * scale, causal) v_h;  out = W_o concat_h(o_h)
@@ -29,12 +29,12 @@ struct MLAActs {
     float* rope_sin;    // (T, d_rope/2)
 };
 
-void mla_carve(Arena<float>& arena, const Config& c, int B, int T, MLAActs& a);
+void mla_carve(Arena& arena, const Config& c, int B, int T, MLAActs& a);
 // x (N, d) the normalised input -> out (N, d)
-void mla_forward(const Config& c, LinearPrecision precision, const BlockWeights& w, MLAActs& a, const float* x,
+void mla_forward(const Config& c, Precision precision, const BlockWeights& w, MLAActs& a, const float* x,
                  float* out, int B, int T);
 // dout (N, d) -> dx (N, d) overwritten; weight gradients accumulate into g.
-void mla_backward(const Config& c, LinearPrecision precision, const BlockWeights& w, BlockWeights& g, const MLAActs& a,
+void mla_backward(const Config& c, Precision precision, const BlockWeights& w, BlockWeights& g, const MLAActs& a,
                   const float* x, const float* dout, float* dx, int B, int T);
 
 // One causal softmax row: p[j] = softmax_j(scale q . k_j) for j <= i, key j at k + j * k_stride (dqk values each).

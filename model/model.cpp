@@ -57,20 +57,20 @@ void model_init_weights(Model& m, uint64_t seed) {
 
 void model_zero_grads(Model& m) { std::fill(m.grads.begin(), m.grads.end(), 0.0f); }
 
-static void block_carve(Arena<float>& arena, const Config& c, int layer, int B, int T, BlockActs& a) {
+static void block_carve(Arena& arena, const Config& c, int layer, int B, int T, BlockActs& a) {
     const int64_t N = (int64_t)B * T, d = c.hidden_size;
-    a.attn_normed = arena.take(N * d);
-    a.attn_rstd = arena.take(N);
+    a.attn_normed = arena.take<float>(N * d);
+    a.attn_rstd = arena.take<float>(N);
     mla_carve(arena, c, B, T, a.mla);
-    a.attn_out = arena.take(N * d);
-    a.h_mid = arena.take(N * d);
-    a.ffn_normed = arena.take(N * d);
-    a.ffn_rstd = arena.take(N);
+    a.attn_out = arena.take<float>(N * d);
+    a.h_mid = arena.take<float>(N * d);
+    a.ffn_normed = arena.take<float>(N * d);
+    a.ffn_rstd = arena.take<float>(N);
     if (c.is_moe_layer(layer))
         moe_carve(arena, c, B, T, a.moe);
     else
         swiglu_carve(arena, N, c.intermediate_size, a.dense);
-    a.ffn_out = arena.take(N * d);
+    a.ffn_out = arena.take<float>(N * d);
 }
 
 int64_t head_chunk_rows(const Config& c, int64_t N, const ActivationLayout& layout) {
@@ -78,15 +78,15 @@ int64_t head_chunk_rows(const Config& c, int64_t N, const ActivationLayout& layo
     return std::min(N, std::max(aligned, layout.head_chunk_values / V / aligned * aligned));
 }
 
-std::vector<int> block_slots(const Config& c, bool recompute) {
-    std::vector<int> slot(c.num_blocks());
-    int dense = -1, moe = -1, slots = 0;
+std::vector<int> block_sets(const Config& c, bool recompute) {
+    std::vector<int> set(c.num_blocks());
+    int dense = -1, moe = -1, sets = 0;
     for (int l = 0; l < c.num_blocks(); l++) {
         int& kind = c.is_moe_layer(l) ? moe : dense;
-        if (kind < 0 || !recompute) kind = slots++;
-        slot[l] = kind;
+        if (kind < 0 || !recompute) kind = sets++;
+        set[l] = kind;
     }
-    return slot;
+    return set;
 }
 
 // Lays out every activation of a B x T batch in one allocation (re-done only when B or T change).
@@ -96,30 +96,30 @@ void model_reserve(Model& m, int B, int T) {
     const int64_t N = (int64_t)B * T, d = c.hidden_size, V = c.vocab_size;
     ModelActs& a = m.acts;
     a.residual.assign(c.num_hidden_layers + 1, nullptr);
-    a.block_slot = block_slots(c, m.layout.recompute);
-    const int slots = *std::max_element(a.block_slot.begin(), a.block_slot.end()) + 1;
-    a.blocks.assign(slots, BlockActs{});
-    a.slot_layer.assign(slots, -1);
+    a.block_set = block_sets(c, m.layout.recompute);
+    const int sets = *std::max_element(a.block_set.begin(), a.block_set.end()) + 1;
+    a.blocks.assign(sets, BlockActs{});
+    a.set_layer.assign(sets, -1);
     const bool mtp = c.num_nextn_predict_layers > 0;
     const int64_t logit_rows = m.layout.recompute ? head_chunk_rows(c, N, m.layout) : N;
-    carve_arena(m.act_storage, [&](Arena<float>& arena) {
-        for (float*& r : a.residual) r = arena.take(N * d);
+    carve_arena(m.act_storage, [&](Arena& arena) {
+        for (float*& r : a.residual) r = arena.take<float>(N * d);
         for (int l = 0, carved = 0; l < c.num_blocks(); l++)
-            if (a.block_slot[l] == carved) block_carve(arena, c, l, B, T, a.blocks[carved++]);
-        a.final_normed = arena.take(N * d);
-        a.final_rstd = arena.take(N);
-        a.logits = arena.take(logit_rows * V);
-        a.next_embed = arena.take(mtp ? N * d : 0);
-        a.enorm_out = arena.take(mtp ? N * d : 0);
-        a.enorm_rstd = arena.take(mtp ? N : 0);
-        a.hnorm_out = arena.take(mtp ? N * d : 0);
-        a.hnorm_rstd = arena.take(mtp ? N : 0);
-        a.mtp_concat = arena.take(mtp ? 2 * N * d : 0);
-        a.mtp_in = arena.take(mtp ? N * d : 0);
-        a.mtp_out = arena.take(mtp ? N * d : 0);
-        a.mtp_normed = arena.take(mtp ? N * d : 0);
-        a.mtp_rstd = arena.take(mtp ? N : 0);
-        a.mtp_logits = arena.take(mtp ? logit_rows * V : 0);
+            if (a.block_set[l] == carved) block_carve(arena, c, l, B, T, a.blocks[carved++]);
+        a.final_normed = arena.take<float>(N * d);
+        a.final_rstd = arena.take<float>(N);
+        a.logits = arena.take<float>(logit_rows * V);
+        a.next_embed = arena.take<float>(mtp ? N * d : 0);
+        a.enorm_out = arena.take<float>(mtp ? N * d : 0);
+        a.enorm_rstd = arena.take<float>(mtp ? N : 0);
+        a.hnorm_out = arena.take<float>(mtp ? N * d : 0);
+        a.hnorm_rstd = arena.take<float>(mtp ? N : 0);
+        a.mtp_concat = arena.take<float>(mtp ? 2 * N * d : 0);
+        a.mtp_in = arena.take<float>(mtp ? N * d : 0);
+        a.mtp_out = arena.take<float>(mtp ? N * d : 0);
+        a.mtp_normed = arena.take<float>(mtp ? N * d : 0);
+        a.mtp_rstd = arena.take<float>(mtp ? N : 0);
+        a.mtp_logits = arena.take<float>(mtp ? logit_rows * V : 0);
     });
     m.B = B;
     m.T = T;
@@ -131,34 +131,61 @@ void keep_freed_memory() {
     mallopt(M_TRIM_THRESHOLD, 1 << 30);  // and the heap keeps up to 1 GiB of free memory at its top
 }
 
-static BlockActs& block_acts(Model& m, int layer) { return m.acts.blocks[m.acts.block_slot[layer]]; }
+static BlockActs& block_acts(Model& m, int layer) { return m.acts.blocks[m.acts.block_set[layer]]; }
 
-// h_out = h_in + Attn(RMSNorm(h_in));  h_out += FFN(RMSNorm(.)). Returns the block's balance loss. h_out nullptr:
-// only the activations the backward reads (a recomputation).
-static double block_forward(Model& m, int layer, const float* h_in, float* h_out, bool training) {
+// The RMSNorm that reads a block's output (the next block's attention norm, or the final norm), fused with the
+// block's last residual add: its weight, and where the normalised rows and their rstd go.
+struct NextNorm {
+    const float* weight;
+    float* out;
+    float* rstd;
+};
+
+// block `layer`'s attention norm as such
+static NextNorm attention_norm(Model& m, int layer) {
+    BlockActs& a = block_acts(m, layer);
+    return NextNorm{m.w.blocks[layer].attn_norm, a.attn_normed, a.attn_rstd};
+}
+
+// h_mid = h_in + Attn(RMSNorm(h_in)); h_out = h_mid + FFN(RMSNorm(h_mid)); next = RMSNorm(h_out). The block's own
+// attention norm was computed by whoever wrote h_in (the previous block, or block_input_norm). Returns the block's
+// balance loss. h_out nullptr: only the activations the backward reads (a recomputation).
+static double block_forward(Model& m, int layer, const float* h_in, float* h_out, const NextNorm& next, bool training,
+                            bool with_loss) {
     const Config& c = m.config;
     const BlockWeights& w = m.w.blocks[layer];
     BlockActs& a = block_acts(m, layer);
-    m.acts.slot_layer[m.acts.block_slot[layer]] = layer;
-    const LinearPrecision precision = m.linear_precision;
+    m.acts.set_layer[m.acts.block_set[layer]] = layer;
     const int64_t N = (int64_t)m.B * m.T, d = c.hidden_size;
-    rmsnorm_forward(a.attn_normed, a.attn_rstd, h_in, w.attn_norm, N, d, c.rms_norm_eps);
-    mla_forward(c, precision, w, a.mla, a.attn_normed, a.attn_out, m.B, m.T);
-    for (int64_t i = 0; i < N * d; i++) a.h_mid[i] = h_in[i] + a.attn_out[i];
-    rmsnorm_forward(a.ffn_normed, a.ffn_rstd, a.h_mid, w.ffn_norm, N, d, c.rms_norm_eps);
+    mla_forward(c, m.precision, w, a.mla, a.attn_normed, a.attn_out, m.B, m.T);
+    residual_rmsnorm_forward(a.h_mid, a.ffn_normed, a.ffn_rstd, h_in, a.attn_out, w.ffn_norm, N, d, c.rms_norm_eps);
     double balance = 0.0;
     if (c.is_moe_layer(layer)) {
-        moe_forward(c, precision, w, a.moe, a.ffn_normed, a.ffn_out, m.B, m.T, *m.comm);
+        moe_forward(c, m.precision, w, a.moe, a.ffn_normed, a.ffn_out, m.B, m.T, *m.comm, with_loss);
         if (training)
             for (int e = 0; e < c.n_routed_experts; e++) m.expert_counts[layer][e] += a.moe.plan.counts[e];
         balance = a.moe.balance_loss;
     } else {
-        swiglu_ffn_forward(precision, a.ffn_out, a.dense, a.ffn_normed, w.gate, w.up, w.down, N, d,
-                           c.intermediate_size);
+        ffn_forward(m.precision, a.ffn_out, a.dense, a.ffn_normed, w.gate, w.up, w.down, N, d, c.intermediate_size);
     }
     if (h_out)
-        for (int64_t i = 0; i < N * d; i++) h_out[i] = a.h_mid[i] + a.ffn_out[i];
+        residual_rmsnorm_forward(h_out, next.out, next.rstd, a.h_mid, a.ffn_out, next.weight, N, d, c.rms_norm_eps);
     return balance;
+}
+
+// The attention norm of block `layer` on its input h (for the blocks no earlier block feeds: the first, and MTP's).
+static void block_input_norm(Model& m, int layer, const float* h) {
+    const NextNorm norm = attention_norm(m, layer);
+    rmsnorm_forward(norm.out, norm.rstd, h, norm.weight, (int64_t)m.B * m.T, m.config.hidden_size,
+                    m.config.rms_norm_eps);
+}
+
+// With recompute, block `layer`'s forward again from its input h_in when another block has used its activation set
+// since. Not training: the expert counts and the balance loss were taken by the first forward.
+static void restore_block_acts(Model& m, int layer, const float* h_in) {
+    if (m.acts.set_layer[m.acts.block_set[layer]] == layer) return;
+    block_input_norm(m, layer, h_in);
+    block_forward(m, layer, h_in, nullptr, NextNorm{}, /*training*/ false, /*with_loss*/ false);
 }
 
 // dh_out (N, d) -> dh_in (N, d) overwritten.
@@ -167,21 +194,19 @@ static void block_backward(Model& m, int layer, const float* h_in, const float* 
     const Config& c = m.config;
     const BlockWeights& w = m.w.blocks[layer];
     BlockWeights& g = m.g.blocks[layer];
-    // with recompute, the forward again when another block has used this block's activation set since (not
-    // training: the expert counts were taken by the first forward)
-    if (m.acts.slot_layer[m.acts.block_slot[layer]] != layer) block_forward(m, layer, h_in, nullptr, false);
+    restore_block_acts(m, layer, h_in);
     BlockActs& a = block_acts(m, layer);
-    const LinearPrecision precision = m.linear_precision;
     const int64_t N = (int64_t)m.B * m.T, d = c.hidden_size;
     std::vector<float> dnormed(N * d), dh_mid(dh_out, dh_out + N * d);
     if (c.is_moe_layer(layer))
-        moe_backward(c, precision, w, g, a.moe, a.ffn_normed, dh_out, dnormed.data(), m.B, m.T, loss_scale, *m.comm);
+        moe_backward(c, m.precision, w, g, a.moe, a.ffn_normed, dh_out, dnormed.data(), m.B, m.T, loss_scale,
+                     *m.comm);
     else
-        swiglu_ffn_backward(precision, dnormed.data(), g.gate, g.up, g.down, dh_out, a.dense, a.ffn_normed, w.gate,
-                            w.up, w.down, N, d, c.intermediate_size, false);
+        ffn_backward(m.precision, dnormed.data(), g.gate, g.up, g.down, dh_out, a.dense, a.ffn_normed, w.gate, w.up,
+                     w.down, N, d, c.intermediate_size, false);
     rmsnorm_backward(dh_mid.data(), g.ffn_norm, dnormed.data(), a.h_mid, w.ffn_norm, a.ffn_rstd, N, d, true);
     memcpy(dh_in, dh_mid.data(), N * d * sizeof(float));
-    mla_backward(c, precision, w, g, a.mla, a.attn_normed, dh_mid.data(), dnormed.data(), m.B, m.T);
+    mla_backward(c, m.precision, w, g, a.mla, a.attn_normed, dh_mid.data(), dnormed.data(), m.B, m.T);
     rmsnorm_backward(dh_in, g.attn_norm, dnormed.data(), h_in, w.attn_norm, a.attn_rstd, N, d, true);
 }
 
@@ -252,10 +277,13 @@ LossParts model_forward(Model& m, const int32_t* inputs, const int32_t* targets,
     const int64_t N = (int64_t)B * T, d = c.hidden_size, L = c.num_hidden_layers;
     m.inputs.assign(inputs, inputs + N);
     LossParts loss;
-
     embedding_forward(a.residual[0], inputs, m.w.embed, N, d);
-    for (int l = 0; l < L; l++) loss.balance += block_forward(m, l, a.residual[l], a.residual[l + 1], training);
-    rmsnorm_forward(a.final_normed, a.final_rstd, a.residual[L], m.w.final_norm, N, d, c.rms_norm_eps);
+    const NextNorm final_norm{m.w.final_norm, a.final_normed, a.final_rstd};
+    block_input_norm(m, 0, a.residual[0]);
+    for (int l = 0; l < L; l++) {
+        const NextNorm next = l + 1 < L ? attention_norm(m, l + 1) : final_norm;
+        loss.balance += block_forward(m, l, a.residual[l], a.residual[l + 1], next, training, targets != nullptr);
+    }
     if (!targets) {  // the logits only, for model_logits_row
         m.targets.clear();
         if (keeps_logits(m)) head_forward(m, main_head(m, false));
@@ -263,20 +291,18 @@ LossParts model_forward(Model& m, const int32_t* inputs, const int32_t* targets,
     }
     m.targets.assign(targets, targets + N);
     loss.main = head_forward(m, main_head(m, true)) / N;
-
     if (c.num_nextn_predict_layers > 0) {
         m.mtp_targets.resize(N);
         for (int64_t t = 0; t < N; t++) m.mtp_targets[t] = (t % T == T - 1) ? -1 : targets[t + 1];
         embedding_forward(a.next_embed, targets, m.w.embed, N, d);
         rmsnorm_forward(a.enorm_out, a.enorm_rstd, a.next_embed, m.w.mtp_enorm, N, d, c.rms_norm_eps);
         rmsnorm_forward(a.hnorm_out, a.hnorm_rstd, a.final_normed, m.w.mtp_hnorm, N, d, c.rms_norm_eps);
-        for (int64_t t = 0; t < N; t++) {
-            memcpy(a.mtp_concat + t * 2 * d, a.enorm_out + t * d, d * sizeof(float));
-            memcpy(a.mtp_concat + t * 2 * d + d, a.hnorm_out + t * d, d * sizeof(float));
-        }
+        copy_columns(a.mtp_concat, 2 * d, a.enorm_out, d, N, d);
+        copy_columns(a.mtp_concat + d, 2 * d, a.hnorm_out, d, N, d);
         matmul_forward(a.mtp_in, a.mtp_concat, m.w.mtp_eh_proj, N, 2 * d, d);
-        loss.balance += block_forward(m, (int)L, a.mtp_in, a.mtp_out, training);
-        rmsnorm_forward(a.mtp_normed, a.mtp_rstd, a.mtp_out, m.w.mtp_norm, N, d, c.rms_norm_eps);
+        block_input_norm(m, (int)L, a.mtp_in);
+        const NextNorm mtp_norm{m.w.mtp_norm, a.mtp_normed, a.mtp_rstd};
+        loss.balance += block_forward(m, (int)L, a.mtp_in, a.mtp_out, mtp_norm, training, true);
         loss.mtp = head_forward(m, mtp_head(m)) / ((double)B * (T - 1));
     }
     loss.total = loss.main + c.mtp_loss_weight * loss.mtp + loss.balance;
@@ -303,10 +329,10 @@ void model_backward(Model& m, float loss_scale) {
         matmul_backward(dconcat.data(), m.g.mtp_eh_proj, dmtp.data(), a.mtp_concat, m.w.mtp_eh_proj, N, 2 * d, d,
                         false);
         // split [d enorm_out | d hnorm_out]; the h half flows into the main model's final state
-        for (int64_t t = 0; t < N; t++) memcpy(dhalf.data() + t * d, dconcat.data() + t * 2 * d + d, d * sizeof(float));
+        copy_columns(dhalf.data(), d, dconcat.data() + d, 2 * d, N, d);
         rmsnorm_backward(dfinal.data(), m.g.mtp_hnorm, dhalf.data(), a.final_normed, m.w.mtp_hnorm, a.hnorm_rstd, N,
                          d, true);
-        for (int64_t t = 0; t < N; t++) memcpy(dhalf.data() + t * d, dconcat.data() + t * 2 * d, d * sizeof(float));
+        copy_columns(dhalf.data(), d, dconcat.data(), 2 * d, N, d);
         rmsnorm_backward(dnext.data(), m.g.mtp_enorm, dhalf.data(), a.next_embed, m.w.mtp_enorm, a.enorm_rstd, N, d,
                          false);
         embedding_backward(m.g.embed, dnext.data(), m.targets.data(), N, d);

@@ -1,10 +1,13 @@
-// The whole model on the CPU (DESIGN §1): embedding -> blocks (MLA + dense SwiGLU or MoE, pre-norm residuals) ->
-// final norm -> head -> cross-entropy, plus Multi-Token Prediction and the balance loss. This is the readable spec
-// that the GPU trainer and the PyTorch twin are checked against.
+// The whole model on the CPU (docs/design.md §1): embedding -> blocks (MLA + dense SwiGLU or MoE, pre-norm
+// residuals) -> final norm -> head -> cross-entropy, plus Multi-Token Prediction and the balance loss. This is the
+// readable spec that the GPU model (gpu/model.h, the same functions step for step) and the PyTorch twin are checked
+// against.
 //   loss = CE_main + mtp_loss_weight * CE_mtp + sum over MoE blocks of the balance loss
 // MTP runs over all T positions: position i gets h'_i = W_eh [RMSNorm_e(Emb(y_i)) ; RMSNorm_h(hf_i)] (y_i = the
 // next token, hf_i = the main model's normalised final state) and predicts y_{i+1}; position T-1 has no target,
 // so CE_mtp is the mean over B*(T-1) positions.
+// Each block's last residual add is fused with the RMSNorm that reads it (the next block's attention norm, or the
+// final norm), as on the GPU.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -17,7 +20,7 @@
 #include "params.h"
 
 struct BlockActs {
-    float* attn_normed;  // (N, d) RMSNorm(h) into the attention
+    float* attn_normed;  // (N, d) RMSNorm(h) into the attention (written by whoever wrote h)
     float* attn_rstd;    // (N)
     MLAActs mla;
     float* attn_out;     // (N, d)
@@ -30,13 +33,13 @@ struct BlockActs {
 };
 
 struct ModelActs {
-    std::vector<float*> residual;  // num_hidden_layers + 1 entries of (N, d): the input of each main block, then the output
+    std::vector<float*> residual;  // num_hidden_layers + 1 of (N, d): the input of each main block, then the output
     // The blocks' activation sets: one per block (main blocks, then the MTP block), or with recompute one per kind of
-    // block (dense, MoE) shared by the blocks of that kind. block_slot[l] is block l's set (block_slots),
-    // slot_layer[s] the block whose forward set s holds (-1: none): a block whose set another block has overwritten
-    // runs its forward again before its backward.
+    // block (dense, MoE) shared by the blocks of that kind. block_set[l] is block l's set (block_sets), set_layer[s]
+    // the block whose forward set s holds (-1: none): a block whose set another block has overwritten runs its
+    // forward again before its backward.
     std::vector<BlockActs> blocks;
-    std::vector<int> block_slot, slot_layer;
+    std::vector<int> block_set, set_layer;
     float* final_normed;           // (N, d)
     float* final_rstd;             // (N)
     float* logits;                 // (N, V), or with recompute (head_chunk_rows, V)
@@ -81,7 +84,7 @@ struct Model {
     OptimizerShard shard;              // what this rank's optimizer updates (model/optimizer.h)
     std::vector<float> params, grads;  // one buffer each, laid out by the table
     ModelWeights w, g;                 // pointers into params and grads
-    LinearPrecision linear_precision = LinearPrecision::FP32;  // the GEMMs inside the blocks (model/fp8.h)
+    Precision precision = Precision::FP32;  // the linear layers inside the blocks: FP32 or FP8 (model/fp8.h)
     ActivationLayout layout;  // set before the first forward
     // activations of the last forward, for a batch of B x T
     int B = 0, T = 0;
@@ -113,7 +116,7 @@ void model_reserve(Model& m, int B, int T);
 // about 5% less CPU time (docs/performance.md).
 void keep_freed_memory();
 // Block l's activation set: l itself, or with recompute the number of its kind (dense, MoE) in order of appearance.
-std::vector<int> block_slots(const Config& c, bool recompute);
+std::vector<int> block_sets(const Config& c, bool recompute);
 // The rows of one chunk of the output heads for batches of N tokens (ActivationLayout::head_chunk_values).
 int64_t head_chunk_rows(const Config& c, int64_t N, const ActivationLayout& layout);
 // The main head's logits of row `row` of the last forward (V values): kept by it, or with recompute computed again.

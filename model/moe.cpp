@@ -1,9 +1,9 @@
-// MoE forward and backward on the CPU.
-// Gate-weight gradient: with S = sum_j s_j over the chosen experts and w_j = r s_j / S (norm_topk_prob),
+// The MoE layer's phases on the CPU (see moe.h).
+// Gate gradient: with S = sum_j s_j over the chosen experts and w_j = r s_j / S (norm_topk_prob),
 //   dL/ds_m = r (dw_m / S - sum_j dw_j s_j / S^2);  without normalisation dL/ds_m = r dw_m.
-// Balance loss per sequence: L = alpha sum_i f_i P_i, P_i = (1/T) sum_t s_ti / S_t, S_t = sum_e s_te (all experts),
-//   f_i = E/(kT) * #{t : i chosen at t} (constant), so dL/ds_ti = alpha/T (f_i / S_t - sum_e f_e s_te / S_t^2).
-// Router: s = sigmoid(z) so dL/dz = dL/ds * s (1 - s).
+// Balance loss per sequence: L = alpha sum_i f_i P_i, P_i = (1/T) sum_t s_ti / S_t, S_t = sum_e s_te,
+//   f_i = E/(kT) #{t : i chosen at t} (constant), so dL/ds_ti = alpha/T (f_i / S_t - sum_e f_e s_te / S_t^2).
+// Router: s = sigmoid(z), so dL/dz = dL/ds s (1 - s).
 #include "moe.h"
 
 #include <cstring>
@@ -12,51 +12,19 @@
 #include "ops.h"
 #include "router.h"
 
-void moe_carve(Arena<float>& arena, const Config& c, int B, int T, MoEActs& a) {
+void moe_carve(Arena& arena, const Config& c, int B, int T, MoEActs& a) {
     const int64_t N = (int64_t)B * T, d = c.hidden_size, E = c.n_routed_experts, k = c.num_experts_per_tok;
-    const int64_t I = c.moe_intermediate_size, S = (int64_t)c.n_shared_experts * I;
-    a.scores = arena.take(N * E);
-    a.gate_weights = arena.take(N * k);
-    a.rows_sent = arena.take(N * k * d);
-    a.rows_back = arena.take(N * k * d);
-    swiglu_carve(arena, N, S, a.shared);
-    a.shared_out = arena.take(S > 0 ? N * d : 0);
+    a.scores = arena.take<float>(N * E);
+    a.gate_weights = arena.take<float>(N * k);
+    a.rows_in = arena.take<float>(N * k * d);
+    a.rows_out = arena.take<float>(N * k * d);
+    swiglu_carve(arena, N, (int64_t)c.n_shared_experts * c.moe_intermediate_size, a.shared);
     a.chosen.assign(N * k, 0);
 }
 
-// The SwigluActs of local expert j's rows: views into the stacked buffers.
-static SwigluActs expert_view(MoEActs& a, int64_t first_row, int64_t I) {
-    return SwigluActs{a.expert_g.data() + first_row * I, a.expert_u.data() + first_row * I,
-                      a.expert_a.data() + first_row * I};
-}
-
-// Rows (R, d) between arrival order and expert-contiguous order: to_expert moves row r to expert_row_of_recv[r].
-static void permute_rows(float* dst, const float* src, const DispatchPlan& p, int64_t d, bool to_expert) {
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < p.received(); r++) {
-        int64_t e = p.expert_row_of_recv[r];
-        memcpy(dst + (to_expert ? e : r) * d, src + (to_expert ? r : e) * d, d * sizeof(float));
-    }
-}
-
-// Sends rows (plan order) to the experts' ranks and returns them in expert-contiguous order, or the reverse.
-static void dispatch_rows(Comm& comm, const DispatchPlan& p, const float* rows, float* expert_rows, int64_t d) {
-    std::vector<float> arrived(p.received() * d);
-    comm.all_to_all_v(rows, p.send_rows.data(), arrived.data(), p.recv_rows.data(), d);
-    permute_rows(expert_rows, arrived.data(), p, d, true);
-}
-static void combine_rows(Comm& comm, const DispatchPlan& p, const float* expert_rows, float* rows, int64_t d) {
-    std::vector<float> leaving(p.received() * d);
-    permute_rows(leaving.data(), expert_rows, p, d, false);
-    comm.all_to_all_v(leaving.data(), p.recv_rows.data(), rows, p.send_rows.data(), d);
-}
-
-void moe_forward(const Config& c, LinearPrecision precision, const BlockWeights& w, MoEActs& a, const float* x,
-                 float* out, int B, int T, Comm& comm) {
-    const int64_t N = (int64_t)B * T, d = c.hidden_size, E = c.n_routed_experts, k = c.num_experts_per_tok;
-    const int64_t I = c.moe_intermediate_size, S = (int64_t)c.n_shared_experts * I;
-
-    // route: scores (N, E), chosen experts and gate weights (N, k)
+// route: scores (N, E), chosen experts and gate weights (N, k), the expert plan and the dispatch plan
+static void moe_route(const Config& c, const BlockWeights& w, MoEActs& a, const float* x, int64_t N, Comm& comm) {
+    const int64_t d = c.hidden_size, E = c.n_routed_experts, k = c.num_experts_per_tok;
     matmul_forward(a.scores, x, w.router, N, d, E);
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < N; t++) {
@@ -65,123 +33,183 @@ void moe_forward(const Config& c, LinearPrecision precision, const BlockWeights&
         for (int64_t e = 0; e < E; e++) s[e] = sigmoidf_(s[e]);
         router_select(c, s, w.router_bias, scratch.data(), a.chosen.data() + t * k, a.gate_weights + t * k);
     }
-    for (int64_t slot = 0; slot < N * k; slot++)
-        if (a.chosen[slot] < 0)
-            throw std::runtime_error("the router scores are not finite (the weights hold NaN or inf)");
+    for (int64_t i = 0; i < N * k; i++)
+        if (a.chosen[i] < 0) throw std::runtime_error("the router scores are not finite (the weights hold NaN or inf)");
     a.plan = build_expert_plan(a.chosen.data(), N * k, (int)E);
-    const int64_t E_local = E / comm.ep_size;
-    std::vector<int64_t> recv_counts(E);  // (P, E_local): rows each source sends to each of this rank's experts
-    comm.all_to_all(a.plan.counts.data(), recv_counts.data(), E_local);
-    a.dispatch = build_dispatch_plan(a.plan, recv_counts, comm.ep_size);
-    const int64_t R = a.dispatch.received();
+    a.dispatch = plan_dispatch(comm, a.plan.counts);
+}
 
-    // dispatch: gather token rows in plan order, send them to the experts' ranks, sort them by local expert
+// permute: rows (N*k, d) in plan order, rows[r] = x[token of row r]
+static void permute_forward(float* rows, const float* x, const ExpertPlan& plan, int64_t N, int64_t k, int64_t d) {
 #pragma omp parallel for schedule(static)
-    for (int64_t row = 0; row < N * k; row++)
-        memcpy(a.rows_sent + row * d, x + (a.plan.slot_of_row[row] / k) * d, d * sizeof(float));
-    a.expert_in.resize(R * d);
-    a.expert_out.resize(R * d);
-    a.expert_g.resize(R * I);
-    a.expert_u.resize(R * I);
-    a.expert_a.resize(R * I);
-    dispatch_rows(comm, a.dispatch, a.rows_sent, a.expert_in.data(), d);
-    // grouped expert GEMMs, one contiguous block of rows per local expert
-    for (int64_t j = 0; j < E_local; j++) {
-        int64_t first = a.dispatch.expert_offsets[j], rows = a.dispatch.expert_counts[j];
-        swiglu_ffn_forward(precision, a.expert_out.data() + first * d, expert_view(a, first, I),
-                           a.expert_in.data() + first * d, w.expert_gate + j * I * d, w.expert_up + j * I * d,
-                           w.expert_down + j * d * I, rows, d, I);
-    }
-    combine_rows(comm, a.dispatch, a.expert_out.data(), a.rows_back, d);
-    if (S > 0) swiglu_ffn_forward(precision, a.shared_out, a.shared, x, w.gate, w.up, w.down, N, d, S);
-    // combine: out_t = sum_j w_tj rows_back[row(t, j)] + shared_t
+    for (int64_t r = 0; r < N * k; r++) memcpy(rows + r * d, x + plan.assignment_of_row[r] / k * d, d * sizeof(float));
+}
+
+// dx[t] (=|+=) sum_j drows[row of (t, j)], in j order
+static void permute_backward(float* dx, const float* drows, const ExpertPlan& plan, int64_t N, int64_t k, int64_t d,
+                             bool accumulate) {
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < N; t++) {
-        float* y = out + t * d;
-        for (int64_t i = 0; i < d; i++) y[i] = S > 0 ? a.shared_out[t * d + i] : 0.0f;
+        float* dxt = dx + t * d;
+        if (!accumulate) memset(dxt, 0, d * sizeof(float));
         for (int64_t j = 0; j < k; j++) {
-            const float* r = a.rows_back + a.plan.row_of_slot[t * k + j] * d;
-            float gw = a.gate_weights[t * k + j];
-            for (int64_t i = 0; i < d; i++) y[i] += gw * r[i];
-        }
-    }
-
-    // sequence-wise balance loss
-    a.balance_loss = 0.0;
-    if (c.aux_loss_alpha > 0) {
-        for (int b = 0; b < B; b++) {
-            std::vector<double> f(E, 0.0), P(E, 0.0);
-            for (int64_t t = b * (int64_t)T; t < (b + 1) * (int64_t)T; t++) {
-                for (int64_t j = 0; j < k; j++) f[a.chosen[t * k + j]] += (double)E / (k * T);
-                double total = 0.0;
-                for (int64_t e = 0; e < E; e++) total += a.scores[t * E + e];
-                for (int64_t e = 0; e < E; e++) P[e] += a.scores[t * E + e] / total / T;
-            }
-            double sum = 0.0;
-            for (int64_t e = 0; e < E; e++) sum += f[e] * P[e];
-            a.balance_loss += c.aux_loss_alpha * sum / B;
+            const float* dr = drows + plan.row_of_assignment[t * k + j] * d;
+            for (int64_t i = 0; i < d; i++) dxt[i] += dr[i];
         }
     }
 }
 
-void moe_backward(const Config& c, LinearPrecision precision, const BlockWeights& w, BlockWeights& g, MoEActs& a,
-                  const float* x, const float* dout, float* dx, int B, int T, float balance_scale, Comm& comm) {
-    const int64_t N = (int64_t)B * T, d = c.hidden_size, E = c.n_routed_experts, k = c.num_experts_per_tok;
-    const int64_t I = c.moe_intermediate_size, S = (int64_t)c.n_shared_experts * I;
+// Rows (R, d) between arrival order and local expert order: to_experts moves row r to expert_row_of_recv[r].
+static void sort_rows(float* dst, const float* src, const DispatchPlan& p, int64_t d, bool to_experts) {
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < p.received(); r++) {
+        const int64_t e = p.expert_row_of_recv[r];
+        memcpy(dst + (to_experts ? e : r) * d, src + (to_experts ? r : e) * d, d * sizeof(float));
+    }
+}
 
-    // combine backward: d rows_back[row(t,j)] = w_tj dout_t;  dw_tj = dout_t . rows_back[row(t,j)]
-    std::vector<float> drows_back(N * k * d), dgate_weights(N * k), drows_sent(N * k * d);
+// dispatch: rows in plan order to the experts' ranks, into local expert order (EP > 1)
+static void dispatch_rows(Comm& comm, const DispatchPlan& p, const float* rows, float* expert_rows, int64_t d) {
+    std::vector<float> arrived(p.received() * d);
+    comm.all_to_all_v(rows, p.send_rows.data(), arrived.data(), p.recv_rows.data(), d);
+    sort_rows(expert_rows, arrived.data(), p, d, true);
+}
+
+// return: rows in local expert order back to their tokens' ranks, in plan order (EP > 1)
+static void return_rows(Comm& comm, const DispatchPlan& p, const float* expert_rows, float* rows, int64_t d) {
+    std::vector<float> leaving(p.received() * d);
+    sort_rows(leaving.data(), expert_rows, p, d, false);
+    comm.all_to_all_v(leaving.data(), p.recv_rows.data(), rows, p.send_rows.data(), d);
+}
+
+// experts: expert_out = W_down_e (silu(W_gate_e x) * (W_up_e x)) on each local expert e's rows of expert_in
+static void experts_forward(Precision p, const BlockWeights& w, MoEActs& a, const float* expert_in, float* expert_out,
+                            int64_t d, int64_t I) {
+    const int64_t* offsets = a.dispatch.expert_offsets.data();
+    const int64_t E_local = (int64_t)a.dispatch.expert_counts.size(), R = a.dispatch.received();
+    a.expert_g.resize(R * I);
+    a.expert_u.resize(R * I);
+    a.expert_a.resize(R * I);
+    grouped_linear_forward(p, a.expert_g.data(), expert_in, w.expert_gate, offsets, E_local, d, I);
+    grouped_linear_forward(p, a.expert_u.data(), expert_in, w.expert_up, offsets, E_local, d, I);
+    swiglu_forward(a.expert_a.data(), a.expert_g.data(), a.expert_u.data(), R * I);
+    grouped_linear_forward(p, expert_out, a.expert_a.data(), w.expert_down, offsets, E_local, I, d);
+}
+
+static void experts_backward(Precision p, const BlockWeights& w, BlockWeights& g, const MoEActs& a,
+                             const float* expert_in, const float* dexpert_out, float* dexpert_in, int64_t d,
+                             int64_t I) {
+    const int64_t* offsets = a.dispatch.expert_offsets.data();
+    const int64_t E_local = (int64_t)a.dispatch.expert_counts.size(), R = a.dispatch.received();
+    std::vector<float> da(R * I), dg(R * I), du(R * I);
+    grouped_linear_backward(p, da.data(), g.expert_down, dexpert_out, a.expert_a.data(), w.expert_down, offsets,
+                            E_local, I, d, false);
+    swiglu_backward(dg.data(), du.data(), da.data(), a.expert_g.data(), a.expert_u.data(), R * I);
+    grouped_linear_backward(p, dexpert_in, g.expert_gate, dg.data(), expert_in, w.expert_gate, offsets, E_local, d, I,
+                            false);
+    grouped_linear_backward(p, dexpert_in, g.expert_up, du.data(), expert_in, w.expert_up, offsets, E_local, d, I,
+                            true);
+}
+
+// combine: out[t] (=|+=: onto the shared experts' output) sum_j w_tj rows[row of (t, j)]
+static void combine_forward(float* out, const float* rows, const float* gate_weights, const ExpertPlan& plan,
+                            int64_t N, int64_t k, int64_t d, bool accumulate) {
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < N; t++) {
+        float* y = out + t * d;
+        if (!accumulate) memset(y, 0, d * sizeof(float));
+        for (int64_t j = 0; j < k; j++) {
+            const float* r = rows + plan.row_of_assignment[t * k + j] * d;
+            const float gw = gate_weights[t * k + j];
+            for (int64_t i = 0; i < d; i++) y[i] += gw * r[i];
+        }
+    }
+}
+
+// drows[row of (t, j)] = w_tj dout[t];  dgate_weights[t, j] = dout[t] . rows[row of (t, j)]
+static void combine_backward(float* drows, float* dgate_weights, const float* dout, const float* rows,
+                             const float* gate_weights, const ExpertPlan& plan, int64_t N, int64_t k, int64_t d) {
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < N; t++)
         for (int64_t j = 0; j < k; j++) {
-            int64_t row = a.plan.row_of_slot[t * k + j];
-            const float* r = a.rows_back + row * d;
-            float gw = a.gate_weights[t * k + j], dot = 0.0f;
+            const int64_t row = plan.row_of_assignment[t * k + j];
+            const float* r = rows + row * d;
+            const float gw = gate_weights[t * k + j];
+            float dot = 0.0f;
             for (int64_t i = 0; i < d; i++) {
-                drows_back[row * d + i] = gw * dout[t * d + i];
+                drows[row * d + i] = gw * dout[t * d + i];
                 dot += dout[t * d + i] * r[i];
             }
             dgate_weights[t * k + j] = dot;
         }
-    // the mirror of the forward exchange: output gradients travel to the experts, input gradients come back
-    const int64_t E_local = E / comm.ep_size, R = a.dispatch.received();
-    std::vector<float> dexpert_out(R * d), dexpert_in(R * d);
-    dispatch_rows(comm, a.dispatch, drows_back.data(), dexpert_out.data(), d);
-    for (int64_t j = 0; j < E_local; j++) {
-        int64_t first = a.dispatch.expert_offsets[j], rows = a.dispatch.expert_counts[j];
-        swiglu_ffn_backward(precision, dexpert_in.data() + first * d, g.expert_gate + j * I * d,
-                            g.expert_up + j * I * d, g.expert_down + j * d * I, dexpert_out.data() + first * d,
-                            expert_view(a, first, I), a.expert_in.data() + first * d, w.expert_gate + j * I * d,
-                            w.expert_up + j * I * d, w.expert_down + j * d * I, rows, d, I, false);
-    }
-    combine_rows(comm, a.dispatch, dexpert_in.data(), drows_sent.data(), d);
-    // scatter the expert-row gradients back to their tokens (and the shared experts' gradient)
-    if (S > 0)
-        swiglu_ffn_backward(precision, dx, g.gate, g.up, g.down, dout, a.shared, x, w.gate, w.up, w.down, N, d, S,
-                            false);
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < N; t++) {
-        float* dxt = dx + t * d;
-        if (S == 0) memset(dxt, 0, d * sizeof(float));
-        for (int64_t j = 0; j < k; j++) {
-            const float* dr = drows_sent.data() + a.plan.row_of_slot[t * k + j] * d;
-            for (int64_t i = 0; i < d; i++) dxt[i] += dr[i];
-        }
-    }
+}
 
-    // router: gate weights and balance loss -> scores -> logits
-    std::vector<float> dlogits(N * E);
-    router_backward(c, a.scores, a.chosen.data(), dgate_weights.data(), dlogits.data(), B, T, balance_scale);
-    matmul_backward(dx, g.router, dlogits.data(), x, w.router, N, d, E, true);
+// alpha sum_i f_i P_i, averaged over the B sequences
+static double balance_loss(const Config& c, const float* scores, const int32_t* chosen, int B, int T) {
+    const int64_t E = c.n_routed_experts, k = c.num_experts_per_tok;
+    double loss = 0.0;
+    for (int b = 0; b < B; b++) {
+        std::vector<double> f(E, 0.0), P(E, 0.0);
+        for (int64_t t = b * (int64_t)T; t < (b + 1) * (int64_t)T; t++) {
+            for (int64_t j = 0; j < k; j++) f[chosen[t * k + j]] += (double)E / (k * T);
+            double total = 0.0;
+            for (int64_t e = 0; e < E; e++) total += scores[t * E + e];
+            for (int64_t e = 0; e < E; e++) P[e] += scores[t * E + e] / total / T;
+        }
+        double sum = 0.0;
+        for (int64_t e = 0; e < E; e++) sum += f[e] * P[e];
+        loss += c.aux_loss_alpha * sum / B;
+    }
+    return loss;
+}
+
+void moe_forward(const Config& c, Precision p, const BlockWeights& w, MoEActs& a, const float* x, float* out, int B,
+                 int T, Comm& comm, bool with_loss) {
+    const int64_t N = (int64_t)B * T, d = c.hidden_size, k = c.num_experts_per_tok, I = c.moe_intermediate_size;
+    const int64_t S = (int64_t)c.n_shared_experts * I;
+    const bool ep = comm.ep_size > 1;
+    moe_route(c, w, a, x, N, comm);
+    permute_forward(a.rows_in, x, a.plan, N, k, d);
+    a.expert_in.resize(ep ? a.dispatch.received() * d : 0);
+    a.expert_out.resize(a.expert_in.size());
+    float* expert_in = ep ? a.expert_in.data() : a.rows_in;
+    float* expert_out = ep ? a.expert_out.data() : a.rows_out;
+    if (ep) dispatch_rows(comm, a.dispatch, a.rows_in, expert_in, d);
+    experts_forward(p, w, a, expert_in, expert_out, d, I);
+    if (ep) return_rows(comm, a.dispatch, expert_out, a.rows_out, d);
+    if (S > 0) ffn_forward(p, out, a.shared, x, w.gate, w.up, w.down, N, d, S);
+    combine_forward(out, a.rows_out, a.gate_weights, a.plan, N, k, d, S > 0);
+    a.balance_loss = with_loss && c.aux_loss_alpha > 0 ? balance_loss(c, a.scores, a.chosen.data(), B, T) : 0.0;
+}
+
+void moe_backward(const Config& c, Precision p, const BlockWeights& w, BlockWeights& g, MoEActs& a, const float* x,
+                  const float* dout, float* dx, int B, int T, float balance_scale, Comm& comm) {
+    const int64_t N = (int64_t)B * T, d = c.hidden_size, E = c.n_routed_experts, k = c.num_experts_per_tok;
+    const int64_t I = c.moe_intermediate_size, S = (int64_t)c.n_shared_experts * I, R = a.dispatch.received();
+    const bool ep = comm.ep_size > 1;
+    std::vector<float> drows_out(N * k * d), dgate_weights(N * k), drows_in(N * k * d);
+    combine_backward(drows_out.data(), dgate_weights.data(), dout, a.rows_out, a.gate_weights, a.plan, N, k, d);
+    // the output gradients travel the dispatch's way, the input gradients the return's
+    std::vector<float> dexpert_out(ep ? R * d : 0), dexpert_in(ep ? R * d : 0);
+    float* dout_experts = ep ? dexpert_out.data() : drows_out.data();
+    float* din_experts = ep ? dexpert_in.data() : drows_in.data();
+    if (ep) dispatch_rows(comm, a.dispatch, drows_out.data(), dout_experts, d);
+    experts_backward(p, w, g, a, ep ? a.expert_in.data() : a.rows_in, dout_experts, din_experts, d, I);
+    if (ep) return_rows(comm, a.dispatch, din_experts, drows_in.data(), d);
+    if (S > 0) ffn_backward(p, dx, g.gate, g.up, g.down, dout, a.shared, x, w.gate, w.up, w.down, N, d, S, false);
+    permute_backward(dx, drows_in.data(), a.plan, N, k, d, S > 0);
+    std::vector<float> drouter_logits(N * E);
+    router_backward(c, a.scores, a.chosen.data(), dgate_weights.data(), drouter_logits.data(), B, T, balance_scale);
+    matmul_backward(dx, g.router, drouter_logits.data(), x, w.router, N, d, E, true);
 }
 
 void router_backward(const Config& c, const float* scores, const int32_t* chosen, const float* dgate_weights,
-                     float* dlogits, int B, int T, float balance_scale) {
+                     float* drouter_logits, int B, int T, float balance_scale) {
     const int64_t N = (int64_t)B * T, E = c.n_routed_experts, k = c.num_experts_per_tok;
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < N; t++) {
         const float* s = scores + t * E;
-        float* dz = dlogits + t * E;
+        float* dz = drouter_logits + t * E;
         for (int64_t e = 0; e < E; e++) dz[e] = 0.0f;  // holds dL/ds until the sigmoid step below
         const int32_t* ch = chosen + t * k;
         const float* dgw = dgate_weights + t * k;
@@ -208,10 +236,10 @@ void router_backward(const Config& c, const float* scores, const int32_t* chosen
                 for (int64_t e = 0; e < E; e++) total += s[e];
                 for (int64_t e = 0; e < E; e++) fs += f[e] * s[e];
                 for (int64_t e = 0; e < E; e++)
-                    dlogits[t * E + e] += (float)(coef * (f[e] / total - fs / (total * total)));
+                    drouter_logits[t * E + e] += (float)(coef * (f[e] / total - fs / (total * total)));
             }
         }
     }
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < N * E; i++) dlogits[i] *= scores[i] * (1.0f - scores[i]);
+    for (int64_t i = 0; i < N * E; i++) drouter_logits[i] *= scores[i] * (1.0f - scores[i]);
 }

@@ -101,6 +101,13 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, 
     }
 }
 
+void residual_rmsnorm_forward(float* h, float* out, float* rstd, const float* a, const float* b, const float* w,
+                              int64_t M, int64_t C, float eps) {
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < M * C; i++) h[i] = a[i] + b[i];
+    rmsnorm_forward(out, rstd, h, w, M, C, eps);
+}
+
 // y = x r w with r = (mean(x^2)+eps)^-1/2:  dx = r (dy w) - x r^3 / C * sum(dy w x);  dw += sum_rows dy x r.
 void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, const float* rstd,
                       int64_t M, int64_t C, bool accumulate_dinp) {
@@ -121,6 +128,10 @@ void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* in
         for (int64_t m = 0; m < M; m++) acc += dout[m * C + c] * inp[m * C + c] * rstd[m];
         dw[c] += acc;
     }
+}
+
+void copy_columns(float* dst, int64_t dst_ld, const float* src, int64_t src_ld, int64_t rows, int64_t cols) {
+    for (int64_t r = 0; r < rows; r++) memcpy(dst + r * dst_ld, src + r * src_ld, cols * sizeof(float));
 }
 
 void swiglu_forward(float* out, const float* g, const float* u, int64_t n) {

@@ -16,9 +16,15 @@ void matmul_backward(float* dinp, float* dW, const float* dout, const float* inp
 
 // RMSNorm over rows: out = inp / sqrt(mean(inp^2) + eps) * w.  inp, out (M, C); rstd (M) saved for backward.
 void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* w, int64_t M, int64_t C, float eps);
+// h (M, C) = a + b (the residual add), then out = RMSNorm(h) as above.
+void residual_rmsnorm_forward(float* h, float* out, float* rstd, const float* a, const float* b, const float* w,
+                              int64_t M, int64_t C, float eps);
 // dinp (M, C) (=|+=); dw (C) +=.
 void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w, const float* rstd,
                       int64_t M, int64_t C, bool accumulate_dinp);
+
+// dst[r][c] = src[r][c] for r < rows, c < cols, row strides dst_ld and src_ld (a block of columns).
+void copy_columns(float* dst, int64_t dst_ld, const float* src, int64_t src_ld, int64_t rows, int64_t cols);
 
 // SwiGLU gate, elementwise over n values: out = silu(g) * u.
 void swiglu_forward(float* out, const float* g, const float* u, int64_t n);

@@ -1,7 +1,7 @@
 // AdamW with decoupled weight decay on FP32 master weights, the learning-rate schedule (linear warmup, the peak,
 // then cosine decay to min_lr_ratio of the peak at the last step: over every step after warmup by default, or over
 // the last decay_steps with the peak held before them, warmup-stable-decay, like DeepSeek-V3's) and global-norm
-// gradient clipping (DESIGN §1.4).
+// gradient clipping (docs/design.md §1.4).
 //   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;  p -= lr (m/(1-b1^t) / (sqrt(v/(1-b2^t)) + eps) + wd p)
 // The optimizer's work and moments are sharded over the ranks that hold a copy of the weights (ZeRO stage 1; llm.c's
 // -z 1 and Megatron's distributed optimizer shard the FP32 master weights too, while here every rank keeps them
@@ -13,7 +13,7 @@
 // reduce-scattered (each rank gets the sum of its own piece; the tail is all-reduced), each rank updates its piece
 // and the tail, and the pieces are all-gathered. The traffic is that of an all-reduce of the gradients, and a rank
 // keeps the AdamW moments of its pieces and tails alone, 8 bytes per parameter / n, on the GPU and in host memory
-// (each rank writes its own pieces of a checkpoint: model/checkpoint.h). A bucket held by one rank is one piece:
+// (each rank writes its own pieces of a checkpoint: io/checkpoint.h). A bucket held by one rank is one piece:
 // the plain update.
 #pragma once
 #include <cstdint>

@@ -1,4 +1,4 @@
-// DeepSeek-V3 router selection for one token (DESIGN §1.2), shared by the CPU reference and the CUDA kernels.
+// DeepSeek-V3 router selection for one token (docs/design.md §1.2), shared by the CPU reference and the CUDA kernels.
 //   s = sigmoid(logits);  c = s + b (b = e_score_correction_bias: selection only)
 //   group score = sum of the top-2 c of the group (top-1 when a group has one expert);
 //   keep the topk_group best groups; idx = top-k of c over their experts;

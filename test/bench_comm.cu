@@ -3,10 +3,10 @@
 //
 // What runs: each rank routes --tokens tokens (4096) to --topk (8) of --experts (256) experts at random (distinct
 // experts per token, a fixed seed per rank), builds the dispatch plan on the host (build_expert_plan, the counts
-// exchanged with comm->all_to_all, build_dispatch_plan: comm/expert_plan.h) over an EP group of every rank (--ep
+// exchanged with comm->all_to_all, build_dispatch_plan: model/expert_plan.h) over an EP group of every rank (--ep
 // for fewer), and times, through the NCCL Comm (make_nccl_comm) with FP32 rows of --hidden (7168) floats and the
 // kernels of kernels/permute.cuh (the permutations are gathers with k = 1, as gpu/gpu_model.cu does them):
-//   dispatch      gather the token rows in plan order (gpu::gather_forward) + comm->all_to_all_v + permute the
+//   dispatch      gather the token rows in plan order (gpu::permute_forward) + comm->all_to_all_v + permute the
 //                 received rows into expert order: what an MoE layer does before its expert GEMMs
 //   combine       the reverse: permute back to arrival order + comm->all_to_all_v back + the weighted sum per token
 //                 (gpu::combine_forward)
@@ -40,7 +40,7 @@
 #include <nccl.h>
 
 #include "comm/comm.h"
-#include "comm/expert_plan.h"
+#include "model/expert_plan.h"
 #include "kernels/permute.cuh"
 #include "model/rng.h"
 #include "test/random_model.h"
@@ -121,9 +121,7 @@ int main(int argc, char** argv) {
     Rng rng(1234 + (uint64_t)comm->rank);
     const std::vector<int32_t> chosen = random_routing(N, k, E, rng);
     const ExpertPlan plan = build_expert_plan(chosen.data(), N * k, E);
-    std::vector<int64_t> recv_counts(E);
-    comm->all_to_all(plan.counts.data(), recv_counts.data(), E / P);
-    const DispatchPlan dispatch = build_dispatch_plan(plan, recv_counts, P);
+    const DispatchPlan dispatch = plan_dispatch(*comm, plan.counts);
     const int64_t rows = N * k, R = dispatch.received(), peer_rows = rows / P;  // peer_rows: the equal split
     const std::vector<int64_t> equal_rows(P, peer_rows);
 
@@ -133,9 +131,9 @@ int main(int argc, char** argv) {
     for (float& v : x_host) v = rng.uniform() - 0.5f;
     float* x = device_copy(x_host);
     float* weights = device_copy(std::vector<float>(N * k, 1.0f / k));
-    int64_t* slot_of_row = device_copy(plan.slot_of_row);
-    int64_t* row_of_slot = device_copy(plan.row_of_slot);
-    // the permutations as gathers (gpu::gather_forward with k = 1, as gpu/gpu_model.cu does): expert row e takes
+    int64_t* assignment_of_row = device_copy(plan.assignment_of_row);
+    int64_t* row_of_assignment = device_copy(plan.row_of_assignment);
+    // the permutations as gathers (gpu::permute_forward with k = 1, as gpu/gpu_model.cu does): expert row e takes
     // received row expert_to_recv[e]; received row r takes expert row recv_to_expert[r]
     std::vector<int64_t> expert_to_recv(R);
     for (int64_t r = 0; r < R; r++) expert_to_recv[dispatch.expert_row_of_recv[r]] = r;
@@ -164,19 +162,19 @@ int main(int argc, char** argv) {
     // rows of T (float, or __nv_bfloat16 moved as d/2 floats a row, as gpu/gpu_model.cu's dispatch_rows does)
     auto dispatch_as = [&](auto* rows_sent, const auto* rows_x, auto* rows_arrived, auto* rows_expert) {
         using T = std::remove_pointer_t<decltype(rows_sent)>;
-        gpu::gather_forward(rows_sent, rows_x, slot_of_row, N, k, d, stream);
+        gpu::permute_forward(rows_sent, rows_x, assignment_of_row, N, k, d, stream);
         CUDA_CHECK(cudaStreamSynchronize(stream));  // the Comm runs on its own stream
         comm->all_to_all_v(reinterpret_cast<const float*>(rows_sent), dispatch.send_rows.data(),
                            reinterpret_cast<float*>(rows_arrived), dispatch.recv_rows.data(),
                            d * (int64_t)sizeof(T) / (int64_t)sizeof(float));
-        gpu::gather_forward(rows_expert, rows_arrived, expert_to_recv_dev, R, 1, d, stream);
+        gpu::permute_forward(rows_expert, rows_arrived, expert_to_recv_dev, R, 1, d, stream);
     };
     auto run_dispatch = [&] { dispatch_as(sent, x, arrived, expert_rows); };
     auto run_combine = [&] {
-        gpu::gather_forward(arrived, expert_rows, recv_to_expert_dev, R, 1, d, stream);
+        gpu::permute_forward(arrived, expert_rows, recv_to_expert_dev, R, 1, d, stream);
         CUDA_CHECK(cudaStreamSynchronize(stream));
         comm->all_to_all_v(arrived, dispatch.recv_rows.data(), sent, dispatch.send_rows.data(), d);
-        gpu::combine_forward(out, sent, weights, row_of_slot, N, k, d, false, stream);
+        gpu::combine_forward(out, sent, weights, row_of_assignment, N, k, d, false, stream);
     };
 
     auto run_dispatch_bf16 = [&] { dispatch_as(sent16, x16, arrived16, expert_rows16); };
@@ -275,7 +273,7 @@ int main(int argc, char** argv) {
     CUDA_CHECK(cudaEventDestroy(stop));
     NCCL_CHECK(ncclCommDestroy(ep_nccl));
     NCCL_CHECK(ncclCommDestroy(world_nccl));
-    for (void* p : {(void*)x, (void*)weights, (void*)slot_of_row, (void*)row_of_slot, (void*)expert_to_recv_dev,
+    for (void* p : {(void*)x, (void*)weights, (void*)assignment_of_row, (void*)row_of_assignment, (void*)expert_to_recv_dev,
                     (void*)recv_to_expert_dev, (void*)sent, (void*)arrived, (void*)expert_rows, (void*)out, (void*)x16,
                     (void*)sent16, (void*)arrived16, (void*)expert_rows16})
         CUDA_CHECK(cudaFree(p));

@@ -13,7 +13,7 @@
 #include "data/dataloader.h"
 #include "model/model.h"
 #include "model/optimizer.h"
-#include "model/safetensors.h"
+#include "io/safetensors.h"
 
 int main(int argc, char** argv) {
     std::string preset = "small";

@@ -67,7 +67,7 @@
 #include <cuda_runtime.h>
 
 #include "comm/comm.h"
-#include "gpu/gpu_model.h"
+#include "gpu/model.h"
 #include "kernels/adamw.cuh"
 #include "kernels/attention.cuh"
 #include "kernels/cross_entropy.cuh"
@@ -84,7 +84,7 @@
 #include "model/model.h"
 #include "model/optimizer.h"
 #include "model/params.h"
-#include "model/plan.h"
+#include "trainer/plan.h"
 #include "model/rng.h"
 #include "model/rope.h"
 #include "test/random_model.h"
@@ -102,7 +102,7 @@ struct Options {
     std::string config = "deepseek-v2-lite";
     int layers = 0;  // 0: the largest that fits
     int B = 2, T = 4096, steps = 5;
-    gpu::Precision precision = gpu::Precision::BF16;
+    Precision precision = Precision::BF16;
     // the sizes of the ceilings' and the optimizer kernels' buffers, and how each figure is timed (time_ms)
     int64_t copy_bytes = (int64_t)1 << 30, square = 8192, optimizer_values = (int64_t)1 << 28;
     int iters = 0, trials = 3, copy_trials = 10;
@@ -163,9 +163,9 @@ Options parse_options(int argc, char** argv) {
         else if (flag == "--steps") o.steps = positive_int(flag, value);
         else if (flag == "--dtype") {
             const std::string d = value;
-            if (d == "bf16") o.precision = gpu::Precision::BF16;
-            else if (d == "fp32") o.precision = gpu::Precision::FP32;
-            else if (d == "fp8") o.precision = gpu::Precision::FP8;
+            if (d == "bf16") o.precision = Precision::BF16;
+            else if (d == "fp32") o.precision = Precision::FP32;
+            else if (d == "fp8") o.precision = Precision::FP8;
             else usage("--dtype is bf16, fp32 or fp8");
         } else usage(("unknown flag " + flag).c_str());
     }
@@ -173,8 +173,8 @@ Options parse_options(int argc, char** argv) {
     return o;
 }
 
-const char* precision_name(gpu::Precision p) {
-    return p == gpu::Precision::FP8 ? "fp8" : p == gpu::Precision::BF16 ? "bf16" : "fp32";
+const char* precision_name(Precision p) {
+    return p == Precision::FP8 ? "fp8" : p == Precision::BF16 ? "bf16" : "fp32";
 }
 
 // ---- device helpers -------------------------------------------------------------------------------------------
@@ -360,7 +360,7 @@ double measure_gemms(const Config& c, const Options& o, cudaStream_t stream) {
     double best = 0.0;
     // FP8 only when the run is about it (or a smoke run, which must run every line): a failing FP8 call exits, and
     // must not take the BF16 figures with it
-    const bool with_fp8 = o.precision == gpu::Precision::FP8 || o.smoke;
+    const bool with_fp8 = o.precision == Precision::FP8 || o.smoke;
     for (const bool fp8 : {false, true}) {
         if (fp8 && !with_fp8) break;
         // the input's cast (BF16) or quantization (FP8) alone, which fwd includes
@@ -596,29 +596,29 @@ std::vector<KernelResult> bench_kernels(const Config& c, const Options& o, cudaS
         const std::vector<int32_t> chosen_host = random_routing(N, k, E, rng);
         DeviceArray<int32_t> chosen(R);
         chosen.upload(chosen_host);
-        DeviceArray<int64_t> counts(E), offsets(E + 1), row_of_slot(R), slot_of_row(R);
-        gpu::expert_plan_build(counts.ptr, offsets.ptr, row_of_slot.ptr, slot_of_row.ptr, chosen.ptr, R, (int)E, s);
+        DeviceArray<int64_t> counts(E), offsets(E + 1), row_of_assignment(R), assignment_of_row(R);
+        gpu::build_expert_plan(counts.ptr, offsets.ptr, row_of_assignment.ptr, assignment_of_row.ptr, chosen.ptr, R, (int)E, s);
         DeviceArray<float> x(N * d), rows(R * d), drows(R * d), weights(R), dweights(R), y(N * d);
         fill_uniform(x, 9, -1.0f, 1.0f, s);
         fill_uniform(rows, 10, -1.0f, 1.0f, s);
         fill_uniform(weights, 11, 0.0f, 0.3f, s);
         CUDA_CHECK(cudaMemsetAsync(y.ptr, 0, y.bytes(), s));
         const std::string shape = dims({N, k, d});
-        // reads x (N d, each row once at least), slot_of_row (N k int64); writes rows (N k d)
-        run("gather_forward (permute)", shape, F * (N * d + R * d) + I64 * R,
-            [&] { gpu::gather_forward(rows.ptr, x.ptr, slot_of_row.ptr, N, (int)k, d, s); });
-        // reads drows (N k d), row_of_slot (N k int64), dx (N d: accumulates onto the shared experts' dx, as the
+        // reads x (N d, each row once at least), assignment_of_row (N k int64); writes rows (N k d)
+        run("permute_forward (permute)", shape, F * (N * d + R * d) + I64 * R,
+            [&] { gpu::permute_forward(rows.ptr, x.ptr, assignment_of_row.ptr, N, (int)k, d, s); });
+        // reads drows (N k d), row_of_assignment (N k int64), dx (N d: accumulates onto the shared experts' dx, as the
         // model does); writes dx (N d)
-        run("gather_backward", shape, F * (R * d + 2 * N * d) + I64 * R,
-            [&] { gpu::gather_backward(y.ptr, rows.ptr, row_of_slot.ptr, N, (int)k, d, true, s); });
-        // reads rows (N k d), weights (N k), row_of_slot (N k int64), out (N d: accumulates onto the shared
+        run("permute_backward", shape, F * (R * d + 2 * N * d) + I64 * R,
+            [&] { gpu::permute_backward(y.ptr, rows.ptr, row_of_assignment.ptr, N, (int)k, d, true, s); });
+        // reads rows (N k d), weights (N k), row_of_assignment (N k int64), out (N d: accumulates onto the shared
         // experts' output, as the model does); writes out (N d)
         run("combine_forward (unpermute)", shape, F * (R * d + R + 2 * N * d) + I64 * R, [&] {
-            gpu::combine_forward(y.ptr, rows.ptr, weights.ptr, row_of_slot.ptr, N, (int)k, d, true, s);
+            gpu::combine_forward(y.ptr, rows.ptr, weights.ptr, row_of_assignment.ptr, N, (int)k, d, true, s);
         });
-        // reads dout (N d), rows (N k d), weights (N k), row_of_slot (N k int64); writes drows (N k d), dweights
+        // reads dout (N d), rows (N k d), weights (N k), row_of_assignment (N k int64); writes drows (N k d), dweights
         run("combine_backward", shape, F * (N * d + 2 * R * d + 2 * R) + I64 * R, [&] {
-            gpu::combine_backward(drows.ptr, dweights.ptr, x.ptr, rows.ptr, weights.ptr, row_of_slot.ptr, N, (int)k,
+            gpu::combine_backward(drows.ptr, dweights.ptr, x.ptr, rows.ptr, weights.ptr, row_of_assignment.ptr, N, (int)k,
                                   d, s);
         });
         // reads rows, writes rows (N k d each): MoE backward's dexpert_in += dexpert_out
@@ -785,7 +785,7 @@ void bench_attention(const Config& c, const Options& o, const cudaDeviceProp& pr
         printf("%-22s %-24s %10.2f %10.1f %10.2f %10.1f\n", name, shape.c_str(), fwd,
                forward_flops / (fwd * 1e-3) / 1e12, bwd, 2 * forward_flops / (bwd * 1e-3) / 1e12);
     };
-    if (gpu::attention_on_tensor_cores(gpu::Precision::BF16, dqk, dv)) {
+    if (gpu::attention_on_tensor_cores(Precision::BF16, dqk, dv)) {
         // the model's BF16 inputs: q, k, v (contiguous) and dO, cast once (not timed)
         DeviceArray<__nv_bfloat16> q16(q.n), k16(k.n), v16(N * H * dv), dout16(dout.n);
         gpu::cast_to_bf16(q16.ptr, q.ptr, q.n, s);

@@ -1,4 +1,4 @@
-// Benchmark of Hugging Face export/import (model/hf_checkpoint.h) against the disk itself: a model of about 1 GB
+// Benchmark of Hugging Face export/import (io/hf.h) against the disk itself: a model of about 1 GB
 // of fp32 parameters is exported (F32 and BF16) and imported twice, next to a plain sequential fwrite+fsync and
 // fread of the same number of bytes in the same run. Every read is cold: the file's pages are dropped from the
 // page cache (fsync, then posix_fadvise DONTNEED) before it is read. Five interleaved rounds give each operation's
@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 #include "comm/comm.h"
-#include "model/hf_checkpoint.h"
+#include "io/hf.h"
 
 static const char* CONFIG = R"({"vocab_size": 16384, "hidden_size": 1024, "intermediate_size": 4096,
   "moe_intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 8, "q_lora_rank": 384,

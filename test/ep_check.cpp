@@ -17,8 +17,8 @@
 #include <string>
 
 #include "comm/comm.h"
-#include "model/checkpoint.h"
-#include "model/files.h"
+#include "io/checkpoint.h"
+#include "io/files.h"
 #include "model/model.h"
 #include "model/optimizer.h"
 #include "model/rng.h"

@@ -1,5 +1,5 @@
-// The check of --recompute that both programs testing gpu/gpu_model.cu make (gpu_model_cpu_check on the CPU's
-// stand-ins and kernel emulator, test_gpu on a GPU): two GPU models from the same random weights, one keeping every
+// The check of --recompute that both programs testing the GPU model make (gpu_model_emulated_check on the kernel
+// emulator, test_gpu on a GPU): two GPU models from the same random weights, one keeping every
 // block's activations and every chunk of logits and one recomputing them, two micro-batches of forward and backward
 // each (B sequences, then B - 1: below the allocated batch), then a forward without targets (sampling's) and every
 // row of its logits. Every kernel and GEMM is
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "comm/comm.h"
-#include "gpu/gpu_model.h"
+#include "gpu/model.h"
 #include "test/random_model.h"
 
 struct RecomputeComparison {
@@ -22,7 +22,7 @@ struct RecomputeComparison {
     int64_t kept_bytes = 0, kept_bytes_recompute = 0;  // activations + expert rows, as the two plans count them
 };
 
-inline RecomputeComparison compare_recompute(const Config& c, gpu::Precision p, int B, int T, uint64_t seed,
+inline RecomputeComparison compare_recompute(const Config& c, Precision p, int B, int T, uint64_t seed,
                                              int64_t head_chunk_values) {
     Model host;
     model_init(host, c);

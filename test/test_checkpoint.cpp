@@ -9,8 +9,8 @@
 #include <string>
 #include <unistd.h>
 
-#include "model/checkpoint.h"
-#include "model/safetensors.h"
+#include "io/checkpoint.h"
+#include "io/safetensors.h"
 #include "test_helpers.h"
 
 namespace {

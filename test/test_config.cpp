@@ -1,4 +1,4 @@
-// Tests of the model config (DESIGN §1.6): presets, parameter counts against the published figures, real Hugging Face
+// Tests of the model config (docs/design.md §1.6): presets, parameter counts against the published figures, real Hugging Face
 // config.json files, rejection of invalid values with a message naming the key, unknown keys, JSON round trips.
 #include <doctest/doctest.h>
 

@@ -5,7 +5,7 @@
 #include "data/dataloader.h"
 #include "data/shards.h"
 #include "data/tokenizer.h"
-#include "model/files.h"
+#include "io/files.h"
 
 #include <cmath>
 #include <cstdlib>

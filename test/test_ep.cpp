@@ -14,9 +14,9 @@
 #include <tuple>
 #include <vector>
 
-#include "comm/expert_plan.h"
+#include "model/expert_plan.h"
 #include "data/shards.h"
-#include "model/checkpoint.h"
+#include "io/checkpoint.h"
 #include "model/rng.h"
 #include "test/test_helpers.h"
 
@@ -32,13 +32,13 @@ void check_dispatch(int P, int E, const std::vector<std::vector<int32_t>>& choic
         std::vector<int64_t> recv_counts(P * per_rank);
         for (int s = 0; s < P; s++)
             for (int j = 0; j < per_rank; j++) recv_counts[s * per_rank + j] = plans[s].counts[dst * per_rank + j];
-        DispatchPlan d = build_dispatch_plan(plans[dst], recv_counts, P);
-        // the rows that arrive at dst, tagged (source rank, slot), in arrival order
+        DispatchPlan d = build_dispatch_plan(plans[dst].counts, recv_counts, P);
+        // the rows that arrive at dst, tagged (source rank, assignment), in arrival order
         std::vector<std::pair<int, int64_t>> arrived;
         for (int s = 0; s < P; s++) {
             int64_t first = plans[s].offsets[dst * per_rank], last = plans[s].offsets[(dst + 1) * per_rank];
-            for (int64_t row = first; row < last; row++) arrived.push_back({s, plans[s].slot_of_row[row]});
-            DispatchPlan ds = build_dispatch_plan(plans[s], recv_counts, P);
+            for (int64_t row = first; row < last; row++) arrived.push_back({s, plans[s].assignment_of_row[row]});
+            DispatchPlan ds = build_dispatch_plan(plans[s].counts, recv_counts, P);
             CHECK(ds.send_rows[dst] == last - first);
         }
         REQUIRE((int64_t)arrived.size() == d.received());
@@ -50,9 +50,9 @@ void check_dispatch(int P, int E, const std::vector<std::vector<int32_t>>& choic
             for (int s = 0; s < P; s++) expected += plans[s].counts[expert];
             CHECK(d.expert_counts[j] == expected);
             for (int64_t row = d.expert_offsets[j]; row < d.expert_offsets[j + 1]; row++) {
-                auto [src, slot] = by_expert[row];
+                auto [src, assignment] = by_expert[row];
                 REQUIRE(src >= 0);
-                CHECK(choices[src][slot] == expert);
+                CHECK(choices[src][assignment] == expert);
             }
         }
     }
@@ -65,8 +65,8 @@ TEST_CASE("ep: the local plan sorts assignments by expert and inverts") {
     ExpertPlan p = build_expert_plan(chosen.data(), 6, 5);
     CHECK(p.counts == std::vector<int64_t>{2, 1, 0, 3, 0});
     CHECK(p.offsets == std::vector<int64_t>{0, 2, 3, 3, 6, 6});
-    CHECK(p.row_of_slot == std::vector<int64_t>{3, 0, 4, 2, 1, 5});
-    for (int64_t a = 0; a < 6; a++) CHECK(p.slot_of_row[p.row_of_slot[a]] == a);
+    CHECK(p.row_of_assignment == std::vector<int64_t>{3, 0, 4, 2, 1, 5});
+    for (int64_t a = 0; a < 6; a++) CHECK(p.assignment_of_row[p.row_of_assignment[a]] == a);
 }
 
 TEST_CASE("ep: dispatch plans route every row to its expert, with idle experts and silent ranks") {

@@ -121,8 +121,8 @@ TEST_CASE("fp8: the linear layer's three products use the recipe's tiles (1x128,
                              x_cols = quantized(x, M, K, FP8_TILE, 1), dy_cols = quantized(dy, M, N, FP8_TILE, 1);
 
     std::vector<float> y(M * N), dx(M * K), dW(N * K, 0.0f);
-    linear_forward(LinearPrecision::FP8, y.data(), x.data(), W.data(), M, K, N);
-    linear_backward(LinearPrecision::FP8, dx.data(), dW.data(), dy.data(), x.data(), W.data(), M, K, N, false);
+    linear_forward(Precision::FP8, y.data(), x.data(), W.data(), M, K, N);
+    linear_backward(Precision::FP8, dx.data(), dW.data(), dy.data(), x.data(), W.data(), M, K, N, false);
     const double rel = 1e-5;  // FP32 sums of at most 260 terms in another order
     int y_off = 0, dx_off = 0, dW_off = 0;
     for (int64_t i = 0; i < M; i++)
@@ -160,9 +160,9 @@ TEST_CASE("fp8: an outlier token changes no other token's output (per-token tile
     std::vector<float> x = spread_matrix(M, K, 31);
     const std::vector<float> W = weight_matrix(N, K, 32);
     std::vector<float> y(M * N), y_outlier(M * N);
-    linear_forward(LinearPrecision::FP8, y.data(), x.data(), W.data(), M, K, N);
+    linear_forward(Precision::FP8, y.data(), x.data(), W.data(), M, K, N);
     for (int64_t k = 0; k < K; k++) x[5 * K + k] *= 1000.0f;
-    linear_forward(LinearPrecision::FP8, y_outlier.data(), x.data(), W.data(), M, K, N);
+    linear_forward(Precision::FP8, y_outlier.data(), x.data(), W.data(), M, K, N);
     int64_t changed_elsewhere = 0, changed_row = 0;
     for (int64_t i = 0; i < M; i++)
         for (int64_t j = 0; j < N; j++)

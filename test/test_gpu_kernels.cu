@@ -1,5 +1,5 @@
 // The kernel checks of test_gpu (make test-gpu; test/test_gpu.cu): every kernel of kernels/ against the CPU
-// reference of model/ and comm/ (DESIGN §5). The same checks run on the CPU in test_cpu, through the kernel emulator
+// reference of model/ and comm/ (docs/design.md §5). The same checks run on the CPU in test_cpu, through the kernel emulator
 // (test/kernel_emulator/: ./test_gpu_emulated).
 // Fresh random inputs (model/rng.h, never zeros); outputs are poisoned first (0xFF bytes: NaN for floats, -1 for
 // integers), so a value the kernel forgets to write fails; accumulated outputs start from random values instead.
@@ -23,7 +23,7 @@
 
 #include <cuda_bf16.h>
 
-#include "comm/expert_plan.h"
+#include "model/expert_plan.h"
 #include "test/gpu_check.cuh"
 #include "kernels/adamw.cuh"
 #include "kernels/attention.cuh"
@@ -349,41 +349,41 @@ static void test_permute(Rng& rng) {
             }
         const ExpertPlan plan = build_expert_plan(chosen.data(), n, c.E);
         Dev<int32_t> d_chosen(chosen);
-        Dev<int64_t> d_counts(c.E), d_offsets(c.E + 1), d_row_of_slot(n), d_slot_of_row(n);
+        Dev<int64_t> d_counts(c.E), d_offsets(c.E + 1), d_row_of_assignment(n), d_assignment_of_row(n);
         d_counts.poison();
         d_offsets.poison();
-        d_row_of_slot.poison();
-        d_slot_of_row.poison();
-        gpu::expert_plan_build(d_counts.ptr, d_offsets.ptr, d_row_of_slot.ptr, d_slot_of_row.ptr, d_chosen.ptr, n,
+        d_row_of_assignment.poison();
+        d_assignment_of_row.poison();
+        gpu::build_expert_plan(d_counts.ptr, d_offsets.ptr, d_row_of_assignment.ptr, d_assignment_of_row.ptr, d_chosen.ptr, n,
                                c.E, 0);
         check("expert_plan counts " + shape, d_counts.get(), plan.counts, 0);
         check("expert_plan offsets " + shape, d_offsets.get(), plan.offsets, 0);
-        check("expert_plan row_of_slot " + shape, d_row_of_slot.get(), plan.row_of_slot, 0);
-        check("expert_plan slot_of_row " + shape, d_slot_of_row.get(), plan.slot_of_row, 0);
+        check("expert_plan row_of_assignment " + shape, d_row_of_assignment.get(), plan.row_of_assignment, 0);
+        check("expert_plan assignment_of_row " + shape, d_assignment_of_row.get(), plan.assignment_of_row, 0);
 
-        // gather: rows[r] = x[slot_of_row[r] / k]; backward dx[t] (=|+=) sum_j drows[row_of_slot[t*k+j]]
+        // gather: rows[r] = x[assignment_of_row[r] / k]; backward dx[t] (=|+=) sum_j drows[row_of_assignment[t*k+j]]
         std::vector<float> x = randn(c.N * d, rng), rows(n * d), drows = randn(n * d, rng), dx = randn(c.N * d, rng);
         Dev<float> d_x(x), d_rows(rows.size()), d_drows(drows), d_dx(dx);
         for (int64_t r = 0; r < n; r++)
-            for (int64_t i = 0; i < d; i++) rows[r * d + i] = x[plan.slot_of_row[r] / c.k * d + i];
+            for (int64_t i = 0; i < d; i++) rows[r * d + i] = x[plan.assignment_of_row[r] / c.k * d + i];
         for (int64_t t = 0; t < c.N; t++)
             for (int64_t i = 0; i < d; i++) {
                 float acc = c.accumulate ? dx[t * d + i] : 0.0f;
-                for (int j = 0; j < c.k; j++) acc += drows[plan.row_of_slot[t * c.k + j] * d + i];
+                for (int j = 0; j < c.k; j++) acc += drows[plan.row_of_assignment[t * c.k + j] * d + i];
                 dx[t * d + i] = acc;
             }
         d_rows.poison();
         if (!c.accumulate) d_dx.poison();
-        gpu::gather_forward(d_rows.ptr, d_x.ptr, d_slot_of_row.ptr, c.N, c.k, d, 0);
-        gpu::gather_backward(d_dx.ptr, d_drows.ptr, d_row_of_slot.ptr, c.N, c.k, d, c.accumulate, 0);
-        check("gather_forward rows " + shape, d_rows.get(), rows, 0);
-        check("gather_backward dx " + shape, d_dx.get(), dx, 0);
+        gpu::permute_forward(d_rows.ptr, d_x.ptr, d_assignment_of_row.ptr, c.N, c.k, d, 0);
+        gpu::permute_backward(d_dx.ptr, d_drows.ptr, d_row_of_assignment.ptr, c.N, c.k, d, c.accumulate, 0);
+        check("permute_forward rows " + shape, d_rows.get(), rows, 0);
+        check("permute_backward dx " + shape, d_dx.get(), dx, 0);
         std::vector<__nv_bfloat16> x16(x.size());  // the BF16 gather (the experts' input rows in BF16 mode)
         for (size_t i = 0; i < x.size(); i++) x16[i] = __float2bfloat16_rn(x[i]);
         Dev<__nv_bfloat16> d_x16(x16), d_rows16(rows.size());
         d_rows16.poison();
-        gpu::gather_forward(d_rows16.ptr, d_x16.ptr, d_slot_of_row.ptr, c.N, c.k, d, 0);
-        check("gather_forward rows, BF16 " + shape, widened(d_rows16.get()), bf16_rounded(rows), 0);
+        gpu::permute_forward(d_rows16.ptr, d_x16.ptr, d_assignment_of_row.ptr, c.N, c.k, d, 0);
+        check("permute_forward rows, BF16 " + shape, widened(d_rows16.get()), bf16_rounded(rows), 0);
 
         // combine: out[t] (=|+=) sum_j w_tj rows[row(t,j)]; backward drows[row] = w dout[t], dw = dout[t] . rows[row]
         std::vector<float> w = randn(n, rng), out = randn(c.N * d, rng), dout = randn(c.N * d, rng);
@@ -391,7 +391,7 @@ static void test_permute(Rng& rng) {
         Dev<float> d_w(w), d_out(out), d_dout(dout), d_dw(n), d_drows_combine(n * d);
         for (int64_t t = 0; t < c.N; t++)
             for (int j = 0; j < c.k; j++) {
-                const int64_t a = t * c.k + j, row = plan.row_of_slot[a];
+                const int64_t a = t * c.k + j, row = plan.row_of_assignment[a];
                 float dot = 0.0f;
                 for (int64_t i = 0; i < d; i++) {
                     drows_combine[row * d + i] = w[a] * dout[t * d + i];
@@ -402,14 +402,14 @@ static void test_permute(Rng& rng) {
         for (int64_t t = 0; t < c.N; t++)
             for (int64_t i = 0; i < d; i++) {
                 float acc = c.accumulate ? out[t * d + i] : 0.0f;
-                for (int j = 0; j < c.k; j++) acc += w[t * c.k + j] * rows[plan.row_of_slot[t * c.k + j] * d + i];
+                for (int j = 0; j < c.k; j++) acc += w[t * c.k + j] * rows[plan.row_of_assignment[t * c.k + j] * d + i];
                 out[t * d + i] = acc;
             }
         if (!c.accumulate) d_out.poison();
         d_dw.poison();
         d_drows_combine.poison();
-        gpu::combine_forward(d_out.ptr, d_rows.ptr, d_w.ptr, d_row_of_slot.ptr, c.N, c.k, d, c.accumulate, 0);
-        gpu::combine_backward(d_drows_combine.ptr, d_dw.ptr, d_dout.ptr, d_rows.ptr, d_w.ptr, d_row_of_slot.ptr, c.N,
+        gpu::combine_forward(d_out.ptr, d_rows.ptr, d_w.ptr, d_row_of_assignment.ptr, c.N, c.k, d, c.accumulate, 0);
+        gpu::combine_backward(d_drows_combine.ptr, d_dw.ptr, d_dout.ptr, d_rows.ptr, d_w.ptr, d_row_of_assignment.ptr, c.N,
                               c.k, d, 0);
         check("combine_forward out " + shape, d_out.get(), out, 1e-5);
         check("combine_backward drows " + shape, d_drows_combine.get(), drows_combine, 0);
@@ -581,9 +581,9 @@ struct CpuMLA {
         w.kv_a_norm = wkv_a_norm.data();
         w.kv_b = wkv_b.data();
         w.o = wo.data();
-        carve_arena(storage, [&](Arena<float>& arena) { mla_carve(arena, c, B, T, a); });
+        carve_arena(storage, [&](Arena& arena) { mla_carve(arena, c, B, T, a); });
         std::vector<float> x = randn(N * d, rng), out(N * d);
-        mla_forward(c, LinearPrecision::FP32, w, a, x.data(), out.data(), B, T);
+        mla_forward(c, Precision::FP32, w, a, x.data(), out.data(), B, T);
     }
 };
 
@@ -680,7 +680,7 @@ static void test_rope(const CpuMLA& m, Rng& rng, const std::string& shape) {
 struct GpuAttention {
     std::vector<float> o, lse, dq, dk, dkv;
 };
-static GpuAttention gpu_attention(gpu::Precision precision, const std::vector<float>& q, const std::vector<float>& k,
+static GpuAttention gpu_attention(Precision precision, const std::vector<float>& q, const std::vector<float>& k,
                                   const std::vector<float>& kv, const std::vector<float>& d_out,
                                   const std::vector<float>& dkv0, int B, int T, int H, int dn, int dqk, int dv,
                                   float scale, bool v_in_kv = false, bool wide = false) {
@@ -693,7 +693,7 @@ static GpuAttention gpu_attention(gpu::Precision precision, const std::vector<fl
     d_dq.poison();
     d_dk.poison();
     scratch.poison();
-    if (precision == gpu::Precision::FP32) {
+    if (precision == Precision::FP32) {
         gpu::attention_forward(d_o.ptr, d_lse.ptr, d_q.ptr, d_k.ptr, d_kv.ptr + dn, ld, B, T, H, dqk, dv, scale, 0);
         gpu::attention_backward(d_dq.ptr, d_dk.ptr, d_dkv.ptr + dn, scratch.ptr, d_dout.ptr, d_q.ptr, d_k.ptr,
                                 d_kv.ptr + dn, ld, d_o.ptr, d_lse.ptr, B, T, H, dqk, dv, scale, 0);
@@ -759,7 +759,7 @@ static void test_attention_core(const CpuMLA& m, Rng& rng, const std::string& sh
     const std::vector<float> dkv0 = poisoned_columns(N * H, ld, dn, ld, rng);
 
     auto run = [&] {
-        return gpu_attention(gpu::Precision::FP32, host_copy(a.q_heads, N * H * dqk), host_copy(a.k_heads, N * H * dqk),
+        return gpu_attention(Precision::FP32, host_copy(a.q_heads, N * H * dqk), host_copy(a.k_heads, N * H * dqk),
                              host_copy(a.kv, N * H * ld), d_out, dkv0, (int)B, (int)T, (int)H, (int)dn, (int)dqk,
                              (int)dv, scale);
     };
@@ -783,7 +783,7 @@ static void test_attention_bf16(const CpuMLA& m, Rng& rng, const std::string& sh
     const Config& c = m.c;
     const int64_t B = m.B, T = m.T, N = B * T, H = c.num_attention_heads, dn = c.qk_nope_head_dim;
     const int64_t dqk = c.qk_head_dim(), dv = c.v_head_dim, ld = dn + dv;
-    if (!gpu::attention_on_tensor_cores(gpu::Precision::BF16, (int)dqk, (int)dv)) return;
+    if (!gpu::attention_on_tensor_cores(Precision::BF16, (int)dqk, (int)dv)) return;
     const double scale = attention_softmax_scale(c);
     auto bf16 = [](const std::vector<float>& x) {
         std::vector<double> r(x.size());
@@ -833,7 +833,7 @@ static void test_attention_bf16(const CpuMLA& m, Rng& rng, const std::string& sh
 
     const std::vector<float> dkv0 = poisoned_columns(N * H, ld, dn, ld, rng);
     auto run = [&](bool v_in_kv, bool wide) {
-        return gpu_attention(gpu::Precision::BF16, q, k, kv, d_out, dkv0, (int)B, (int)T, (int)H, (int)dn, (int)dqk,
+        return gpu_attention(Precision::BF16, q, k, kv, d_out, dkv0, (int)B, (int)T, (int)H, (int)dn, (int)dqk,
                              (int)dv, (float)scale, v_in_kv, wide);
     };
     const GpuAttention got = run(false, false);
@@ -851,7 +851,7 @@ static void test_attention_bf16(const CpuMLA& m, Rng& rng, const std::string& sh
     std::vector<float> kv_ones = kv;
     for (int64_t r = 0; r < N * H; r++) std::fill(kv_ones.begin() + r * ld + dn, kv_ones.begin() + (r + 1) * ld, 1.0f);
     check("attention_forward bf16 o of values all 1 " + shape,
-          gpu_attention(gpu::Precision::BF16, q, k, kv_ones, d_out, dkv0, (int)B, (int)T, (int)H, (int)dn, (int)dqk,
+          gpu_attention(Precision::BF16, q, k, kv_ones, d_out, dkv0, (int)B, (int)T, (int)H, (int)dn, (int)dqk,
                         (int)dv, (float)scale).o,
           std::vector<float>(N * H * dv, 1.0f), 1e-4);
     cudaDeviceProp prop;

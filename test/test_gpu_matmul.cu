@@ -83,7 +83,7 @@ struct MatmulRef {
 };
 MatmulRef matmul_cpu(const std::vector<float>& inp, const std::vector<float>& W, const std::vector<float>& dout,
                      const std::vector<float>& dW0, const std::vector<int64_t>& offsets, int64_t K, int64_t N,
-                     LinearPrecision precision = LinearPrecision::FP32) {
+                     Precision precision = Precision::FP32) {
     const int64_t rows = offsets.back();
     MatmulRef r{std::vector<float>(rows * N), std::vector<float>(rows * K), dW0};
     for (size_t g = 0; g + 1 < offsets.size(); g++) {
@@ -144,7 +144,7 @@ void matmul_test_fp8(gpu::Matmul& mm, Rng& rng, const std::vector<int64_t>& coun
         for (int64_t n = 0; n < N; n++) dout[r * N + n] = std::ldexp(dout[r * N + n], (int)(r % 7) - 3);
     }
     const std::vector<float> W = randn(G * N * K, rng, 0.05f), dW0 = randn(G * N * K, rng), dinp0 = randn(R * K, rng);
-    const MatmulRef ref = matmul_cpu(inp, W, dout, dW0, offsets, K, N, LinearPrecision::FP8);
+    const MatmulRef ref = matmul_cpu(inp, W, dout, dW0, offsets, K, N, Precision::FP8);
     Dev<float> d_inp(inp), d_W(W), d_dout(dout), d_out(R * N), d_dinp(R * K), d_dW(dW0);
     MatmulW16 W16(d_W.ptr, W.size(), 0);
     MatmulW8 W8(d_W.ptr, G, N, K);
@@ -285,7 +285,7 @@ void matmul_test_fp8_fallback(gpu::Matmul& mm, Rng& rng) {
                grouped_fp8 = grouped(fp8);
     check("FP8 refused (K=200 N=72): matmul_forward = the BF16 call", dense_fp8[0], dense_bf16[0], 0);
     check("FP8 refused (K=200 N=72): matmul_backward dinp = the BF16 call", dense_fp8[1], dense_bf16[1], 0);
-    const MatmulRef ref = matmul_cpu(inp, W, dout, dW0, {0, offsets[1]}, K, N, LinearPrecision::FP8);
+    const MatmulRef ref = matmul_cpu(inp, W, dout, dW0, {0, offsets[1]}, K, N, Precision::FP8);
     check("FP8 taken for the weight gradient (M=37 padded to 48): dW +=", dense_fp8[2],
           std::vector<float>(ref.dW.begin(), ref.dW.begin() + N * K), MATMUL_FP8_TOL);
     const char* names[3] = {"out", "dinp", "dW"};

@@ -26,9 +26,7 @@
 //            Later steps only follow the same curve: loss within 2e-2. Bit-level agreement cannot last: AdamW's
 //            first update is lr g / (|g| + eps) with eps = 1e-8, so gradient entries of size ~eps move their weight
 //            by a sizeable fraction of lr on rounding differences alone, and by step 3 some tokens choose other
-//            experts (measured with the CPU stand-ins, test/test_train_stand_in.cpp: 1e-3 on the loss and 5e-2 on
-//            the gradient norm over steps 3-20 from gradients that differ by 1.5e-7). These runs go through NCCL
-//            (train always does, --ep 1 included).
+//            experts. These runs go through NCCL (train always does, --ep 1 included).
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -37,7 +35,7 @@
 #include <string>
 #include <vector>
 
-#include "gpu/gpu_model.h"
+#include "gpu/model.h"
 #include "model/config.h"
 #include "test/gpu_check.cuh"
 #include "test/random_model.h"
@@ -47,11 +45,11 @@ namespace {
 
 // The CPU and the GPU model from the same random weights, one training forward and backward each. spread: the
 // test's wide random weights (randomize_for_test); otherwise the trainer's initialisation.
-void compare_step(const std::string& name, const Config& c, gpu::Precision precision, int B, int T, uint64_t seed,
+void compare_step(const std::string& name, const Config& c, Precision precision, int B, int T, uint64_t seed,
                   bool spread) {
     Model cpu;
     model_init(cpu, c);
-    cpu.linear_precision = precision == gpu::Precision::FP8 ? LinearPrecision::FP8 : LinearPrecision::FP32;
+    cpu.precision = precision == Precision::FP8 ? Precision::FP8 : Precision::FP32;
     if (spread)
         randomize_for_test(cpu, seed);
     else
@@ -70,9 +68,9 @@ void compare_step(const std::string& name, const Config& c, gpu::Precision preci
     const LossParts got = gpu_model_forward(gm, inputs.data(), targets.data(), B, true);
     gpu_model_backward(gm, 1.0f);
     const std::vector<float> grads = gpu_model_grads(gm);
-    const bool fp32 = precision == gpu::Precision::FP32;
+    const bool fp32 = precision == Precision::FP32;
     const std::string tag =
-        name + (fp32 ? " fp32" : precision == gpu::Precision::BF16 ? " bf16" : " fp8 (vs the CPU's fp8 linear layers)");
+        name + (fp32 ? " fp32" : precision == Precision::BF16 ? " bf16" : " fp8 (vs the CPU's fp8 linear layers)");
     const double loss_tol = fp32 ? 1e-5 : 1e-2;
     check(tag + " loss main", std::vector<double>{got.main}, std::vector<double>{want.main}, loss_tol);
     if (c.num_nextn_predict_layers > 0)
@@ -93,7 +91,7 @@ void compare_step(const std::string& name, const Config& c, gpu::Precision preci
         const GradientAgreement a = gradient_agreement(cpu.table, grads.data(), cpu.grads.data());
         const int64_t assignments = total_assignments(cpu.expert_counts);
         const int64_t moved = moved_assignments(gm.expert_counts, cpu.expert_counts);
-        const bool fp8 = precision == gpu::Precision::FP8;
+        const bool fp8 = precision == Precision::FP8;
         const int64_t max_moved = fp8 ? fp8_max_moved(assignments) : bf16_max_moved(assignments);
         const double min_cosine = fp8 ? FP8_MIN_COSINE : bf16_min_cosine(moved);
         const bool ok = moved <= max_moved && a.cosine >= min_cosine && fabs(a.norm_ratio - 1.0) <= 0.02 &&
@@ -150,7 +148,7 @@ void compare_logs(const std::string& name, const std::string& got_log, const std
 }
 
 // --recompute on the GPU: the same bits as without (test/recompute_check.h), the heads in chunks of 100 rows
-void check_recompute(const std::string& name, const Config& c, gpu::Precision precision, int B, int T, uint64_t seed) {
+void check_recompute(const std::string& name, const Config& c, Precision precision, int B, int T, uint64_t seed) {
     const RecomputeComparison r = compare_recompute(c, precision, B, T, seed, 100 * (int64_t)c.vocab_size);
     const bool ok = r.same_losses && r.same_grads && r.same_counts && r.same_logits && r.recomputed &&
                     r.kept_bytes_recompute < r.kept_bytes;
@@ -166,25 +164,25 @@ void check_recompute(const std::string& name, const Config& c, gpu::Precision pr
 
 void test_training_step() {
     const Config tiny = load_config("tiny");  // q_lora, groups, shared experts, MTP, balance loss
-    compare_step("step tiny B=2 T=12", tiny, gpu::Precision::FP32, 2, 12, 11, true);
+    compare_step("step tiny B=2 T=12", tiny, Precision::FP32, 2, 12, 11, true);
     Config plain = tiny;  // no q_lora, no MTP, no groups, no normalisation, a full and a partial attention tile
     plain.q_lora_rank = 0;
     plain.num_nextn_predict_layers = 0;
     plain.n_group = plain.topk_group = 1;
     plain.norm_topk_prob = false;
     plain.hidden_size = 48;
-    compare_step("step plain B=3 T=70", plain, gpu::Precision::FP32, 3, 70, 12, true);
+    compare_step("step plain B=3 T=70", plain, Precision::FP32, 3, 70, 12, true);
     const Config small = load_config("small");
-    compare_step("step small B=2 T=128", small, gpu::Precision::FP32, 2, 128, 13, true);
-    compare_step("step small B=2 T=128", small, gpu::Precision::BF16, 2, 128, 13, false);
-    check_recompute("step small B=2 T=128 fp32", small, gpu::Precision::FP32, 2, 128, 14);
-    check_recompute("step small B=2 T=128 bf16", small, gpu::Precision::BF16, 2, 128, 14);
+    compare_step("step small B=2 T=128", small, Precision::FP32, 2, 128, 13, true);
+    compare_step("step small B=2 T=128", small, Precision::BF16, 2, 128, 13, false);
+    check_recompute("step small B=2 T=128 fp32", small, Precision::FP32, 2, 128, 14);
+    check_recompute("step small B=2 T=128 bf16", small, Precision::BF16, 2, 128, 14);
 }
 
 // FP8 (run last by test_gpu, as its GEMM checks)
 void test_training_step_fp8() {
-    compare_step("step small B=2 T=128", load_config("small"), gpu::Precision::FP8, 2, 128, 13, false);
-    check_recompute("step small B=2 T=128 fp8", load_config("small"), gpu::Precision::FP8, 2, 128, 14);
+    compare_step("step small B=2 T=128", load_config("small"), Precision::FP8, 2, 128, 13, false);
+    check_recompute("step small B=2 T=128 fp8", load_config("small"), Precision::FP8, 2, 128, 14);
 }
 
 // The optimizer shard's collectives through the NCCL Comm on one GPU (ncclReduceScatter and ncclAllGather in place,

@@ -1,4 +1,4 @@
-// Hugging Face export/import (model/hf_checkpoint.h): bit-exact F32 round trips and the identical next training
+// Hugging Face export/import (io/hf.h): bit-exact F32 round trips and the identical next training
 // step, BF16 rounding checked against an independent rounding, the published tensor naming, sharded directories,
 // and one-line errors that leave the model untouched.
 #include <doctest/doctest.h>
@@ -14,8 +14,8 @@
 #include <string>
 
 #include "comm/comm.h"
-#include "model/hf_checkpoint.h"
-#include "model/safetensors.h"
+#include "io/hf.h"
+#include "io/safetensors.h"
 #include "test_helpers.h"
 
 namespace {

@@ -1,7 +1,8 @@
 // The kernel emulator (test/kernel_emulator/): first the emulator itself (indices, collectives, shared memory, the
 // errors it must report, a missing __syncthreads it must expose), then what it is for: the real kernels against the CPU reference
-// (./test_gpu_emulated) and gpu/gpu_model.cu on the real kernels against the CPU model
-// (./gpu_model_emulated_check), each in two thread orders, and the benchmarks' programs on small shapes.
+// (./test_gpu_emulated) and the GPU model of gpu/ on the real kernels against the CPU model
+// (./gpu_model_emulated_check), each in two thread orders and under mpirun, and the benchmarks' programs on small
+// shapes.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -169,12 +170,15 @@ TEST_CASE("kernel emulator: the real kernels match the CPU reference (test_gpu's
     run_both_orders("./test_gpu_emulated");
 }
 
-TEST_CASE("kernel emulator: gpu_model.cu on the real kernels matches the CPU model, alone and with EP=2") {
+TEST_CASE("kernel emulator: the GPU model on the real kernels matches the CPU model, alone and under mpirun") {
     run_both_orders("./gpu_model_emulated_check");
-    CommandResult r = run(mpirun_command(2) + "./gpu_model_emulated_check --ep 2", "emulated_ep2.txt");
-    INFO(r.out);
-    CHECK(r.status == 0);
-    CHECK(r.out.find("failed, ok") != std::string::npos);
+    for (auto [ranks, ep] : {std::pair<int, int>{2, 2}, {4, 4}, {4, 2}}) {
+        const CommandResult r = run(mpirun_command(ranks) + "./gpu_model_emulated_check --ep " + std::to_string(ep),
+                                    "emulated_ep" + std::to_string(ep) + "_ranks" + std::to_string(ranks) + ".txt");
+        INFO("ranks " << ranks << " ep " << ep << "\n" << r.out);
+        CHECK(r.status == 0);
+        CHECK(r.out.find("failed, ok") != std::string::npos);
+    }
 }
 
 // The benchmarks' programs end to end on small shapes, so that a GPU session's few minutes are not lost to a crash

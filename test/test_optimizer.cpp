@@ -1,4 +1,4 @@
-// The optimizer against DESIGN §1.4, written out here in double precision: the schedule (linear warmup, cosine decay
+// The optimizer against docs/design.md §1.4, written out here in double precision: the schedule (linear warmup, cosine decay
 // to 10% of the peak at the last step), clipping, and AdamW (betas 0.9 / 0.95, eps 1e-8, bias correction, weight
 // decay decoupled and only on matrices, nothing for tensors that are not trainable).
 #include <doctest/doctest.h>

@@ -6,7 +6,7 @@
 // sampling forward, and the checkpoint train_cpu writes after a few steps, on one rank and on two (EP 2: the
 // recomputed forwards exchange their rows again). The heads in chunks against one chunk: the same losses and
 // gradients up to the order of the head's weight-gradient sums. The GPU model has the same checks in
-// gpu_model_cpu_check.
+// test/gpu_model_check.cpp.
 #include <doctest/doctest.h>
 
 #include <string>
@@ -26,10 +26,10 @@ struct Outcome {
     size_t activation_floats = 0;
 };
 
-Outcome two_micro_batches(const Config& c, LinearPrecision precision, const ActivationLayout& layout) {
+Outcome two_micro_batches(const Config& c, Precision precision, const ActivationLayout& layout) {
     Model m;
     model_init(m, c);
-    m.linear_precision = precision;
+    m.precision = precision;
     m.layout = layout;
     randomize_for_test(m, 21);
     const int B = 2, T = 12;
@@ -53,7 +53,7 @@ Outcome two_micro_batches(const Config& c, LinearPrecision precision, const Acti
 }
 
 // With and without recompute, the heads in chunks of head_rows rows (0: one chunk)
-void check_same_bits(const Config& c, LinearPrecision precision, int64_t head_rows) {
+void check_same_bits(const Config& c, Precision precision, int64_t head_rows) {
     ActivationLayout keeping, recomputing;
     if (head_rows > 0) keeping.head_chunk_values = recomputing.head_chunk_values = head_rows * c.vocab_size;
     recomputing.recompute = true;
@@ -85,8 +85,8 @@ TEST_CASE("recompute: the slots, one per block without, one per kind of block wi
     std::vector<int> own(tiny.num_blocks()), shared(tiny.num_blocks(), 1);
     for (int l = 0; l < tiny.num_blocks(); l++) own[l] = l;
     shared[0] = 0;
-    CHECK(block_slots(tiny, false) == own);
-    CHECK(block_slots(tiny, true) == shared);
+    CHECK(block_sets(tiny, false) == own);
+    CHECK(block_sets(tiny, true) == shared);
 }
 
 TEST_CASE("recompute: the heads' chunks hold at most 64 Mi logits and start on 256 bytes") {
@@ -105,10 +105,10 @@ TEST_CASE("recompute: the CPU model's losses, gradients and expert counts are th
     Config routed = tiny;                     // every block MoE, no MTP
     routed.first_k_dense_replace = 0;
     routed.num_nextn_predict_layers = 0;
-    SUBCASE("tiny fp32") { check_same_bits(tiny, LinearPrecision::FP32, 0); }
-    SUBCASE("tiny fp8") { check_same_bits(tiny, LinearPrecision::FP8, 0); }
-    SUBCASE("every block MoE, no MTP") { check_same_bits(routed, LinearPrecision::FP32, 0); }
-    SUBCASE("tiny, the heads in chunks of 5 rows") { check_same_bits(tiny, LinearPrecision::FP32, 5); }
+    SUBCASE("tiny fp32") { check_same_bits(tiny, Precision::FP32, 0); }
+    SUBCASE("tiny fp8") { check_same_bits(tiny, Precision::FP8, 0); }
+    SUBCASE("every block MoE, no MTP") { check_same_bits(routed, Precision::FP32, 0); }
+    SUBCASE("tiny, the heads in chunks of 5 rows") { check_same_bits(tiny, Precision::FP32, 5); }
 }
 
 TEST_CASE("recompute: the heads in chunks of rows give the losses, gradients and logits of one chunk") {
@@ -118,8 +118,8 @@ TEST_CASE("recompute: the heads in chunks of rows give the losses, gradients and
     const Config tiny = load_config("tiny");
     ActivationLayout chunked;
     chunked.head_chunk_values = 5 * (int64_t)tiny.vocab_size;
-    const Outcome one = two_micro_batches(tiny, LinearPrecision::FP32, ActivationLayout{}),
-                  five = two_micro_batches(tiny, LinearPrecision::FP32, chunked);
+    const Outcome one = two_micro_batches(tiny, Precision::FP32, ActivationLayout{}),
+                  five = two_micro_batches(tiny, Precision::FP32, chunked);
     for (size_t i = 0; i < one.losses.size(); i++) CHECK_REL(five.losses[i], one.losses[i], 1e-12);
     CHECK(five.logits == one.logits);
     CHECK(five.counts == one.counts);

@@ -1,4 +1,4 @@
-// The CPU reference against the independent PyTorch twin (test/ref/, written from DESIGN.md, gradients by autograd),
+// The CPU reference against the independent PyTorch twin (test/ref/, written from docs/design.md, gradients by autograd),
 // run live with Debian's python3-torch. Same weights and batch in, logits, losses, expert loads and every
 // gradient compared. The twin computes in float64, so the differences measure this code's float32 rounding:
 // with sums over at most a few hundred terms of O(1) values that is ~1e-6 relative, and 1e-4 (the bound)
@@ -10,7 +10,7 @@
 #include <fstream>
 #include <string>
 
-#include "model/safetensors.h"
+#include "io/safetensors.h"
 #include "test_helpers.h"
 
 namespace {

@@ -1,4 +1,4 @@
-// Tests of the DeepSeek-V3 router (DESIGN §1.2): router_select against an independent brute force, ties, the
+// Tests of the DeepSeek-V3 router (docs/design.md §1.2): router_select against an independent brute force, ties, the
 // correction bias (selection only), the aux-loss-free bias update, and the sequence-wise balance loss and its gradient.
 #include <doctest/doctest.h>
 
@@ -47,7 +47,7 @@ Selection run_router(const Config& c, const std::vector<float>& s, const std::ve
 // exactly v; the greedy rule takes the m lowest-indexed of those, and any other choice has, at the first index where
 // the two differ, a larger index. (For fixed size, "first in bit-mask order" is not lexicographic order, so the
 // subsets are compared explicitly.) Group score: fp32 sum of the two largest c in the group (the router's fp32
-// arithmetic, DESIGN §1.2), or the single value for one-expert groups; subset sums are in double (exact for these
+// arithmetic, docs/design.md §1.2), or the single value for one-expert groups; subset sums are in double (exact for these
 // few fp32 values of similar size).
 Selection brute_force(const Config& c, const std::vector<float>& s, const std::vector<float>& b) {
     const int E = c.n_routed_experts, G = c.n_group, per = E / G, k = c.num_experts_per_tok;
@@ -263,7 +263,7 @@ struct MoEFixture {
         model_init(m, c);
         randomize_for_test(m, 21);
         REQUIRE(c.is_moe_layer(layer));
-        carve_arena(storage, [&](Arena<float>& arena) { moe_carve(arena, c, B, T, a); });
+        carve_arena(storage, [&](Arena& arena) { moe_carve(arena, c, B, T, a); });
         // rows like an RMSNorm output: unit mean square
         Rng rng(22);
         x.resize((size_t)B * T * c.hidden_size);
@@ -272,7 +272,7 @@ struct MoEFixture {
     }
     const BlockWeights& w() const { return m.w.blocks[layer]; }
     double forward() {
-        moe_forward(c, LinearPrecision::FP32, w(), a, x.data(), out.data(), B, T, local_comm());
+        moe_forward(c, Precision::FP32, w(), a, x.data(), out.data(), B, T, local_comm(), true);
         return a.balance_loss;
     }
     // The router gradient of the balance loss alone (dout = 0).
@@ -280,7 +280,7 @@ struct MoEFixture {
         model_zero_grads(m);
         forward();
         std::vector<float> dout(x.size(), 0.0f), dx(x.size());
-        moe_backward(c, LinearPrecision::FP32, w(), m.g.blocks[layer], a, x.data(), dout.data(), dx.data(), B, T, 1.0f,
+        moe_backward(c, Precision::FP32, w(), m.g.blocks[layer], a, x.data(), dout.data(), dx.data(), B, T, 1.0f,
                      local_comm());
         const float* g = m.g.blocks[layer].router;
         return std::vector<float>(g, g + (size_t)c.n_routed_experts * c.hidden_size);

@@ -1,4 +1,4 @@
-// The safetensors reader and writer (model/safetensors.h): round trips of every dtype and of metadata, header
+// The safetensors reader and writer (io/safetensors.h): round trips of every dtype and of metadata, header
 // parsing, 64-bit offsets and sizes (a sparse file of more than 8 GiB that costs a few KB of disk), and a clear
 // one-line error for every malformed header.
 #include <doctest/doctest.h>
@@ -15,7 +15,7 @@
 #include <unistd.h>
 #include <vector>
 
-#include "model/safetensors.h"
+#include "io/safetensors.h"
 #include "test/test_helpers.h"
 
 namespace {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "data/tokenizer.h"
-#include "model/checkpoint.h"
+#include "io/checkpoint.h"
 #include "model/model.h"
 #include "model/rng.h"
 #include "model/sample.h"

@@ -2,7 +2,7 @@
 // is drawn here on an RGB canvas: 2 px lines, markers, 1-2-5 ticks (decades and 2x/5x on a log axis), legends,
 // and text in our own 5x9 bitmap font drawn 2x. stb_image_write encodes the PNG; nlohmann/json parses the lines.
 #include "tools/plot.h"
-#include "model/files.h"
+#include "io/files.h"
 
 #include <algorithm>
 #include <cctype>

@@ -21,7 +21,7 @@
 // the layout to, and a GPU's test_gpu is what holds the model to the library.
 // CUBLAS_STATUS_INVALID_VALUE, as from the library: layouts that disagree with each other and the ops, ld below the
 // rows, C's layout not D's, an unknown attribute or an attribute of the wrong size. A contract violation (thrown, as
-// the stand-ins do; on the GPU a fault or garbage): an operand or the workspace outside device memory, D overlapping
+// the emulator does; on the GPU a fault or garbage): an operand or the workspace outside device memory, D overlapping
 // A or B, a pointer less aligned than the minimum the heuristic was told, a workspace smaller than that maximum.
 #pragma once
 #include <cmath>

@@ -1,6 +1,6 @@
 // THE KERNEL EMULATOR: the real kernels of kernels/ run on the CPU, compiled by g++ as plain C++, so that test_cpu
 // checks them against the CPU reference on a machine without a GPU (the checks of test/test_gpu_kernels.cu, and
-// gpu/gpu_model.cu on real kernels: see the Makefile's *_emulated targets). It is a test tool, not a CPU backend:
+// the GPU model of gpu/ on them: see the Makefile's *_emulated targets). It is a test tool, not a CPU backend:
 // it is slow, and it says nothing about speed.
 //
 // How it runs a launch: the blocks one after another; the threads of a block as fibers (emulator.cpp) on one OS
@@ -14,9 +14,8 @@
 // (cp.async, kernels/async_copy.cuh) leaves NaN bytes in its destination until the wait that covers it; cuBLASLt,
 // under the real kernels/matmul.cuh, is a CPU model of its documented semantics (cublasLt.h); NCCL, under the real
 // comm/nccl_comm.cu, is done with MPI (nccl.h).
-// Stream order, device memory and its checks are the CPU stand-ins' (test/cpu_stand_in/stand_in.h): a launch runs
-// when its stream is synchronised, streams are ordered only by events, device memory is host memory filled with
-// NaN bytes when allocated.
+// Stream order, device memory and its checks are stand_in.h's: a launch runs when its stream is synchronised,
+// streams are ordered only by events, device memory is host memory filled with NaN bytes when allocated.
 // What throws std::logic_error (through the synchronising call): a block of 0 or more than 1024 threads, a grid
 // beyond CUDA's limits, more than 227 KiB of dynamic shared memory, a __syncthreads that not every thread of the
 // block reaches (some wait elsewhere, or exited), a warp collective (an mma.sync included) that not all 32 lanes

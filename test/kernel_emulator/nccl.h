@@ -6,7 +6,7 @@
 //   - Every operation is queued on its stream, like a kernel, and runs (with blocking MPI calls) when the stream is
 //     synchronised, as NCCL's run when the GPU gets to them. Sends and receives between ncclGroupStart and
 //     ncclGroupEnd run together: all receives and sends posted, then waited for.
-//   - As NCCL requires, every buffer must be device memory (the stand-ins' allocations): anything else is a
+//   - As NCCL requires, every buffer must be device memory (the emulator's allocations): anything else is a
 //     contract violation (thrown), e.g. a host buffer the Comm forgot to stage.
 // Errors return as NCCL's would: ncclInvalidArgument for a bad peer, root or count, ncclInvalidUsage for a
 // mismatched group or rank, ncclSystemError when setting up MPI fails; an MPI call that fails while the queued

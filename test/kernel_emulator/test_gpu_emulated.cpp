@@ -3,7 +3,7 @@
 // the CPU reference on a machine without a GPU: the kernel checks (test/test_gpu_kernels.cu), the GEMM checks
 // (test/test_gpu_matmul.cu), the training-step comparison (test/test_gpu_train.cu's test_training_step) and the
 // optimizer shard's NCCL collectives on one rank (over the emulator's NCCL, nccl.h). Not the
-// trainer runs of test_gpu, which start ./train (test/test_train_stand_in.cpp runs ./train_emulated instead).
+// trainer runs of test_gpu, which start ./train (test/test_train_emulated.cpp runs ./train_emulated instead).
 // test_cpu runs it twice, with the threads in ascending order and with one warp ahead (EMULATOR_ORDER=warps). One
 // line per check, then `tests: N passed, M failed`; exit 1 on any failure.
 #include <cstdio>

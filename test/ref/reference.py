@@ -1,4 +1,4 @@
-# reference.py — the independent PyTorch reference for moe.cu's CPU model (DESIGN.md §5).
+# reference.py — the independent PyTorch reference for moe.cu's CPU model (docs/design.md §5).
 # Reads a Hugging Face-style config and a safetensors file with every parameter plus "tokens" [B, T+1],
 # runs the twin model (twin.py) in float64, lets autograd differentiate the total loss
 #   loss = loss_main + mtp_loss_weight * loss_mtp + loss_balance,

@@ -1,4 +1,4 @@
-# twin.py — the independent PyTorch twin of the moe.cu model (DESIGN.md §1), written from the math,
+# twin.py — the independent PyTorch twin of the moe.cu model (docs/design.md §1), written from the math,
 # not from the C++. The model is functional: parameters live in a dict name -> tensor, forward()
 # returns the losses, the main logits and the routing; autograd produces every gradient.
 # The same code runs in float64 (test/ref/reference.py, the spec check) and float32 (test/ref/bench.py,
@@ -90,7 +90,7 @@ def write_safetensors(path, tensors, metadata=None):
 
 # ----------------------------------------------------------------------------------------------
 # Config: Hugging Face DeepseekV3Config key names. Every key the math uses is required, except the
-# three with a project default in DESIGN.md: aux_loss_alpha (0.0001), mtp_loss_weight (0.3) and
+# three with a project default in docs/design.md: aux_loss_alpha (0.0001), mtp_loss_weight (0.3) and
 # rope_scaling (absent = none). MoE keys are only required when some block is MoE.
 
 class Config:

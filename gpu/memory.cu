@@ -1,0 +1,525 @@
+// The GPU model's memory: what the kernels need of the device, the layout of every buffer (carved from a few
+// allocations with model/arena.h, the same code counting for the memory plan and carving for init), allocation and
+// release, and the weights' BF16 and FP8 copies.
+#include "gpu/model.h"
+
+#include <algorithm>
+#include <functional>
+#include <set>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/attention.cuh"
+#include "kernels/rmsnorm.cuh"
+#include "kernels/rope.cuh"
+#include "kernels/router.cuh"
+
+static void* device_alloc(int64_t bytes, const char* what) {
+    void* p = nullptr;
+    if (bytes <= 0) return nullptr;
+    if (cudaMalloc(&p, (size_t)bytes) != cudaSuccess) {
+        (void)cudaGetLastError();  // clear the error
+        throw std::runtime_error("out of GPU memory allocating " + std::to_string(bytes >> 20) + " MiB for " + what +
+                                 " (lower --batch or --seq, add --recompute, or spread the experts with --ep)");
+    }
+    return p;
+}
+
+static int64_t bytes_of(const std::function<void(Arena&)>& carve) {
+    Arena counting;
+    carve(counting);
+    return counting.used;
+}
+
+// ---- the weights' copies ------------------------------------------------------------------------------------
+
+// FP8 mode's weights: the linear layers inside the blocks (every self_attn.*_proj* and mlp.*_proj weight), as the
+// CPU's Precision::FP8; not the router (mlp.gate), the embedding, the head or the MTP projection (eh_proj).
+static bool fp8_linear(const ParamTensor& t) {
+    const std::string& n = t.name;
+    const bool in_block = n.find(".self_attn.") != std::string::npos || n.find(".mlp.") != std::string::npos;
+    return in_block && n.find("_proj") != std::string::npos;
+}
+
+// The E4M3 copies of every FP8 weight, by the weights' offsets (params: the device weights, or nullptr to count)
+static void carve_fp8_weights(Arena& ar, const ParamTable& table, const float* params,
+                              std::map<int64_t, Fp8Tensor>& weights) {
+    for (const ParamTensor& t : table.tensors) {
+        if (!fp8_linear(t)) continue;
+        Fp8Tensor f;
+        f.w = params ? params + t.offset : nullptr;
+        f.batch = t.shape.size() == 3 ? t.shape[0] : 1;
+        f.rows = t.shape[t.shape.size() - 2];
+        f.cols = t.shape.back();
+        f.q = ar.take<__nv_fp8_storage_t>(t.numel);
+        f.qt = ar.take<__nv_fp8_storage_t>(t.numel);
+        f.scales = ar.take<float>(f.batch * gpu::fp8_blk128_scales(f.rows, f.cols));
+        f.scales_t = ar.take<float>(f.batch * gpu::fp8_blk128_scales(f.cols, f.rows));
+        weights[t.offset] = f;
+    }
+}
+
+void refresh_fp8_weights(GpuModel& m) {
+    for (auto& entry : m.fp8_weights) {
+        const Fp8Tensor& f = entry.second;
+        gpu::fp8_quantize_blocks(f.q, f.qt, f.scales, f.scales_t, f.w, f.batch, f.rows, f.cols, m.stream);
+    }
+}
+
+gpu::GemmWeight weight_of(const GpuModel& m, const float* w) {
+    const auto f = m.fp8_weights.find(w - m.params);
+    const gpu::Fp8Weight w8 = f == m.fp8_weights.end() ? gpu::Fp8Weight{}
+                                                       : gpu::Fp8Weight{f->second.q, f->second.qt, f->second.scales,
+                                                                        f->second.scales_t};
+    return gpu::GemmWeight(w, m.params_bf16 ? m.params_bf16 + (w - m.params) : nullptr, w8);
+}
+
+void keep_bf16(GpuModel& m, __nv_bfloat16* copy16, const float* src, int64_t n) {
+    if (copy16) gpu::cast_to_bf16(copy16, src, n, m.stream);
+}
+
+// ---- what the device and the config must allow -------------------------------------------------------------
+
+// FP8 GEMMs read their operands with leading dimensions that are multiples of 16 bytes: every width a linear layer
+// inside the blocks sums over (or that its weight's transpose has as rows) must be a multiple of 16.
+static void check_fp8_widths(const Config& c) {
+    const int64_t H = c.num_attention_heads, dqk = c.qk_head_dim(), dn = c.qk_nope_head_dim, dv = c.v_head_dim;
+    const std::vector<std::pair<const char*, int64_t>> widths{
+        {"hidden_size", c.hidden_size},
+        {"q_lora_rank", c.q_lora_rank},
+        {"kv_lora_rank", c.kv_lora_rank},
+        {"kv_lora_rank + qk_rope_head_dim", (int64_t)c.kv_lora_rank + c.qk_rope_head_dim},
+        {"num_attention_heads x (qk_nope_head_dim + qk_rope_head_dim)", H * dqk},
+        {"num_attention_heads x (qk_nope_head_dim + v_head_dim)", H * (dn + dv)},
+        {"num_attention_heads x v_head_dim", H * dv},
+        {"intermediate_size", c.intermediate_size},
+        {"moe_intermediate_size", c.moe_intermediate_size},
+        {"n_shared_experts x moe_intermediate_size", (int64_t)c.n_shared_experts * c.moe_intermediate_size}};
+    for (const auto& [name, width] : widths)
+        if (width % 16 != 0)
+            throw std::runtime_error(
+                std::string("--dtype fp8 needs the linear layers' widths to be multiples of 16: ") + name + " is " +
+                std::to_string(width) + " (use --dtype bf16, or another config)");
+}
+
+// Whether the attention runs on the tensor cores, with its inputs stored in BF16 (attention_bf16.cuh)
+static bool bf16_attention(const Config& c, bool bf16) {
+    return gpu::attention_on_tensor_cores(bf16 ? Precision::BF16 : Precision::FP32, c.qk_head_dim(), c.v_head_dim);
+}
+
+// Ampere or newer (BF16 tensor cores, cp.async, ldmatrix: the build's PTX is compute_80); the tensor-core
+// attention's shared memory (99 KiB a block on sm_86 and sm_89, 163 on sm_80, 227 on Hopper); for FP8, Hopper
+// (cuBLASLt's 128-block scaled FP8 GEMMs are sm_90's).
+static void check_device(const Config& c, Precision p) {
+    int device = 0;
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    const std::string sm = "sm_" + std::to_string(prop.major) + std::to_string(prop.minor);
+    if (prop.major < 8)
+        throw std::runtime_error(std::string(prop.name) + " (" + sm + ") is older than the Ampere GPUs (sm_80) " +
+                                 "moe.cu's kernels are built for");
+    if (p == Precision::FP8 && prop.major != 9)
+        throw std::runtime_error("--dtype fp8 runs on cuBLASLt's 128-block scaled FP8 GEMMs, which Hopper GPUs " +
+                                 std::string("(sm_90) have and this one (") + sm + ") does not: use --dtype bf16");
+    if (c.n_routed_experts > gpu::ROUTER_MAX_EXPERTS)
+        throw std::runtime_error("n_routed_experts " + std::to_string(c.n_routed_experts) + " is above the " +
+                                 std::to_string(gpu::ROUTER_MAX_EXPERTS) +
+                                 " the router's kernels count in shared memory (train_cpu takes it)");
+    const int64_t attention_bytes =
+        bf16_attention(c, p != Precision::FP32) ? gpu::attn_bf16_backward_bytes(c.qk_head_dim(), c.v_head_dim) : 0;
+    if (attention_bytes > (int64_t)prop.sharedMemPerBlockOptin)
+        throw std::runtime_error("the attention at head dims " + std::to_string(c.qk_head_dim()) + " / " +
+                                 std::to_string(c.v_head_dim) + " needs " + std::to_string(attention_bytes >> 10) +
+                                 " KiB of shared memory a block on the tensor cores and " + sm + " has " +
+                                 std::to_string(prop.sharedMemPerBlockOptin >> 10) +
+                                 " KiB: use --dtype fp32, or smaller head dims");
+}
+
+// ---- layouts ------------------------------------------------------------------------------------------------
+
+static void carve_swiglu(Arena& ar, int64_t M, int64_t I, bool bf16, GpuSwigluActs& s) {
+    s.g = ar.take<float>(M * I);
+    s.u = ar.take<float>(M * I);
+    s.a = ar.take<float>(bf16 ? 0 : M * I);
+    s.a16 = ar.take<__nv_bfloat16>(bf16 ? M * I : 0);
+}
+
+static void carve_mla(Arena& ar, const Config& c, bool bf16, int64_t N, GpuMLAActs& a) {
+    const int64_t H = c.num_attention_heads, dqk = c.qk_head_dim(), qr = c.q_lora_rank, kr = c.kv_lora_rank;
+    const int64_t dr = c.qk_rope_head_dim, dn = c.qk_nope_head_dim, dv = c.v_head_dim, b16 = bf16 ? 1 : 0;
+    const int64_t tc = bf16_attention(c, bf16) ? 1 : 0;
+    a.q_a = ar.take<float>(N * qr);
+    a.q_a_rstd = ar.take<float>(qr > 0 ? N : 0);
+    a.q_a_normed = ar.take<float>(N * qr);
+    a.q = ar.take<float>(N * H * dqk);
+    a.kv_a = ar.take<float>(N * (kr + dr));
+    a.c_kv = ar.take<float>(N * kr);
+    a.c_kv_rstd = ar.take<float>(N);
+    a.c_kv_normed = ar.take<float>(N * kr);
+    a.kv = ar.take<float>(N * H * (dn + dv));
+    a.q_heads = ar.take<float>((1 - tc) * N * H * dqk);
+    a.k_heads = ar.take<float>((1 - tc) * N * H * dqk);
+    a.q_heads16 = ar.take<__nv_bfloat16>(tc * N * H * dqk);
+    a.k_heads16 = ar.take<__nv_bfloat16>(tc * N * H * dqk);
+    a.v_heads16 = ar.take<__nv_bfloat16>(tc * N * H * dv);
+    a.o = ar.take<float>(N * H * dv);
+    a.lse = ar.take<float>(N * H);
+    a.q_a_normed16 = ar.take<__nv_bfloat16>(b16 * N * qr);
+    a.c_kv_normed16 = ar.take<__nv_bfloat16>(b16 * N * kr);
+    a.o16 = ar.take<__nv_bfloat16>(b16 * N * H * dv);
+}
+
+static void carve_moe(Arena& ar, const Config& c, bool bf16, int64_t N, GpuMoEActs& a) {
+    const int64_t d = c.hidden_size, E = c.n_routed_experts, k = c.num_experts_per_tok, b16 = bf16 ? 1 : 0;
+    a.scores = ar.take<float>(N * E);
+    a.gate_weights = ar.take<float>(N * k);
+    a.chosen = ar.take<int32_t>(N * k);
+    a.counts = ar.take<int64_t>(E);
+    a.offsets = ar.take<int64_t>(E + 1);
+    a.row_of_assignment = ar.take<int64_t>(N * k);
+    a.assignment_of_row = ar.take<int64_t>(N * k);
+    a.rows_in = ar.take<float>((1 - b16) * N * k * d);
+    a.rows_in16 = ar.take<__nv_bfloat16>(b16 * N * k * d);
+    a.rows_out = ar.take<float>(N * k * d);
+    carve_swiglu(ar, N, (int64_t)c.n_shared_experts * c.moe_intermediate_size, bf16, a.shared);
+}
+
+// bf16: whether the BF16 copies of the GEMM inputs are carved too (the BF16 and FP8 modes)
+static void carve_block(Arena& ar, const Config& c, bool bf16, int layer, int64_t N, GpuBlockActs& a) {
+    const int64_t d = c.hidden_size, b16 = bf16 ? 1 : 0;
+    a.attn_normed = ar.take<float>(N * d);
+    a.attn_rstd = ar.take<float>(N);
+    carve_mla(ar, c, bf16, N, a.mla);
+    a.attn_out = ar.take<float>(N * d);
+    a.h_mid = ar.take<float>(N * d);
+    a.ffn_normed = ar.take<float>(N * d);
+    a.ffn_rstd = ar.take<float>(N);
+    if (c.is_moe_layer(layer))
+        carve_moe(ar, c, bf16, N, a.moe);
+    else
+        carve_swiglu(ar, N, c.intermediate_size, bf16, a.dense);
+    a.ffn_out = ar.take<float>(N * d);
+    a.attn_normed16 = ar.take<__nv_bfloat16>(b16 * N * d);
+    a.ffn_normed16 = ar.take<__nv_bfloat16>(b16 * N * d);
+}
+
+static void carve_activations(Arena& ar, GpuModel& m, const Config& c, bool bf16, int B, int T,
+                              const ActivationLayout& layout) {
+    const int64_t N = (int64_t)B * T, d = c.hidden_size, V = c.vocab_size, L = c.num_hidden_layers;
+    const int64_t mtp = c.num_nextn_predict_layers > 0 ? 1 : 0, b16 = bf16 ? 1 : 0;
+    m.residual.assign(L + 1, nullptr);
+    m.block_set = block_sets(c, layout.recompute);
+    const int sets = *std::max_element(m.block_set.begin(), m.block_set.end()) + 1;
+    m.blocks.resize(sets);
+    m.set_layer.assign(sets, -1);
+    for (float*& r : m.residual) r = ar.take<float>(N * d);
+    for (int l = 0, carved = 0; l < c.num_blocks(); l++)
+        if (m.block_set[l] == carved) carve_block(ar, c, bf16, l, N, m.blocks[carved++]);
+    const int64_t logit_rows = layout.recompute ? head_chunk_rows(c, N, layout) : N;
+    m.final_normed = ar.take<float>(N * d);
+    m.final_rstd = ar.take<float>(N);
+    m.logits = ar.take<float>(logit_rows * V);
+    m.losses = ar.take<float>(N);
+    m.next_embed = ar.take<float>(mtp * N * d);
+    m.enorm_out = ar.take<float>(mtp * N * d);
+    m.enorm_rstd = ar.take<float>(mtp * N);
+    m.hnorm_out = ar.take<float>(mtp * N * d);
+    m.hnorm_rstd = ar.take<float>(mtp * N);
+    m.mtp_concat = ar.take<float>(mtp * 2 * N * d);
+    m.mtp_in = ar.take<float>(mtp * N * d);
+    m.mtp_out = ar.take<float>(mtp * N * d);
+    m.mtp_normed = ar.take<float>(mtp * N * d);
+    m.mtp_rstd = ar.take<float>(mtp * N);
+    m.mtp_logits = ar.take<float>(mtp * logit_rows * V);
+    m.final_normed16 = ar.take<__nv_bfloat16>(b16 * N * d);
+    m.mtp_concat16 = ar.take<__nv_bfloat16>(b16 * mtp * 2 * N * d);
+    m.mtp_normed16 = ar.take<__nv_bfloat16>(b16 * mtp * N * d);
+    m.rope_cos = ar.take<float>((int64_t)T * c.qk_rope_head_dim / 2);
+    m.rope_sin = ar.take<float>((int64_t)T * c.qk_rope_head_dim / 2);
+    m.inputs = ar.take<int32_t>(N);
+    m.targets = ar.take<int32_t>(N);
+    m.mtp_targets = ar.take<int32_t>(N);
+    m.input_rows.packed = ar.take<int32_t>(3 * N + 1);
+    m.target_rows.packed = ar.take<int32_t>(mtp * (3 * N + 1));
+}
+
+static int64_t ffn_width(const Config& c, int layer) {
+    return c.is_moe_layer(layer) ? (int64_t)c.n_shared_experts * c.moe_intermediate_size : c.intermediate_size;
+}
+
+static Scratch carve_scratch(Arena& ar, const Config& c, bool bf16, int B, int T, int64_t head_rows) {
+    const int64_t N = (int64_t)B * T, d = c.hidden_size, V = c.vocab_size, H = c.num_attention_heads;
+    const int64_t dqk = c.qk_head_dim(), dn = c.qk_nope_head_dim, dv = c.v_head_dim, dr = c.qk_rope_head_dim;
+    const int64_t qr = c.q_lora_rank, kr = c.kv_lora_rank, E = c.n_routed_experts, k = c.num_experts_per_tok;
+    const int64_t mtp = c.num_nextn_predict_layers > 0 ? 1 : 0, b16 = bf16 ? 1 : 0;
+    int64_t width = 0;
+    for (int l = 0; l < c.num_blocks(); l++) width = std::max(width, ffn_width(c, l));
+    const bool moe = c.first_k_dense_replace < c.num_blocks();
+    Scratch s;
+    s.dlogits = ar.take<float>((1 - b16) * head_rows * V);
+    s.dlogits16 = ar.take<__nv_bfloat16>(b16 * head_rows * V);
+    s.dfinal = ar.take<float>(N * d);
+    s.dh = ar.take<float>(N * d);
+    s.dh_prev = ar.take<float>(N * d);
+    s.dmtp = ar.take<float>(mtp * N * d);
+    s.dmtp_out = ar.take<float>(mtp * N * d);
+    s.dconcat = ar.take<float>(mtp * 2 * N * d);
+    s.dhalf = ar.take<float>(mtp * N * d);
+    s.dnext = ar.take<float>(mtp * N * d);
+    s.dnormed = ar.take<float>(N * d);
+    s.dh_mid = ar.take<float>(N * d);
+    s.d_o = ar.take<float>(N * H * dv);
+    s.d_o16 = ar.take<__nv_bfloat16>(bf16_attention(c, bf16) ? N * H * dv : 0);
+    s.dq_heads = ar.take<float>(N * H * dqk);
+    s.dk_heads = ar.take<float>(N * H * dqk);
+    s.dkv = ar.take<float>(N * H * (dn + dv));
+    s.dq = ar.take<float>(N * H * dqk);
+    s.dkv_a = ar.take<float>(N * (kr + dr));
+    s.dc_kv_normed = ar.take<float>(N * kr);
+    s.dc_kv = ar.take<float>(N * kr);
+    s.dq_a_normed = ar.take<float>(N * qr);
+    s.dq_a = ar.take<float>(N * qr);
+    s.attn_d = ar.take<float>(gpu::attention_backward_scratch_floats(B, T, (int)H));
+    s.ffn_da = ar.take<float>(N * width);
+    s.ffn_dg = ar.take<float>(N * width);
+    s.ffn_du = ar.take<float>(N * width);
+    s.drows_out = ar.take<float>(moe ? N * k * d : 0);
+    s.drows_in = ar.take<float>(moe ? N * k * d : 0);
+    s.dgate_weights = ar.take<float>(moe ? N * k : 0);
+    s.drouter_logits = ar.take<float>(moe ? N * E : 0);
+    s.seq_counts = ar.take<int>(moe ? B * E : 0);
+    s.token_totals = ar.take<double>(moe ? N : 0);
+    s.seq_balance = ar.take<double>(moe ? B : 0);
+    s.rms = ar.take<float>(gpu::rmsnorm_backward_scratch_floats(N, std::max<int64_t>({d, qr, kr})));
+    return s;
+}
+
+Scratch scratch_of(const GpuModel& m) {
+    Arena ar{static_cast<char*>(m.scratch), 0};
+    return carve_scratch(ar, m.config, m.precision != Precision::FP32, m.max_B, m.T, m.head_rows);
+}
+
+// The routed experts' rows of one layer (R of them; EP > 1 only: the exchanged rows and the permutation)
+static void carve_expert_rows(Arena& ar, const Config& c, bool bf16, int ep_size, int64_t R, GpuMoEActs& a) {
+    const int64_t d = c.hidden_size, I = c.moe_intermediate_size, ep = ep_size > 1 ? 1 : 0, b16 = bf16 ? 1 : 0;
+    a.expert_g = ar.take<float>(R * I);
+    a.expert_u = ar.take<float>(R * I);
+    a.expert_a = ar.take<float>((1 - b16) * R * I);
+    a.expert_in = ar.take<float>((1 - b16) * ep * R * d);
+    a.expert_out = ar.take<float>(ep * R * d);
+    a.recv_to_expert = ar.take<int64_t>(ep * R);
+    a.expert_to_recv = ar.take<int64_t>(ep * R);
+    a.expert_in16 = ar.take<__nv_bfloat16>(b16 * ep * R * d);
+    a.expert_a16 = ar.take<__nv_bfloat16>(b16 * R * I);
+}
+
+static ExpertScratch carve_expert_scratch(Arena& ar, const Config& c, int ep_size, int64_t R) {
+    const int64_t d = c.hidden_size, I = c.moe_intermediate_size, ep = ep_size > 1 ? 1 : 0;
+    ExpertScratch s;
+    s.da = ar.take<float>(R * I);
+    s.dg = ar.take<float>(R * I);
+    s.du = ar.take<float>(R * I);
+    s.dexpert_out = ar.take<float>(ep * R * d);
+    s.dexpert_in = ar.take<float>(ep * R * d);
+    return s;
+}
+
+ExpertScratch expert_scratch_of(const GpuModel& m) {
+    Arena ar{static_cast<char*>(m.expert_scratch), 0};
+    return carve_expert_scratch(ar, m.config, m.comm->ep_size, m.expert_scratch_rows);
+}
+
+// The largest operands the BF16 GEMM calls cast, for N tokens and the routed experts' R rows, and those the FP8
+// calls quantize: output gradients (rows x N), except the logits', which the cross-entropy writes in BF16; no BF16
+// inputs (the model passes every GEMM input's BF16 copy); FP8 inputs (rows x K) of the blocks' linear layers. The
+// experts' rows count the weight gradient's padding of each expert's rows to 16 (kernels/matmul.cuh).
+static gpu::MatmulCasts cast_elements(const Config& c, int64_t N, int64_t R) {
+    const int64_t d = c.hidden_size, H = c.num_attention_heads, width = std::max<int64_t>(
+        c.intermediate_size, (int64_t)c.n_shared_experts * c.moe_intermediate_size);
+    const int64_t pad = gpu::fp8_padded_rows(1) - 1;  // the most rows the padding adds to a group
+    const int64_t expert_rows = (R + pad * c.n_routed_experts) * std::max<int64_t>(d, c.moe_intermediate_size);
+    const int64_t grad_cols = std::max<int64_t>({d, H * c.qk_head_dim(), H * (c.qk_nope_head_dim + c.v_head_dim),
+                                                 width, (int64_t)c.kv_lora_rank + c.qk_rope_head_dim, c.q_lora_rank});
+    const int64_t input_cols = std::max<int64_t>({d, c.q_lora_rank, c.kv_lora_rank, H * c.v_head_dim, width});
+    return {0, std::max((N + pad) * grad_cols, expert_rows), std::max((N + pad) * input_cols, expert_rows)};
+}
+
+void ensure_expert_rows(GpuModel& m, GpuMoEActs& a, int64_t R) {
+    const Config& c = m.config;
+    const int ep = m.comm->ep_size;
+    // frees buf (once the stream is done with it) and allocates it anew for R rows; never left dangling
+    auto regrow = [&](void*& buf, int64_t& rows, int64_t bytes, const char* what) {
+        sync(m);
+        CUDA_CHECK(cudaFree(buf));
+        buf = nullptr;
+        rows = 0;
+        buf = device_alloc(bytes, what);
+        rows = R;
+    };
+    if (R > a.expert_rows) {
+        const bool bf16 = m.precision != Precision::FP32;
+        regrow(a.expert_alloc, a.expert_rows,
+               bytes_of([&](Arena& ar) { carve_expert_rows(ar, c, bf16, ep, R, a); }), "the routed experts' rows");
+        Arena ar{static_cast<char*>(a.expert_alloc), 0};
+        carve_expert_rows(ar, c, bf16, ep, R, a);
+    }
+    if (R > m.expert_scratch_rows)
+        regrow(m.expert_scratch, m.expert_scratch_rows,
+               bytes_of([&](Arena& ar) { carve_expert_scratch(ar, c, ep, R); }), "the routed experts' gradients");
+    gpu::matmul_reserve(m.matmul, cast_elements(c, (int64_t)m.max_B * m.T, R));
+}
+
+// The device tables of the shard's AdamW update and gradient norm: its packed ranges (6 R + 2 int64), the ranges'
+// squared norms (R doubles) and the norm's chunk partials. Bounded alike on every rank: a shard has at most two
+// ranges per tensor (its piece's and its tail's), and the norm at most one chunk per range more than the table's.
+static int64_t optimizer_table_bytes(const ParamTable& table) {
+    const int64_t ranges = 2 * (int64_t)table.tensors.size();
+    const int64_t chunks = (table.total + GRAD_NORM_CHUNK - 1) / GRAD_NORM_CHUNK + ranges;
+    return (6 * ranges + 2) * 8 + (ranges + chunks) * 8;
+}
+
+// ---- allocation ---------------------------------------------------------------------------------------------
+
+GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, int world, Precision p, int B, int T,
+                              const ActivationLayout& layout) {
+    const ParamTable table = build_param_table(c, ep_size);
+    const int64_t total = table.total, N = (int64_t)B * T;
+    const int64_t R = N * c.num_experts_per_tok;  // the expected rows per rank: the buffers grow beyond it
+    const std::vector<int> set = block_sets(c, layout.recompute);
+    std::set<int> moe_sets;  // the activation sets of MoE blocks, each with its expert rows
+    for (int l = 0; l < c.num_blocks(); l++)
+        if (c.is_moe_layer(l)) moe_sets.insert(set[l]);
+    GpuMemoryPlan plan;
+    const bool bf16 = p != Precision::FP32;
+    std::map<int64_t, Fp8Tensor> counted;
+    if (p == Precision::FP8) plan.fp8_weights = bytes_of([&](Arena& ar) { carve_fp8_weights(ar, table, nullptr, counted); });
+    plan.params = total * 4 + (bf16 ? total * 2 : 0) + plan.fp8_weights;
+    plan.grads = total * 4;
+    plan.optimizer = optimizer_shard(table, world, 0, world / ep_size, 0).moments * 8;
+    GpuModel counting;
+    plan.activations = bytes_of([&](Arena& ar) { carve_activations(ar, counting, c, bf16, B, T, layout); });
+    GpuMoEActs layer;
+    if (!moe_sets.empty())
+        plan.expert_rows = (int64_t)moe_sets.size() *
+                               bytes_of([&](Arena& ar) { carve_expert_rows(ar, c, bf16, ep_size, R, layer); }) +
+                           bytes_of([&](Arena& ar) { carve_expert_scratch(ar, c, ep_size, R); });
+    plan.scratch = bytes_of([&](Arena& ar) { carve_scratch(ar, c, bf16, B, T, head_chunk_rows(c, N, layout)); }) +
+                   optimizer_table_bytes(table) +
+                   gpu::matmul_memory_bytes(bf16 ? cast_elements(c, N, R) : gpu::MatmulCasts{}, p == Precision::FP8);
+    return plan;
+}
+
+// Everything gpu_model_init allocates, in the order of the memory plan.
+static void allocate(GpuModel& m, const Config& c, Comm& comm, Precision p, int B, int T,
+                     const ActivationLayout& layout, const GpuMemoryPlan& plan) {
+    m.config = c;
+    m.layout = layout;
+    m.head_rows = head_chunk_rows(c, (int64_t)B * T, layout);
+    m.comm = &comm;
+    m.precision = p;
+    m.table = build_param_table(c, comm.ep_size);
+    m.shard = optimizer_shard(m.table, comm);
+    m.max_B = B;
+    m.B = B;
+    m.T = T;
+    CUDA_CHECK(cudaStreamCreate(&m.stream));
+    m.timer.stream = m.stream;
+    const int64_t total = m.table.total, N = (int64_t)B * T;
+    const bool bf16 = p != Precision::FP32;
+    m.params = static_cast<float*>(device_alloc(total * 4, "the parameters"));
+    m.grads = static_cast<float*>(device_alloc(total * 4, "the gradients"));
+    m.adam_m = static_cast<float*>(device_alloc(m.shard.moments * 4, "the AdamW moments"));
+    m.adam_v = static_cast<float*>(device_alloc(m.shard.moments * 4, "the AdamW moments"));
+    if (bf16) m.params_bf16 = static_cast<__nv_bfloat16*>(device_alloc(total * 2, "the BF16 weights"));
+    if (p == Precision::FP8) {
+        m.fp8_alloc = device_alloc(plan.fp8_weights, "the FP8 weights");
+        Arena fp8{static_cast<char*>(m.fp8_alloc), 0};
+        carve_fp8_weights(fp8, m.table, m.params, m.fp8_weights);
+    }
+    m.w = map_weights(c, m.table, m.params);
+    m.g = map_weights(c, m.table, m.grads);
+    m.arena = device_alloc(plan.activations, "the activations");
+    Arena ar{static_cast<char*>(m.arena), 0};
+    carve_activations(ar, m, c, bf16, B, T, layout);
+    m.scratch = device_alloc(bytes_of([&](Arena& counting) { carve_scratch(counting, c, bf16, B, T, m.head_rows); }),
+                             "the backward's buffers");
+    const std::vector<int64_t> packed_ranges = gpu::shard_ranges_pack(m.shard);
+    const int64_t table_bytes = optimizer_table_bytes(m.table);
+    m.optimizer_tables = device_alloc(table_bytes, "the optimizer's tables");
+    int64_t* ranges = static_cast<int64_t*>(m.optimizer_tables);
+    m.shard_ranges = gpu::shard_ranges_of(packed_ranges, ranges);
+    if ((int64_t)packed_ranges.size() * 8 + (m.shard_ranges.ranges + m.shard_ranges.chunks) * 8 > table_bytes)
+        throw std::runtime_error("internal error: the optimizer shard's ranges exceed their bound");
+    CUDA_CHECK(cudaMemcpy(ranges, packed_ranges.data(), packed_ranges.size() * 8, cudaMemcpyHostToDevice));
+    m.norm_slots = reinterpret_cast<double*>(ranges + packed_ranges.size());
+    m.norm_partials = m.norm_slots + m.shard_ranges.ranges;
+    gpu::matmul_create(m.matmul, m.stream, bf16 ? cast_elements(c, N, 0) : gpu::MatmulCasts{}, p == Precision::FP8);
+    m.expert_counts.assign(c.num_blocks(), {});
+    for (int l = 0; l < c.num_blocks(); l++)
+        if (c.is_moe_layer(l)) {
+            m.expert_counts[l].assign(c.n_routed_experts, 0);
+            ensure_expert_rows(m, m.blocks[m.block_set[l]].moe, N * c.num_experts_per_tok);
+        }
+    gpu::rope_table(m.rope_cos, m.rope_sin, c, T, m.stream);
+    CUDA_CHECK(cudaMemsetAsync(m.grads, 0, total * 4, m.stream));
+    sync(m);
+}
+
+void gpu_model_init(GpuModel& m, const Config& c, Comm& comm, Precision p, int B, int T,
+                    const ActivationLayout& layout) {
+    if (c.qk_rope_head_dim % 2 != 0)
+        throw std::runtime_error("qk_rope_head_dim " + std::to_string(c.qk_rope_head_dim) +
+                                 " is odd: RoPE rotates pairs");
+    if (p == Precision::FP8) check_fp8_widths(c);
+    check_device(c, p);
+    if (p != Precision::FP32 && comm.ep_size > 1 && c.hidden_size % 2 != 0)
+        throw std::runtime_error("hidden_size " + std::to_string(c.hidden_size) +
+                                 " is odd: with --dtype bf16 and --ep > 1 the expert rows travel as pairs of BF16 "
+                                 "values (use an even hidden size, or --dtype fp32)");
+    const GpuMemoryPlan plan = gpu_memory_plan(c, comm.ep_size, comm.world, p, B, T, layout);
+    size_t free_bytes = 0, total_bytes = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    const int64_t reserve = 1ll << 30;  // the CUDA context, NCCL's and cuBLASLt's own buffers: not in the plan
+    if (plan.total() + reserve > (int64_t)free_bytes) {
+        char msg[256];
+        snprintf(msg, sizeof msg,
+                 "the model and a batch of %d x %d tokens need %.2f GiB of GPU memory (+1 GiB for CUDA and NCCL), "
+                 "%.2f GiB are free (lower --batch or --seq,%s or spread the experts with --ep)",
+                 B, T, plan.total() / 1073741824.0, free_bytes / 1073741824.0,
+                 layout.recompute ? "" : " add --recompute,");
+        throw std::runtime_error(msg);
+    }
+    try {
+        allocate(m, c, comm, p, B, T, layout, plan);
+    } catch (...) {
+        gpu_model_free(m);  // what was allocated before the failure
+        throw;
+    }
+}
+
+void gpu_model_free(GpuModel& m) {
+    m.timer.release();
+    for (GpuBlockActs& a : m.blocks) CUDA_CHECK(cudaFree(a.moe.expert_alloc));
+    for (void* p : {(void*)m.params, (void*)m.grads, (void*)m.adam_m, (void*)m.adam_v, (void*)m.params_bf16,
+                    m.fp8_alloc, m.arena, m.scratch, m.expert_scratch, m.optimizer_tables})
+        CUDA_CHECK(cudaFree(p));
+    gpu::matmul_destroy(m.matmul);
+    if (m.stream) CUDA_CHECK(cudaStreamDestroy(m.stream));
+    m = GpuModel();
+}
+
+double gpu_peak_flops(const cudaDeviceProp& prop) {
+    // dense BF16 tensor-core peaks from NVIDIA's datasheets (FLOP/s, without sparsity)
+    const std::string name = prop.name;
+    auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
+    if (has("GB200")) return 2500e12;  // before B200, which its name contains
+    if (has("B200")) return 2250e12;
+    if (has("H200") && has("NVL")) return 835.5e12;
+    if (has("H200")) return 989.4e12;
+    if (has("H100") && has("PCIe")) return 756.5e12;
+    if (has("H100") && has("NVL")) return 835.5e12;
+    if (has("H100")) return 989.4e12;
+    if (has("A100")) return 312e12;  // SXM and PCIe, 40 and 80 GB
+    return 0.0;
+}

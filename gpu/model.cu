@@ -1,0 +1,431 @@
+// The GPU model's forward and backward, the optimizer's steps and the host <-> device copies (model/model.cpp step
+// for step). Everything runs on m.stream; the grouped GEMMs fork onto the Matmul's lanes and join back into it.
+#include "gpu/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+#include "kernels/adamw.cuh"
+#include "kernels/cross_entropy.cuh"
+#include "kernels/elementwise.cuh"
+#include "kernels/embedding.cuh"
+#include "kernels/rmsnorm.cuh"
+
+// ---- blocks -------------------------------------------------------------------------------------------------
+
+static GpuBlockActs& block_acts(GpuModel& m, int layer) { return m.blocks[m.block_set[layer]]; }
+
+// The RMSNorm that reads a block's output (the next block's attention norm, or the final norm), fused with the
+// block's last residual add: its weight, and where the normalised rows (and their BF16 copy) and their rstd go.
+struct NextNorm {
+    const float* weight;
+    float* out;
+    __nv_bfloat16* out16;
+    float* rstd;
+};
+
+static NextNorm attention_norm(GpuModel& m, int layer) {
+    GpuBlockActs& a = block_acts(m, layer);
+    return NextNorm{m.w.blocks[layer].attn_norm, a.attn_normed, a.attn_normed16, a.attn_rstd};
+}
+
+// h_mid = h_in + Attn(RMSNorm(h_in)); h_out = h_mid + FFN(RMSNorm(h_mid)); next = RMSNorm(h_out). The block's own
+// attention norm was computed by whoever wrote h_in. Returns the block's balance loss. h_out nullptr: only the
+// activations the backward reads (a recomputation).
+static double block_forward(GpuModel& m, int layer, const float* h_in, float* h_out, const NextNorm& next,
+                            bool training, bool with_loss) {
+    const Config& c = m.config;
+    const BlockWeights& w = m.w.blocks[layer];
+    GpuBlockActs& a = block_acts(m, layer);
+    m.set_layer[m.block_set[layer]] = layer;
+    const int64_t N = tokens(m), d = c.hidden_size;
+    m.timer.mark("attention projections");
+    mla_forward(m, w, a.mla, {a.attn_normed, a.attn_normed16}, a.attn_out);
+    m.timer.mark("rmsnorm + residual");
+    gpu::residual_rmsnorm_forward(a.h_mid, a.ffn_normed, a.ffn_normed16, a.ffn_rstd, h_in, a.attn_out, w.ffn_norm, N,
+                                  d, c.rms_norm_eps, m.stream);
+    double balance = 0.0;
+    if (c.is_moe_layer(layer)) {
+        moe_forward(m, w, a.moe, {a.ffn_normed, a.ffn_normed16}, a.ffn_out, with_loss);
+        if (training)
+            for (int e = 0; e < c.n_routed_experts; e++) m.expert_counts[layer][e] += a.moe.counts_host[e];
+        balance = a.moe.balance_loss;
+    } else {
+        m.timer.mark("dense FFN");
+        ffn_forward(m, a.ffn_out, a.dense, {a.ffn_normed, a.ffn_normed16}, w.gate, w.up, w.down, N, d,
+                    c.intermediate_size);
+    }
+    if (!h_out) return balance;
+    m.timer.mark("rmsnorm + residual");
+    gpu::residual_rmsnorm_forward(h_out, next.out, next.out16, next.rstd, a.h_mid, a.ffn_out, next.weight, N, d,
+                                  c.rms_norm_eps, m.stream);
+    return balance;
+}
+
+// The attention norm of block `layer` on its input h (for the blocks no earlier block feeds: the first, and MTP's).
+static void block_input_norm(GpuModel& m, int layer, const float* h) {
+    m.timer.mark("rmsnorm + residual");
+    const NextNorm norm = attention_norm(m, layer);
+    gpu::rmsnorm_forward(norm.out, norm.out16, norm.rstd, h, norm.weight, tokens(m), m.config.hidden_size,
+                         m.config.rms_norm_eps, m.stream);
+}
+
+// With recompute, block `layer`'s forward again from its input h_in when another block has used its activation set
+// since: the same kernels on the same values, so the same bits. Not training: the expert counts and the balance
+// loss were taken by the first forward.
+static void restore_block_acts(GpuModel& m, int layer, const float* h_in) {
+    if (m.set_layer[m.block_set[layer]] == layer) return;
+    m.timer.label = "recompute";
+    block_input_norm(m, layer, h_in);
+    block_forward(m, layer, h_in, nullptr, NextNorm{}, /*training*/ false, /*with_loss*/ false);
+    m.timer.label = nullptr;
+}
+
+// dh_out (N, d) -> dh_in (N, d) overwritten.
+static void block_backward(GpuModel& m, int layer, const float* h_in, const float* dh_out, float* dh_in,
+                           float loss_scale, const Scratch& s) {
+    const Config& c = m.config;
+    const BlockWeights& w = m.w.blocks[layer];
+    BlockWeights& g = m.g.blocks[layer];
+    restore_block_acts(m, layer, h_in);
+    GpuBlockActs& a = block_acts(m, layer);
+    const int64_t N = tokens(m), d = c.hidden_size;
+    if (c.is_moe_layer(layer)) {
+        moe_backward(m, w, g, a.moe, {a.ffn_normed, a.ffn_normed16}, dh_out, s.dnormed, loss_scale, s);
+    } else {
+        m.timer.mark("dense FFN");
+        ffn_backward(m, s.dnormed, g.gate, g.up, g.down, dh_out, a.dense, {a.ffn_normed, a.ffn_normed16}, w.gate, w.up,
+                     w.down, N, d, c.intermediate_size, false, s.ffn_da, s.ffn_dg, s.ffn_du);
+    }
+    m.timer.mark("rmsnorm + residual");
+    CUDA_CHECK(cudaMemcpyAsync(s.dh_mid, dh_out, N * d * sizeof(float), cudaMemcpyDeviceToDevice, m.stream));
+    gpu::rmsnorm_backward(s.dh_mid, g.ffn_norm, s.dnormed, a.h_mid, w.ffn_norm, a.ffn_rstd, N, d, true, s.rms,
+                          m.stream);
+    CUDA_CHECK(cudaMemcpyAsync(dh_in, s.dh_mid, N * d * sizeof(float), cudaMemcpyDeviceToDevice, m.stream));
+    m.timer.mark("attention projections");
+    mla_backward(m, w, g, a.mla, {a.attn_normed, a.attn_normed16}, s.dh_mid, s.dnormed, s);
+    m.timer.mark("rmsnorm + residual");
+    gpu::rmsnorm_backward(dh_in, g.attn_norm, s.dnormed, h_in, w.attn_norm, a.attn_rstd, N, d, true, s.rms, m.stream);
+}
+
+// ---- output heads -------------------------------------------------------------------------------------------
+
+// x's rows from `first` on, x holding rows of `width` values (either copy may be absent)
+static gpu::GemmInput rows_from(const gpu::GemmInput& x, int64_t first, int64_t width) {
+    return {x.fp32 ? x.fp32 + first * width : nullptr, x.bf16 ? x.bf16 + first * width : nullptr};
+}
+
+// An output head (the main one, or MTP's): its logits (N x V, or with recompute one chunk's), the normalised rows it
+// reads (N, d) and their targets (nullptr: none)
+struct Head {
+    float* logits;
+    gpu::GemmInput normed;
+    const int32_t* targets;
+};
+static Head main_head(GpuModel& m, bool with_targets) {
+    return {m.logits, {m.final_normed, m.final_normed16}, with_targets ? m.targets : nullptr};
+}
+static Head mtp_head(GpuModel& m) { return {m.mtp_logits, {m.mtp_normed, m.mtp_normed16}, m.mtp_targets}; }
+
+// Whether the forward keeps every chunk's logits: without recompute, and with it when one chunk holds all the rows
+static bool keeps_logits(const GpuModel& m) { return !m.layout.recompute || m.head_rows >= (int64_t)m.max_B * m.T; }
+
+// The logits of head h's rows [r0, r0 + rows) (one chunk): where the forward keeps them, computed there when
+// `compute` (the forward; when it does not keep them, the backward and gpu_model_logits_row too)
+static const float* head_logits(GpuModel& m, const Head& h, int64_t r0, int64_t rows, bool compute) {
+    const int64_t d = m.config.hidden_size, V = m.config.vocab_size;
+    float* logits = keeps_logits(m) ? h.logits + r0 * V : h.logits;
+    if (compute) {
+        m.timer.mark("head");
+        gpu::matmul_forward(m.matmul, logits, rows_from(h.normed, r0, d), weight_of(m, m.w.head), rows, d, V, false);
+    }
+    return logits;
+}
+
+// Head h's forward, chunk by chunk: the logits, and with targets each row's loss into m.losses
+static void head_forward(GpuModel& m, const Head& h) {
+    const int64_t N = tokens(m), V = m.config.vocab_size;
+    for (int64_t r0 = 0; r0 < N; r0 += m.head_rows) {
+        const int64_t rows = std::min(m.head_rows, N - r0);
+        const float* logits = head_logits(m, h, r0, rows, /*compute*/ true);
+        if (!h.targets) continue;
+        m.timer.mark("cross-entropy");
+        gpu::cross_entropy_forward_backward(m.losses + r0, nullptr, logits, h.targets + r0, rows, V, 0.0f, m.stream);
+    }
+}
+
+// Head h's backward, chunk by chunk: dlogits = scale (softmax(logits) - onehot(targets)), dnormed = dlogits W_head,
+// dW_head += dlogits^T normed. In BF16 mode the cross-entropy writes dlogits in BF16 only, for the head's GEMMs.
+static void head_backward(GpuModel& m, const Scratch& s, float* dnormed, const Head& h, float scale) {
+    const int64_t N = tokens(m), d = m.config.hidden_size, V = m.config.vocab_size;
+    for (int64_t r0 = 0; r0 < N; r0 += m.head_rows) {
+        const int64_t rows = std::min(m.head_rows, N - r0);
+        if (!keeps_logits(m)) m.timer.label = "recompute";
+        const float* logits = head_logits(m, h, r0, rows, /*compute*/ !keeps_logits(m));
+        m.timer.label = nullptr;
+        m.timer.mark("cross-entropy");
+        if (s.dlogits16)
+            gpu::cross_entropy_forward_backward_bf16(m.losses + r0, s.dlogits16, logits, h.targets + r0, rows, V,
+                                                     scale, m.stream);
+        else
+            gpu::cross_entropy_forward_backward(m.losses + r0, s.dlogits, logits, h.targets + r0, rows, V, scale,
+                                                m.stream);
+        m.timer.mark("head");
+        gpu::matmul_backward(m.matmul, dnormed + r0 * d, m.g.head, {s.dlogits, s.dlogits16}, rows_from(h.normed, r0, d),
+                             weight_of(m, m.w.head), rows, d, V, false);
+    }
+}
+
+// Sum of the first n per-row losses, in double, in row order (the CPU's order).
+static double sum_losses(GpuModel& m, int64_t n) {
+    std::vector<float> losses(n);
+    CUDA_CHECK(cudaMemcpyAsync(losses.data(), m.losses, n * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
+    sync(m);
+    double total = 0.0;
+    for (float l : losses) total += l;
+    return total;
+}
+
+static void upload_tokens(GpuModel& m, int32_t* dst, const int32_t* src, int64_t n) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(int32_t), cudaMemcpyHostToDevice, m.stream));
+    sync(m);  // src may be a temporary of the caller
+}
+
+// The n tokens at src grouped by token into rows (on the device) for the embedding's backward
+static void upload_token_rows(GpuModel& m, gpu::TokenRows& rows, const int32_t* src, int64_t n) {
+    std::vector<int32_t> packed(3 * n + 1);
+    rows.rows = n;
+    rows.distinct = gpu::token_rows_pack(src, n, packed.data());
+    upload_tokens(m, rows.packed, packed.data(), (int64_t)packed.size());
+}
+
+// ---- the model ----------------------------------------------------------------------------------------------
+
+LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* targets, int B, bool training) {
+    if (B < 1 || B > m.max_B)
+        throw std::runtime_error("internal error: a batch of " + std::to_string(B) + " sequences, allocated for " +
+                                 std::to_string(m.max_B));
+    const Config& c = m.config;
+    m.B = B;
+    const int T = m.T;
+    const int64_t N = (int64_t)B * T, d = c.hidden_size, L = c.num_hidden_layers;
+    LossParts loss;
+    upload_tokens(m, m.inputs, inputs, N);
+    m.timer.mark("embedding");
+    gpu::embedding_forward(m.residual[0], m.inputs, m.w.embed, N, d, m.stream);
+    const NextNorm final_norm{m.w.final_norm, m.final_normed, m.final_normed16, m.final_rstd};
+    block_input_norm(m, 0, m.residual[0]);
+    for (int l = 0; l < L; l++) {
+        const NextNorm next = l + 1 < L ? attention_norm(m, l + 1) : final_norm;
+        loss.balance += block_forward(m, l, m.residual[l], m.residual[l + 1], next, training, targets != nullptr);
+    }
+    if (!targets) {  // the logits only, for gpu_model_logits_row
+        if (keeps_logits(m)) head_forward(m, main_head(m, false));
+        sync(m);
+        return loss;
+    }
+    upload_token_rows(m, m.input_rows, inputs, N);  // for a backward, sorted on the host while the GPU runs
+    upload_tokens(m, m.targets, targets, N);
+    head_forward(m, main_head(m, true));
+    if (c.num_nextn_predict_layers > 0) upload_token_rows(m, m.target_rows, targets, N);  // while the head runs
+    loss.main = sum_losses(m, N) / N;
+    if (c.num_nextn_predict_layers > 0) {
+        std::vector<int32_t> mtp_targets(N);
+        for (int64_t t = 0; t < N; t++) mtp_targets[t] = (t % T == T - 1) ? -1 : targets[t + 1];
+        upload_tokens(m, m.mtp_targets, mtp_targets.data(), N);
+        m.timer.mark("embedding");
+        gpu::embedding_forward(m.next_embed, m.targets, m.w.embed, N, d, m.stream);
+        m.timer.mark("rmsnorm + residual");
+        gpu::rmsnorm_forward(m.enorm_out, nullptr, m.enorm_rstd, m.next_embed, m.w.mtp_enorm, N, d, c.rms_norm_eps,
+                             m.stream);
+        gpu::rmsnorm_forward(m.hnorm_out, nullptr, m.hnorm_rstd, m.final_normed, m.w.mtp_hnorm, N, d, c.rms_norm_eps,
+                             m.stream);
+        gpu::copy_columns(m.mtp_concat, 2 * d, m.enorm_out, d, N, d, m.stream);
+        gpu::copy_columns(m.mtp_concat + d, 2 * d, m.hnorm_out, d, N, d, m.stream);
+        m.timer.mark("head");
+        keep_bf16(m, m.mtp_concat16, m.mtp_concat, N * 2 * d);
+        gpu::matmul_forward(m.matmul, m.mtp_in, {m.mtp_concat, m.mtp_concat16}, weight_of(m, m.w.mtp_eh_proj), N, 2 * d,
+                            d, false);
+        block_input_norm(m, (int)L, m.mtp_in);
+        const NextNorm mtp_norm{m.w.mtp_norm, m.mtp_normed, m.mtp_normed16, m.mtp_rstd};
+        loss.balance += block_forward(m, (int)L, m.mtp_in, m.mtp_out, mtp_norm, training, true);
+        head_forward(m, mtp_head(m));
+        loss.mtp = sum_losses(m, N) / ((double)B * (T - 1));
+    }
+    loss.total = loss.main + c.mtp_loss_weight * loss.mtp + loss.balance;
+    return loss;
+}
+
+void gpu_model_backward(GpuModel& m, float loss_scale) {
+    const Config& c = m.config;
+    const int B = m.B, T = m.T;
+    const int64_t N = (int64_t)B * T, d = c.hidden_size, L = c.num_hidden_layers;
+    const Scratch s = scratch_of(m);
+    head_backward(m, s, s.dfinal, main_head(m, true), loss_scale / N);
+    float* dh = s.dh;
+    float* dh_prev = s.dh_prev;
+    if (c.num_nextn_predict_layers > 0) {
+        const float mtp_scale = loss_scale * c.mtp_loss_weight / ((float)B * (T - 1));
+        head_backward(m, s, s.dmtp, mtp_head(m), mtp_scale);
+        m.timer.mark("rmsnorm + residual");
+        gpu::rmsnorm_backward(s.dmtp_out, m.g.mtp_norm, s.dmtp, m.mtp_out, m.w.mtp_norm, m.mtp_rstd, N, d, false,
+                              s.rms, m.stream);
+        block_backward(m, (int)L, m.mtp_in, s.dmtp_out, s.dmtp, loss_scale, s);
+        m.timer.mark("head");
+        gpu::matmul_backward(m.matmul, s.dconcat, m.g.mtp_eh_proj, s.dmtp, {m.mtp_concat, m.mtp_concat16},
+                             weight_of(m, m.w.mtp_eh_proj), N, 2 * d, d, false);
+        // split [d enorm_out | d hnorm_out]; the h half flows into the main model's final state
+        m.timer.mark("rmsnorm + residual");
+        gpu::copy_columns(s.dhalf, d, s.dconcat + d, 2 * d, N, d, m.stream);
+        gpu::rmsnorm_backward(s.dfinal, m.g.mtp_hnorm, s.dhalf, m.final_normed, m.w.mtp_hnorm, m.hnorm_rstd, N, d,
+                              true, s.rms, m.stream);
+        gpu::copy_columns(s.dhalf, d, s.dconcat, 2 * d, N, d, m.stream);
+        gpu::rmsnorm_backward(s.dnext, m.g.mtp_enorm, s.dhalf, m.next_embed, m.w.mtp_enorm, m.enorm_rstd, N, d, false,
+                              s.rms, m.stream);
+        m.timer.mark("embedding");
+        gpu::embedding_backward(m.g.embed, s.dnext, m.target_rows, d, m.stream);
+    }
+    m.timer.mark("rmsnorm + residual");
+    gpu::rmsnorm_backward(dh, m.g.final_norm, s.dfinal, m.residual[L], m.w.final_norm, m.final_rstd, N, d, false,
+                          s.rms, m.stream);
+    for (int64_t l = L - 1; l >= 0; l--) {
+        block_backward(m, (int)l, m.residual[l], dh, dh_prev, loss_scale, s);
+        std::swap(dh, dh_prev);
+    }
+    m.timer.mark("embedding");
+    gpu::embedding_backward(m.g.embed, dh, m.input_rows, d, m.stream);
+    sync(m);
+}
+
+void gpu_model_logits_row(GpuModel& m, int64_t row, float* out) {
+    const int64_t V = m.config.vocab_size, r0 = row / m.head_rows * m.head_rows;  // the row's chunk
+    const float* logits =
+        head_logits(m, main_head(m, false), r0, std::min(m.head_rows, tokens(m) - r0), !keeps_logits(m));
+    sync(m);
+    CUDA_CHECK(cudaMemcpy(out, logits + (row - r0) * V, V * sizeof(float), cudaMemcpyDeviceToHost));
+}
+
+// ---- the optimizer's steps ----------------------------------------------------------------------------------
+
+void gpu_model_zero_grads(GpuModel& m) {
+    CUDA_CHECK(cudaMemsetAsync(m.grads, 0, m.table.total * sizeof(float), m.stream));
+}
+
+void gpu_model_reduce_grads(GpuModel& m) {
+    sync(m);  // the Comm runs on a stream of its own
+    shard_reduce_grads(m.shard, m.grads, *m.comm);
+}
+
+double gpu_model_grad_norm(GpuModel& m) {
+    const std::vector<OptimizerRange>& ranges = m.shard.ranges;
+    gpu::range_norms_squared(m.norm_slots, m.shard_ranges, m.grads, m.norm_partials, m.stream);
+    m.range_norms.resize(ranges.size());
+    CUDA_CHECK(cudaMemcpyAsync(m.range_norms.data(), m.norm_slots, ranges.size() * sizeof(double),
+                               cudaMemcpyDeviceToHost, m.stream));
+    sync(m);
+    double sum = 0.0;  // as model_grad_norm
+    for (size_t i = 0; i < ranges.size(); i++)
+        if (ranges[i].owned) sum += m.range_norms[i];
+    m.comm->all_reduce_sum(&sum, 1, Group::World);
+    return sqrt(sum);
+}
+
+// The update writes the BF16 copy of this rank's ranges; after the gather, the buckets that other ranks updated
+// too are cast again whole. The router bias is selection only, so its BF16 copy needs no refresh.
+void gpu_model_adamw(GpuModel& m, AdamWState& opt, const OptimizerConfig& oc, float lr, float grad_multiplier) {
+    opt.step++;
+    m.timer.mark("AdamW");
+    gpu::adamw_update(m.shard_ranges, m.params, m.params_bf16, m.grads, m.adam_m, m.adam_v, oc, lr, opt.step,
+                      grad_multiplier, m.stream);
+    sync(m);
+    shard_gather(m.shard, m.params, *m.comm);
+    if (m.params_bf16)
+        for (const OptimizerBucket& b : m.shard.buckets)
+            if (b.ranks > 1) gpu::cast_to_bf16(m.params_bf16 + b.first, m.params + b.first, b.count, m.stream);
+    refresh_fp8_weights(m);
+}
+
+void gpu_model_update_router_bias(GpuModel& m, const std::vector<std::vector<int64_t>>& counts) {
+    const Config& c = m.config;
+    std::vector<float> bias(c.n_routed_experts);
+    for (int l = 0; l < c.num_blocks(); l++) {
+        if (!c.is_moe_layer(l)) continue;
+        float* device_bias = m.w.blocks[l].router_bias;
+        CUDA_CHECK(cudaMemcpyAsync(bias.data(), device_bias, bias.size() * sizeof(float), cudaMemcpyDeviceToHost,
+                                   m.stream));
+        sync(m);
+        router_bias_step(c, counts[l], bias.data());
+        CUDA_CHECK(cudaMemcpyAsync(device_bias, bias.data(), bias.size() * sizeof(float), cudaMemcpyHostToDevice,
+                                   m.stream));
+        sync(m);
+        std::fill(m.expert_counts[l].begin(), m.expert_counts[l].end(), 0);
+    }
+}
+
+// ---- host <-> device ----------------------------------------------------------------------------------------
+
+void gpu_model_upload(GpuModel& m, const Model& host, const AdamWState& opt) {
+    if (host.table.total != m.table.total || (int64_t)opt.m.size() != m.shard.moments ||
+        (int64_t)opt.v.size() != m.shard.moments)
+        throw std::runtime_error("internal error: the host's and the GPU's tables or optimizer shards differ");
+    CUDA_CHECK(cudaMemcpy(m.params, host.params.data(), m.table.total * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(m.adam_m, opt.m.data(), m.shard.moments * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(m.adam_v, opt.v.data(), m.shard.moments * sizeof(float), cudaMemcpyHostToDevice));
+    if (m.params_bf16) gpu::cast_to_bf16(m.params_bf16, m.params, m.table.total, m.stream);
+    refresh_fp8_weights(m);
+    sync(m);
+}
+
+void gpu_model_download(const GpuModel& m, Model& host, AdamWState& opt) {
+    sync(m);
+    CUDA_CHECK(cudaMemcpy(host.params.data(), m.params, m.table.total * sizeof(float), cudaMemcpyDeviceToHost));
+    opt.m.resize(m.shard.moments);
+    opt.v.resize(m.shard.moments);
+    CUDA_CHECK(cudaMemcpy(opt.m.data(), m.adam_m, m.shard.moments * sizeof(float), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(opt.v.data(), m.adam_v, m.shard.moments * sizeof(float), cudaMemcpyDeviceToHost));
+}
+
+std::vector<float> gpu_model_grads(const GpuModel& m) {
+    std::vector<float> host(m.table.total);
+    sync(m);
+    CUDA_CHECK(cudaMemcpy(host.data(), m.grads, host.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    return host;
+}
+
+// ---- region timer -------------------------------------------------------------------------------------------
+
+void RegionTimer::mark(const char* name) {
+    if (!enabled) return;
+    if (label) name = label;
+    if (!marks.empty() && marks.back().first == name) return;  // the region goes on
+    cudaEvent_t event;
+    if (pool.empty()) {
+        CUDA_CHECK(cudaEventCreate(&event));
+    } else {
+        event = pool.back();
+        pool.pop_back();
+    }
+    CUDA_CHECK(cudaEventRecord(event, stream));
+    marks.emplace_back(name, event);
+}
+
+void RegionTimer::finish(std::map<std::string, double>& totals) {
+    if (!enabled || marks.empty()) return;
+    mark("end");
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    for (size_t i = 0; i + 1 < marks.size(); i++) {
+        float ms = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, marks[i].second, marks[i + 1].second));
+        totals[marks[i].first] += ms;
+    }
+    for (auto& mk : marks) pool.push_back(mk.second);
+    marks.clear();
+}
+
+void RegionTimer::release() {
+    for (auto& mk : marks) pool.push_back(mk.second);
+    for (cudaEvent_t e : pool) CUDA_CHECK(cudaEventDestroy(e));
+    marks.clear();
+    pool.clear();
+}

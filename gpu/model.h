@@ -1,0 +1,177 @@
+// The whole model on one GPU (docs/design.md §1, §6): model/model.h's functions step for step, with the kernels of
+// kernels/ and cuBLASLt GEMMs (kernels/matmul.cuh) in place of the CPU loops; read each file beside its model/ twin.
+// One device buffer each for the FP32 master weights and the gradients, laid out by the CPU model's ParamTable, and
+// for this rank's shard of each AdamW moment (model/optimizer.h). The precision is chosen at run time:
+//   FP32  every GEMM in FP32: follows the CPU model to FP32 roundoff.
+//   BF16  the GEMMs read a BF16 working copy of the weights and BF16 copies of their inputs, made once in the
+//         forward (the `16` buffers) and kept for the backward; the attention runs on the tensor cores. Norms,
+//         router, softmax and the optimizer stay FP32.
+//   FP8   BF16, with the linear layers inside the blocks in DeepSeek-V3's FP8 recipe (as the CPU's Precision::FP8):
+//         their weights have E4M3 copies, and the GEMM calls quantize activations and gradients themselves.
+// Activations are carved from one allocation (gpu/memory.cu); with recompute the blocks of a kind share one set and
+// the backward runs each block's forward again. Every kernel and GEMM is deterministic, so the same bits come back.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "comm/comm.h"
+#include "gpu/ffn.h"
+#include "gpu/mla.h"
+#include "gpu/moe.h"
+#include "kernels/matmul.cuh"
+#include "kernels/shard_ranges.h"
+#include "kernels/token_rows.h"
+#include "model/model.h"
+#include "model/optimizer.h"
+
+// Times named regions of the step on the stream, for make bench's table: mark(name) starts a region that lasts until
+// the next mark. Off unless enabled.
+struct RegionTimer {
+    bool enabled = false;
+    const char* label = nullptr;  // while set, every region is named so (the backward's recomputed forwards)
+    cudaStream_t stream = nullptr;
+    std::vector<std::pair<std::string, cudaEvent_t>> marks;
+    std::vector<cudaEvent_t> pool;
+    void mark(const char* name);
+    // Closes the last region, waits for the stream and adds each region's milliseconds to totals[name].
+    void finish(std::map<std::string, double>& totals);
+    void release();  // destroys the events
+};
+
+// One block's activations, as model/model.h's BlockActs, with the BF16 copies of the GEMM inputs.
+struct GpuBlockActs {
+    float *attn_normed, *attn_rstd;       // (N, d), (N): written by whoever wrote the block's input
+    GpuMLAActs mla;
+    float *attn_out, *h_mid;              // (N, d) x2
+    float *ffn_normed, *ffn_rstd;         // (N, d), (N)
+    GpuSwigluActs dense;                  // (N, intermediate_size): dense blocks
+    GpuMoEActs moe;                       // MoE blocks
+    float* ffn_out;                       // (N, d)
+    __nv_bfloat16 *attn_normed16, *ffn_normed16;
+};
+
+// FP8 mode: the E4M3 copies of one weight of the blocks' linear layers (a matrix rows x cols, or a stack of `batch`
+// experts' matrices): q and q^T with their 128 x 128 scales (kernels/fp8.cuh, fp8_quantize_blocks).
+struct Fp8Tensor {
+    const float* w = nullptr;  // the FP32 weight (m.params)
+    int64_t batch = 1, rows = 0, cols = 0;
+    __nv_fp8_storage_t *q = nullptr, *qt = nullptr;
+    float *scales = nullptr, *scales_t = nullptr;
+};
+
+struct GpuModel {
+    Config config;
+    Comm* comm = nullptr;  // NCCL: device buffers (host buffers are staged)
+    ParamTable table;
+    OptimizerShard shard;  // this rank's part of the optimizer: adam_m, adam_v hold it
+    Precision precision = Precision::FP32;
+    cudaStream_t stream = nullptr;
+    gpu::Matmul matmul;
+    float *params = nullptr, *grads = nullptr;   // table layout
+    float *adam_m = nullptr, *adam_v = nullptr;  // the shard's moments (OptimizerRange::moments)
+    __nv_bfloat16* params_bf16 = nullptr;        // BF16 and FP8: the working copy the GEMMs read
+    void* fp8_alloc = nullptr;                   // FP8: the Fp8Tensors' copies
+    std::map<int64_t, Fp8Tensor> fp8_weights;    // by the weight's offset in the parameter buffer
+    ModelWeights w, g;                           // device pointers into params and grads
+    int max_B = 0, T = 0, B = 0;                 // allocated batch; the last forward's B
+    // activations, as model/model.h's ModelActs
+    void* arena = nullptr;
+    std::vector<float*> residual;  // L+1 of (N, d)
+    std::vector<GpuBlockActs> blocks;
+    std::vector<int> block_set, set_layer;
+    ActivationLayout layout;  // recompute, the heads' chunks
+    int64_t head_rows = 0;    // the rows of one chunk of the output heads (head_chunk_rows)
+    float *final_normed, *final_rstd, *logits, *losses;                  // (N, d), (N), (N or head_rows, V), (N)
+    float *next_embed, *enorm_out, *enorm_rstd, *hnorm_out, *hnorm_rstd; // MTP
+    float *mtp_concat, *mtp_in, *mtp_out, *mtp_normed, *mtp_rstd, *mtp_logits;
+    __nv_bfloat16 *final_normed16, *mtp_concat16, *mtp_normed16;         // BF16: the heads' and MTP's GEMM inputs
+    float *rope_cos, *rope_sin;                  // (T, dr/2)
+    int32_t *inputs, *targets, *mtp_targets;     // (N) each
+    gpu::TokenRows input_rows, target_rows;      // inputs and targets grouped by token: the embedding's backward
+    void* scratch = nullptr;         // the backward's buffers, shared by the blocks (Scratch)
+    void* expert_scratch = nullptr;  // the routed experts' backward buffers, grown with the largest layer
+    int64_t expert_scratch_rows = 0;
+    std::vector<std::vector<int64_t>> expert_counts;  // host, as Model::expert_counts
+    gpu::ShardRanges shard_ranges;                    // the shard's ranges on the device (kernels/shard_ranges.h)
+    void* optimizer_tables = nullptr;                 // device: shard_ranges' table, norm_slots, norm_partials
+    double *norm_slots = nullptr, *norm_partials = nullptr;  // each range's squared norm; the norm's chunk partials
+    std::vector<double> range_norms;                  // host copy of norm_slots
+    RegionTimer timer;
+};
+
+// What init allocates, in bytes (the plan printed at start, and the out-of-memory check).
+struct GpuMemoryPlan {
+    int64_t params = 0, grads = 0, optimizer = 0, activations = 0, expert_rows = 0, scratch = 0;
+    int64_t fp8_weights = 0;  // FP8: the weights' E4M3 copies, counted in params too
+    int64_t total() const { return params + grads + optimizer + activations + expert_rows + scratch; }
+};
+// world ranks, ep_size of them in an expert-parallel group (the optimizer's shard: model/optimizer.h).
+GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, int world, Precision p, int B, int T,
+                              const ActivationLayout& layout = {});
+
+// Allocates everything for batches of up to B sequences of T tokens on the current device; throws
+// std::runtime_error (with the plan and the free memory) when it does not fit, or for a config the kernels do not
+// support.
+void gpu_model_init(GpuModel& m, const Config& c, Comm& comm, Precision p, int B, int T,
+                    const ActivationLayout& layout = {});
+void gpu_model_free(GpuModel& m);
+// Host weights and this rank's moments (opt: adamw_state(m.shard)) -> device. The tables must match.
+void gpu_model_upload(GpuModel& m, const Model& host, const AdamWState& opt);
+// Device weights and this rank's moments -> host.
+void gpu_model_download(const GpuModel& m, Model& host, AdamWState& opt);
+// As model_forward: inputs, targets host arrays of B*T tokens (B <= the allocated B). Without targets only the
+// logits (with recompute and a chunked head not even those: gpu_model_logits_row computes a row's chunk).
+LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* targets, int B, bool training);
+// The rest as the model_ functions of the same names (model/model.h).
+void gpu_model_backward(GpuModel& m, float loss_scale);
+void gpu_model_zero_grads(GpuModel& m);
+void gpu_model_reduce_grads(GpuModel& m);
+double gpu_model_grad_norm(GpuModel& m);
+void gpu_model_adamw(GpuModel& m, AdamWState& opt, const OptimizerConfig& oc, float lr, float grad_multiplier);
+void gpu_model_update_router_bias(GpuModel& m, const std::vector<std::vector<int64_t>>& counts);
+void gpu_model_logits_row(GpuModel& m, int64_t row, float* out);
+// Gradients to a host array laid out by the table (the tests compare them with the CPU model's).
+std::vector<float> gpu_model_grads(const GpuModel& m);
+// The dense BF16 peak of the device in FLOP/s from a table of known GPUs, or 0.
+double gpu_peak_flops(const cudaDeviceProp& prop);
+
+// ---- shared by gpu/*.cu ----------------------------------------------------------------------------------------
+
+// The backward's buffers and the forward's transient ones, carved from m.scratch on every use (gpu/memory.cu).
+// Names as the CPU's locals in model/*.cpp.
+struct Scratch {
+    float *dlogits, *dfinal, *dh, *dh_prev;                // (head_rows, V) (FP32 mode), (N, d) x3
+    __nv_bfloat16* dlogits16;                              // (head_rows, V) BF16: the head GEMMs' output gradient
+    float *dmtp, *dmtp_out, *dconcat, *dhalf, *dnext;      // MTP: (N, d), (N, d), (N, 2d), (N, d), (N, d)
+    float *dnormed, *dh_mid;                               // (N, d) per block
+    float *d_o, *dq_heads, *dk_heads, *dkv, *dq, *dkv_a;   // MLA
+    __nv_bfloat16* d_o16;                                  // (N, H*dv) for the tensor-core attention
+    float *dc_kv_normed, *dc_kv, *dq_a_normed, *dq_a, *attn_d;
+    float *ffn_da, *ffn_dg, *ffn_du;                       // (N, the widest FFN)
+    float *drows_out, *drows_in, *dgate_weights;           // (N*k, d) x2, (N, k)
+    float* drouter_logits;                                 // (N, E), also router_forward's scratch
+    int* seq_counts;                                       // (B, E) \  the balance loss's,
+    double *token_totals, *seq_balance;                    // (N), (B) / forward and backward
+    float* rms;                                            // RMSNorm dw partial sums
+};
+// The routed experts' backward buffers for R rows, shared by the layers (EP > 1: dexpert_out, dexpert_in).
+struct ExpertScratch {
+    float *dexpert_out, *dexpert_in;  // (R, d)
+    float *da, *dg, *du;              // (R, I)
+};
+Scratch scratch_of(const GpuModel& m);
+ExpertScratch expert_scratch_of(const GpuModel& m);
+// Grows layer a's expert buffers (and the shared backward ones) to hold R rows.
+void ensure_expert_rows(GpuModel& m, GpuMoEActs& a, int64_t R);
+// Weight w (a pointer into m.params) with the copies its GEMMs read in m's precision.
+gpu::GemmWeight weight_of(const GpuModel& m, const float* w);
+// BF16 mode: copy16 = the n floats at src rounded to BF16 (a GEMM input's copy); FP32 mode (copy16 nullptr): nothing.
+void keep_bf16(GpuModel& m, __nv_bfloat16* copy16, const float* src, int64_t n);
+// FP8 mode: the E4M3 copies made again from the FP32 weights (after every change to them).
+void refresh_fp8_weights(GpuModel& m);
+inline int64_t tokens(const GpuModel& m) { return (int64_t)m.B * m.T; }
+inline void sync(const GpuModel& m) { CUDA_CHECK(cudaStreamSynchronize(m.stream)); }

@@ -1,0 +1,171 @@
+// The MoE layer on the GPU, forward and backward (model/moe.cpp phase for phase). The Comm (NCCL) runs on a stream
+// of its own and returns when complete, so the model's stream is synchronised before an exchange reads its rows.
+#include "gpu/model.h"
+
+#include <stdexcept>
+
+#include "kernels/elementwise.cuh"
+#include "kernels/permute.cuh"
+#include "kernels/router.cuh"
+#include "kernels/swiglu.cuh"
+
+// route: scores (N, E), chosen experts and gate weights (N, k), the expert plan, its counts on the host, the
+// dispatch plan; then the expert buffers hold R rows and, under EP, the permutation is on the device.
+static void moe_route(GpuModel& m, const BlockWeights& w, GpuMoEActs& a, const float* x, const Scratch& s) {
+    const Config& c = m.config;
+    const int64_t N = tokens(m), d = c.hidden_size, E = c.n_routed_experts, k = c.num_experts_per_tok;
+    m.timer.mark("router");
+    gpu::matmul_forward(m.matmul, a.scores, x, w.router, N, d, E, false);  // the router stays FP32
+    gpu::router_forward(a.scores, a.chosen, a.gate_weights, s.drouter_logits, a.scores, w.router_bias, c, N, m.stream);
+    m.timer.mark("permute");
+    gpu::build_expert_plan(a.counts, a.offsets, a.row_of_assignment, a.assignment_of_row, a.chosen, N * k, (int)E,
+                           m.stream);
+    a.counts_host.resize(E);
+    CUDA_CHECK(cudaMemcpyAsync(a.counts_host.data(), a.counts, E * sizeof(int64_t), cudaMemcpyDeviceToHost, m.stream));
+    sync(m);
+    int64_t assigned = 0;
+    for (int64_t n : a.counts_host) assigned += n;
+    if (assigned != N * k)  // router_select marks non-finite scores with expert -1, which no expert counts
+        throw std::runtime_error("the router scores are not finite (the weights hold NaN or inf)");
+    if (m.comm->ep_size > 1) m.timer.mark("all-to-all");  // the counts exchanged
+    a.dispatch = plan_dispatch(*m.comm, a.counts_host);
+    m.timer.mark("permute");
+    const int64_t R = a.dispatch.received();
+    ensure_expert_rows(m, a, R);
+    if (m.comm->ep_size > 1) {
+        std::vector<int64_t> expert_to_recv(R);
+        for (int64_t r = 0; r < R; r++) expert_to_recv[a.dispatch.expert_row_of_recv[r]] = r;
+        CUDA_CHECK(cudaMemcpyAsync(a.recv_to_expert, a.dispatch.expert_row_of_recv.data(), R * sizeof(int64_t),
+                                   cudaMemcpyHostToDevice, m.stream));
+        CUDA_CHECK(cudaMemcpyAsync(a.expert_to_recv, expert_to_recv.data(), R * sizeof(int64_t),
+                                   cudaMemcpyHostToDevice, m.stream));
+        sync(m);  // the host vector goes out of scope
+    }
+}
+
+// dispatch (EP > 1): rows in plan order to the experts' ranks, into local expert order, through `arrived` (R rows).
+// T: float, or __nv_bfloat16 for the BF16 mode's input rows, which travel as d/2 floats a row (the Comm moves floats;
+// gpu_model_init requires an even hidden size for this).
+template <typename T>
+static void dispatch_rows(GpuModel& m, const GpuMoEActs& a, const T* rows, T* expert_rows, T* arrived) {
+    const int64_t d = m.config.hidden_size, R = a.dispatch.received();
+    m.timer.mark("all-to-all");
+    sync(m);
+    m.comm->all_to_all_v(reinterpret_cast<const float*>(rows), a.dispatch.send_rows.data(),
+                         reinterpret_cast<float*>(arrived), a.dispatch.recv_rows.data(),
+                         d * (int64_t)sizeof(T) / (int64_t)sizeof(float));
+    m.timer.mark("permute");
+    gpu::permute_forward(expert_rows, arrived, a.expert_to_recv, R, 1, d, m.stream);
+}
+
+// return (EP > 1): rows in local expert order back to their tokens' ranks, in plan order, through `leaving`
+static void return_rows(GpuModel& m, const GpuMoEActs& a, const float* expert_rows, float* rows, float* leaving) {
+    const int64_t d = m.config.hidden_size, R = a.dispatch.received();
+    gpu::permute_forward(leaving, expert_rows, a.recv_to_expert, R, 1, d, m.stream);
+    m.timer.mark("all-to-all");
+    sync(m);
+    m.comm->all_to_all_v(leaving, a.dispatch.recv_rows.data(), rows, a.dispatch.send_rows.data(), d);
+}
+
+// experts: expert_out = W_down_e (silu(W_gate_e x) * (W_up_e x)) on each local expert e's rows of expert_in
+static void experts_forward(GpuModel& m, const BlockWeights& w, GpuMoEActs& a, gpu::GemmInput expert_in,
+                            float* expert_out) {
+    const int64_t d = m.config.hidden_size, I = m.config.moe_intermediate_size;
+    const int64_t* offsets = a.dispatch.expert_offsets.data();
+    const int64_t E_local = (int64_t)a.dispatch.expert_counts.size(), R = a.dispatch.received();
+    m.timer.mark("expert GEMMs");
+    gpu::grouped_matmul_forward(m.matmul, a.expert_g, expert_in, weight_of(m, w.expert_gate), offsets, E_local, d, I);
+    gpu::grouped_matmul_forward(m.matmul, a.expert_u, expert_in, weight_of(m, w.expert_up), offsets, E_local, d, I);
+    swiglu(m, {a.expert_g, a.expert_u, a.expert_a, a.expert_a16}, R * I);
+    gpu::grouped_matmul_forward(m.matmul, expert_out, {a.expert_a, a.expert_a16}, weight_of(m, w.expert_down), offsets,
+                                E_local, I, d);
+}
+
+static void experts_backward(GpuModel& m, const BlockWeights& w, BlockWeights& g, const GpuMoEActs& a,
+                             gpu::GemmInput expert_in, float* dexpert_out, float* dexpert_in, const ExpertScratch& es) {
+    const int64_t d = m.config.hidden_size, I = m.config.moe_intermediate_size;
+    const int64_t* offsets = a.dispatch.expert_offsets.data();
+    const int64_t E_local = (int64_t)a.dispatch.expert_counts.size(), R = a.dispatch.received();
+    m.timer.mark("expert GEMMs");
+    gpu::grouped_matmul_backward(m.matmul, es.da, g.expert_down, dexpert_out, {a.expert_a, a.expert_a16},
+                                 weight_of(m, w.expert_down), offsets, E_local, I, d);
+    gpu::swiglu_backward(es.dg, es.du, es.da, a.expert_g, a.expert_u, R * I, m.stream);
+    gpu::grouped_matmul_backward(m.matmul, dexpert_in, g.expert_gate, es.dg, expert_in, weight_of(m, w.expert_gate),
+                                 offsets, E_local, d, I);
+    // dexpert_in += du W_up: the grouped backward overwrites, so through dexpert_out's buffer (free now), then added
+    gpu::grouped_matmul_backward(m.matmul, dexpert_out, g.expert_up, es.du, expert_in, weight_of(m, w.expert_up),
+                                 offsets, E_local, d, I);
+    gpu::add(dexpert_in, dexpert_in, dexpert_out, R * d, m.stream);
+}
+
+// The experts' input rows: at EP 1 the permuted rows themselves
+static gpu::GemmInput expert_input(const GpuMoEActs& a, bool ep) {
+    return {ep ? a.expert_in : a.rows_in, ep ? a.expert_in16 : a.rows_in16};
+}
+
+// alpha sum_i f_i P_i, averaged over the B sequences (one host copy of the B sequences' values)
+static double balance_loss(GpuModel& m, const GpuMoEActs& a, const Scratch& s) {
+    const Config& c = m.config;
+    m.timer.mark("router");
+    gpu::balance_loss(s.seq_balance, s.token_totals, s.seq_counts, a.scores, a.chosen, c, m.B, m.T, m.stream);
+    std::vector<double> per_sequence(m.B);
+    CUDA_CHECK(cudaMemcpyAsync(per_sequence.data(), s.seq_balance, m.B * sizeof(double), cudaMemcpyDeviceToHost,
+                               m.stream));
+    sync(m);
+    double loss = 0.0;
+    for (double v : per_sequence) loss += c.aux_loss_alpha * v / m.B;
+    return loss;
+}
+
+void moe_forward(GpuModel& m, const BlockWeights& w, GpuMoEActs& a, gpu::GemmInput x, float* out, bool with_loss) {
+    const Config& c = m.config;
+    const int64_t N = tokens(m), d = c.hidden_size, k = c.num_experts_per_tok, I = c.moe_intermediate_size;
+    const int64_t S = (int64_t)c.n_shared_experts * I;
+    const bool ep = m.comm->ep_size > 1;
+    moe_route(m, w, a, x.fp32, scratch_of(m));
+    float* expert_out = ep ? a.expert_out : a.rows_out;
+    if (x.bf16) {  // the rows permuted and dispatched in BF16; expert_out is free to receive them
+        gpu::permute_forward(a.rows_in16, x.bf16, a.assignment_of_row, N, (int)k, d, m.stream);
+        if (ep) dispatch_rows(m, a, a.rows_in16, a.expert_in16, reinterpret_cast<__nv_bfloat16*>(expert_out));
+    } else {
+        gpu::permute_forward(a.rows_in, x.fp32, a.assignment_of_row, N, (int)k, d, m.stream);
+        if (ep) dispatch_rows(m, a, a.rows_in, a.expert_in, expert_out);
+    }
+    experts_forward(m, w, a, expert_input(a, ep), expert_out);
+    m.timer.mark("permute");
+    if (ep) return_rows(m, a, expert_out, a.rows_out, expert_scratch_of(m).dexpert_in);
+    m.timer.mark("shared experts");
+    if (S > 0) ffn_forward(m, out, a.shared, x, w.gate, w.up, w.down, N, d, S);
+    m.timer.mark("permute");
+    gpu::combine_forward(out, a.rows_out, a.gate_weights, a.row_of_assignment, N, (int)k, d, S > 0, m.stream);
+    a.balance_loss = with_loss && c.aux_loss_alpha > 0 ? balance_loss(m, a, scratch_of(m)) : 0.0;
+}
+
+void moe_backward(GpuModel& m, const BlockWeights& w, BlockWeights& g, GpuMoEActs& a, gpu::GemmInput x,
+                  const float* dout, float* dx, float balance_scale, const Scratch& s) {
+    const Config& c = m.config;
+    const int64_t N = tokens(m), d = c.hidden_size, E = c.n_routed_experts, k = c.num_experts_per_tok;
+    const int64_t S = (int64_t)c.n_shared_experts * c.moe_intermediate_size;
+    const bool ep = m.comm->ep_size > 1;
+    const ExpertScratch es = expert_scratch_of(m);
+    m.timer.mark("permute");
+    gpu::combine_backward(s.drows_out, s.dgate_weights, dout, a.rows_out, a.gate_weights, a.row_of_assignment, N,
+                          (int)k, d, m.stream);
+    // the output gradients travel the dispatch's way, the input gradients the return's
+    float* dexpert_out = ep ? es.dexpert_out : s.drows_out;
+    float* dexpert_in = ep ? es.dexpert_in : s.drows_in;
+    if (ep) dispatch_rows(m, a, s.drows_out, dexpert_out, es.dexpert_in);
+    experts_backward(m, w, g, a, expert_input(a, ep), dexpert_out, dexpert_in, es);
+    m.timer.mark("permute");
+    if (ep) return_rows(m, a, dexpert_in, s.drows_in, es.dexpert_out);
+    m.timer.mark("shared experts");
+    if (S > 0)
+        ffn_backward(m, dx, g.gate, g.up, g.down, dout, a.shared, x, w.gate, w.up, w.down, N, d, S, false, s.ffn_da,
+                     s.ffn_dg, s.ffn_du);
+    m.timer.mark("permute");
+    gpu::permute_backward(dx, s.drows_in, a.row_of_assignment, N, (int)k, d, S > 0, m.stream);
+    m.timer.mark("router");
+    gpu::router_backward(s.drouter_logits, s.dgate_weights, a.scores, a.chosen, c, m.B, m.T, balance_scale,
+                         s.seq_counts, m.stream);
+    gpu::matmul_backward(m.matmul, dx, g.router, s.drouter_logits, x.fp32, w.router, N, d, E, true);
+}

@@ -1,0 +1,309 @@
+// Checkpoint save (every rank writing its part of one file) and load (every rank reading its part).
+#include "io/checkpoint.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <dirent.h>
+#include <fcntl.h>
+#include <map>
+#include <stdexcept>
+#include <unistd.h>
+
+#include "io/files.h"
+#include "io/safetensors.h"
+
+static const char* FORMAT = "moe.cu checkpoint";
+
+std::string checkpoint_path(const std::string& dir, int64_t step) {
+    char name[64];
+    snprintf(name, sizeof(name), "/ckpt_%08lld.safetensors", (long long)step);
+    return dir + name;
+}
+
+// The checkpoints in dir by step, oldest first (a temporary file being written, ckpt_STEP.safetensors.tmp.ID, is
+// not one)
+static std::map<long long, std::string> checkpoints_in(const std::string& dir) {
+    std::map<long long, std::string> found;
+    DIR* d = opendir(dir.c_str());
+    if (!d) return found;
+    while (dirent* e = readdir(d)) {
+        long long step;
+        char tail[32];
+        if (sscanf(e->d_name, "ckpt_%lld.%31s", &step, tail) == 2 && std::string(tail) == "safetensors")
+            found[step] = dir + "/" + e->d_name;
+    }
+    closedir(d);
+    return found;
+}
+
+std::string checkpoint_find_latest(const std::string& dir) {
+    const std::map<long long, std::string> found = checkpoints_in(dir);
+    return found.empty() ? "" : found.rbegin()->second;
+}
+
+void checkpoint_prune(const std::string& dir, int keep, int64_t written) {
+    std::map<long long, std::string> found = checkpoints_in(dir);
+    found.erase(found.upper_bound(written), found.end());
+    int64_t extra = (int64_t)found.size() - keep;
+    for (auto it = found.begin(); extra > 0; ++it, --extra)
+        if (remove(it->second.c_str()) != 0 && errno != ENOENT)  // gone already (another process): fine
+            fprintf(stderr, "warning: cannot remove the old checkpoint %s (--keep-checkpoints): %s\n",
+                    it->second.c_str(), strerror(errno));
+}
+
+// A tensor of the table whole, as in the file (an expert shard's rows are the ep_size shards' rows), and where
+// this rank's values of it start there
+static std::vector<int64_t> whole_shape(const ParamTensor& t, int ep_size) {
+    std::vector<int64_t> shape = t.shape;
+    if (t.expert_shard) shape[0] *= ep_size;
+    return shape;
+}
+static int64_t first_in_whole(const ParamTensor& t, const Comm& comm) {
+    return t.expert_shard ? comm.ep_rank * t.numel : 0;
+}
+
+// The file's tensors in order, every parameter and then each trainable one's two moments, and where those of table
+// tensor i start in the data section (bytes): params[i], m[i], v[i].
+struct FileLayout {
+    std::vector<TensorView> views;  // no data: for the header
+    std::vector<uint64_t> params, m, v;
+    uint64_t bytes = 0;  // of the data section
+};
+
+static FileLayout file_layout(const ParamTable& table, int ep_size) {
+    FileLayout f;
+    const size_t n = table.tensors.size();
+    std::vector<size_t> m_view(n, 0);  // where a trainable tensor's m is among the views (its v follows)
+    for (const ParamTensor& t : table.tensors)
+        f.views.push_back({t.name, DType::F32, whole_shape(t, ep_size), nullptr});
+    for (size_t i = 0; i < n; i++) {
+        const ParamTensor& t = table.tensors[i];
+        if (!t.trainable) continue;
+        m_view[i] = f.views.size();
+        f.views.push_back({"optimizer.m." + t.name, DType::F32, whole_shape(t, ep_size), nullptr});
+        f.views.push_back({"optimizer.v." + t.name, DType::F32, whole_shape(t, ep_size), nullptr});
+    }
+    const std::vector<uint64_t> offsets = safetensors_offsets(f.views);
+    f.params.assign(offsets.begin(), offsets.begin() + n);
+    f.m.assign(n, 0);
+    f.v.assign(n, 0);
+    for (size_t i = 0; i < n; i++)
+        if (table.tensors[i].trainable) f.m[i] = offsets[m_view[i]], f.v[i] = offsets[m_view[i] + 1];
+    f.bytes = offsets.back();
+    return f;
+}
+
+static std::map<std::string, std::string> checkpoint_metadata(const Model& m, const AdamWState& opt,
+                                                              const TrainState& st) {
+    return {
+        {"format", FORMAT},
+        {"version", "1"},
+        {"config", config_to_json(m.config)},
+        {"step", std::to_string(st.step)},
+        {"optimizer_step", std::to_string(opt.step)},
+        {"data_shard", std::to_string(st.data_shard)},
+        {"data_position", std::to_string(st.data_position)},
+        {"data_file", st.data_file},
+        {"data_tokens", std::to_string(st.data_tokens)},
+        {"rng_state", std::to_string(st.rng_state)},
+        {"run", st.run},
+    };
+}
+
+// Writes n bytes at offset of fd (any number of pwrite calls); false with errno set on failure.
+static bool write_at(int fd, uint64_t offset, const void* bytes, uint64_t n) {
+    const char* p = (const char*)bytes;
+    while (n > 0) {
+        const ssize_t done = pwrite(fd, p, std::min<uint64_t>(n, 1 << 30), (off_t)offset);
+        if (done < 0 && errno == EINTR) continue;
+        if (done <= 0) {
+            if (done == 0) errno = EIO;
+            return false;
+        }
+        p += done, offset += done, n -= done;
+    }
+    return true;
+}
+
+// A number no other write in the directory used: the time in nanoseconds and the process id
+static int64_t unique_id() {
+    return (int64_t)(std::chrono::system_clock::now().time_since_epoch().count() ^ ((int64_t)getpid() << 40));
+}
+static std::string temporary_path(const std::string& path, int64_t id) {
+    return path + ".tmp." + std::to_string((uint64_t)id);
+}
+
+// Removes the temporary files of checkpoint writes in dir that never finished (a job that died during one).
+static void remove_unfinished_writes(const std::string& dir) {
+    DIR* d = opendir(dir.c_str());
+    if (!d) return;
+    while (dirent* e = readdir(d)) {
+        const std::string name = e->d_name;
+        if (name.rfind("ckpt_", 0) == 0 && name.find(".safetensors.tmp") != std::string::npos)
+            remove((dir + "/" + name).c_str());
+    }
+    closedir(d);
+}
+
+CheckpointWrite checkpoint_begin(const std::string& dir, const Model& m, const AdamWState& opt, const TrainState& st,
+                                 bool copies) {
+    Comm& comm = *m.comm;
+    const FileLayout layout = file_layout(m.table, comm.ep_size);
+    CheckpointWrite w;
+    w.step = st.step;
+    w.path = checkpoint_path(dir, st.step);
+    // from rank 0: where the data section starts, and an ID for the temporary file's name that no earlier write used
+    // (where the directory is not one file system for all ranks, the others then find no file instead of a stale one)
+    int64_t shared[2] = {0, 0};
+    if (comm.rank == 0) {
+        const std::string header = safetensors_header(layout.views, checkpoint_metadata(m, opt, st));
+        shared[0] = (int64_t)header.size();
+        shared[1] = unique_id();
+        w.temporary = temporary_path(w.path, shared[1]);
+        make_dirs(dir);
+        remove_unfinished_writes(dir);
+        const int fd = open(w.temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        const bool ok = fd >= 0 && write_at(fd, 0, header.data(), header.size()) &&
+                        ftruncate(fd, (off_t)(header.size() + layout.bytes)) == 0;
+        const int err = errno;
+        if (fd >= 0) close(fd);
+        if (!ok) {
+            remove(w.temporary.c_str());
+            throw std::runtime_error("cannot write " + w.temporary + ": " + strerror(err));
+        }
+    }
+    comm.broadcast(shared, sizeof(shared), 0);  // once the file exists
+    w.temporary = temporary_path(w.path, shared[1]);
+    const uint64_t data = (uint64_t)shared[0];
+    auto add = [&](uint64_t begin, const ParamTensor& t, int64_t first, const float* values, int64_t count) {
+        w.parts.push_back({data + begin + 4 * (uint64_t)(first_in_whole(t, comm) + first), values, count});
+    };
+    // outside the optimizer: rank 0's replicated tensors, data-parallel replica 0's expert shards
+    for (size_t i = 0; i < m.table.tensors.size(); i++) {
+        const ParamTensor& t = m.table.tensors[i];
+        if (!t.trainable && (t.expert_shard ? comm.dp_rank == 0 : comm.rank == 0))
+            add(layout.params[i], t, 0, m.params.data() + t.offset, t.numel);
+    }
+    for (const OptimizerRange& r : m.shard.ranges) {
+        if (!r.owned) continue;
+        const ParamTensor& t = m.table.tensors[r.tensor];
+        add(layout.params[r.tensor], t, r.first - t.offset, m.params.data() + r.first, r.count);
+        add(layout.m[r.tensor], t, r.first - t.offset, opt.m.data() + r.moments, r.count);
+        add(layout.v[r.tensor], t, r.first - t.offset, opt.v.data() + r.moments, r.count);
+    }
+    if (copies) {
+        int64_t total = 0;
+        for (const CheckpointWrite::Part& p : w.parts) total += p.count;
+        w.copies.resize(total);
+        float* next = w.copies.data();
+        for (CheckpointWrite::Part& p : w.parts) {
+            std::copy(p.values, p.values + p.count, next);
+            p.values = next;
+            next += p.count;
+        }
+    }
+    return w;
+}
+
+void checkpoint_write_part(const CheckpointWrite& w) {
+    const int fd = open(w.temporary.c_str(), O_WRONLY);
+    if (fd < 0)
+        throw std::runtime_error("cannot open " + w.temporary + ", which rank 0 created: " + strerror(errno) +
+                                 " (--checkpoint-dir must be one directory for every rank: a shared file system)");
+    bool ok = true;
+    for (const CheckpointWrite::Part& p : w.parts) ok = ok && write_at(fd, p.offset, p.values, 4 * (uint64_t)p.count);
+    ok = ok && fsync(fd) == 0;
+    const int err = errno;
+    close(fd);
+    if (!ok) throw std::runtime_error("cannot write " + w.path + ": " + strerror(err));
+}
+
+void checkpoint_commit(const CheckpointWrite& w, Comm& comm) {
+    comm.barrier();  // every part is written
+    if (comm.rank == 0) rename_durably(w.temporary, w.path);
+    comm.barrier();  // and the checkpoint is there for every rank
+}
+
+std::string checkpoint_check_dir(const std::string& dir, Comm& comm) {
+    int64_t id = comm.rank == 0 ? unique_id() : 0;
+    const auto probe_path = [&] { return dir + "/.moe_probe." + std::to_string((uint64_t)id); };
+    std::string error;
+    if (comm.rank == 0) {
+        try {
+            make_dirs(dir);
+            FILE* f = fopen(probe_path().c_str(), "wb");
+            if (!f || fclose(f) != 0) error = "cannot write " + probe_path() + ": " + strerror(errno);
+        } catch (const std::runtime_error& e) {
+            error = e.what();
+        }
+    }
+    comm.broadcast(&id, sizeof(id), 0);  // once the file exists
+    if (comm.rank != 0 && access(probe_path().c_str(), F_OK) != 0)
+        error = "--checkpoint-dir " + dir + ": this rank does not see the file rank 0 created there (" + probe_path() +
+                "): every rank must see the same directory (a shared file system across nodes)";
+    comm.barrier();
+    if (comm.rank == 0) remove(probe_path().c_str());
+    return error;
+}
+
+void checkpoint_save(const std::string& dir, const Model& m, const AdamWState& opt, const TrainState& st) {
+    const CheckpointWrite w = checkpoint_begin(dir, m, opt, st, /*copies*/ false);
+    checkpoint_write_part(w);
+    checkpoint_commit(w, *m.comm);
+}
+
+static void check_format(const SafetensorsReader& r, const std::string& path) {
+    auto it = r.metadata().find("format");
+    if (it == r.metadata().end() || it->second != FORMAT)
+        throw std::runtime_error(path + ": not a moe.cu checkpoint (no format metadata)");
+    if (r.metadata_value("version") != "1")
+        throw std::runtime_error(path + ": checkpoint version " + r.metadata_value("version") + " is not supported");
+}
+
+Config checkpoint_config(const std::string& path) {
+    SafetensorsReader r(path);
+    check_format(r, path);
+    return parse_config_json(r.metadata_value("config"), path);
+}
+
+// A metadata value of decimal digits only, at most max
+static uint64_t parse_integer(const SafetensorsReader& r, const std::string& key, const std::string& path,
+                              uint64_t max = (uint64_t)1 << 62) {
+    const std::string s = r.metadata_value(key);
+    const bool digits = !s.empty() && s.size() <= 20 && s.find_first_not_of("0123456789") == std::string::npos;
+    if (digits && (s.size() < 20 || s <= "18446744073709551615")) {
+        const uint64_t v = std::stoull(s);
+        if (v <= max) return v;
+    }
+    throw std::runtime_error(path + ": metadata '" + key + "' is not an integer between 0 and " + std::to_string(max));
+}
+
+void checkpoint_load(const std::string& path, Model& m, AdamWState& opt, TrainState& st) {
+    SafetensorsReader r(path);
+    check_format(r, path);
+    const Comm& comm = *m.comm;
+    for (const ParamTensor& t : m.table.tensors)
+        r.read_range(t.name, DType::F32, whole_shape(t, comm.ep_size), first_in_whole(t, comm), t.numel,
+                     m.params.data() + t.offset);
+    opt = adamw_state(m.shard);
+    for (const OptimizerRange& range : m.shard.ranges) {
+        const ParamTensor& t = m.table.tensors[range.tensor];
+        const int64_t first = first_in_whole(t, comm) + range.first - t.offset;
+        r.read_range("optimizer.m." + t.name, DType::F32, whole_shape(t, comm.ep_size), first, range.count,
+                     opt.m.data() + range.moments);
+        r.read_range("optimizer.v." + t.name, DType::F32, whole_shape(t, comm.ep_size), first, range.count,
+                     opt.v.data() + range.moments);
+    }
+    st.step = parse_integer(r, "step", path);
+    opt.step = parse_integer(r, "optimizer_step", path);
+    st.data_shard = parse_integer(r, "data_shard", path);
+    st.data_position = parse_integer(r, "data_position", path);
+    st.rng_state = parse_integer(r, "rng_state", path, UINT64_MAX);
+    st.data_file = r.metadata_value("data_file");
+    st.data_tokens = parse_integer(r, "data_tokens", path);
+    auto run = r.metadata().find("run");
+    st.run = run == r.metadata().end() ? "" : run->second;
+}
