@@ -28,7 +28,7 @@ static void print_device(const Run& run, const cudaDeviceProp& prop, size_t free
            args.recompute ? " (--recompute: the blocks' inputs, one set per kind of block)" : "",
            plan.expert_rows / gib, plan.scratch / gib, free_before / gib, free_after / gib);
     if (run.peak_flops == 0.0)
-        printf("MFU: %s is not in the peak table (gpu_peak_flops, gpu/memory.cu): not printed\n", prop.name);
+        printf("MFU: %s is not in the peak table (gpu_peak_flops, gpu/model.cu): not printed\n", prop.name);
 }
 
 int main(int argc, char** argv) {

@@ -1,11 +1,8 @@
-// The Comm interface: the collectives the trainers need, over a world of ranks laid out as EP x DP (docs/design.md §2).
-// rank = dp_rank * ep_size + ep_rank: the ranks of one expert-parallel group are consecutive (on one node when
-// ep_size divides the GPUs per node). Backends: one process (comm/comm.cpp) and MPI (comm/mpi_comm.cpp, for
-// train_cpu); the NCCL backend for train.cu builds on the same interface.
-// Buffers are host memory for the single-process and MPI backends; NCCL takes both: device buffers directly,
-// host buffers staged through device memory (copied in, the collective, copied out).
-// Counts are 64-bit everywhere. The MPI backend splits reductions and gathers into pieces MPI's int counts can
-// express; its all-to-all-v counts rows (a row datatype), and a transfer of over 2^31 rows ends the job.
+// The Comm interface (docs/design.md §2): the collectives the trainers need, over world = EP x DP ranks with
+// rank = dp_rank * ep_size + ep_rank. Backends: one process (comm.cpp), MPI for train_cpu (mpi_comm.cpp), NCCL for
+// train (nccl_comm.cu). Buffers are host memory; NCCL also takes device buffers, and stages host ones.
+// Counts are 64-bit. MPI splits reductions and gathers to fit its int counts; its all-to-all-v counts rows, and over
+// 2^31 rows ends the job.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -13,7 +10,7 @@
 
 enum class Group {
     World,           // every rank: replicated parameters (their gradients, optimizer shards), losses, expert loads
-    ExpertParallel,  // the ep_size ranks that together hold all experts: dispatch and combine
+    ExpertParallel,  // the ep_size ranks that together hold all experts: dispatch and return
     DataParallel,    // the dp_size ranks that hold the same experts: expert gradients and optimizer shards
 };
 
@@ -39,9 +36,9 @@ public:
     // order), recv_rows[p] rows arrive from EP rank p (consecutive in recv, rank order).
     virtual void all_to_all_v(const float* send, const int64_t* send_rows, float* recv, const int64_t* recv_rows,
                               int64_t width) = 0;
-    // Over group g, on a buffer of group_size(g) pieces of `piece` values, piece i being the i-th rank's of the group
-    // (the optimizer's shards, model/optimizer.h). reduce_scatter_sum: this rank's piece becomes the sum over the
-    // group of that piece (the others are left undefined). all_gather: every rank's piece is copied to every rank.
+    // Over group g, on group_size(g) pieces of `piece` values, piece i the group's i-th rank's (docs/design.md §8).
+    // reduce_scatter_sum: this rank's piece becomes its sum over the group; the others are left undefined.
+    // all_gather: every rank's piece is copied to every rank.
     virtual void reduce_scatter_sum(float* data, int64_t piece, Group g) = 0;
     virtual void all_gather(float* data, int64_t piece, Group g) = 0;
     // Over the world: root's bytes to everyone.
@@ -59,10 +56,9 @@ bool launched_by_mpi();
 // srun's task count when srun started this process itself (not mpirun or MPI daemons, nor a shell of srun --pty),
 // else 0. Read before MPI_Init, which may set MPI's own variables.
 int srun_tasks();
-// After MPI_Init, given srun_tasks() and MPI's world size: whether this launch cannot work (the caller exits). srun
-// without a PMI plugin that this MPI uses starts N tasks that each see a world of one (MPICH, Intel MPI; Open MPI 4
-// refuses such a start in MPI_Init itself): N copies of rank 0 would train side by side and overwrite each other's
-// checkpoints. Every task exits; the one of SLURM_PROCID 0 says why.
+// After MPI_Init, given srun_tasks() and MPI's world: whether this launch cannot work (every task exits). srun without
+// a PMI plugin this MPI uses starts N tasks that each see a world of one: N copies of rank 0 would overwrite each
+// other's checkpoints. The task of SLURM_PROCID 0 says why.
 bool refuse_launch(int srun_tasks, int world, const char* program);
 // Why the ranks cannot cut the layout, or "": given this rank's --ep and the largest and smallest --ep over the
 // ranks (an all-reduce before anything is cut by it), whether they agree and divide the world.

@@ -1,4 +1,4 @@
-// The MPI Comm for the CPU trainer. Large transfers are split into pieces whose counts fit MPI's int.
+// The MPI Comm for the CPU trainer. Large transfers are split into parts whose counts fit MPI's int.
 #include <mpi.h>
 
 #include <algorithm>
@@ -28,8 +28,7 @@ public:
         int provided = 0;
         const int tasks = srun_tasks();
         check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
-        // errors come back to check_mpi, which names the call (MPI's default handler aborts without a word); the
-        // split communicators inherit it
+        // Errors return to check_mpi, which names the call (the default handler aborts silently); splits inherit it.
         check_mpi(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
         check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &rank), "MPI_Comm_rank");
         check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &world), "MPI_Comm_size");

@@ -1,12 +1,9 @@
-// The NCCL Comm for the GPU trainer: every collective runs on the Comm's CUDA stream and is complete when the call
-// returns. Buffers may be device memory (the GPU model's: used as they are) or host memory (the trainer driver's
-// flags, losses, load counts, grad norm; the tests' whole tensors: staged through a device buffer that grows when
-// needed, and is freed after a transfer that needed over STAGE_KEEP_BYTES, so a large one does not hold device
-// memory for the rest of the run). MPI only bootstraps: rank and world, the ranks on this host (so each rank takes
-// the GPU of its local rank, or the only one it sees, and two ranks never share one), the NCCL unique id, and ending
-// the job on failure. While a collective runs, NCCL's asynchronous errors are watched, so a dead peer ends the job.
-// NCCL 2.28 has no all-to-all-v: it is built from ncclSend/ncclRecv pairs inside one ncclGroupStart/ncclGroupEnd.
-// Run without mpirun it is a one-rank job on GPU 0 that still goes through NCCL.
+// The NCCL Comm for the GPU trainer: every collective runs on the Comm's stream and is complete when the call
+// returns. Device buffers are used as they are; host buffers (the trainer's flags and losses, the tests' tensors)
+// are staged through a device buffer, freed after a transfer over STAGE_KEEP_BYTES. MPI only bootstraps: rank,
+// world, the ranks on this host (each takes its own GPU), the NCCL id, and ending the job on failure. NCCL's
+// asynchronous errors are watched while a collective runs, so a dead peer ends the job. The all-to-all-v is
+// ncclSend/ncclRecv pairs in one group (docs/design.md §2). Without mpirun it is one rank on GPU 0, through NCCL.
 #include <cuda_runtime.h>
 #include <mpi.h>
 #include <nccl.h>
@@ -32,7 +29,7 @@ public:
         if (use_mpi_) {
             const int tasks = srun_tasks();
             check_mpi(MPI_Init(nullptr, nullptr), "MPI_Init");
-            // errors come back to check_mpi, which names the call (MPI's default handler aborts without a word)
+            // Errors return to check_mpi, which names the call (the default handler aborts silently).
             check_mpi(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler");
             check_mpi(MPI_Comm_rank(MPI_COMM_WORLD, &rank), "MPI_Comm_rank");
             check_mpi(MPI_Comm_size(MPI_COMM_WORLD, &world), "MPI_Comm_size");
@@ -99,10 +96,9 @@ public:
         share.splitShare = 1;
         check_nccl(ncclCommSplit(world_comm_, dp_rank, ep_rank, &ep_comm_, &share), "ncclCommSplit(EP)");
         check_nccl(ncclCommSplit(world_comm_, ep_rank, dp_rank, &dp_comm_, &share), "ncclCommSplit(DP)");
-        // NCCL (2.22 on) connects lazily, at the first collective and the first send to each peer, and allocates
-        // device buffers then: a first collective on each communicator and a first send to each EP peer, here, take
-        // most of that out of the free memory the GPU model then plans with (other algorithms and protocols may
-        // still connect later; NCCL_RUNTIME_CONNECT=0 has NCCL connect everything at init).
+        // NCCL (2.22 on) connects lazily and allocates device buffers then. One collective per communicator and one
+        // send to each EP peer, here, take most of that before the GPU model plans its memory.
+        // NCCL_RUNTIME_CONNECT=0 would connect everything at init.
         double one = 1.0;
         for (Group g : {Group::World, Group::ExpertParallel, Group::DataParallel}) all_reduce_sum(&one, 1, g);
         std::vector<int64_t> counts(ep_size, 0), received(ep_size);
@@ -215,10 +211,9 @@ private:
         return g == Group::World ? world_comm_ : g == Group::ExpertParallel ? ep_comm_ : dp_comm_;
     }
 
-    // Runs collective(dev_in, dev_out) on device addresses for the caller's buffers in (in_bytes) and out
-    // (out_bytes; in == out: in place), then waits for the stream. A device buffer is passed as it is; a host one
-    // (pageable or pinned) is replaced by a slice of the staging buffer: in copied there before, out copied back
-    // after, on the Comm's stream. Empty buffers are never dereferenced (they may be null).
+    // Runs collective(dev_in, dev_out) for the caller's in and out (in == out: in place), then waits for the stream.
+    // A host buffer, pageable or pinned, is replaced by a slice of the staging buffer, copied in before and out after.
+    // Empty buffers may be null and are never dereferenced.
     template <typename Collective>
     void on_device(const void* in, size_t in_bytes, void* out, size_t out_bytes, Collective collective) {
         const bool in_place = in == out;
@@ -284,9 +279,8 @@ private:
         return "";
     }
 
-    // Before NCCL exists. The GPUs are counted per host, so some ranks may find a problem and others not: the
-    // ranks agree on the first rank with one, which says what is wrong, and every rank exits 1 (a rank that left
-    // alone would leave the others waiting in the next collective).
+    // Before NCCL exists. Some ranks may find a problem and others not, so the ranks agree on the first with one,
+    // which says what is wrong, and all exit 1: a rank leaving alone would leave the others waiting.
     void agree_on_setup(const std::string& error) {
         int first = error.empty() ? world : rank;
         if (use_mpi_) check_mpi(MPI_Allreduce(MPI_IN_PLACE, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD), "setup");

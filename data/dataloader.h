@@ -1,12 +1,8 @@
-// Batches of (inputs, targets) for one rank of a data-parallel job, read from llm.c token shards, with
-// llm.c's exact semantics: at global position p in the current shard, rank r takes the B*T+1 tokens from
-// p + r*B*T (inputs = the first B*T, targets = the same window shifted by one), then p += B*T*world; when
-// the next step would run past the shard (p + B*T*world + 1 > its tokens), move to the next shard (wrapping
-// to the first) at p = 0. So N ranks with batch B/N see exactly the rows of 1 rank with batch B.
-// Construction reads every shard's 1 KiB header (checking each file's size against it) and loads the first
-// shard; the loader holds one shard in memory, read when it becomes current, and checks its tokens against
-// the vocabulary then. The state (shard, position, and the shard's file name and size to detect changed data)
-// is saved in checkpoints and restored to resume the same token stream.
+// Batches (inputs, targets) for one rank, from llm.c token shards with llm.c's semantics. At position p of the
+// shard, rank r takes the B*T+1 tokens from p + r*B*T (targets: inputs shifted by one), then p += B*T*world. When
+// the next step would pass the shard's end (p + B*T*world + 1 > its tokens), the next shard starts at p = 0,
+// wrapping. So N ranks of batch B/N see the rows of 1 rank of batch B. One shard is in memory, its tokens checked
+// against the vocabulary when read. The state (shard, position, file name and size) goes into checkpoints.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -21,12 +17,10 @@ struct DataLoaderState {
 
 class DataLoader {
 public:
-    // Throws if no file matches, a shard's header or file size is bad, or a shard holds fewer than
-    // B*T*world+1 tokens. vocab_size > 0: loading a shard that holds a token >= vocab_size throws.
-    // Loads the first shard.
+    // Reads every shard's header and loads the first. Throws if no file matches, a header or file size is bad, a
+    // shard holds fewer than B*T*world+1 tokens, or (vocab_size > 0) a loaded shard holds a token >= vocab_size.
     DataLoader(const std::string& pattern, int B, int T, int rank, int world, uint32_t vocab_size = 0);
-    // Each B*T: targets[i] = the token after inputs[i]. Reads the next shard when it comes up, so may throw
-    // its read or vocabulary errors.
+    // B*T each; targets[i] is the token after inputs[i]. May read the next shard, and throw its errors.
     void next_batch(int32_t* inputs, int32_t* targets);
     void reset();  // first shard, position 0
     DataLoaderState state() const;

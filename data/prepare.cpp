@@ -1,10 +1,8 @@
-// prepare_data: turns text into what the trainers read. Reads documents (text files, directories of files,
-// .jsonl with one JSON object per line), splits each document into train (the first 1-F of its bytes) and
-// validation (the rest, from the next whitespace), trains a byte-level BPE tokenizer on the train text (or
-// loads one), and writes DIR/tokenizer.bin and the tokens as llm.c shards of at most --shard-tokens tokens each,
-// DIR/train_000000.bin, train_000001.bin, ... and DIR/val_000000.bin, ... Every file is written under a temporary
-// name first and renamed only when all are written, so a failed run leaves the previous outputs as they were, and
-// shards of an earlier, longer run are removed.
+// prepare_data: text to what the trainers read. Reads documents (text files, directories, .jsonl of JSON objects),
+// splits each into train (its first 1-F bytes) and validation (the rest, from the next whitespace), trains a
+// byte-level BPE tokenizer on the train text (or loads one), and writes DIR/tokenizer.bin and llm.c shards
+// DIR/train_000000.bin, ... and DIR/val_000000.bin, ... Each file is written under a temporary name and renamed
+// once all are written, so a failed run leaves the previous outputs; an earlier run's extra shards are removed.
 #include "data/shards.h"
 #include "data/tokenizer.h"
 #include "model/config.h"
@@ -112,8 +110,7 @@ static void read_file_documents(const std::string& path, const std::string& text
         nlohmann::json object;
         try {
             object = nlohmann::json::parse(line);
-        } catch (const nlohmann::json::exception& e) {  // e.g. "... column 15: ... ill-formed UTF-8 byte ...", or a
-                                                        // number beyond a double; the reason without the line's text
+        } catch (const nlohmann::json::exception& e) {  // the reason (ill-formed UTF-8...), not the line's text
             std::string why = e.what();
             why = why.substr(why.find("] ") == std::string::npos ? 0 : why.find("] ") + 2);
             why = why.substr(0, why.find("; last read:"));
@@ -209,7 +206,6 @@ static void run(const Options& opt) {
         snprintf(fraction, sizeof fraction, "%g", opt.val_fraction);
         throw std::runtime_error(std::string("no validation text: the documents are too short for --val-fraction ") + fraction);
     }
-
     Tokenizer tok = opt.tokenizer_path.empty() ? Tokenizer::train(train_text, opt.vocab) : Tokenizer::load(opt.tokenizer_path);
     if (!opt.tokenizer_path.empty() && opt.vocab_given && opt.vocab != tok.vocab_size())
         throw std::runtime_error("--vocab " + std::to_string(opt.vocab) + " disagrees with " + opt.tokenizer_path +
@@ -230,7 +226,6 @@ static void run(const Options& opt) {
     fs::rename(tokenizer_out + ".new", tokenizer_out);
     publish(opt.out_dir, "train", train_out);
     publish(opt.out_dir, "val", val_out);  // with --val-fraction 0: no stale validation shards
-
     printf("prepare_data: %zu documents, %zu bytes\n", docs.size(), total_bytes);
     std::string source = opt.tokenizer_path.empty() ? "trained" : "from " + opt.tokenizer_path;
     printf("tokenizer: vocab %d (%s) -> %s\n", tok.vocab_size(), source.c_str(), tokenizer_out.c_str());

@@ -63,9 +63,8 @@ static void merge_pair(std::vector<uint32_t>& ids, uint32_t left, uint32_t right
     ids.resize(out);
 }
 
-// The longest token load() takes (far above MAX_CHUNK_BYTES, for files trained before chunks were cut) and the most
-// bytes all tokens may take: they bound what a corrupt file can make load() allocate (a token merged with itself
-// doubles, 40 such merges would ask for a terabyte). train() stays within both, so what it saves loads.
+// The longest token and the most bytes of all tokens load() takes: they bound what a corrupt file can make it
+// allocate (a token merged with itself doubles; 40 such merges ask for a terabyte). train() stays within both.
 constexpr size_t MAX_TOKEN_BYTES = 1 << 16, MAX_TOKENIZER_BYTES = 1 << 28;
 
 Tokenizer::Tokenizer() {
@@ -114,7 +113,6 @@ Tokenizer Tokenizer::train(const std::string& text, int vocab_size) {
         heap(lower_priority);
     for (const auto& kv : pair_counts) heap.push({kv.second, kv.first});
     std::unordered_map<uint64_t, int64_t> delta;  // the pair count changes of one merge
-
     Tokenizer tok;
     size_t total_bytes = 256;
     while (tok.vocab_size() < vocab_size) {

@@ -1,6 +1,6 @@
-// The GPU model's memory: what the kernels need of the device, the layout of every buffer (carved from a few
-// allocations with model/arena.h, the same code counting for the memory plan and carving for init), allocation and
-// release, and the weights' BF16 and FP8 copies.
+// The GPU model's memory: what the kernels need of the device, the layout of every buffer, allocation and release,
+// and the weights' BF16 and FP8 copies. Each layout is carved with model/arena.h: the same code counts for the
+// memory plan and carves for init.
 #include "gpu/model.h"
 
 #include <algorithm>
@@ -33,8 +33,7 @@ static int64_t bytes_of(const std::function<void(Arena&)>& carve) {
 
 // ---- the weights' copies ------------------------------------------------------------------------------------
 
-// FP8 mode's weights: the linear layers inside the blocks (every self_attn.*_proj* and mlp.*_proj weight), as the
-// CPU's Precision::FP8; not the router (mlp.gate), the embedding, the head or the MTP projection (eh_proj).
+// FP8 mode's weights: the linear layers inside the blocks, as the CPU's Precision::FP8 (not the router mlp.gate).
 static bool fp8_linear(const ParamTensor& t) {
     const std::string& n = t.name;
     const bool in_block = n.find(".self_attn.") != std::string::npos || n.find(".mlp.") != std::string::npos;
@@ -85,14 +84,11 @@ void keep_bf16(GpuModel& m, __nv_bfloat16* copy16, const float* src, int64_t n) 
 static void check_fp8_widths(const Config& c) {
     const int64_t H = c.num_attention_heads, dqk = c.qk_head_dim(), dn = c.qk_nope_head_dim, dv = c.v_head_dim;
     const std::vector<std::pair<const char*, int64_t>> widths{
-        {"hidden_size", c.hidden_size},
-        {"q_lora_rank", c.q_lora_rank},
-        {"kv_lora_rank", c.kv_lora_rank},
+        {"hidden_size", c.hidden_size}, {"q_lora_rank", c.q_lora_rank}, {"kv_lora_rank", c.kv_lora_rank},
         {"kv_lora_rank + qk_rope_head_dim", (int64_t)c.kv_lora_rank + c.qk_rope_head_dim},
         {"num_attention_heads x (qk_nope_head_dim + qk_rope_head_dim)", H * dqk},
         {"num_attention_heads x (qk_nope_head_dim + v_head_dim)", H * (dn + dv)},
-        {"num_attention_heads x v_head_dim", H * dv},
-        {"intermediate_size", c.intermediate_size},
+        {"num_attention_heads x v_head_dim", H * dv}, {"intermediate_size", c.intermediate_size},
         {"moe_intermediate_size", c.moe_intermediate_size},
         {"n_shared_experts x moe_intermediate_size", (int64_t)c.n_shared_experts * c.moe_intermediate_size}};
     for (const auto& [name, width] : widths)
@@ -107,9 +103,8 @@ static bool bf16_attention(const Config& c, bool bf16) {
     return gpu::attention_on_tensor_cores(bf16 ? Precision::BF16 : Precision::FP32, c.qk_head_dim(), c.v_head_dim);
 }
 
-// Ampere or newer (BF16 tensor cores, cp.async, ldmatrix: the build's PTX is compute_80); the tensor-core
-// attention's shared memory (99 KiB a block on sm_86 and sm_89, 163 on sm_80, 227 on Hopper); for FP8, Hopper
-// (cuBLASLt's 128-block scaled FP8 GEMMs are sm_90's).
+// Ampere or newer (the build's PTX is compute_80); the tensor-core attention's shared memory (99 KiB a block on
+// sm_86 and sm_89); for FP8, Hopper (cuBLASLt's block-scaled FP8 GEMMs are sm_90's).
 static void check_device(const Config& c, Precision p) {
     int device = 0;
     cudaDeviceProp prop;
@@ -244,18 +239,14 @@ static void carve_activations(Arena& ar, GpuModel& m, const Config& c, bool bf16
     m.target_rows.packed = ar.take<int32_t>(mtp * (3 * N + 1));
 }
 
-static int64_t ffn_width(const Config& c, int layer) {
-    return c.is_moe_layer(layer) ? (int64_t)c.n_shared_experts * c.moe_intermediate_size : c.intermediate_size;
-}
-
 static Scratch carve_scratch(Arena& ar, const Config& c, bool bf16, int B, int T, int64_t head_rows) {
     const int64_t N = (int64_t)B * T, d = c.hidden_size, V = c.vocab_size, H = c.num_attention_heads;
     const int64_t dqk = c.qk_head_dim(), dn = c.qk_nope_head_dim, dv = c.v_head_dim, dr = c.qk_rope_head_dim;
     const int64_t qr = c.q_lora_rank, kr = c.kv_lora_rank, E = c.n_routed_experts, k = c.num_experts_per_tok;
     const int64_t mtp = c.num_nextn_predict_layers > 0 ? 1 : 0, b16 = bf16 ? 1 : 0;
-    int64_t width = 0;
-    for (int l = 0; l < c.num_blocks(); l++) width = std::max(width, ffn_width(c, l));
     const bool moe = c.first_k_dense_replace < c.num_blocks();
+    const int64_t width = std::max<int64_t>(moe ? (int64_t)c.n_shared_experts * c.moe_intermediate_size : 0,
+                                            c.first_k_dense_replace > 0 ? c.intermediate_size : 0);  // the widest FFN
     Scratch s;
     s.dlogits = ar.take<float>((1 - b16) * head_rows * V);
     s.dlogits16 = ar.take<__nv_bfloat16>(b16 * head_rows * V);
@@ -330,10 +321,9 @@ ExpertScratch expert_scratch_of(const GpuModel& m) {
     return carve_expert_scratch(ar, m.config, m.comm->ep_size, m.expert_scratch_rows);
 }
 
-// The largest operands the BF16 GEMM calls cast, for N tokens and the routed experts' R rows, and those the FP8
-// calls quantize: output gradients (rows x N), except the logits', which the cross-entropy writes in BF16; no BF16
-// inputs (the model passes every GEMM input's BF16 copy); FP8 inputs (rows x K) of the blocks' linear layers. The
-// experts' rows count the weight gradient's padding of each expert's rows to 16 (kernels/matmul.cuh).
+// The largest operands the GEMM calls cast to BF16 or quantize to FP8, for N tokens and R expert rows: output
+// gradients (not the logits', which come in BF16) and FP8 inputs. No BF16 inputs: the model keeps their copies.
+// The experts' rows count the padding of each expert's rows to 16 (kernels/matmul.cuh).
 static gpu::MatmulCasts cast_elements(const Config& c, int64_t N, int64_t R) {
     const int64_t d = c.hidden_size, H = c.num_attention_heads, width = std::max<int64_t>(
         c.intermediate_size, (int64_t)c.n_shared_experts * c.moe_intermediate_size);
@@ -370,9 +360,8 @@ void ensure_expert_rows(GpuModel& m, GpuMoEActs& a, int64_t R) {
     gpu::matmul_reserve(m.matmul, cast_elements(c, (int64_t)m.max_B * m.T, R));
 }
 
-// The device tables of the shard's AdamW update and gradient norm: its packed ranges (6 R + 2 int64), the ranges'
-// squared norms (R doubles) and the norm's chunk partials. Bounded alike on every rank: a shard has at most two
-// ranges per tensor (its piece's and its tail's), and the norm at most one chunk per range more than the table's.
+// The device tables of the shard's AdamW and norm: its packed ranges (6 R + 2 int64), each range's squared norm and
+// the norm's chunk partials. Bounded alike on every rank: at most two ranges per tensor (a piece's and a tail's).
 static int64_t optimizer_table_bytes(const ParamTable& table) {
     const int64_t ranges = 2 * (int64_t)table.tensors.size();
     const int64_t chunks = (table.total + GRAD_NORM_CHUNK - 1) / GRAD_NORM_CHUNK + ranges;
@@ -393,7 +382,8 @@ GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, int world, Precision
     GpuMemoryPlan plan;
     const bool bf16 = p != Precision::FP32;
     std::map<int64_t, Fp8Tensor> counted;
-    if (p == Precision::FP8) plan.fp8_weights = bytes_of([&](Arena& ar) { carve_fp8_weights(ar, table, nullptr, counted); });
+    if (p == Precision::FP8)
+        plan.fp8_weights = bytes_of([&](Arena& ar) { carve_fp8_weights(ar, table, nullptr, counted); });
     plan.params = total * 4 + (bf16 ? total * 2 : 0) + plan.fp8_weights;
     plan.grads = total * 4;
     plan.optimizer = optimizer_shard(table, world, 0, world / ep_size, 0).moments * 8;
@@ -420,8 +410,7 @@ static void allocate(GpuModel& m, const Config& c, Comm& comm, Precision p, int 
     m.precision = p;
     m.table = build_param_table(c, comm.ep_size);
     m.shard = optimizer_shard(m.table, comm);
-    m.max_B = B;
-    m.B = B;
+    m.max_B = m.B = B;
     m.T = T;
     CUDA_CHECK(cudaStreamCreate(&m.stream));
     m.timer.stream = m.stream;
@@ -452,8 +441,8 @@ static void allocate(GpuModel& m, const Config& c, Comm& comm, Precision p, int 
     if ((int64_t)packed_ranges.size() * 8 + (m.shard_ranges.ranges + m.shard_ranges.chunks) * 8 > table_bytes)
         throw std::runtime_error("internal error: the optimizer shard's ranges exceed their bound");
     CUDA_CHECK(cudaMemcpy(ranges, packed_ranges.data(), packed_ranges.size() * 8, cudaMemcpyHostToDevice));
-    m.norm_slots = reinterpret_cast<double*>(ranges + packed_ranges.size());
-    m.norm_partials = m.norm_slots + m.shard_ranges.ranges;
+    m.range_norms_device = reinterpret_cast<double*>(ranges + packed_ranges.size());
+    m.norm_partials = m.range_norms_device + m.shard_ranges.ranges;
     gpu::matmul_create(m.matmul, m.stream, bf16 ? cast_elements(c, N, 0) : gpu::MatmulCasts{}, p == Precision::FP8);
     m.expert_counts.assign(c.num_blocks(), {});
     for (int l = 0; l < c.num_blocks(); l++)
@@ -507,19 +496,4 @@ void gpu_model_free(GpuModel& m) {
     gpu::matmul_destroy(m.matmul);
     if (m.stream) CUDA_CHECK(cudaStreamDestroy(m.stream));
     m = GpuModel();
-}
-
-double gpu_peak_flops(const cudaDeviceProp& prop) {
-    // dense BF16 tensor-core peaks from NVIDIA's datasheets (FLOP/s, without sparsity)
-    const std::string name = prop.name;
-    auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
-    if (has("GB200")) return 2500e12;  // before B200, which its name contains
-    if (has("B200")) return 2250e12;
-    if (has("H200") && has("NVL")) return 835.5e12;
-    if (has("H200")) return 989.4e12;
-    if (has("H100") && has("PCIe")) return 756.5e12;
-    if (has("H100") && has("NVL")) return 835.5e12;
-    if (has("H100")) return 989.4e12;
-    if (has("A100")) return 312e12;  // SXM and PCIe, 40 and 80 GB
-    return 0.0;
 }

@@ -1,5 +1,5 @@
 // The GPU model's forward and backward, the optimizer's steps and the host <-> device copies (model/model.cpp step
-// for step). Everything runs on m.stream; the grouped GEMMs fork onto the Matmul's lanes and join back into it.
+// for step). Everything runs on m.stream; the grouped GEMMs fork onto the Matmul's streams and join back.
 #include "gpu/model.h"
 
 #include <algorithm>
@@ -319,9 +319,9 @@ void gpu_model_reduce_grads(GpuModel& m) {
 
 double gpu_model_grad_norm(GpuModel& m) {
     const std::vector<OptimizerRange>& ranges = m.shard.ranges;
-    gpu::range_norms_squared(m.norm_slots, m.shard_ranges, m.grads, m.norm_partials, m.stream);
+    gpu::range_norms_squared(m.range_norms_device, m.shard_ranges, m.grads, m.norm_partials, m.stream);
     m.range_norms.resize(ranges.size());
-    CUDA_CHECK(cudaMemcpyAsync(m.range_norms.data(), m.norm_slots, ranges.size() * sizeof(double),
+    CUDA_CHECK(cudaMemcpyAsync(m.range_norms.data(), m.range_norms_device, ranges.size() * sizeof(double),
                                cudaMemcpyDeviceToHost, m.stream));
     sync(m);
     double sum = 0.0;  // as model_grad_norm
@@ -428,4 +428,19 @@ void RegionTimer::release() {
     for (cudaEvent_t e : pool) CUDA_CHECK(cudaEventDestroy(e));
     marks.clear();
     pool.clear();
+}
+
+double gpu_peak_flops(const cudaDeviceProp& prop) {
+    // dense BF16 tensor-core peaks from NVIDIA's datasheets (FLOP/s, without sparsity)
+    const std::string name = prop.name;
+    auto has = [&](const char* s) { return name.find(s) != std::string::npos; };
+    if (has("GB200")) return 2500e12;  // before B200, which its name contains
+    if (has("B200")) return 2250e12;
+    if (has("H200") && has("NVL")) return 835.5e12;
+    if (has("H200")) return 989.4e12;
+    if (has("H100") && has("PCIe")) return 756.5e12;
+    if (has("H100") && has("NVL")) return 835.5e12;
+    if (has("H100")) return 989.4e12;
+    if (has("A100")) return 312e12;  // SXM and PCIe, 40 and 80 GB
+    return 0.0;
 }

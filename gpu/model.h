@@ -96,10 +96,10 @@ struct GpuModel {
     void* expert_scratch = nullptr;  // the routed experts' backward buffers, grown with the largest layer
     int64_t expert_scratch_rows = 0;
     std::vector<std::vector<int64_t>> expert_counts;  // host, as Model::expert_counts
-    gpu::ShardRanges shard_ranges;                    // the shard's ranges on the device (kernels/shard_ranges.h)
-    void* optimizer_tables = nullptr;                 // device: shard_ranges' table, norm_slots, norm_partials
-    double *norm_slots = nullptr, *norm_partials = nullptr;  // each range's squared norm; the norm's chunk partials
-    std::vector<double> range_norms;                  // host copy of norm_slots
+    gpu::ShardRanges shard_ranges;     // the shard's ranges on the device (kernels/shard_ranges.h)
+    void* optimizer_tables = nullptr;  // the allocation of shard_ranges' table and the two below
+    double *range_norms_device = nullptr, *norm_partials = nullptr;  // each range's squared norm; chunk partials
+    std::vector<double> range_norms;   // host copy of range_norms_device
     RegionTimer timer;
 };
 

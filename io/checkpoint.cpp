@@ -23,8 +23,7 @@ std::string checkpoint_path(const std::string& dir, int64_t step) {
     return dir + name;
 }
 
-// The checkpoints in dir by step, oldest first (a temporary file being written, ckpt_STEP.safetensors.tmp.ID, is
-// not one)
+// The checkpoints in dir by step, oldest first; a temporary file (ckpt_STEP.safetensors.tmp.ID) is not one.
 static std::map<long long, std::string> checkpoints_in(const std::string& dir) {
     std::map<long long, std::string> found;
     DIR* d = opendir(dir.c_str());
@@ -54,8 +53,7 @@ void checkpoint_prune(const std::string& dir, int keep, int64_t written) {
                     it->second.c_str(), strerror(errno));
 }
 
-// A tensor of the table whole, as in the file (an expert shard's rows are the ep_size shards' rows), and where
-// this rank's values of it start there
+// A table tensor's shape in the file (an expert tensor with all E experts), and where this rank's values start.
 static std::vector<int64_t> whole_shape(const ParamTensor& t, int ep_size) {
     std::vector<int64_t> shape = t.shape;
     if (t.expert_shard) shape[0] *= ep_size;
@@ -65,8 +63,8 @@ static int64_t first_in_whole(const ParamTensor& t, const Comm& comm) {
     return t.expert_shard ? comm.ep_rank * t.numel : 0;
 }
 
-// The file's tensors in order, every parameter and then each trainable one's two moments, and where those of table
-// tensor i start in the data section (bytes): params[i], m[i], v[i].
+// The file's tensors in order: every parameter, then each trainable one's two moments. params[i], m[i] and v[i] are
+// where table tensor i's start in the data section, in bytes.
 struct FileLayout {
     std::vector<TensorView> views;  // no data: for the header
     std::vector<uint64_t> params, m, v;
@@ -155,8 +153,8 @@ CheckpointWrite checkpoint_begin(const std::string& dir, const Model& m, const A
     CheckpointWrite w;
     w.step = st.step;
     w.path = checkpoint_path(dir, st.step);
-    // from rank 0: where the data section starts, and an ID for the temporary file's name that no earlier write used
-    // (where the directory is not one file system for all ranks, the others then find no file instead of a stale one)
+    // From rank 0: where the data section starts, and a new ID for the temporary file's name. Ranks that do not
+    // share the directory then find no file rather than a stale one.
     int64_t shared[2] = {0, 0};
     if (comm.rank == 0) {
         const std::string header = safetensors_header(layout.views, checkpoint_metadata(m, opt, st));
@@ -181,7 +179,7 @@ CheckpointWrite checkpoint_begin(const std::string& dir, const Model& m, const A
     auto add = [&](uint64_t begin, const ParamTensor& t, int64_t first, const float* values, int64_t count) {
         w.parts.push_back({data + begin + 4 * (uint64_t)(first_in_whole(t, comm) + first), values, count});
     };
-    // outside the optimizer: rank 0's replicated tensors, data-parallel replica 0's expert shards
+    // Outside the optimizer: replicated tensors from rank 0, expert tensors from dp_rank 0.
     for (size_t i = 0; i < m.table.tensors.size(); i++) {
         const ParamTensor& t = m.table.tensors[i];
         if (!t.trainable && (t.expert_shard ? comm.dp_rank == 0 : comm.rank == 0))

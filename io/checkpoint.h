@@ -1,12 +1,7 @@
-// Training checkpoints: one safetensors file per save, DIR/ckpt_STEP.safetensors (STEP zero-padded to 8 digits),
-// holding every parameter under its table name (bias buffers included), the AdamW moments as
-// optimizer.m.NAME / optimizer.v.NAME, and in the metadata the config, the step, the data position and the RNG.
-// Written to a temporary file and renamed, so a crash never destroys the last good checkpoint. Tensors are always
-// whole, so the file does not depend on the number of ranks, and every rank writes its own values into it: those of
-// its optimizer pieces (model/optimizer.h: weights and both moments), rank 0 also the tensors outside the
-// optimizer (the router biases). No rank gathers another's values, the host keeps a rank's moments alone, and
-// the ranks' write bandwidths add up. The directory must be one file system for all ranks (as Megatron's and
-// torchtitan's distributed checkpoints require): a shared one across nodes.
+// Training checkpoints (docs/design.md §9): DIR/ckpt_STEP.safetensors, every parameter whole under its table name,
+// the AdamW moments as optimizer.m.NAME and optimizer.v.NAME, and the config, step, data position and RNG in the
+// metadata. Every rank writes its owned ranges into the one file, which does not depend on the layout, and a rename
+// commits it. The directory must be one file system for all ranks.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -22,8 +17,7 @@ struct TrainState {
     std::string data_file;      // that shard's file name and token count: a resume on changed data is refused
     int64_t data_tokens = 0;
     uint64_t rng_state = 0;
-    std::string run;            // the run's schedule and batch, e.g. "lr=0.003 warmup=40 steps=400 ...", to
-                                // warn when a resume changes them
+    std::string run;            // the schedule and batch ("lr=0.003 warmup=40 ..."): a resume notes a change
 };
 
 std::string checkpoint_path(const std::string& dir, int64_t step);
@@ -32,8 +26,8 @@ std::string checkpoint_find_latest(const std::string& dir);
 // Removes all but the newest `keep` checkpoints in dir up to step `written` (the one just written; later ones belong
 // to another run and stay, as do other files). One that cannot go is named on stderr: the new one is safe already.
 void checkpoint_prune(const std::string& dir, int keep, int64_t written);
-// checkpoint_begin, checkpoint_write_part, checkpoint_commit: collective over m.comm (opt: this rank's moments). For
-// one process and tests: a rank whose part fails throws while the others wait (the trainer agrees on errors first).
+// checkpoint_begin, checkpoint_write_part and checkpoint_commit, collective over m.comm. For one process and tests:
+// a rank whose part fails throws while the others wait (the trainer agrees on errors first).
 void checkpoint_save(const std::string& dir, const Model& m, const AdamWState& opt, const TrainState& st);
 
 // This rank's part of a checkpoint being written.
@@ -48,23 +42,20 @@ struct CheckpointWrite {
     std::vector<Part> parts;
     std::vector<float> copies;  // with copies: the parts' values, which they point into
 };
-// Collective: rank 0 creates the temporary file, its header and its full length (and removes the temporary files
-// of writes that never finished: one write at a time per directory); returns this rank's parts. copies: the
-// parts own their values, so the model may train on while they are written (--async-checkpoint: 12 bytes per value
-// of this rank's optimizer pieces meanwhile).
+// Collective: rank 0 creates the temporary file with its header at full length, and removes those of unfinished
+// writes (one write at a time per directory). Returns this rank's parts. copies: the parts own their values, so
+// training may go on while they are written (--async-checkpoint: 12 bytes per owned value).
 CheckpointWrite checkpoint_begin(const std::string& dir, const Model& m, const AdamWState& opt, const TrainState& st,
                                  bool copies);
 // This rank's part, on any thread: written into the temporary file and synced. Throws naming the file.
 void checkpoint_write_part(const CheckpointWrite& w);
 // Collective, once every rank's part is written: rank 0 renames the temporary file to the checkpoint.
 void checkpoint_commit(const CheckpointWrite& w, Comm& comm);
-// Collective, before training: rank 0 creates dir if needed and a file in it, and every rank looks for it, so that
-// ranks that do not share the directory find out at the start instead of at the first checkpoint. Returns this
-// rank's error, or "".
+// Collective, before training: rank 0 creates dir and a probe file, which every rank must see, so ranks that do not
+// share the directory fail at the start. Returns this rank's error, or "".
 std::string checkpoint_check_dir(const std::string& dir, Comm& comm);
 // The config stored in a checkpoint (throws std::runtime_error on a foreign or damaged file).
 Config checkpoint_config(const std::string& path);
-// Loads into a model built with model_init(checkpoint_config(path), comm); each rank reads its own experts and the
-// moments of its optimizer shard (opt = adamw_state(m.shard)), so a checkpoint saved with any EP x DP layout loads
-// into any other. Throws naming the file and tensor on mismatch.
+// Loads into a model built by model_init(checkpoint_config(path), comm). Each rank reads its experts and the moments
+// of its ranges, so any EP x DP layout loads any other. Throws naming the file and tensor on a mismatch.
 void checkpoint_load(const std::string& path, Model& m, AdamWState& opt, TrainState& st);

@@ -1,9 +1,6 @@
-// Hugging Face checkpoint export and import (see hf_checkpoint.h).
-// The list of tensors as Hugging Face names them (hf_tensors) is the one thing both directions share: each entry
-// is a name, a shape and a contiguous range of the parameter buffer (a routed expert is slice E of our stacked
-// [E, out, in] tensor, so it is contiguous too). Export writes that list with safetensors_write (each tensor
-// straight from the buffer, or converted to BF16 by it chunk by chunk); import reads the same list through
-// SafetensorsReader after checking every entry against the file headers.
+// Hugging Face export and import (see hf.h). Both directions share one list, hf_tensors: each entry a published
+// name, a shape and a contiguous range of the parameter buffer (a routed expert is a slice of its stacked tensor).
+// Export writes it with safetensors_write; import checks it against the files' headers, then reads it.
 #include "io/hf.h"
 
 #include <memory>
@@ -28,8 +25,8 @@ struct HFTensor {
     bool keep_f32;          // e_score_correction_bias: always written in F32
 };
 
-// Every parameter under its Hugging Face name, in table order; stacked experts become one tensor per expert (all
-// n_routed_experts of them: those of other expert-parallel ranks too, with offset -1).
+// Every parameter under its Hugging Face name, in table order. A stacked tensor becomes one tensor per expert, all E
+// of them; those of other EP ranks have offset -1.
 std::vector<HFTensor> hf_tensors(const Model& m) {
     const std::string stacked = ".mlp.experts.";
     const int64_t ep_rank = m.comm->ep_rank;
@@ -40,7 +37,7 @@ std::vector<HFTensor> hf_tensors(const Model& m) {
             out.push_back({t.name, t.shape, t.offset, t.numel, !t.trainable});
             continue;
         }
-        // model.layers.N.mlp.experts.gate_proj.weight [E, o, i] -> model.layers.N.mlp.experts.E.gate_proj.weight [o, i]
+        // model.layers.N.mlp.experts.gate_proj.weight (E, o, i) -> ...mlp.experts.E.gate_proj.weight (o, i)
         const std::string head = t.name.substr(0, at + stacked.size()), tail = t.name.substr(at + stacked.size());
         const int64_t n = t.shape[1] * t.shape[2], local = t.shape[0], first = ep_rank * local;
         for (int64_t e = 0; e < m.config.n_routed_experts; e++) {

@@ -73,8 +73,8 @@ public:
     const TensorInfo& info(const std::string& name) const;  // throws naming the missing tensor
     // Reads a tensor into out, checking dtype and shape; throws naming the tensor on a mismatch.
     void read(const std::string& name, DType dtype, const std::vector<int64_t>& shape, void* out) const;
-    // Reads values [first, first + count) of a tensor of shape full_shape, in its row-major order (one rank's
-    // experts, one rank's optimizer pieces).
+    // Reads values [first, first + count) of a tensor of shape full_shape, in row-major order (one rank's experts,
+    // or one range).
     void read_range(const std::string& name, DType dtype, const std::vector<int64_t>& full_shape, int64_t first,
                     int64_t count, void* out) const;
     std::string metadata_value(const std::string& key) const;  // throws when absent

@@ -1,16 +1,12 @@
-// AdamW on FP32 master weights and the global gradient norm, FP32 / FP64 (docs/design.md §1.4), exactly the update of
-// model/optimizer.cpp. For step t (1-based), gradient g = grad * grad_multiplier (the clip factor):
+// AdamW on the FP32 master weights, and the gradient norm (docs/design.md §1.4, §8): model/optimizer.cpp's update.
+// For step t from 1, g = grad * grad_multiplier (the clip factor), decay = 0 for tensors without weight decay:
 //   m = b1 m + (1-b1) g;   v = b2 v + (1-b2) g^2
 //   p -= lr (m / (1-b1^t) / (sqrt(v / (1-b2^t)) + eps) + decay p)
-// decay is oc.weight_decay for tensors with weight_decay set and 0 otherwise; tensors that are not trainable
-// (e_score_correction_bias) are skipped, and of the others only this rank's shard is updated (model/optimizer.h).
-// With a BF16 working copy of the weights (--dtype bf16: what the GEMMs read) the update writes the new value's
-// rounding there too, in the same pass (no second read of the parameters). One launch for all the shard's ranges
-// (kernels/shard_ranges.h: a block per piece of ADAMW_BLOCK_VALUES values of one range).
-// Gradient norm: the sum of g^2 of each range, accumulated in double. Deterministic two passes: one block per
-// fixed chunk of GRAD_NORM_CHUNK values of a range writes its partial sum, then one block per range sums that
-// range's partials. The chunking depends only on the ranges. The squares (double)g * g are exact in double, so
-// only the order of the additions differs from the CPU.
+// One launch updates this rank's ranges (kernels/shard_ranges.h). With a working copy it also writes the new
+// value's BF16 rounding, in the same pass.
+// Norm: each range's sum of g^2 in double, in two fixed passes: a thread block per chunk of GRAD_NORM_CHUNK values
+// writes a partial, then a thread block per range sums its partials. (double)g * g is exact, so only the order of
+// the additions differs from the CPU.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -23,8 +19,8 @@ namespace gpu {
 
 constexpr int ADAMW_THREADS = 256, GRAD_NORM_THREADS = 512;
 
-// The range whose pieces include piece b: the largest r with starts[r] <= b (starts: R + 1 prefix sums, b below
-// the last; empty ranges, whose start equals the next one's, are passed over)
+// The range that holds piece b: the largest r with starts[r] <= b. starts: R + 1 prefix sums, b < starts[R].
+// An empty range starts where the next one does, so it is never chosen.
 __device__ inline int64_t range_of_piece(const int64_t* starts, int64_t R, int64_t b) {
     int64_t low = 0, high = R - 1;
     while (low < high) {
@@ -37,7 +33,7 @@ __device__ inline int64_t range_of_piece(const int64_t* starts, int64_t R, int64
     return low;
 }
 
-// one block per piece of ADAMW_BLOCK_VALUES values of a range
+// a thread block per piece of ADAMW_BLOCK_VALUES values of a range
 static __global__ void adamw_kernel(float* params, __nv_bfloat16* params16, const float* grads, float* m, float* v,
                                     const int64_t* table, int64_t R, float lr, float beta1, float beta2, float eps,
                                     float weight_decay, float bias1, float bias2, float grad_multiplier) {
@@ -64,7 +60,7 @@ static __global__ void adamw_kernel(float* params, __nv_bfloat16* params16, cons
     }
 }
 
-// one block per chunk of a range: partial[chunk] = the sum of its squares
+// a thread block per chunk of a range: partial[chunk] = the sum of its squares
 static __global__ void grad_norm_partial_kernel(double* partial, const float* grads, const int64_t* table,
                                                 int64_t R) {
     const int64_t *first = table, *count = table + R, *chunks = table + 5 * R + 1;
@@ -78,7 +74,7 @@ static __global__ void grad_norm_partial_kernel(double* partial, const float* gr
     if (threadIdx.x == 0) partial[blockIdx.x] = sum;
 }
 
-// one block per range r: out[r] = the sum of its partials
+// a thread block per range r: out[r] = the sum of its partials
 static __global__ void grad_norm_total_kernel(double* out, const double* partial, const int64_t* table, int64_t R) {
     const int64_t r = blockIdx.x, *chunks = table + 5 * R + 1;
     double sum = 0.0;
@@ -87,10 +83,9 @@ static __global__ void grad_norm_total_kernel(double* out, const double* partial
     if (threadIdx.x == 0) out[r] = sum;
 }
 
-// One AdamW update of the shard's ranges (device pointers): params, grads (and params16, the BF16 copy, or
-// nullptr) are whole buffers laid out by the table; m and v hold the shard's moments alone. step: the update's
-// number, 1 for the first (AdamWState::step after its increment); the bias corrections are computed here on the
-// host exactly as the CPU does.
+// One AdamW update of the shard's ranges. params, grads and params16 (the working copy, or nullptr) are whole
+// device buffers laid out by the parameter table; m and v hold the shard's moments alone. step: 1 for the first
+// update (AdamWState::step after its increment). The bias corrections are computed on the host, as the CPU does.
 inline void adamw_update(const ShardRanges& shard, float* params, __nv_bfloat16* params16, const float* grads,
                          float* m, float* v, const OptimizerConfig& oc, float lr, int64_t step, float grad_multiplier,
                          cudaStream_t stream) {
@@ -101,9 +96,8 @@ inline void adamw_update(const ShardRanges& shard, float* params, __nv_bfloat16*
                   grad_multiplier);
 }
 
-// out[r] (device doubles, one per range) = the sum of grads[i]^2 over range r; partial: shard.chunks doubles.
-// The caller sums the ranges it counts (owned), over ranks too, takes the square root and computes the clip
-// factor on the host (model/optimizer.h's clip_factor).
+// out[r] (device, a double per range) = the sum of g^2 over range r; partial: shard.chunks doubles of scratch.
+// The caller sums its owned ranges over the ranks and computes the clip factor on the host (model/optimizer.h).
 inline void range_norms_squared(double* out, const ShardRanges& shard, const float* grads, double* partial,
                                 cudaStream_t stream) {
     if (shard.ranges == 0) return;

@@ -1,9 +1,8 @@
-// Asynchronous copies from global to shared memory (PTX cp.async, sm_80 and newer), which let a block fetch its
-// next tile while it computes on the current one. A thread issues 16-byte copies and goes on; cp_async_commit()
-// closes the copies it issued since its last commit into a group; cp_async_wait<N>() returns once at most N of its
-// groups are still in flight (groups land in the order they were committed). A thread's copies are visible to the
-// rest of the block only after its wait and a __syncthreads. Both addresses 16-byte aligned.
-// .cg: cached in L2 only; the tiles are read once per block, so L1 would only evict other data.
+// PTX cp.async (sm_80+): copies from global to shared memory that run while the thread block computes.
+// cp_async_16: one 16-byte copy, both addresses 16-byte aligned. cp_async_commit: the thread's copies since its last
+// commit become a group. cp_async_wait<N>: returns once at most N of the thread's groups are in flight; groups land
+// in commit order. Other threads see the copies only after the wait and a __syncthreads.
+// .cg caches in L2 only: a tile is read once per thread block, so L1 would only evict other data.
 // The kernel emulator replaces this file (test/kernel_emulator/kernels/async_copy.cuh).
 #pragma once
 #include <cstdint>

@@ -1,53 +1,15 @@
-// Causal multi-head attention core, FP32 (docs/design.md §1.1; the CPU reference is the attention of model/mla.cpp).
+// Causal multi-head attention core, FP32 (docs/design.md §1.1, §6; the CPU's is the attention of model/mla.cpp).
 // Per sequence and head, with q_i, k_j (dqk values) and v_j (dv values) of tokens i, j:
 //   forward:  s_ij = scale q_i.k_j (j <= i);  L_i = log sum_j exp(s_ij) (saved);  P_ij = exp(s_ij - L_i);
 //             o_i = sum_j P_ij v_j
 //   backward: D_i = dO_i . o_i;  P recomputed from q, k, L;  dP_ij = dO_i . v_j;  dS_ij = P_ij (dP_ij - D_i) scale;
 //             dq_i = sum_{j<=i} dS_ij k_j;  dk_j = sum_{i>=j} dS_ij q_i;  dv_j = sum_{i>=j} P_ij dO_i
-// Layouts (N = B*T tokens): q, k, dq, dk (N, H, dqk); o, dO (N, H, dv); L and the scratch D (B, H, T). v and dv
-// are strided: value e of (token n, head h) is at [(n*H + h)*v_ld + e], so they can live inside MLA's
-// kv (N, H*(dn+dv)) at offset dn (v_ld = dn + dv), and dv lands directly in dkv.
-//
-// Design (flash-style: tiles of keys, running max and sum, no T x T matrix in memory). Tiles are 64 queries x
-// 64 keys; 256 threads; thread (ty, tx) = (tid / 16, tid % 16) owns the tile entries (ty + 16a, tx + 16b),
-// a, b < 4, so a tile row lives in the 16 lanes of one half-warp (row max / sum by 4 shuffles). Shared memory is
-// two 64 x 65 buffers (33 KB; the pad column avoids bank conflicts), whatever dqk and dv:
-//   tile_dot: S[r][c] += sum_e A_r[e] B_c[e] over a head dimension of any length, streaming 64-column chunks of
-//             the 64 A rows and the 64 B rows through the two buffers (dims up to 256 and beyond in chunks);
-//   tile_pv:  Out[r][col] += sum_k P[r][k] V_k[col], with P (64 x 64) in buffer 0 and 64-column chunks of V in
-//             buffer 1.
-// A block keeps its output tile in registers, up to 4 chunks (256 columns); wider outputs (dqk or dv > 256) are
-// split into column slabs over gridDim.z, each slab recomputing its scores. Grid: x = b*H + h, y = tile, z = slab.
-//   forward:  block (b, h, query tile, dv slab): online softmax over the key tiles 0..diagonal, with per-row
-//             running max m and sum l; the output is rescaled by exp(m_old - m_new) when m grows; at the end
-//             o = acc / l and L = m + log l (slab 0 writes L).
-//   backward: no float atomics, every sum in a fixed order, so it is deterministic (and the sums over j for dq and
-//             over i for dk, dv run in the CPU reference's order):
-//     D:      one warp per (token, head).
-//     dq:     block (b, h, query tile, dqk slab): over key tiles 0..diagonal, S and dP by tile_dot, P and dS in
-//             registers, dq += dS K by tile_pv. The CPU reference's pass 1.
-//     dk, dv: block (b, h, key tile, slab): over query tiles diagonal..last, S^T = K Q^T and P^T; a dv slab adds
-//             P^T dO; a dk slab also computes dP^T = V dO^T and dS^T, and adds dS^T Q. The CPU's pass 2. The dk and
-//             dv slabs are separate blocks (more parallelism, fewer registers; P is computed by both).
-// Masks: entry (i, j) counts iff j <= i < T: the causal mask, inside the diagonal tile too, and the padding rows and
-// columns of a last partial tile, which are loaded as zeros and never read from memory. A row with no counted
-// entry in a tile (a padding row) keeps m = -inf; its exponentials are then taken relative to 0, not to m, so they
-// are exp(-inf) = 0, never exp(-inf - -inf) = NaN. Every counted row has its key j = 0 in the first key tile, so
-// its m is finite from the first tile on. In the forward the query tiles run in reverse order (y = 0 is the last,
-// longest tile) so the longest blocks start first; the dk/dv kernel's longest tile (key tile 0) is y = 0 already.
-//
-// Precision::BF16 runs the tensor-core kernels of kernels/attention_bf16.cuh instead (attention_forward_bf16 and
-// attention_backward_bf16: same contract, BF16 inputs and products) when both head dims are at most
-// ATTN_BF16_MAX_DIM (256; attention_on_tensor_cores); this FP32 version serves --dtype fp32, wider heads, and is
-// the readable statement of the algorithm. Performance work left on it (expect a small fraction of the H200's
-// peak; CUDA cores only):
-//  - FA2-style: keep the Q (and dO) tile resident in shared memory or registers instead of re-streaming it for
-//    every key tile; fuse the dk and dv slabs; vector (float4) loads and cp.async double buffering of K/V chunks;
-//    exp2f with log2(e) folded into the scale; split-KV for long T with few (b, h);
-//  - occupancy: ptxas (CUDA 13.0, sm_90a) gives the forward 128 registers (2 blocks of 8 warps per SM), dq and
-//    dk/dv 195 each (1 block per SM); __launch_bounds__(256, 2) would hold them to 128, with spills: measure;
-//  - FA3-style warp specialisation: producer warps issuing TMA loads into a smem pipeline, consumer warpgroups
-//    doing wgmma, the softmax of one tile overlapped with the matmuls of the next.
+// Layouts (N = B*T tokens): q, k, dq, dk (N, H, dqk); o, dO (N, H, dv); L and the scratch D (B, H, T). v and dv are
+// strided, value e of (n, h) at [(n*H + h)*v_ld + e], to live inside MLA's kv (N, H*(dn+dv)) at offset dn = v_ld - dv.
+// Flash style: 64 x 64 tiles, no T x T matrix in memory. No atomics: each sum runs in a fixed order, the CPU's.
+// Masks: (i, j) counts iff j <= i < T; the padding rows and columns of a last partial tile are loaded as zeros.
+// Precision::BF16 runs kernels/attention_bf16.cuh instead (same contract) for head dims up to ATTN_BF16_MAX_DIM. This
+// readable version serves --dtype fp32 and wider heads. Left for speed: a resident Q tile, float4 and cp.async loads.
 #pragma once
 #include <cstdint>
 
@@ -56,13 +18,17 @@
 
 namespace gpu {
 
+// 256 threads; thread (ty, tx) = (tid / 16, tid % 16) owns tile entries (ty + 16a, tx + 16b), a, b < 4, so a tile
+// row lives in one half-warp. Shared memory is two 64 x ATTN_LD buffers, whatever dqk and dv: head dims stream
+// through them in chunks of 64 columns. Outputs stay in registers, ATTN_SLAB columns a thread block; wider outputs
+// are split into slabs over gridDim.z, each recomputing its scores.
 constexpr int ATTN_TILE = 64;                  // queries and keys per tile, and columns per chunk
-constexpr int ATTN_LD = ATTN_TILE + 1;         // shared buffer row stride (padded)
+constexpr int ATTN_LD = ATTN_TILE + 1;         // shared buffer row stride; the pad avoids bank conflicts
 constexpr int ATTN_THREADS = 256;              // 16 x 16 threads, 4 x 4 entries each
-constexpr int ATTN_SLAB = 4 * ATTN_TILE;       // output columns per block (4 register chunks)
+constexpr int ATTN_SLAB = 4 * ATTN_TILE;       // output columns per thread block (4 register chunks)
 
-// Loads rows 0..63 (the first `rows` of them valid, row r at src + r * stride) and columns col0..col0+63 (those
-// below `width` valid) into buf (64 x ATTN_LD); zeros elsewhere. Coalesced: 32 lanes read 32 consecutive columns.
+// buf (64 x ATTN_LD) = rows 0..63 (row r at src + r * stride), columns col0..col0+63 of src; zeros at rows >= `rows`
+// and columns >= width. Coalesced: a warp reads 32 consecutive columns.
 __device__ inline void attn_load_chunk(float* buf, const float* src, int64_t stride, int rows, int col0, int width) {
     for (int idx = threadIdx.x; idx < ATTN_TILE * ATTN_TILE; idx += ATTN_THREADS) {
         const int r = idx / ATTN_TILE, e = idx % ATTN_TILE;
@@ -76,7 +42,7 @@ __device__ inline void attn_tile_dot(float (&acc)[4][4], const float* A, int64_t
                                      int64_t b_stride, int b_rows, int len, float* buf0, float* buf1) {
     const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
     for (int e0 = 0; e0 < len; e0 += ATTN_TILE) {
-        __syncthreads();  // every thread is done with both buffers (previous chunk, or the caller's P and V)
+        __syncthreads();  // every thread is done with both buffers: the last chunk's, or the caller's P and V
         attn_load_chunk(buf0, A, a_stride, a_rows, e0, len);
         attn_load_chunk(buf1, Bm, b_stride, b_rows, e0, len);
         __syncthreads();
@@ -126,7 +92,7 @@ __device__ inline void attn_tile_pv(float (&acc)[4][4], const float* buf0, const
     }
 }
 
-// max and sum over the 16 lanes of a half-warp (one tile row); every lane gets the result
+// max and sum over the 16 threads of a half-warp (one tile row); each gets the result
 __device__ inline float attn_row_max(float v) {
     for (int offset = 8; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
     return v;
@@ -166,9 +132,8 @@ __device__ inline void attn_write_rows(float* out, int64_t row_stride, const flo
     }
 }
 
-// The place of a block of a query-tile grid (x = b*H + h, y = query tile counted from the last, z = column slab),
-// for the forward and the dq kernel: the sequence and head, the tile's first query i0 and its rows, the first
-// output column, the strides from token to token, the tile's queries and the sequence's keys and values.
+// Where a thread block of the forward or dq grid works: x = b*H + h, y = query tile counted from the last, so the
+// longest tiles start first, z = column slab.
 struct AttnQueryTile {
     int64_t bh, seq, h;
     int qt, i0, q_rows, col_base;
@@ -193,7 +158,9 @@ __device__ inline AttnQueryTile attn_query_tile(const float* q, const float* k, 
     return t;
 }
 
-// grid (B*H, query tiles, dv slabs)
+// grid (B*H, query tiles, dv slabs). Online softmax over key tiles 0..diagonal: per row a running max m and sum l,
+// acc rescaled by exp(m_old - m_new) as m grows; o = acc / l, and slab 0 writes L = m + log l. A real row meets key
+// 0 in the first tile, so its m is finite from then on; a padding row keeps m = -inf and is never written.
 static __global__ void __launch_bounds__(ATTN_THREADS)
     attention_forward_kernel(float* o, float* lse, const float* q, const float* k, const float* v, int64_t v_ld,
                              int T, int H, int dqk, int dv, float scale) {
@@ -201,7 +168,6 @@ static __global__ void __launch_bounds__(ATTN_THREADS)
     const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
     const auto [bh, seq, h, qt, i0, q_rows, col_base, qk_stride, v_stride, q_tile, k_seq, v_seq] =
         attn_query_tile(q, k, v, v_ld, T, H, dqk);
-
     float m[4], l[4], acc[4][4][4];
     attn_zero(acc);
 #pragma unroll
@@ -241,7 +207,7 @@ static __global__ void __launch_bounds__(ATTN_THREADS)
         }
         attn_store_tile(buf0, s);
 #pragma unroll
-        for (int c = 0; c < 4; c++)  // block-uniform condition: every thread takes the same branches (syncs inside)
+        for (int c = 0; c < 4; c++)  // uniform over the thread block: attn_tile_pv syncs
             if (col_base + c * ATTN_TILE < dv)
                 attn_tile_pv(acc[c], buf0, v_seq + j0 * v_stride, v_stride, k_rows, col_base + c * ATTN_TILE, dv,
                              buf1);
@@ -267,7 +233,8 @@ static __global__ void attention_backward_d_kernel(float* D, const float* dout, 
     if (lane == 0) D[(seq * H + h) * T + t] = sum;
 }
 
-// grid (B*H, query tiles, dqk slabs)
+// grid (B*H, query tiles, dqk slabs): over key tiles 0..diagonal, S and dP by attn_tile_dot, dS in registers,
+// dq += dS K by attn_tile_pv. The CPU's pass 1.
 static __global__ void __launch_bounds__(ATTN_THREADS)
     attention_backward_dq_kernel(float* dq, const float* dout, const float* q, const float* k, const float* v,
                                  int64_t v_ld, const float* lse, const float* D, int T, int H, int dqk, int dv,
@@ -278,7 +245,6 @@ static __global__ void __launch_bounds__(ATTN_THREADS)
         attn_query_tile(q, k, v, v_ld, T, H, dqk);
     const int64_t o_stride = (int64_t)H * dv;
     const float* do_tile = dout + ((seq * T + i0) * H + h) * dv;
-
     float row_lse[4], row_d[4], acc[4][4][4];
     attn_zero(acc);
 #pragma unroll
@@ -313,7 +279,9 @@ static __global__ void __launch_bounds__(ATTN_THREADS)
     attn_write_rows(dq + (seq * T * H + h) * dqk, qk_stride, acc, one, i0, T, col_base, dqk);
 }
 
-// grid (B*H, key tiles, dk slabs + dv slabs): slab z < dk_slabs writes dk columns, the others dv columns
+// grid (B*H, key tiles, dk slabs + dv slabs): slab z < dk_slabs writes dk columns, the others dv columns. Over query
+// tiles diagonal..last: S^T = K Q^T; dv += P^T dO, or dk += dS^T Q with dP^T = V dO^T. The CPU's pass 2. The dk and
+// dv slabs are separate thread blocks: more parallelism, fewer registers.
 static __global__ void __launch_bounds__(ATTN_THREADS)
     attention_backward_dkdv_kernel(float* dk, float* dv_out, const float* dout, const float* q, const float* k,
                                    const float* v, int64_t v_ld, const float* lse, const float* D, int T, int H,
@@ -323,14 +291,13 @@ static __global__ void __launch_bounds__(ATTN_THREADS)
     const int64_t bh = blockIdx.x, seq = bh / H, h = bh % H;
     const int kt = blockIdx.y, j0 = kt * ATTN_TILE, q_tiles = gridDim.y;
     const int k_rows = T - j0 < ATTN_TILE ? T - j0 : ATTN_TILE;
-    const bool is_dk = (int)blockIdx.z < dk_slabs;  // the same for the whole block
+    const bool is_dk = (int)blockIdx.z < dk_slabs;  // uniform over the thread block
     const int col_base = (int)(is_dk ? blockIdx.z : blockIdx.z - dk_slabs) * ATTN_SLAB, width = is_dk ? dqk : dv;
     const int64_t qk_stride = (int64_t)H * dqk, v_stride = (int64_t)H * v_ld, o_stride = (int64_t)H * dv;
     const float* k_tile = k + ((seq * T + j0) * H + h) * dqk;
     const float* v_tile = v + ((seq * T + j0) * H + h) * v_ld;
     const float* q_seq = q + (seq * T * H + h) * dqk;
     const float* do_seq = dout + (seq * T * H + h) * dv;
-
     float acc[4][4][4];
     attn_zero(acc);
     for (int qt = kt; qt < q_tiles; qt++) {
@@ -381,7 +348,7 @@ inline void attention_forward(float* o, float* lse, const float* q, const float*
     launch_kernel(attention_forward_kernel, grid, ATTN_THREADS, 0, stream, o, lse, q, k, v, v_ld, T, H, dqk, dv, scale);
 }
 
-// floats of scratch attention_backward needs (D, one per (b, h, t))
+// D: a float per (b, h, t)
 inline int64_t attention_backward_scratch_floats(int B, int T, int H) { return (int64_t)B * H * T; }
 
 // D (B, H, T) into scratch: one warp per (token, head)

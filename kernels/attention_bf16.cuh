@@ -1,54 +1,15 @@
-// Causal multi-head attention core on the tensor cores: BF16 products, FP32 accumulation and softmax. The same
-// math and layouts as kernels/attention.cuh (read its top first), for Precision::BF16 when both head dims are at
-// most ATTN_BF16_MAX_DIM (kernels/attention_tiles.cuh: the tiles and their shared memory), with BF16 inputs: q, k,
-// v (and dO for the backward) are stored in BF16 by the caller (rope_heads_forward_bf16 writes q, k and v; the
-// model casts dO), half the bytes of FP32 for the tiles that every block streams again and again (each key tile is
-// read by every query tile after it), and the tiles are plain 16-byte copies into shared memory.
-//
-// Rounding: q, k, v and dO are BF16 (rounded once, where they are stored); so are the probabilities P before P V,
-// and dS before dS K and dS^T Q (the usual BF16 flash-attention recipe). The softmax statistics, the log-sum-exp,
-// D (from the FP32 dO and o) and every accumulator are FP32; o, lse, dq, dk and dv are FP32. The forward
-// normalises by the sum of the rounded P, so o is exactly the weighted mean of the rounded P it multiplied.
-//
-// Design: FlashAttention-2's structure on mma.sync (kernels/mma_sync.cuh: 16 x 8 x 16 products, whose fragment
-// layout is documented). A block has WARPS warps (4 or 8) and one tile of 16 x WARPS rows (queries for the forward
-// and dq, keys for dk/dv); warp w owns rows 16w..16w+15. The tiles of the other side (64 keys, or 64 queries) stream
-// through shared memory, BF16 with the head dims zero-padded to multiples of 16. Per streamed tile a warp computes its
-// 16 x 64 scores as eight 16 x 8 accumulator tiles in registers (lane g = lane / 4, t = lane % 4 holds rows g and
-// g + 8, columns 8n + 2t and 8n + 2t + 1 of tile n), masks them and applies the softmax there (a row's maximum and
-// sum over the 4 lanes that hold it: two xor shuffles), rounds P (or dS) to BF16 straight into the A fragments of
-// the next product (the accumulator layout of two adjacent tiles is the A layout of their 16 x 16 slice), and
-// accumulates into its output tiles, which stay in registers across the streamed tiles (NT tiles of 8 columns:
-// the template parameter).
-//   forward:  block (b, h, query tile): S = Q K^T, online softmax, O += P V; at the end o = O / l, L = m + log l.
-//             (With 8 warps, four warps of a block meet one streamed tile that is all masked for them: in the forward
-//             and dq the last key tile, above the first four warps' queries; in dk/dv the first query tile, above
-//             the last four warps' keys.)
-//   backward: D by attention.cuh's kernel; dq: block (b, h, query tile): S, dP = dO V^T, dS = P (dP - D) scale,
-//             dq += dS K; dk/dv: block (b, h, key tile, z): S^T = K Q^T (and dP^T = V dO^T for dk), dv += P^T dO
-//             (z = 1) or dk += dS^T Q (z = 0). No atomics: deterministic.
-// Operands from shared memory by ldmatrix (kernels/mma_sync.cuh): one instruction per A fragment, or per pair of
-// B fragments: plain for the B operands whose k runs along the stored rows (K in Q K^T, V in dO V^T, Q in K Q^T, dO
-// in V dO^T), transposed for those whose k runs down the rows (V in P V, K in dS K, dO in P^T dO, Q in dS^T Q).
-// Row strides are the padded width + 8 BF16 (16 bytes more than a multiple of 32): the 8 rows an ldmatrix phase
-// reads fall in 8 different 16-byte bank groups, free of conflicts.
-// Masks as in attention.cuh: (i, j) counts iff j <= i < T; padding rows and columns are zeros in shared memory.
-//
-// Shared memory (dynamic; > 48 KiB, so launch_kernel raises the kernel's limit; kernels/attention_tiles.cuh): at
-// DeepSeek-V3's head dims (192, 128), with 4 warps the forward's Q, K and V tiles take 69 KB (3 blocks per SM), the
-// backward's four tiles and the streamed queries' L and D 87 KB (2 blocks per SM); with 8 warps 94 KB and 130 KB.
-// Registers (ptxas, CUDA 13.0, sm_90a, no spills at these dims) limit the SM to 11-12 warps in the forward (168-174
-// registers: three blocks of 4 warps, or one of 8) and to 8 in the backward (246-248: two blocks of 4, or one of 8).
-// So 8 warps halve the bytes streamed per product, at the backward's occupancy and two thirds of the forward's.
-//
-// Loads overlap the products without more shared memory (FlashAttention-2's order): the streamed pair's two tiles
-// are fetched by cp.async (kernels/async_copy.cuh) at different points of the loop, each while the products that
-// do not read it run; three __syncthreads per streamed tile instead of two.
-//
-// Determinism costs products: dq, dk and dv each recompute S (and dq, dk dP), 1.6x FlashAttention-2's backward,
-// which adds dq with float atomics (counted in docs/performance.md).
-//
-// Performance work left: dk and dv in one block (one S^T fewer); TMA; wgmma (FlashAttention-3).
+// Causal multi-head attention core on the tensor cores: BF16 products, FP32 accumulation and softmax, for
+// Precision::BF16 when both head dims are at most ATTN_BF16_MAX_DIM. The math, layouts and masks are those of
+// kernels/attention.cuh (read its top first). The caller stores q, k, v and dO in BF16, halving the bytes streamed.
+// Rounding: q, k, v, dO, P before P V, and dS before dS K and dS^T Q are BF16. The softmax statistics, D (from the
+// FP32 dO and o), every accumulator and the outputs are FP32. o divides by the sum of the rounded P it multiplied.
+// FlashAttention-2's structure on mma.sync (kernels/mma_sync.cuh), tiles as kernels/attention_tiles.cuh: warp w owns
+// rows 16w..16w+15 of the thread block's own tile. Per streamed tile it keeps its 16 x 64 scores in registers, does
+// the softmax there, and rounds P or dS straight into the next product's A fragments. Outputs stay in registers.
+// cp.async fetches the two streamed tiles at different points of the loop, each while the products that do not read
+// it run (FlashAttention-2's order): three __syncthreads per streamed tile instead of two.
+// No atomics: dq, dk and dv each recompute S, 1.6x the products of FlashAttention-2's backward. docs/performance.md
+// has these counts, the registers and the shared memory. Left for speed: dk and dv in one thread block; TMA; wgmma.
 #pragma once
 #include <cstdint>
 #include <cstdio>
@@ -63,18 +24,15 @@
 
 namespace gpu {
 
-// two BF16 as one register, the first in the low half (the fragments' packing, kernels/mma_sync.cuh)
+// two BF16 in one register, lo in the low half: the fragments' packing
 __device__ inline uint32_t attn_bf16_pack(__nv_bfloat16 lo, __nv_bfloat16 hi) {
     return (uint32_t)*reinterpret_cast<const uint16_t*>(&lo) | (uint32_t)*reinterpret_cast<const uint16_t*>(&hi) << 16;
 }
 
-// dst (tile_rows x attn_bf16_ld(width)) = rows 0..min(rows, tile_rows)-1 of src (row r at src + r * stride; rows:
-// those left before T), columns < width; zeros in the padding rows and columns. All threads of the block; the
-// caller commits the copies as a group and waits for them (kernels/async_copy.cuh) before the __syncthreads after
-// which they read.
-// A warp per row at a time, its lanes over consecutive columns (coalesced): 8 columns per lane, as 16-byte cp.async
-// copies (every row of dst starts 16-byte aligned), when every row of src does too and width is a multiple of 8
-// (DeepSeek's dims); else one column per lane, by plain loads and stores.
+// dst (tile_rows x attn_bf16_ld(width)) = the first min(rows, tile_rows) rows of src (row r at src + r * stride),
+// columns < width; zeros in the padding. Called by every thread; the caller commits the copies, waits for them and
+// syncs before reading. A warp per row, its threads over consecutive columns: 16-byte cp.async copies of 8 columns
+// when src's rows are 16-byte aligned and width a multiple of 8 (DeepSeek's dims), else plain loads of one column.
 __device__ inline void attn_bf16_load(__nv_bfloat16* dst, const __nv_bfloat16* src, int64_t stride, int rows,
                                       int width, int tile_rows = ATTN_BF16_ROWS) {
     const int padded = attn_bf16_pad(width), ld = attn_bf16_ld(width), warps = blockDim.x / 32;
@@ -92,12 +50,10 @@ __device__ inline void attn_bf16_load(__nv_bfloat16* dst, const __nv_bfloat16* s
         for (int e = lane; e < padded; e += 32) dst[r * ld + e] = r < rows && e < width ? src[r * stride + e] : zero;
 }
 
-// ---- fragments (layouts in kernels/mma_sync.cuh) ----------------------------------------------------------------
-
 __device__ inline float attn_bf16_round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
 // s[n] = the warp's 16 x 8 tile n (n < 8) of A B^T: A rows r0..r0+15 of a (ld lda), B rows 0..63 of b (ld ldb),
-// both `len` (a multiple of 16) wide.
+// both `len` (a multiple of 16) wide. b's rows run along k, so plain ldmatrix: K, V, Q or dO.
 __device__ inline void attn_bf16_scores(float (&s)[8][4], const __nv_bfloat16* a, int lda, int r0,
                                         const __nv_bfloat16* b, int ldb, int len) {
 #pragma unroll
@@ -131,6 +87,7 @@ __device__ inline void attn_bf16_to_a(uint32_t (&p)[4][4], const float (&s)[8][4
 }
 
 // acc[n] (n < tiles <= NT) += p (the warp's 16 x 64, as A fragments) times columns 8n..8n+7 of rows 0..63 of x.
+// x's rows run down k, so ldmatrix .trans: V in P V, K in dS K, dO in P^T dO, Q in dS^T Q.
 template <int NT>
 __device__ inline void attn_bf16_accumulate(float (&acc)[NT][4], const uint32_t (&p)[4][4], const __nv_bfloat16* x,
                                             int ld, int tiles) {
@@ -173,19 +130,19 @@ __device__ inline void attn_bf16_write(float* out, int64_t row_stride, const flo
     }
 }
 
-// Column c of score tile n in this lane's element e: 8n + 2t + e % 2 (row: g, or g + 8 for e >= 2).
+// Column c of score tile n in this thread's element e: 8n + 2t + e % 2 (row: g, or g + 8 for e >= 2).
 __device__ inline int attn_bf16_col(int n, int e) { return 8 * n + 2 * (threadIdx.x % 4) + e % 2; }
 
-// ---- kernels -----------------------------------------------------------------------------------------------------
-
-// The last streamed tile of 64 that a causal block whose own tile starts at row0 (16 x WARPS rows) reaches
+// The last streamed tile of 64 that a thread block reaches whose own tile (16 x WARPS rows) starts at row0
 template <int WARPS>
 __device__ inline int attn_bf16_last_tile(int row0, int T) {
     const int last_row = (row0 + 16 * WARPS < T ? row0 + 16 * WARPS : T) - 1;
     return last_row / ATTN_BF16_ROWS;
 }
 
-// grid (B*H, query tiles of 16 x WARPS rows counted from the last), 32 x WARPS threads; NT * 8 >= attn_bf16_pad(dv)
+// grid (B*H, query tiles of 16 x WARPS rows counted from the last), 32 x WARPS threads; NT * 8 >= attn_bf16_pad(dv).
+// S = Q K^T, online softmax, O += P V; o = O / l, L = m + log l. With 8 warps, the last key tile is all masked for
+// the first four warps; in dk/dv the first query tile is, for the last four.
 template <int NT, int WARPS>
 static __global__ void __launch_bounds__(32 * WARPS)
     attention_forward_bf16_kernel(float* o, float* lse, const __nv_bfloat16* q, const __nv_bfloat16* k,
@@ -201,7 +158,6 @@ static __global__ void __launch_bounds__(32 * WARPS)
     const int i0 = (gridDim.y - 1 - blockIdx.y) * OWN_ROWS, last_kt = attn_bf16_last_tile<WARPS>(i0, T);
     const int64_t qk_stride = (int64_t)H * dqk, v_stride = (int64_t)H * v_ld;
     const int ldq = attn_bf16_ld(dqk), ldv = attn_bf16_ld(dv), tiles = attn_bf16_pad(dv) / 8;
-
     auto load_k = [&](int j0) { attn_bf16_load(k_s, k + ((seq * T + j0) * H + h) * dqk, qk_stride, T - j0, dqk); };
     auto load_v = [&](int j0) { attn_bf16_load(v_s, v + ((seq * T + j0) * H + h) * v_ld, v_stride, T - j0, dv); };
     attn_bf16_load(q_s, q + ((seq * T + i0) * H + h) * dqk, qk_stride, T - i0, dqk, OWN_ROWS);
@@ -211,9 +167,8 @@ static __global__ void __launch_bounds__(32 * WARPS)
     cp_async_commit();
     float acc[NT][4];
     attn_bf16_zero(acc);
-    const int i_lo = i0 + warp * 16 + lane / 4, i_hi = i_lo + 8;  // this lane's two query rows
+    const int i_lo = i0 + warp * 16 + lane / 4, i_hi = i_lo + 8;  // this thread's two query rows
     float m_lo = -INFINITY, m_hi = -INFINITY, l_lo = 0.0f, l_hi = 0.0f;
-
     // Pipelined: V of this key tile lands while S = Q K^T and the softmax run, the next K while P V runs.
     for (int kt = 0; kt <= last_kt; kt++) {
         const int j0 = kt * ATTN_BF16_ROWS;
@@ -230,7 +185,7 @@ static __global__ void __launch_bounds__(32 * WARPS)
                 if (e < 2) max_lo = fmaxf(max_lo, s[n][e]);
                 else max_hi = fmaxf(max_hi, s[n][e]);
             }
-        for (int offset = 1; offset <= 2; offset *= 2) {  // over the 4 lanes of each row
+        for (int offset = 1; offset <= 2; offset *= 2) {  // over the 4 threads of each row
             max_lo = fmaxf(max_lo, __shfl_xor_sync(0xffffffffu, max_lo, offset));
             max_hi = fmaxf(max_hi, __shfl_xor_sync(0xffffffffu, max_hi, offset));
         }
@@ -279,8 +234,8 @@ static __global__ void __launch_bounds__(32 * WARPS)
     }
 }
 
-// The backward kernels' shared memory: the block's own two tiles of own_rows (dqk wide, then dv wide: Q and dO for
-// dq, K and V for dk/dv), the two streamed ones of 64 rows (the other pair), and 2 x 64 floats.
+// The backward kernels' shared memory: the thread block's own two tiles of own_rows (dqk wide, then dv wide: Q and
+// dO for dq, K and V for dk/dv), the two streamed ones of 64 rows (the other pair), and 2 x 64 floats.
 struct AttnBf16BackwardSmem {
     __nv_bfloat16 *own_qk, *own_v, *streamed_qk, *streamed_v;
     float* stats;
@@ -296,7 +251,8 @@ __device__ inline AttnBf16BackwardSmem attn_bf16_backward_smem(int dqk, int dv, 
                                 reinterpret_cast<float*>(smem + own_qk + own_v + qk + vv)};
 }
 
-// grid (B*H, query tiles of 16 x WARPS rows counted from the last), 32 x WARPS threads; NT * 8 >= attn_bf16_pad(dqk)
+// grid (B*H, query tiles of 16 x WARPS rows counted from the last), 32 x WARPS threads; NT * 8 >= attn_bf16_pad(dqk).
+// S, dP = dO V^T, dS = P (dP - D) scale, dq += dS K; D from attention_backward_d.
 template <int NT, int WARPS>
 static __global__ void __launch_bounds__(32 * WARPS)
     attention_backward_dq_bf16_kernel(float* dq, const __nv_bfloat16* dout, const __nv_bfloat16* q,
@@ -310,7 +266,6 @@ static __global__ void __launch_bounds__(32 * WARPS)
     const int i0 = (gridDim.y - 1 - blockIdx.y) * OWN_ROWS, last_kt = attn_bf16_last_tile<WARPS>(i0, T);
     const int64_t qk_stride = (int64_t)H * dqk, v_stride = (int64_t)H * v_ld, o_stride = (int64_t)H * dv;
     const int ldq = attn_bf16_ld(dqk), ldv = attn_bf16_ld(dv), tiles = attn_bf16_pad(dqk) / 8;
-
     auto load_k = [&](int j0) { attn_bf16_load(k_s, k + ((seq * T + j0) * H + h) * dqk, qk_stride, T - j0, dqk); };
     auto load_v = [&](int j0) { attn_bf16_load(v_s, v + ((seq * T + j0) * H + h) * v_ld, v_stride, T - j0, dv); };
     attn_bf16_load(q_s, q + ((seq * T + i0) * H + h) * dqk, qk_stride, T - i0, dqk, OWN_ROWS);
@@ -324,7 +279,6 @@ static __global__ void __launch_bounds__(32 * WARPS)
     const int i_lo = i0 + warp * 16 + lane / 4, i_hi = i_lo + 8;
     const float lse_lo = i_lo < T ? lse[bh * T + i_lo] : 0.0f, lse_hi = i_hi < T ? lse[bh * T + i_hi] : 0.0f;
     const float d_lo = i_lo < T ? D[bh * T + i_lo] : 0.0f, d_hi = i_hi < T ? D[bh * T + i_hi] : 0.0f;
-
     // Pipelined: K of this key tile lands while dP = dO V^T runs, the next V while S, dS and dq += dS K run.
     for (int kt = 0; kt <= last_kt; kt++) {
         const int j0 = kt * ATTN_BF16_ROWS;
@@ -358,8 +312,8 @@ static __global__ void __launch_bounds__(32 * WARPS)
     attn_bf16_write(dq + (seq * T * H + h) * dqk, qk_stride, acc, tiles, i0, T, dqk, 1.0f, 1.0f);
 }
 
-// grid (B*H, key tiles of 16 x WARPS rows, 2), 32 x WARPS threads: z = 0 writes dk, z = 1 writes dv;
-// NT * 8 >= attn_bf16_pad(max(dqk, dv))
+// grid (B*H, key tiles of 16 x WARPS rows, 2), 32 x WARPS threads; NT * 8 >= attn_bf16_pad(max(dqk, dv)).
+// S^T = K Q^T; z = 1: dv += P^T dO; z = 0: dk += dS^T Q, with dP^T = V dO^T.
 template <int NT, int WARPS>
 static __global__ void __launch_bounds__(32 * WARPS)
     attention_backward_dkdv_bf16_kernel(float* dk, float* dv_out, int64_t dv_ld, const __nv_bfloat16* dout,
@@ -373,11 +327,10 @@ static __global__ void __launch_bounds__(32 * WARPS)
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t bh = blockIdx.x, seq = bh / H, h = bh % H;
     const int j0 = blockIdx.y * OWN_ROWS, q_tiles = (T + ATTN_BF16_ROWS - 1) / ATTN_BF16_ROWS;
-    const bool is_dk = blockIdx.z == 0;  // the same for the whole block
+    const bool is_dk = blockIdx.z == 0;  // uniform over the thread block
     const int64_t qk_stride = (int64_t)H * dqk, v_stride = (int64_t)H * v_ld, o_stride = (int64_t)H * dv;
     const int ldq = attn_bf16_ld(dqk), ldv = attn_bf16_ld(dv);
     const int tiles = attn_bf16_pad(is_dk ? dqk : dv) / 8;
-
     // The streamed tiles: the one only the first product reads (dO for dk, Q for dv), then the one the rest reads
     // (Q for dk, dO for dv) with the statistics (plain stores: visible after the next __syncthreads).
     auto load_q = [&](int i0) { attn_bf16_load(q_s, q + ((seq * T + i0) * H + h) * dqk, qk_stride, T - i0, dqk); };
@@ -396,15 +349,14 @@ static __global__ void __launch_bounds__(32 * WARPS)
     };
     attn_bf16_load(k_s, k + ((seq * T + j0) * H + h) * dqk, qk_stride, T - j0, dqk, OWN_ROWS);
     attn_bf16_load(v_s, v + ((seq * T + j0) * H + h) * v_ld, v_stride, T - j0, dv, OWN_ROWS);
-    const int first_qt = j0 / ATTN_BF16_ROWS;  // the first query tile at or below the block's first key
+    const int first_qt = j0 / ATTN_BF16_ROWS;  // the first query tile at or below the first own key
     load_first(j0);
     cp_async_commit();
     load_second(j0);
     cp_async_commit();
     float acc[NT][4];
     attn_bf16_zero(acc);
-    const int j_lo = j0 + warp * 16 + lane / 4, j_hi = j_lo + 8;  // this lane's two keys
-
+    const int j_lo = j0 + warp * 16 + lane / 4, j_hi = j_lo + 8;  // this thread's two keys
     // Pipelined: the second tile lands while the first product runs, the next first tile while the rest runs.
     for (int qt = first_qt; qt < q_tiles; qt++) {
         const int i0 = qt * ATTN_BF16_ROWS;
@@ -445,8 +397,7 @@ static __global__ void __launch_bounds__(32 * WARPS)
         attn_bf16_write(dv_out + (seq * T * H + h) * dv_ld, (int64_t)H * dv_ld, acc, tiles, j0, T, dv, 1.0f, 1.0f);
 }
 
-// The accumulator tile count is a template parameter (the accumulators live in registers): one instance per 64
-// columns of head dim.
+// NT is a template parameter because the accumulators live in registers: one instance per 64 columns of head dim.
 inline int attn_bf16_tile_class(int width) {  // 8, 16, 24 or 32 tiles of 8 columns
     const int tiles = attn_bf16_pad(width) / 8;
     return tiles <= 8 ? 8 : tiles <= 16 ? 16 : tiles <= 24 ? 24 : 32;

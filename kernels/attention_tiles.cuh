@@ -1,13 +1,11 @@
-// The tensor-core attention's tiles (kernels/attention_bf16.cuh), shared by its kernels and by the GPU model's device
-// check: which head dims run on the tensor cores, and the shared memory a block takes.
-// A block has 4 or 8 warps of 16 rows each: its own tile (the queries of the forward and of dq, the keys of dk/dv)
-// has 16 x warps rows; the tiles it streams (keys, or queries) have 64. A tile's rows are BF16, each padded to a
-// multiple of 16 values plus 8 (so that ldmatrix's eight row addresses fall in different banks): rows x (pad16(d) +
-// 8) x 2 bytes.
-//   forward block:  Q (own, dqk wide), K (dqk) and V (dv) streamed
-//   backward block: its own pair, the streamed pair, 2 x 64 floats of statistics of the streamed queries
-// ATTN_BF16_WARPS is what the model runs; `make bench` times both (8 warps: half the streamed bytes per product,
-// 1.4x the shared memory per block in the forward, 1.5x in the backward, at DeepSeek's head dims).
+// The tensor-core attention's tiles (kernels/attention_bf16.cuh), shared with the GPU model's device check: which
+// head dims run on the tensor cores, and the shared memory a thread block takes.
+// A thread block has 4 or 8 warps of 16 rows: its own tile has 16 x warps rows (the queries of the forward and dq,
+// the keys of dk/dv); the tiles it streams have 64. Rows are BF16, padded to a multiple of 16 values plus 8, so that
+// ldmatrix's eight row addresses fall in different banks: a tile is rows x (pad16(d) + 8) x 2 bytes.
+//   forward: own Q (dqk), streamed K (dqk) and V (dv);  backward: own pair, streamed pair, 2 x 64 floats of statistics
+// ATTN_BF16_WARPS is what the model runs; `make bench` times both. At DeepSeek's head dims 8 warps halve the bytes
+// streamed per product and take 1.4x the shared memory in the forward, 1.5x in the backward.
 #pragma once
 #include <cstdint>
 
@@ -16,10 +14,9 @@
 namespace gpu {
 
 constexpr int ATTN_BF16_ROWS = 64;      // rows of each streamed tile
-constexpr int ATTN_BF16_WARPS = 4;      // warps of the model's blocks: own tiles of 64 rows
+constexpr int ATTN_BF16_WARPS = 4;      // warps of the model's thread blocks: own tiles of 64 rows
 constexpr int ATTN_BF16_MAX_DIM = 256;  // head dims above this take the FP32 kernels (kernels/attention.cuh)
 
-// Whether Precision::BF16 runs on the tensor cores for these head dims
 inline bool attention_on_tensor_cores(Precision precision, int dqk, int dv) {
     return precision == Precision::BF16 && dqk <= ATTN_BF16_MAX_DIM && dv <= ATTN_BF16_MAX_DIM;
 }
@@ -28,7 +25,7 @@ __host__ __device__ inline int attn_bf16_pad(int d) { return (d + 15) / 16 * 16;
 // row stride in shared memory (BF16 elements)
 __host__ __device__ inline int attn_bf16_ld(int d) { return attn_bf16_pad(d) + 8; }
 __host__ __device__ inline int64_t attn_bf16_tile_bytes(int d, int rows) {
-    return (int64_t)rows * attn_bf16_ld(d) * 2;  // 2 bytes a BF16 value
+    return (int64_t)rows * attn_bf16_ld(d) * 2;
 }
 __host__ __device__ inline int64_t attn_bf16_forward_bytes(int dqk, int dv, int warps = ATTN_BF16_WARPS) {
     return attn_bf16_tile_bytes(dqk, 16 * warps) + attn_bf16_tile_bytes(dqk, ATTN_BF16_ROWS) +

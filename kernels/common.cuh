@@ -1,7 +1,6 @@
-// Helpers shared by the kernels: launch sizes, the sigmoid, deterministic warp/block reductions.
-// The reductions add in a fixed tree order that depends only on blockDim, so a kernel that uses them gives the
-// same bits on every run (not the CPU reference's bits: its order is sequential, hence the tolerances in
-// test/test_gpu.cu). Block sizes are multiples of 32, at most 1024.
+// Helpers of the kernels: launch sizes, BF16 stores, the sigmoid, and warp and thread block reductions.
+// The reductions add in a fixed tree that depends only on blockDim, so they give the same bits on every run. The CPU
+// sums in sequence, hence the tests' tolerances. blockDim is a multiple of 32, at most 1024.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -16,20 +15,20 @@ namespace gpu {
 
 __host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// Blocks for a grid-stride loop over n elements: enough to fill the GPU, capped well below the grid limit.
+// Thread blocks for a grid-stride loop over n values: enough to fill the GPU, capped well below the grid limit.
 inline unsigned grid_stride_blocks(int64_t n, int threads) {
     const int64_t blocks = ceil_div(n, threads);
     return (unsigned)(blocks < 1 ? 1 : blocks > (1 << 20) ? (1 << 20) : blocks);
 }
 
-// *out = x, rounded to the nearest BF16 (ties to even) when out is BF16: for kernels that write either precision
+// *out = x, rounded to the nearest BF16 (ties to even) when out is BF16
 __device__ inline void store_as(float* out, float x) { *out = x; }
 __device__ inline void store_as(__nv_bfloat16* out, float x) { *out = __float2bfloat16_rn(x); }
 
-// the same expression as model/ops.h's sigmoidf_ (expf: accurate to 2 ulp on the device, not __expf)
+// model/ops.h's sigmoidf_; expf is accurate to 2 ulp, __expf is not
 __device__ inline float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-// Butterfly (xor) reductions: every lane ends with the same bits, since a + b == b + a exactly.
+// Butterfly (xor) reductions: every thread of the warp ends with the same bits, since a + b == b + a exactly.
 template <typename T>
 __device__ inline T warp_sum(T v) {
     for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
@@ -40,9 +39,8 @@ __device__ inline float warp_max(float v) {
     return v;
 }
 
-// Sum / max over the whole block; every thread gets the result. Every thread of the block must call it.
-// The first __syncthreads keeps a warp from overwriting `partial` while another still reads it from the
-// previous call.
+// Sum or max over the thread block; every thread must call it, and every thread gets the result.
+// The first __syncthreads stops a warp from overwriting `partial` while another still reads the previous call's.
 template <typename T, T (*warp_reduce)(T)>
 __device__ inline T block_reduce(T v, T identity) {
     __shared__ T partial[32];

@@ -1,16 +1,11 @@
-// Fused softmax + cross-entropy over the vocabulary, FP32, one block per row (docs/design.md §1):
-//   row m with target y >= 0:  loss_m = log sum_v exp(z_mv - zmax) - (z_my - zmax)   (zmax: the row's max)
-//                              dlogits_mv = loss_scale * (softmax(z_m)_v - [v == y])
-//   target < 0: the row is ignored: loss_m = 0, dlogits_m = 0.
-// Subtracting the row max keeps exp() in range. losses (M) are per row; the caller sums them (the CPU reference
-// returns the sum in double). The max and the sum come from one pass (the online softmax: each thread keeps a
-// running max and the sum of exp(z - max) so far, rescaled when the max grows; the block merges the pairs in a
-// fixed order), then one more pass writes the gradients: two reads of the logits and one write, not three reads.
-// The row does not stay in L2 between passes (512 threads a row, four rows an SM: 528 rows of 129K logits in flight
-// on 132 SMs are 270 MB against the H200's 50 MB), so the passes are what the kernel costs.
-// dlogits in FP32, or in BF16 (cross_entropy_forward_backward_bf16: the same values rounded, for the head's BF16
-// GEMMs, which would otherwise cast them: at V = 102400 the gradients are the largest tensor of the step).
-// Targets must be < V (the data loader checks tokens against the vocabulary).
+// Fused softmax and cross-entropy over the vocabulary, FP32, a thread block per row (docs/design.md §1):
+//   row m with target y >= 0:  loss_m = log sum_v exp(z_mv - zmax) - (z_my - zmax),   zmax = max_v z_mv
+//                              dlogits_mv = loss_scale (softmax(z_m)_v - [v == y])
+//   target < 0: the row is ignored, loss_m = 0 and dlogits_m = 0.  Targets are < V: the data loader checks.
+// One pass finds zmax and the sum by the online softmax: each thread rescales its running sum when its max grows, and
+// the thread block merges the pairs in a fixed order. A second pass writes the gradients. The logits do not stay in
+// L2 between the passes (docs/performance.md), so two reads instead of three is what fusing saves. dlogits may be
+// BF16, for the head's BF16 GEMMs, which would otherwise cast the largest tensor of the step.
 #pragma once
 #include <cstdint>
 
@@ -34,9 +29,9 @@ __device__ inline void warp_softmax_stats(float& zmax, float& sum) {
         softmax_merge(zmax, sum, zmax2, sum2);
     }
 }
-// The row's (max, sum of exp(z - max)) from every thread's pair; every thread gets lane 0's (the two lanes of a
-// butterfly exchange may round differently: the compiler may fuse either product into an FMA), and every thread
-// must call. One call per block: the shared arrays are not protected for reuse.
+// The row's (max, sum of exp(z - max)) from every thread's pair; every thread must call it. Each thread takes its
+// warp's thread 0 result, since the two sides of a butterfly may round differently: the compiler may fuse either
+// product into an FMA. One call per thread block: the shared arrays are not protected for reuse.
 static __device__ void block_softmax_stats(float& zmax, float& sum) {
     __shared__ float partial_max[32], partial_sum[32];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
@@ -60,7 +55,7 @@ static __global__ void cross_entropy_kernel(float* losses, T* dlogits, const flo
     const float* z = logits + m * V;
     T* dz = dlogits ? dlogits + m * V : nullptr;
     const int64_t target = targets[m];
-    if (target < 0) {  // the same branch for the whole block: no block reduction is skipped by only some threads
+    if (target < 0) {  // uniform over the thread block: no thread skips the reduction alone
         if (threadIdx.x == 0) losses[m] = 0.0f;
         if (dz)
             for (int64_t v = threadIdx.x; v < V; v += blockDim.x) store_as(dz + v, 0.0f);
@@ -72,7 +67,7 @@ static __global__ void cross_entropy_kernel(float* losses, T* dlogits, const flo
         if (x > zmax) {
             sum = sum * expf(zmax - x) + 1.0f;
             zmax = x;
-        } else if (x != -INFINITY) {  // (a -inf logit adds 0; as the first of a thread, it would add NaN)
+        } else if (x != -INFINITY) {  // a -inf logit adds 0; as a thread's first value it would add NaN
             sum += expf(x - zmax);
         }
     }

@@ -1,6 +1,5 @@
-// Every CUDA runtime call is checked (docs/design.md §4): a failure prints the error, the file, the line and the call,
-// then exits. Kernel launches are checked with CUDA_CHECK(cudaGetLastError()) right after the launch; an error
-// inside a running kernel surfaces at the next synchronising call, which is checked too.
+// CUDA_CHECK(call): a failed CUDA runtime call prints the error, file, line and call, then exits (docs/design.md §4).
+// Launches are checked by CUDA_CHECK(cudaGetLastError()); an error inside a kernel surfaces at the next sync.
 #pragma once
 #include <cstdio>
 #include <cstdlib>

@@ -1,8 +1,7 @@
-// Elementwise glue of the GPU model, FP32: the residual add and column-block copies between row-major matrices.
+// Elementwise glue, FP32, grid-stride loops of one thread per value:
 //   add:           out = a + b  (n values; out may alias a or b)
 //   copy_columns:  dst[r][dst_col + c] = src[r][src_col + c] for r < rows, c < cols, with row strides dst_ld, src_ld
-//                  (MLA's c_kv = the first kv_lora columns of kv_a and its gradient back; MTP's [enorm | hnorm]).
-// Plain grid-stride loops, one thread per value: bandwidth-bound, deterministic.
+//                  (MLA's c_kv out of kv_a and its gradient back; MTP's [enorm | hnorm])
 #pragma once
 #include <cstdint>
 

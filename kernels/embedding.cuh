@@ -1,11 +1,8 @@
 // Token embedding (docs/design.md §1), FP32.
 //   forward:  out (M, d) = embed (V, d) [tokens (M)],  tokens in [0, V)
 //   backward: dembed (V, d) += dout (M, d) scattered to the rows tokens[m]; a token that repeats adds up.
-// The backward is deterministic without atomics: the host groups the rows by token (TokenRows, in
-// kernels/token_rows.h, once per batch: the tokens come from there), and one block per distinct token and 256
-// columns adds that token's rows of dout into its row of dembed, a thread per column, rows in ascending order. Each
-// dembed element is summed in row order, exactly as the CPU reference (model/ops.cpp) does: the result is
-// bit-identical to it. Reads are coalesced along the columns; the parallelism is distinct tokens x columns.
+// The backward needs no atomics: the host groups the rows by token (kernels/token_rows.h), and a thread per
+// (distinct token, column) adds that token's rows in row order, as model/ops.cpp does: the CPU's bits.
 #pragma once
 #include <cstdint>
 
@@ -14,7 +11,7 @@
 
 namespace gpu {
 
-// one block per token row, threads over columns
+// a thread block per token row, threads over columns
 static __global__ void embedding_forward_kernel(float* out, const int32_t* tokens, const float* embed, int64_t d) {
     const int64_t m = blockIdx.x;
     const float* src = embed + (int64_t)tokens[m] * d;
@@ -23,8 +20,8 @@ static __global__ void embedding_forward_kernel(float* out, const int32_t* token
 
 constexpr int EMBEDDING_BACKWARD_THREADS = 256;
 
-// one block per distinct token u (x) and EMBEDDING_BACKWARD_THREADS columns (y), a thread per column: its row of
-// dembed += its rows of dout, in row order (the columns spread a frequent token's rows over several blocks)
+// grid (distinct token u, EMBEDDING_BACKWARD_THREADS columns), a thread per column. Splitting the columns spreads
+// a frequent token's rows over several thread blocks.
 static __global__ void embedding_backward_kernel(float* dembed, const float* dout, const int32_t* order,
                                                  const int32_t* starts, const int32_t* tokens, int64_t d) {
     const int64_t u = blockIdx.x, c = (int64_t)blockIdx.y * blockDim.x + threadIdx.x;
@@ -35,14 +32,13 @@ static __global__ void embedding_backward_kernel(float* dembed, const float* dou
     *value = sum;
 }
 
-// out (M, d) = embed[tokens]
 inline void embedding_forward(float* out, const int32_t* tokens, const float* embed, int64_t M, int64_t d,
                               cudaStream_t stream) {
     if (M == 0) return;
     launch_kernel(embedding_forward_kernel, (unsigned)M, 256, 0, stream, out, tokens, embed, d);
 }
 
-// dembed (V, d) += dout (M, d) at the rows of the tokens that `rows` groups (M = rows.rows)
+// dembed (V, d) += dout (M, d), M = rows.rows, at the rows of the tokens that `rows` groups
 inline void embedding_backward(float* dembed, const float* dout, const TokenRows& rows, int64_t d,
                                cudaStream_t stream) {
     if (rows.distinct == 0 || d == 0) return;

@@ -1,26 +1,13 @@
-// FP8 (E4M3) quantization with DeepSeek-V3's fine-grained scales (docs/design.md §1.5), into what cuBLASLt's block-scaled
-// FP8 GEMMs read (kernels/matmul.cuh). model/fp8.h is the CPU reference: the same tiles, scale =
-// max(amax, FP8_MIN_AMAX) / 448 and q = E4M3(x / scale) with an IEEE division and __nv_cvt_float_to_fp8's
-// round-to-nearest-even with saturation, so the values and scales are the CPU's bits.
-//
-// cuBLASLt multiplies FP8 operands with the summed dimension contiguous in both ("TN"). An operand is `outer` rows of
-// `inner` contiguous elements (inner: the summed dimension), and its scales are laid out as cuBLASLt's block-scaling
-// modes read them:
-//   1 x 128 tiles    (CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F): the scale of row r, elements [128 b, 128 b + 128),
-//                    at b * round_up(outer, 4) + r                      (fp8_vec128_scales(outer, inner) floats)
-//   128 x 128 blocks (CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F): block (rb, b) at
-//                    rb * round_up(ceil(inner / 128), 4) + b            (fp8_blk128_scales(outer, inner) floats)
-// (the layouts Transformer Engine's blockwise recipe gives cuBLASLt; test_gpu's FP8 GEMM checks against the CPU are
-// what confirm them on a GPU).
-//
-//   fp8_quantize_rows    x (rows, cols), FP32 or BF16, in 1 x 128 tiles -> q (rows, cols), scales (outer = rows):
-//                        the operands summed along their rows' elements (forward, input gradient)
-//   fp8_quantize_cols    x (rows, cols) in 128 x 1 tiles, written transposed: q^T (cols, ld) with rows [rows, ld)
-//                        zero (ld a multiple of 16 >= rows, as FP8 GEMMs want), scales of q^T (outer = cols,
-//                        inner = ld): the weight gradient's operands, summed over the tokens
-//   fp8_quantize_blocks  W (batch, rows, cols) FP32 in 128 x 128 blocks -> q (rows, cols) and q^T (cols, rows),
-//                        each with its scales: the weights, read as W by the forward and as W^T by the input
-//                        gradient
+// FP8 (E4M3) quantization with DeepSeek-V3's fine-grained scales (docs/design.md §1.5), into the layouts that
+// cuBLASLt's block-scaled GEMMs read (docs/design.md §7.3: `outer` rows of `inner` contiguous values). Per tile or
+// block, scale = max(amax, FP8_MIN_AMAX) / 448 and q = E4M3(x / scale), with an IEEE division and round to nearest
+// even with saturation: model/fp8.h's bits.
+//   fp8_quantize_rows    x (rows, cols), FP32 or BF16, 1 x 128 tiles -> q (rows, cols), scales (outer = rows):
+//                        the forward's and the input gradient's operands
+//   fp8_quantize_cols    x (rows, cols), 128 x 1 tiles, transposed -> q^T (cols, ld) with rows [rows, ld) zero,
+//                        scales (outer = cols, inner = ld): the weight gradient's operands, summed over the tokens
+//   fp8_quantize_blocks  W (batch, rows, cols) FP32, 128 x 128 blocks -> q (rows, cols) and q^T (cols, rows), each
+//                        with its scales: W for the forward, W^T for the input gradient
 #pragma once
 #include <cuda_fp8.h>
 
@@ -32,7 +19,7 @@
 namespace gpu {
 
 constexpr int FP8_THREADS = 256;
-constexpr int FP8_COL_TILE = 32;  // columns per block of fp8_quantize_cols
+constexpr int FP8_COL_TILE = 32;  // columns per thread block of fp8_quantize_cols
 
 __host__ __device__ inline int64_t round_up(int64_t a, int64_t multiple) { return ceil_div(a, multiple) * multiple; }
 __host__ __device__ inline int64_t fp8_vec128_scales(int64_t outer, int64_t inner) {
@@ -49,8 +36,7 @@ __device__ inline __nv_fp8_storage_t to_e4m3(float x, float scale) {
 __device__ inline float to_float(float x) { return x; }
 __device__ inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 
-// ---------------------------------------------------------------------------------------------------------------
-// 1 x 128: one warp per tile, 4 elements a lane
+// 1 x 128 tiles: a warp per tile, 4 values a thread
 
 template <typename T>
 static __global__ void fp8_quantize_rows_kernel(__nv_fp8_storage_t* q, float* scales, const T* x, int64_t rows,
@@ -82,14 +68,13 @@ inline void fp8_quantize_rows(__nv_fp8_storage_t* q, float* scales, const T* x, 
                   rows, cols);
 }
 
-// ---------------------------------------------------------------------------------------------------------------
-// 128 x 1, transposed: a block takes 128 rows x 32 columns through shared memory; thread (tx, ty) of 32 x 8 loads
-// column tx of rows ty, ty + 8, ...; warp ty writes the 128 transposed rows of columns 4 ty .. 4 ty + 3.
+// 128 x 1 tiles, transposed: a thread block takes 128 rows x 32 columns through shared memory. Thread (tx, ty) of
+// 32 x 8 loads column tx of rows ty, ty + 8, ...; warp ty writes the transposed rows of columns 4ty .. 4ty + 3.
 
 template <typename T>
 static __global__ void fp8_quantize_cols_kernel(__nv_fp8_storage_t* qt, float* scales, const T* x, int64_t rows,
                                                 int64_t cols, int64_t ld) {
-    __shared__ float tile[FP8_TILE][FP8_COL_TILE + 1];
+    __shared__ float tile[FP8_TILE][FP8_COL_TILE + 1];  // + 1: no bank conflicts down a column
     __shared__ float partial[8][FP8_COL_TILE];
     const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
     const int64_t r0 = (int64_t)blockIdx.y * FP8_TILE, c0 = (int64_t)blockIdx.x * FP8_COL_TILE;
@@ -126,8 +111,7 @@ inline void fp8_quantize_cols(__nv_fp8_storage_t* qt, float* scales, const T* x,
     launch_kernel(fp8_quantize_cols_kernel<T>, grid, FP8_THREADS, 0, stream, qt, scales, x, rows, cols, ld);
 }
 
-// ---------------------------------------------------------------------------------------------------------------
-// 128 x 128: one block per block of W, both copies
+// 128 x 128 blocks: a thread block per block of W writes both copies
 
 static __global__ void fp8_quantize_blocks_kernel(__nv_fp8_storage_t* q, __nv_fp8_storage_t* qt, float* scales,
                                                   float* scales_t, const float* W, int64_t rows, int64_t cols) {

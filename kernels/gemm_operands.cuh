@@ -1,6 +1,5 @@
-// The operands of the GEMMs (kernels/matmul.cuh), apart so that the GPU model's headers need not see cuBLASLt: an
-// input with the copies its caller keeps (GemmInput) and a weight with the copies its precision reads (GemmWeight),
-// which precision that is (GemmType); and what a Matmul allocates (MatmulCasts, matmul_memory_bytes).
+// The GEMMs' operands (docs/design.md §7.4) and what a Matmul allocates, apart from kernels/matmul.cuh so that the
+// GPU model's headers need not see cuBLASLt.
 #pragma once
 #include <array>
 #include <cstddef>
@@ -13,33 +12,29 @@
 
 namespace gpu {
 
-constexpr size_t MATMUL_WORKSPACE_BYTES = size_t(32) << 20;  // per lane: what cuBLASLt recommends for Hopper
-constexpr int MATMUL_LANES = 4;                                // streams a grouped GEMM spreads its groups over
+constexpr size_t MATMUL_WORKSPACE_BYTES = size_t(32) << 20;  // per stream: what cuBLASLt recommends for Hopper
+constexpr int MATMUL_STREAMS = 4;                                // streams a grouped GEMM spreads its groups over
 
-// Sizes (elements) of a Matmul's buffers. The two BF16 cast buffers: cast_a holds a GEMM's input (rows x K), cast_b
-// its output gradient (rows x N); 0 and 0: an FP32-only Matmul, without them. fp8_inputs: the largest input an FP8
-// GEMM quantizes (rows x K, or K x the rows padded to 16 for the weight gradient, all groups of a grouped call);
-// output_grads sizes the FP8 output gradients too, so it counts that padding as well.
+// Sizes in values. inputs, output_grads: the BF16 casts of a GEMM's input (rows x K) and output gradient (rows x N),
+// both 0 for an FP32-only Matmul; output_grads sizes the FP8 output gradients too. fp8_inputs: the largest input an
+// FP8 GEMM quantizes. The FP8 sizes count the weight gradient's rows padded to 16, over all groups of a call.
 struct MatmulCasts {
     int64_t inputs = 0, output_grads = 0, fp8_inputs = 0;
 };
 
-// The operands' type: FP32, BF16, or E4M3 with per-tile scales (kernels/fp8.cuh)
 enum class GemmType { FP32, BF16, FP8 };
 
-// A GEMM's input rows (M, K), or output gradient (M, N), as FP32, and in BF16 mode possibly their BF16 copy, laid
-// out alike (row r at r * K), made by the caller: then the call reads it instead of casting the rows itself, and the
-// FP32 rows may be absent (nullptr: an operand written only in BF16). Converts from a plain const float* (no copy:
-// the call casts).
+// A GEMM's input (M, K) or output gradient (M, N): its FP32 rows and, in BF16 mode, the BF16 copy its caller may
+// keep, laid out alike. The call reads that copy instead of casting. fp32 is nullptr for an operand written only in
+// BF16. A plain const float* converts to a GemmInput without a copy; the call then casts.
 struct GemmInput {
     const float* fp32;
     const __nv_bfloat16* bf16;
     GemmInput(const float* rows, const __nv_bfloat16* rows_bf16 = nullptr) : fp32(rows), bf16(rows_bf16) {}
 };
 
-// A weight W (N, K) in E4M3, as kernels/fp8.cuh's fp8_quantize_blocks writes it: q (N, K) with its 128 x 128 scales,
-// read by the forward, and q^T (K, N) with its own, read by the input gradient. Stacked weights (G, N, K): matrix g
-// of each at g times its size (at(g)).
+// A weight W (N, K) in E4M3 as fp8_quantize_blocks writes it: q (N, K) for the forward and q^T (K, N) for the input
+// gradient, each with its 128 x 128 block scales. A stack (G, N, K): matrix g of each at g times its size (at(g)).
 struct Fp8Weight {
     const __nv_fp8_storage_t *q = nullptr, *qt = nullptr;
     const float *scales = nullptr, *scales_t = nullptr;
@@ -50,9 +45,8 @@ struct Fp8Weight {
     }
 };
 
-// A linear layer's weight W (N, K) (or a stack (G, N, K)) with the copies the GEMMs read: the FP32 master, and in
-// BF16 or FP8 mode the caller's BF16 copy (refreshed after each update), and in FP8 mode its E4M3 copies. The most
-// compact copy present decides the GEMMs' precision: FP8, else BF16, else FP32. Converts from a plain const float*.
+// A linear layer's weight W (N, K), or a stack (G, N, K): the FP32 master, the working copy (BF16 and FP8 modes) and
+// the E4M3 copies (FP8 mode). The most compact copy present decides the precision: FP8, else BF16, else FP32.
 struct GemmWeight {
     const float* fp32;
     const __nv_bfloat16* bf16;
@@ -64,13 +58,11 @@ struct GemmWeight {
     }
 };
 
-// The rows of an FP8 weight gradient's operands, whose summed dimension is the tokens: M padded with zeros to a
-// multiple of 16 (FP8 leading dimensions are multiples of 16 bytes)
+// An FP8 weight gradient sums over the M tokens, zero-padded to 16: FP8 leading dimensions are 16-byte multiples
 inline int64_t fp8_padded_rows(int64_t M) { return round_up(M, 16); }
 
-// The FP8 buffers' {values, scales} for GEMMs whose inputs and output gradients have up to `casts` elements:
-// FP8_INPUT, FP8_GRAD_ROWS, FP8_GRAD_T. A scale per 128 values along rows at least 16 wide (FP8 widths are multiples
-// of 16), so at most values / 16 of them, plus the padding of a few groups; the buffers grow beyond when needed.
+// The FP8 buffers' {values, scales} (FP8_INPUT, FP8_GRAD_ROWS, FP8_GRAD_T) for the sizes in casts. A scale per 128
+// values along rows at least 16 wide: at most values / 16, plus room for a few groups' padding. They grow if needed.
 inline std::array<std::array<int64_t, 2>, 3> matmul_fp8_sizes(MatmulCasts casts) {
     auto sized = [](int64_t values) { return std::array<int64_t, 2>{values, values / 16 + 1024}; };
     return {sized(casts.fp8_inputs), sized(casts.output_grads), sized(casts.output_grads)};
@@ -78,7 +70,7 @@ inline std::array<std::array<int64_t, 2>, 3> matmul_fp8_sizes(MatmulCasts casts)
 
 // The workspaces, the cast buffers and with fp8 the FP8 buffers, as matmul_create allocates them for `casts`.
 inline int64_t matmul_memory_bytes(MatmulCasts casts, bool fp8 = false) {
-    const int64_t workspaces = (int64_t)MATMUL_LANES * (int64_t)MATMUL_WORKSPACE_BYTES;
+    const int64_t workspaces = (int64_t)MATMUL_STREAMS * (int64_t)MATMUL_WORKSPACE_BYTES;
     int64_t fp8_bytes = 0;
     if (fp8)
         for (const auto& size : matmul_fp8_sizes(casts)) fp8_bytes += size[0] + size[1] * (int64_t)sizeof(float);

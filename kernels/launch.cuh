@@ -1,8 +1,7 @@
-// Kernel launches and dynamic shared memory, the only two places that use CUDA's own syntax for them:
-//   launch_kernel(kernel, grid, block, shared_bytes, stream, args...) is kernel<<<grid, block, shared_bytes,
-//       stream>>>(args...) followed by the launch check (docs/design.md §4), so no launcher can forget the check; above
-//       48 KiB of dynamic shared memory it first raises the kernel's limit (up to 227 KiB on Hopper);
-//   dynamic_shared<T>() is the block's dynamic shared memory (the launch's shared_bytes) as T*, 128-byte aligned.
+// CUDA's own launch syntax appears only here. launch_kernel(kernel, grid, block, shared_bytes, stream, args...) runs
+// kernel<<<grid, block, shared_bytes, stream>>>(args...) and checks the launch, so no launcher can forget the check.
+// Above 48 KiB of dynamic shared memory it first raises the kernel's limit (up to 227 KiB on Hopper).
+// dynamic_shared<T>() is the thread block's dynamic shared memory as T*, 128-byte aligned.
 // The kernel emulator (test/kernel_emulator/) replaces this file to run the same kernels on the CPU.
 #pragma once
 #include <cstddef>

@@ -8,7 +8,7 @@
 // A call's precision is its weight's (GemmWeight): FP32, BF16 (inputs cast once by the caller, or here into the
 // Matmul's cast buffers) or FP8 with DeepSeek-V3's scales (operands quantized here, §7.3); accumulation and outputs
 // are FP32. The heuristic's choice is cached per problem (§7.5). A grouped call is one cuBLASLt call per group,
-// spread over the Matmul's lanes (streams), so the group sizes come from the host (§7.6).
+// spread over the Matmul's streams, so the group sizes come from the host (§7.6).
 // Every cuBLASLt call is checked; a failed multiply reports the whole problem (site, shapes, layouts, alignments).
 #pragma once
 #include <algorithm>
@@ -81,11 +81,11 @@ enum { FP8_INPUT = 0, FP8_GRAD_ROWS = 1, FP8_GRAD_T = 2 };
 struct Matmul {  // one per stream
     cublasLtHandle_t handle = nullptr;
     cudaStream_t stream = nullptr;        // the caller's: every call is ordered on it
-    void* workspace = nullptr;            // MATMUL_LANES slices of workspace_bytes, slice i for lane i
+    void* workspace = nullptr;            // MATMUL_STREAMS slices of workspace_bytes, slice i for stream i
     size_t workspace_bytes = 0;
-    std::array<cudaStream_t, MATMUL_LANES> lanes{};       // lanes[0] = stream; the others created by matmul_create
-    std::array<cudaEvent_t, MATMUL_LANES> lane_events{};  // [0]: the casts are queued (fork); [i]: lane i done (join)
-    int group_lanes = MATMUL_LANES;                       // lanes a grouped call uses, 1 to MATMUL_LANES
+    std::array<cudaStream_t, MATMUL_STREAMS> streams{};     // streams[0] = stream; the others made by matmul_create
+    std::array<cudaEvent_t, MATMUL_STREAMS> stream_events{};  // [0]: the casts are queued (fork); [i]: stream i done (join)
+    int group_streams = MATMUL_STREAMS;                         // streams a grouped call uses, 1 to MATMUL_STREAMS
     __nv_bfloat16 *cast_a = nullptr, *cast_b = nullptr;  // BF16 casts of the activation operands
     MatmulCasts cast_capacity;
     std::array<Fp8Buffer, 3> fp8{};                       // FP8_INPUT, FP8_GRAD_ROWS, FP8_GRAD_T
@@ -93,7 +93,6 @@ struct Matmul {  // one per stream
     std::map<MatmulKey, MatmulPlan> cache;
 };
 
-// ---------------------------------------------------------------------------------------------------------------
 // BF16 cast
 
 static __global__ void cast_to_bf16_kernel(__nv_bfloat16* out, const float* in, int64_t n) {
@@ -108,7 +107,6 @@ inline void cast_to_bf16(__nv_bfloat16* out, const float* in, int64_t n, cudaStr
                   in, n);
 }
 
-// ---------------------------------------------------------------------------------------------------------------
 // Setup
 
 inline void matmul_clear_cache(Matmul& mm) {
@@ -132,9 +130,9 @@ inline void matmul_destroy(Matmul& mm) {
         CUDA_CHECK(cudaFree(b.values));
         CUDA_CHECK(cudaFree(b.scales));
     }
-    for (int i = 1; i < MATMUL_LANES; i++)
-        if (mm.lanes[i]) CUDA_CHECK(cudaStreamDestroy(mm.lanes[i]));
-    for (cudaEvent_t e : mm.lane_events)
+    for (int i = 1; i < MATMUL_STREAMS; i++)
+        if (mm.streams[i]) CUDA_CHECK(cudaStreamDestroy(mm.streams[i]));
+    for (cudaEvent_t e : mm.stream_events)
         if (e) CUDA_CHECK(cudaEventDestroy(e));
     if (mm.handle) CUBLAS_CHECK(cublasLtDestroy(mm.handle));
     mm = Matmul{};
@@ -152,7 +150,7 @@ inline void matmul_alloc(Matmul& mm, void** ptr, size_t bytes, const char* what)
     }
 }
 
-// The two cast buffers (a Matmul without them, casts {0, 0}, serves FP32 GEMMs only)
+// The two cast buffers; a Matmul without them (casts {0, 0}) serves FP32 GEMMs only
 inline void matmul_alloc_casts(Matmul& mm, MatmulCasts casts) {
     matmul_alloc(mm, (void**)&mm.cast_a, (size_t)casts.inputs * sizeof(__nv_bfloat16), "the BF16 GEMM input casts");
     matmul_alloc(mm, (void**)&mm.cast_b, (size_t)casts.output_grads * sizeof(__nv_bfloat16),
@@ -160,9 +158,8 @@ inline void matmul_alloc_casts(Matmul& mm, MatmulCasts casts) {
     mm.cast_capacity = casts;
 }
 
-// fp8[which] with room for at least `values` E4M3 values and `scales` scales, grown (after waiting for mm's stream,
-// whose queued work may read the old buffers; the lanes' work is joined into it) when it has less. Throws as
-// matmul_create.
+// fp8[which] with room for `values` values and `scales` scales, grown when smaller. Growing first waits for mm's
+// stream, whose queued work may read the old buffers; the other streams are joined into it. Throws as matmul_create.
 inline Fp8Buffer& matmul_fp8_buffer(Matmul& mm, int which, int64_t values, int64_t scales) {
     Fp8Buffer& b = mm.fp8[which];
     if (values <= b.values_capacity && scales <= b.scales_capacity) return b;
@@ -184,25 +181,24 @@ inline void matmul_fp8_reserve(Matmul& mm, MatmulCasts casts) {
     for (int i = 0; i < 3; i++) matmul_fp8_buffer(mm, i, sizes[i][0], sizes[i][1]);
 }
 
-// casts: the largest input and output gradient any BF16 call will cast; {0, 0} for FP32-only use. fp8: the FP8
-// buffers are allocated too, for casts.fp8_inputs and casts.output_grads (and grown by matmul_reserve).
+// casts: the largest input and output gradient any BF16 call will cast; {0, 0} for FP32-only use. With fp8 the FP8
+// buffers are allocated too, for casts.fp8_inputs and casts.output_grads; matmul_reserve grows them.
 inline void matmul_create(Matmul& mm, cudaStream_t stream, MatmulCasts casts, bool fp8 = false) {
     if (mm.handle || mm.workspace) matmul_destroy(mm);
     mm = Matmul{};
-    mm.stream = mm.lanes[0] = stream;
-    for (int i = 1; i < MATMUL_LANES; i++) CUDA_CHECK(cudaStreamCreateWithFlags(&mm.lanes[i], cudaStreamNonBlocking));
-    for (cudaEvent_t& e : mm.lane_events) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    mm.stream = mm.streams[0] = stream;
+    for (int i = 1; i < MATMUL_STREAMS; i++) CUDA_CHECK(cudaStreamCreateWithFlags(&mm.streams[i], cudaStreamNonBlocking));
+    for (cudaEvent_t& e : mm.stream_events) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     CUBLAS_CHECK(cublasLtCreate(&mm.handle));
-    matmul_alloc(mm, &mm.workspace, MATMUL_LANES * MATMUL_WORKSPACE_BYTES, "the cuBLASLt workspaces");
+    matmul_alloc(mm, &mm.workspace, MATMUL_STREAMS * MATMUL_WORKSPACE_BYTES, "the cuBLASLt workspaces");
     mm.workspace_bytes = MATMUL_WORKSPACE_BYTES;
     if (casts.inputs > 0 || casts.output_grads > 0) matmul_alloc_casts(mm, casts);
     mm.fp8_enabled = fp8;
     if (fp8) matmul_fp8_reserve(mm, casts);
 }
 
-// Grows the cast buffers to at least casts (the routed experts' rows grow with the routing). A Matmul created for
-// FP32 only never casts and stays without buffers. Waits for mm's stream first: queued casts and GEMMs may still
-// read the old buffers. Throws as matmul_create.
+// Grows the buffers to at least casts: the routed experts' rows grow with the routing. An FP32-only Matmul keeps
+// none. Waits for mm's stream first: queued casts and GEMMs may still read the old buffers. Throws as matmul_create.
 inline void matmul_reserve(Matmul& mm, MatmulCasts casts) {
     if (mm.fp8_enabled) matmul_fp8_reserve(mm, casts);
     const MatmulCasts have = mm.cast_capacity;
@@ -216,8 +212,7 @@ inline void matmul_reserve(Matmul& mm, MatmulCasts casts) {
     matmul_alloc_casts(mm, {std::max(casts.inputs, have.inputs), std::max(casts.output_grads, have.output_grads)});
 }
 
-// ---------------------------------------------------------------------------------------------------------------
-// The one cuBLASLt call everything goes through (column-major terms, see the top of the file)
+// The one cuBLASLt call everything goes through, in column-major terms (docs/design.md §7.2)
 
 // The largest power of two (at most 256) that divides the address.
 inline uint32_t matmul_pointer_alignment(const void* p) {
@@ -246,9 +241,8 @@ struct MatmulProblem {
     Fp8Scales scales;
 };
 
-// The cached plan for a problem (descriptors and the heuristic's algorithm), made on first sight. No algorithm
-// (or a failing heuristic) ends the program with the whole problem reported, except for FP8 when `fp8_optional`:
-// then the plan comes back with found == false (cached too), said once on stderr, and the caller runs BF16.
+// The cached plan of a problem, made on first sight. No algorithm, or a failing heuristic, ends the program with the
+// problem reported. With fp8_optional an FP8 refusal instead returns found == false: cached, said once, run in BF16.
 inline const MatmulPlan& matmul_plan(Matmul& mm, const MatmulSite& site, const MatmulProblem& q,
                                      bool fp8_optional = false) {
     const bool fp8 = q.type == GemmType::FP8;
@@ -289,7 +283,6 @@ inline const MatmulPlan& matmul_plan(Matmul& mm, const MatmulSite& site, const M
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, in_type, q.ta ? q.k : q.m, q.ta ? q.m : q.k, q.lda));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, in_type, q.tb ? q.n : q.k, q.tb ? q.k : q.n, q.ldb));
     CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.d, CUDA_R_32F, q.m, q.n, q.ldd));
-
     cublasLtMatmulPreference_t pref;
     CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     const uint64_t workspace = mm.workspace_bytes;
@@ -310,8 +303,7 @@ inline const MatmulPlan& matmul_plan(Matmul& mm, const MatmulSite& site, const M
     CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
     const bool none = status == CUBLAS_STATUS_NOT_SUPPORTED ||
                       (status == CUBLAS_STATUS_SUCCESS && (found == 0 || result.state != CUBLAS_STATUS_SUCCESS));
-    // a refusal of the problem: no algorithm, or INVALID_VALUE (an "impossible configuration", as the library may
-    // answer an FP8 shape it does not take)
+    // a refusal: no algorithm, or INVALID_VALUE, which the library may answer for an FP8 shape it does not take
     const bool refused = none || status == CUBLAS_STATUS_INVALID_VALUE;
     if (refused && fp8 && fp8_optional) {
         report("no FP8 algorithm", status == CUBLAS_STATUS_SUCCESS ? result.state : status,
@@ -328,11 +320,10 @@ inline const MatmulPlan& matmul_plan(Matmul& mm, const MatmulSite& site, const M
     return mm.cache.emplace(key, p).first->second;
 }
 
-// Queues the problem on lane `lane` (its plan found first: see matmul_plan). k = 0 is an empty sum: D = 0, or D
-// unchanged.
-inline void matmul_lt(Matmul& mm, int lane, const MatmulSite& site, const MatmulProblem& q, bool accumulate) {
+// Queues the problem on stream `on` of mm.streams. k = 0 is an empty sum: D = 0, or D unchanged when accumulating.
+inline void matmul_lt(Matmul& mm, int on, const MatmulSite& site, const MatmulProblem& q, bool accumulate) {
     if (q.m == 0 || q.n == 0) return;
-    const cudaStream_t stream = mm.lanes[lane];
+    const cudaStream_t stream = mm.streams[on];
     if (q.k == 0) {
         if (!accumulate)
             CUDA_CHECK(cudaMemset2DAsync(q.D, (size_t)q.ldd * sizeof(float), 0, (size_t)q.m * sizeof(float),
@@ -342,7 +333,7 @@ inline void matmul_lt(Matmul& mm, int lane, const MatmulSite& site, const Matmul
     const MatmulPlan& p = matmul_plan(mm, site, q);
     if (q.type == GemmType::FP8) set_scale_pointers(p.desc, q.scales);  // the only per-call attributes
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    void* workspace = (char*)mm.workspace + (size_t)lane * mm.workspace_bytes;
+    void* workspace = (char*)mm.workspace + (size_t)on * mm.workspace_bytes;
     const cublasStatus_t status = cublasLtMatmul(mm.handle, p.desc, &alpha, q.A, p.a, q.B, p.b, &beta, q.D, p.d, q.D,
                                                  p.d, &p.algo, workspace, mm.workspace_bytes, stream);
     if (status != CUBLAS_STATUS_SUCCESS) {
@@ -354,8 +345,7 @@ inline void matmul_lt(Matmul& mm, int lane, const MatmulSite& site, const Matmul
     }
 }
 
-// Casts n floats into one of mm's BF16 buffers (the input's or the output gradient's); exceeding its capacity is an
-// internal error (the caller sized it).
+// Casts n floats into mm's BF16 buffer of inputs or of output gradients; more than the caller sized is an error.
 inline const __nv_bfloat16* matmul_cast(Matmul& mm, bool output_grad, const float* src, int64_t n,
                                         const MatmulSite& site, const char* operand) {
     __nv_bfloat16* buffer = output_grad ? mm.cast_b : mm.cast_a;
@@ -371,8 +361,7 @@ inline const __nv_bfloat16* matmul_cast(Matmul& mm, bool output_grad, const floa
     return buffer;
 }
 
-// The three products on row-major operands (see the mapping at the top), as problems: A, B point at FP32 or BF16
-// data as `type` says; D is always FP32.
+// The three products as problems (docs/design.md §7.2): A and B are FP32 or BF16 as `type` says; D is FP32.
 inline MatmulProblem gemm_forward_problem(GemmType type, float* out, const void* inp, const void* W, int64_t M,
                                           int64_t K, int64_t N) {
     return {type, /*ta*/ true, /*tb*/ false, N, M, K, W, K, inp, K, out, N, {}};
@@ -386,15 +375,8 @@ inline MatmulProblem gemm_dW_problem(GemmType type, float* dW, const void* dout,
     return {type, false, true, K, N, M, inp, K, dout, N, dW, K, {}};
 }
 
-// The same three in FP8. cuBLASLt's FP8 GEMMs want both operands with the summed dimension contiguous (op(A) = T,
-// op(B) = N), so each product reads the copy that has it so:
-//   forward  out^T (N, M)  = W (N, K) @ inp^T:    A = W8 (K, N) ld K,  128x128 scales;  B = inp8 (K, M) ld K,  1x128
-//   dinp     dinp^T (K, M) = W^T @ dout^T:        A = W8^T (N, K) ld N, its scales;    B = dout8 (N, M) ld N, 1x128
-//   dW       dW^T (K, N)   = inp^T @ dout:        A = inp8^T (Mp, K) ld Mp;            B = dout8^T (Mp, N) ld Mp,
-//            both 128x1 tiles down the tokens, written transposed with the M rows padded with zeros to Mp, a multiple
-//            of 16 (FP8 leading dimensions are multiples of 16 bytes).
-// Every summed dimension (K, N, Mp) must be a multiple of 16: the model's widths are (checked by gpu_model_init). A
-// problem cuBLASLt has no FP8 algorithm for runs in BF16 instead (fp8_takes, said once per shape).
+// The same three in FP8, "TN" on the copies stored with the summed dimension contiguous (docs/design.md §7.3).
+// Every summed dimension (K, N, Mp) must be a multiple of 16; gpu_model_init checks the model's widths.
 inline MatmulProblem fp8_forward_problem(float* out, const __nv_fp8_storage_t* inp, const float* inp_scales,
                                          const Fp8Weight& W, int64_t M, int64_t K, int64_t N) {
     return {GemmType::FP8, true, false, N, M, K, W.q, K, inp, K, out, N, {W.scales, inp_scales, true, false}};
@@ -414,8 +396,8 @@ inline bool fp8_takes(Matmul& mm, const MatmulSite& s, const MatmulProblem& q) {
     return q.m == 0 || q.n == 0 || q.k == 0 || matmul_plan(mm, s, q, /*fp8_optional*/ true).found;
 }
 
-// Rows [first, first + rows) of a GEMM input (or output gradient) of width `cols`, quantized from its FP32 rows
-// when it has them (the values the CPU reference quantizes), else from its BF16 copy.
+// Rows [first, first + rows) of a GEMM input or output gradient, `cols` wide, quantized from its FP32 rows when it
+// has them (what the CPU quantizes), else from its BF16 copy.
 inline void fp8_rows_of(const GemmInput& x, int64_t first, int64_t rows, int64_t cols, __nv_fp8_storage_t* q,
                         float* scales, cudaStream_t stream) {
     if (x.fp32)
@@ -431,8 +413,8 @@ inline void fp8_cols_of(const GemmInput& x, int64_t first, int64_t rows, int64_t
         fp8_quantize_cols(qt, scales, x.bf16 + first * cols, rows, cols, fp8_padded_rows(rows), stream);
 }
 
-// Where each group's quantized operands go in an Fp8Buffer: group g's rows-quantized values at its rows' place, the
-// scales (their layout depends on the group's row count) and transposes (padded) one after another.
+// Where each group's quantized operands go in an Fp8Buffer: group g's row-quantized values at its rows' place; the
+// scales, whose layout depends on the group's row count, and the padded transposes one after another.
 struct Fp8GroupPlace {
     std::vector<int64_t> row_scales, t_values, t_scales;  // G + 1 prefix sums each
 };
@@ -447,7 +429,6 @@ inline Fp8GroupPlace fp8_group_place(const int64_t* offsets, int64_t G, int64_t 
     return p;
 }
 
-// ---------------------------------------------------------------------------------------------------------------
 // The API
 
 // The BF16 rows of x (width wide) from row `first` on (n elements): the caller's copy, or a cast into the buffer of
@@ -547,35 +528,34 @@ inline int64_t grouped_first_row(const MatmulSite& s, const int64_t* offsets, in
     return offsets[0];
 }
 
-// Runs group(g, lane) for every nonempty group g: the largest first, each on the lane with the fewest rows so far
-// (the routing is rarely balanced). Lanes 1.. first wait for what is queued on the caller's stream (the casts), and
-// the caller's stream then waits for them.
+// Runs group(g, on) for every nonempty group g, the largest first, each on the stream with the fewest rows so far
+// (docs/design.md §7.6). Streams 1.. first wait for the caller's stream (fork); it then waits for them (join).
 template <typename GroupCall>
-inline void grouped_on_lanes(Matmul& mm, const int64_t* offsets, int64_t G, GroupCall&& group) {
+inline void grouped_on_streams(Matmul& mm, const int64_t* offsets, int64_t G, GroupCall&& group) {
     std::vector<int64_t> order;  // the nonempty groups, largest first (ties in group order)
     for (int64_t g = 0; g < G; g++)
         if (offsets[g + 1] > offsets[g]) order.push_back(g);
     std::stable_sort(order.begin(), order.end(),
                      [&](int64_t x, int64_t y) { return offsets[x + 1] - offsets[x] > offsets[y + 1] - offsets[y]; });
-    const int64_t most = std::min<int64_t>({mm.group_lanes, MATMUL_LANES, (int64_t)order.size()});
-    const int lanes = (int)std::max<int64_t>(1, most);
-    if (lanes > 1) CUDA_CHECK(cudaEventRecord(mm.lane_events[0], mm.stream));
-    for (int i = 1; i < lanes; i++) CUDA_CHECK(cudaStreamWaitEvent(mm.lanes[i], mm.lane_events[0], 0));
-    std::array<int64_t, MATMUL_LANES> rows{};
+    const int64_t most = std::min<int64_t>({mm.group_streams, MATMUL_STREAMS, (int64_t)order.size()});
+    const int used = (int)std::max<int64_t>(1, most);
+    if (used > 1) CUDA_CHECK(cudaEventRecord(mm.stream_events[0], mm.stream));
+    for (int i = 1; i < used; i++) CUDA_CHECK(cudaStreamWaitEvent(mm.streams[i], mm.stream_events[0], 0));
+    std::array<int64_t, MATMUL_STREAMS> rows{};
     for (int64_t g : order) {
-        const int lane = (int)(std::min_element(rows.begin(), rows.begin() + lanes) - rows.begin());
-        rows[lane] += offsets[g + 1] - offsets[g];
-        group(g, lane);
+        const int on = (int)(std::min_element(rows.begin(), rows.begin() + used) - rows.begin());
+        rows[on] += offsets[g + 1] - offsets[g];
+        group(g, on);
     }
-    for (int i = 1; i < lanes; i++) {
-        CUDA_CHECK(cudaEventRecord(mm.lane_events[i], mm.lanes[i]));
-        CUDA_CHECK(cudaStreamWaitEvent(mm.stream, mm.lane_events[i], 0));
+    for (int i = 1; i < used; i++) {
+        CUDA_CHECK(cudaEventRecord(mm.stream_events[i], mm.streams[i]));
+        CUDA_CHECK(cudaStreamWaitEvent(mm.stream, mm.stream_events[i], 0));
     }
 }
 
-// out rows [offsets[g], offsets[g+1]) (=) inp rows @ W_g^T, W (G, N, K) in its precision. offsets: host. In FP8
-// the groups' rows are quantized before the lanes fork (one launch per group: a group's scales are laid out for its
-// own row count); if cuBLASLt refuses any group's FP8 shape, the whole call runs in BF16.
+// out rows [offsets[g], offsets[g+1]) (=) inp rows @ W_g^T, W (G, N, K) in its precision; offsets on the host. In
+// FP8 each group is quantized before the fork, by its own launch, as its scales' layout depends on its row count.
+// If cuBLASLt refuses any group's FP8 shape, the whole call runs in BF16.
 inline void grouped_matmul_forward(Matmul& mm, float* out, GemmInput inp, const GemmWeight& W, const int64_t* offsets,
                                    int64_t G, int64_t K, int64_t N) {
     if (G <= 0) return;
@@ -601,24 +581,23 @@ inline void grouped_matmul_forward(Matmul& mm, float* out, GemmInput inp, const 
                             q->scales + place.row_scales[g], mm.stream);
     const __nv_bfloat16* inp16 = type == GemmType::BF16 ? matmul_bf16_rows(mm, inp, first, K, rows * K, s) : nullptr;
     const float* inp32 = type == GemmType::FP32 ? matmul_input_fp32(inp, s) : nullptr;
-    grouped_on_lanes(mm, offsets, G, [&](int64_t g, int lane) {
+    grouped_on_streams(mm, offsets, G, [&](int64_t g, int on) {
         const int64_t r0 = offsets[g], M = offsets[g + 1] - r0;
         const MatmulSite sg{"grouped_matmul_forward (one group)", M, K, N};
         const GemmWeight Wg = W.at(g, N, K);
         if (type == GemmType::FP8) {
-            matmul_lt(mm, lane, sg, fp8_problem(g), false);
+            matmul_lt(mm, on, sg, fp8_problem(g), false);
             return;
         }
         const bool bf16 = type == GemmType::BF16;
         const void* x = bf16 ? (const void*)(inp16 + (r0 - first) * K) : (const void*)(inp32 + r0 * K);
         const void* w = bf16 ? (const void*)Wg.bf16 : (const void*)Wg.fp32;
-        matmul_lt(mm, lane, sg, gemm_forward_problem(type, out + r0 * N, x, w, M, K, N), false);
+        matmul_lt(mm, on, sg, gemm_forward_problem(type, out + r0 * N, x, w, M, K, N), false);
     });
 }
 
-// Per group g: dinp rows (=) dout rows @ W_g;  dW_g (N, K) += dout rows^T @ inp rows. offsets: host. In FP8 every
-// group's operands are quantized before the lanes fork; if cuBLASLt refuses any group's FP8 shape, the whole call
-// runs in BF16.
+// Per group g: dinp rows (=) dout rows @ W_g;  dW_g (N, K) += dout rows^T @ inp rows; offsets on the host. FP8 as
+// in grouped_matmul_forward: every group quantized before the fork, or the whole call in BF16.
 inline void grouped_matmul_backward(Matmul& mm, float* dinp, float* dW, const float* dout, GemmInput inp,
                                     const GemmWeight& W, const int64_t* offsets, int64_t G, int64_t K, int64_t N) {
     if (G <= 0) return;
@@ -664,22 +643,22 @@ inline void grouped_matmul_backward(Matmul& mm, float* dinp, float* dW, const fl
     } else if (type == GemmType::FP32) {
         inp32 = matmul_input_fp32(inp, s);
     }
-    grouped_on_lanes(mm, offsets, G, [&](int64_t g, int lane) {
+    grouped_on_streams(mm, offsets, G, [&](int64_t g, int on) {
         const int64_t r0 = offsets[g], M = offsets[g + 1] - r0;
         const MatmulSite sg{"grouped_matmul_backward (one group)", M, K, N};
         const GemmWeight Wg = W.at(g, N, K);
         float* dW_g = dW + g * N * K;
         if (type == GemmType::FP8) {
-            if (dinp) matmul_lt(mm, lane, sg, fp8_dinp(g), false);
-            matmul_lt(mm, lane, sg, fp8_dW(g), true);
+            if (dinp) matmul_lt(mm, on, sg, fp8_dinp(g), false);
+            matmul_lt(mm, on, sg, fp8_dW(g), true);
             return;
         }
         const bool bf16 = type == GemmType::BF16;
         const void* grad_g = bf16 ? (const void*)(dout16 + (r0 - first) * N) : (const void*)(dout + r0 * N);
         const void* x = bf16 ? (const void*)(inp16 + (r0 - first) * K) : (const void*)(inp32 + r0 * K);
         const void* w = bf16 ? (const void*)Wg.bf16 : (const void*)Wg.fp32;
-        if (dinp) matmul_lt(mm, lane, sg, gemm_dinp_problem(type, dinp + r0 * K, grad_g, w, M, K, N), false);
-        matmul_lt(mm, lane, sg, gemm_dW_problem(type, dW_g, grad_g, x, M, K, N), true);
+        if (dinp) matmul_lt(mm, on, sg, gemm_dinp_problem(type, dinp + r0 * K, grad_g, w, M, K, N), false);
+        matmul_lt(mm, on, sg, gemm_dW_problem(type, dW_g, grad_g, x, M, K, N), true);
     });
 }
 

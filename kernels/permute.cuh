@@ -1,15 +1,14 @@
-// The routed experts' rows of one MoE layer (docs/design.md §2; the CPU's are model/expert_plan.cpp and
-// model/moe.cpp). Assignment a = t*k + j is token t's j-th chosen expert; n = N*k assignments.
-//   plan:     counts (E), offsets (E+1), row_of_assignment (n) and its inverse assignment_of_row (n): the stable
-//             counting sort of build_expert_plan (model/expert_plan.h), rows in assignment order within an expert.
-//   permute:  out[r] = in[source[r] / k] (the token rows into plan order: source = assignment_of_row; with k = 1
-//             any gather of rows, as the dispatch's sort into expert order);
+// The routed experts' rows of one MoE layer (docs/design.md §1.2); the CPU's are model/expert_plan.cpp, model/moe.cpp.
+// Assignment a = t*k + j, n = N*k of them.
+//   plan:     the expert plan: counts (E), offsets (E+1), row_of_assignment (n), its inverse assignment_of_row (n)
+//   permute:  out[r] = in[source[r] / k], source = assignment_of_row: the token rows into plan order. With k = 1,
+//             any gather of rows, as the dispatch's sort into local expert order.
 //             backward dx[t] (=|+=) sum_j drows[row_of_assignment[t*k+j]]
 //   combine:  out[t] (=|+=) sum_j w_tj rows[row_of_assignment[t*k+j]];
 //             backward drows[row_of_assignment[a]] = w_a dout[t], dw_a = dout[t] . rows[row_of_assignment[a]]
-// Deterministic without float atomics: one block per expert walks the assignments in order to build the plan (a
-// stable compaction with warp ballots), and the backward sums run in j order per token. The plan costs
-// O(n E / threads) steps: fine for E <= 256 and n of a few 100K.
+// No float atomics: a thread block per expert walks the assignments in order (a stable compaction with warp
+// ballots), and the backward sums run in j order per token. The plan takes O(n E / threads) steps: fine for E <= 256
+// and n of a few 100K.
 #pragma once
 #include <cstdint>
 
@@ -19,7 +18,7 @@ namespace gpu {
 
 constexpr int PLAN_THREADS = 512, ROW_THREADS = 256;
 
-// one block per expert e: counts[e] = #{a : chosen[a] == e}
+// a thread block per expert e: counts[e] = #{a : chosen[a] == e}
 static __global__ void expert_count_kernel(int64_t* counts, const int32_t* chosen, int64_t n) {
     const int e = blockIdx.x;
     int64_t count = 0;
@@ -30,9 +29,9 @@ static __global__ void expert_count_kernel(int64_t* counts, const int32_t* chose
     if (threadIdx.x == 0) counts[e] = count;
 }
 
-// One block per expert e: its first row is the sum of the earlier experts' counts; then it walks the assignments
-// in chunks of blockDim and gives its hits consecutive rows in assignment order. Within a chunk a hit's rank is the
-// hits of the earlier warps (from shared memory) plus those of the earlier lanes of its own warp (ballot).
+// A thread block per expert e. Its first row is the sum of the earlier experts' counts. It walks the assignments in
+// chunks of blockDim and gives its hits consecutive rows in assignment order. A hit's rank in a chunk is the hits of
+// the earlier warps (shared memory) plus those of the earlier threads of its warp (ballot).
 static __global__ void expert_place_kernel(int64_t* row_of_assignment, int64_t* assignment_of_row, int64_t* offsets,
                                     const int64_t* counts, const int32_t* chosen, int64_t n, int E) {
     __shared__ int warp_hits[32];  // hits of each warp in the current chunk
@@ -63,8 +62,8 @@ static __global__ void expert_place_kernel(int64_t* row_of_assignment, int64_t* 
     }
 }
 
-// one block per row r: rows[r] = x[source[r] / k] (FP32 or BF16 values: a copy). wide: 16 bytes a thread (the rows'
-// bytes a multiple of 16 and both buffers 16-byte aligned), else one value a thread.
+// a thread block per row r: rows[r] = x[source[r] / k], FP32 or BF16 copied as is. wide: 16 bytes a thread, for
+// rows of a multiple of 16 bytes and both buffers 16-byte aligned; else one value a thread.
 template <typename T>
 static __global__ void permute_forward_kernel(T* rows, const T* x, const int64_t* source, int k, int64_t d,
                                               bool wide) {
@@ -78,7 +77,7 @@ static __global__ void permute_forward_kernel(T* rows, const T* x, const int64_t
     }
 }
 
-// one block per token t: dx[t] (=|+=) sum_j drows[row_of_assignment[t*k+j]], in j order
+// a thread block per token t: dx[t] (=|+=) sum_j drows[row_of_assignment[t*k+j]], in j order
 static __global__ void permute_backward_kernel(float* dx, const float* drows, const int64_t* row_of_assignment, int k,
                                                int64_t d, bool accumulate) {
     const int64_t t = blockIdx.x;
@@ -89,7 +88,7 @@ static __global__ void permute_backward_kernel(float* dx, const float* drows, co
     }
 }
 
-// one block per token t: out[t] (=|+=) sum_j w_tj rows[row_of_assignment[t*k+j]], in j order
+// a thread block per token t: out[t] (=|+=) sum_j w_tj rows[row_of_assignment[t*k+j]], in j order
 static __global__ void combine_forward_kernel(float* out, const float* rows, const float* weights,
                                               const int64_t* row_of_assignment, int k, int64_t d, bool accumulate) {
     const int64_t t = blockIdx.x;
@@ -100,7 +99,7 @@ static __global__ void combine_forward_kernel(float* out, const float* rows, con
     }
 }
 
-// one block per assignment a = t*k + j: drows[row] = w_a dout[t];  dweights[a] = dout[t] . rows[row]
+// a thread block per assignment a = t*k + j: drows[row] = w_a dout[t];  dweights[a] = dout[t] . rows[row]
 static __global__ void combine_backward_kernel(float* drows, float* dweights, const float* dout, const float* rows,
                                                const float* weights, const int64_t* row_of_assignment, int k,
                                                int64_t d) {
@@ -125,7 +124,7 @@ inline void build_expert_plan(int64_t* counts, int64_t* offsets, int64_t* row_of
                   counts, chosen, n, E);
 }
 
-// x (N, d) -> rows (N*k, d), rows[r] = x[source[r] / k]; T: float, or __nv_bfloat16 (the BF16 rows)
+// x (N, d) -> rows (N*k, d), rows[r] = x[source[r] / k]; T: float or __nv_bfloat16
 template <typename T>
 inline void permute_forward(T* rows, const T* x, const int64_t* source, int64_t N, int k, int64_t d,
                             cudaStream_t stream) {

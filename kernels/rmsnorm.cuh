@@ -1,15 +1,12 @@
 // RMSNorm over the rows of (M, C), FP32 (docs/design.md §1):
-//   forward:  r_m = 1 / sqrt(mean_c x_mc^2 + eps) (saved as rstd (M)),  y_mc = x_mc r_m w_c; with a BF16 output
-//             too (out16 not null), y rounded to BF16 in the same pass: the copy the BF16 GEMMs that read y take
-//             (kernels/matmul.cuh's GemmInput), without a cast kernel reading y back
-//   residual forward (the pre-norm block's add fused with the norm that reads it): x = a + b is written out (the
-//             residual stream) and normalised in the same pass, so x is not read back from memory by a second
-//             kernel; the sum is the same float add as the CPU's, so x is exact
-//   backward: dx_mc = r_m dy_mc w_c - x_mc r_m^3 / C * sum_c' dy_mc' w_c' x_mc'   (= or +=, a flag)
+//   forward:  r_m = 1 / sqrt(mean_c x_mc^2 + eps), saved as rstd (M);  y_mc = x_mc r_m w_c. out16, when not null,
+//             gets y in BF16 in the same pass: the copy the BF16 GEMMs read (GemmInput), with no cast kernel
+//   residual: the residual add fused with the norm after it: x = a + b is written out and normalised in one pass,
+//             by the same float add as the CPU's, so x is exact
+//   backward: dx_mc (=|+=) r_m dy_mc w_c - x_mc r_m^3 / C * sum_c' dy_mc' w_c' x_mc'
 //             dw_c += sum_m dy_mc x_mc r_m
-// dw is deterministic without atomics: the rows are cut into chunks of RMSNORM_DW_ROWS; one thread per
-// (chunk, column) sums its chunk's rows in order into a scratch buffer (chunks, C), then one thread per column
-// sums the chunks in order. The chunking depends only on M, so the result does not depend on the GPU.
+// dw needs no atomics: a thread per (chunk of RMSNORM_DW_ROWS rows, column) sums its rows in order into scratch
+// (chunks, C), then a thread per column sums the chunks in order. The chunking depends only on M, not on the GPU.
 #pragma once
 #include <cstdint>
 
@@ -20,10 +17,9 @@ namespace gpu {
 constexpr int RMSNORM_THREADS = 256;
 constexpr int64_t RMSNORM_DW_ROWS = 128;
 
-// floats of scratch rmsnorm_backward needs for M rows of C
 inline int64_t rmsnorm_backward_scratch_floats(int64_t M, int64_t C) { return ceil_div(M, RMSNORM_DW_ROWS) * C; }
 
-// one block per row
+// a thread block per row
 static __global__ void rmsnorm_forward_kernel(float* out, __nv_bfloat16* out16, float* rstd, const float* inp,
                                               const float* w, int64_t C, float eps) {
     const int64_t m = blockIdx.x;
@@ -40,7 +36,7 @@ static __global__ void rmsnorm_forward_kernel(float* out, __nv_bfloat16* out16, 
     }
 }
 
-// one block per row: sum = a + b, out = RMSNorm(sum) w. Each thread reads back only the sums it wrote itself.
+// a thread block per row: sum = a + b, out = RMSNorm(sum) w. A thread reads back only the sums it wrote itself.
 static __global__ void residual_rmsnorm_forward_kernel(float* sum, float* out, __nv_bfloat16* out16, float* rstd,
                                                        const float* a, const float* b, const float* w, int64_t C,
                                                        float eps) {
@@ -61,7 +57,7 @@ static __global__ void residual_rmsnorm_forward_kernel(float* sum, float* out, _
     }
 }
 
-// one block per row: dx
+// a thread block per row: dx
 static __global__ void rmsnorm_backward_dx_kernel(float* dinp, const float* dout, const float* inp, const float* w,
                                            const float* rstd, int64_t C, bool accumulate) {
     const int64_t m = blockIdx.x;
@@ -77,7 +73,7 @@ static __global__ void rmsnorm_backward_dx_kernel(float* dinp, const float* dout
     }
 }
 
-// grid (row chunks, column blocks): partial (chunks, C) = sum over the chunk's rows of dy x r
+// grid (row chunks, groups of RMSNORM_THREADS columns): partial (chunks, C) = sum over the chunk's rows of dy x r
 static __global__ void rmsnorm_backward_dw_partial_kernel(float* partial, const float* dout, const float* inp,
                                                    const float* rstd, int64_t M, int64_t C) {
     const int64_t chunk = blockIdx.x, c = (int64_t)blockIdx.y * blockDim.x + threadIdx.x;

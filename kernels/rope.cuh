@@ -1,25 +1,14 @@
-// RoPE and the per-head assembly of MLA's queries and keys (docs/design.md §1.1), FP32; the CPU reference is model/mla.cpp.
-//   table:    cos[t][i] = m cos(t f_i),  sin[t][i] = m sin(t f_i)   (T, dr/2);  f_i = rope_inv_freq, m = rope_magnitude
-//   forward:  q_heads[n,h] = [q_nope[n,h] ; R_t q_rope[n,h]],  k_heads[n,h] = [k_nope[n,h] (from kv) ; R_t k_rope[n]]
-//             with ONE rope key per token (the last dr columns of kv_a) shared by all heads; t = n mod T, and R_t
-//             rotates the interleaved pairs (x[2i], x[2i+1]) by the table row t (which carries m).
-//   BF16 forward (for the tensor-core attention): the same q_heads and k_heads rounded to BF16, and v_heads[n,h] =
-//             the v columns of kv (N, H, dv), rounded to BF16: the attention's three inputs, stored once in BF16.
-//   backward: dq[n,h] = [dq_nope ; R_t^T dq_rope];  dkv's k_nope part = dk_nope (its v part is written by the
-//             attention backward);  dkv_a's last dr columns = sum_h R_t^T dk_rope[n,h], in head order (its first
-//             kv_lora columns are the RMSNorm backward's). Since d(R x)/dx = R, the transpose carries m as well.
-//
-// The table is computed ON THE DEVICE, with the same MOE_HD functions as the CPU (model/rope.h) and, like the CPU,
-// in double before rounding to float. Why there: it is made where it is used, once per (config, T), with no host
-// staging buffer or copy, and from one shared definition of the frequencies (no second host loop to keep equal).
-// Why double: the angle t * f_i must be formed in double (as the CPU does): in float it is off by ~t * 6e-8 rad,
-// 6e-3 rad at t = 1e5. CUDA's double cos/sin/pow/log are within 1-2 double ulp of glibc's, so an entry rounds to
-// the CPU's float except in the rare case that the double lies within ~1e-16 of a float rounding boundary; then it
-// is one float ulp (6e-8 relative) off. test_gpu allows that ulp.
-//
-// All kernels are elementwise (one thread per output value, grid-stride loops) and write every output value once:
-// deterministic, no atomics. The rope key is rotated once per head in the forward (H times the minimal work, and
-// still a few flops per loaded value).
+// RoPE and the per-head assembly of MLA's queries and keys (docs/design.md §1.1), FP32; the CPU's is model/mla.cpp.
+//   table:    cos[t][i] = m cos(t f_i),  sin[t][i] = m sin(t f_i)  (T, dr/2);  f_i = rope_inv_freq, m = rope_magnitude
+//   forward:  q_heads[n,h] = [q_nope[n,h] ; R_t q_rope[n,h]],  k_heads[n,h] = [k_nope[n,h] ; R_t k_rope[n]]
+//             k_nope comes from kv; k_rope, the last dr columns of kv_a, is ONE key per token shared by all heads.
+//             R_t rotates the interleaved pairs (x[2i], x[2i+1]) by table row t = n mod T, which carries m.
+//   BF16:     the same q_heads and k_heads, and v_heads[n,h] = kv's v columns (N, H, dv), each rounded once to BF16
+//   backward: dq[n,h] = [dq_nope ; R_t^T dq_rope];  dkv's k_nope columns = dk_nope;
+//             dkv_a's last dr columns = sum_h R_t^T dk_rope[n,h], in head order. R^T carries m, as R does.
+// The table is made on the device in double with model/rope.h's functions, as the CPU does: one definition of the
+// frequencies, no host copy. An entry is the CPU's float, or rarely one float ulp off: CUDA's double cos, sin and
+// pow are within 1-2 ulp of glibc's. test_gpu allows that ulp.
 #pragma once
 #include <cstdint>
 
@@ -31,14 +20,13 @@ namespace gpu {
 
 constexpr int ROPE_THREADS = 256;
 
-// Element r (0 <= r < dr) of R x, or of R^T x (inverse), for the pair layout (x[2i], x[2i+1]) and one table entry
-// (co, si) = (m cos a, m sin a) of pair i = r / 2: the expressions of model/mla.cpp's rope_rotate.
+// Element r < dr of R x, or of R^T x when inverse, for pairs (x[2i], x[2i+1]) and the table entry of pair i = r / 2,
+// (co, si) = (m cos a, m sin a): the expressions of model/mla.cpp's rope_rotate.
 __device__ inline float rope_rotate_element(const float* x, int64_t r, float co, float si, bool inverse) {
     const float x0 = x[r & ~int64_t(1)], x1 = x[r | 1], s = inverse ? -si : si;
     return (r & 1) ? x0 * s + x1 * co : x0 * co - x1 * s;
 }
 
-// cos_table, sin_table (T, dr/2)
 static __global__ void rope_table_kernel(float* cos_table, float* sin_table, Config c, int64_t T) {
     const int64_t half = c.qk_rope_head_dim / 2, n = T * half;
     const double magnitude = rope_magnitude(c);
@@ -51,7 +39,7 @@ static __global__ void rope_table_kernel(float* cos_table, float* sin_table, Con
     }
 }
 
-// one thread per (n, h, e), e < dqk = dn + dr, and with v_heads also dqk <= e < dqk + dv (v_heads' values)
+// one thread per (n, h, e): e < dqk = dn + dr, and with v_heads also dqk <= e < dqk + dv for v's values
 template <typename Out>
 static __global__ void rope_heads_forward_kernel(Out* q_heads, Out* k_heads, Out* v_heads, const float* q,
                                                  const float* kv, const float* kv_a, const float* cos_table,
@@ -127,8 +115,7 @@ inline void rope_heads_forward(float* q_heads, float* k_heads, const float* q, c
                   q_heads, k_heads, (float*)nullptr, q, kv, kv_a, cos_table, sin_table, N, T, H, dn, dr, dv, kr);
 }
 
-// As rope_heads_forward, in BF16, plus the v columns of kv: -> q_heads, k_heads (N, H, dqk), v_heads (N, H, dv), the
-// inputs of attention_forward_bf16 (each value rounded once from the FP32 one).
+// rope_heads_forward in BF16, plus v_heads (N, H, dv) = kv's v columns: the inputs of attention_forward_bf16.
 inline void rope_heads_forward_bf16(__nv_bfloat16* q_heads, __nv_bfloat16* k_heads, __nv_bfloat16* v_heads,
                                     const float* q, const float* kv, const float* kv_a, const float* cos_table,
                                     const float* sin_table, int64_t N, int64_t T, int64_t H, int64_t dn, int64_t dr,

@@ -1,16 +1,13 @@
-// DeepSeek-V3 router, FP32 (docs/design.md §1.2; the CPU reference is model/moe.cpp).
-//   forward, per token t:  s_t = sigmoid(z_t) (E scores), then router_select (model/router.h, the same MOE_HD
-//     function the CPU runs) picks k experts by s + bias with group-limited routing -> chosen (N, k), gate
-//     weights w (N, k) = s[chosen] / sum_j s[chosen_j] (norm_topk_prob) * routed_scaling_factor.
-//   backward, dL/dw (N, k) and the balance loss -> dL/dz (N, E), overwritten. With S = sum_j s[chosen_j], r the
-//     scaling factor:  dL/ds_m += r (dw_m / S - sum_j dw_j s_j / S^2)  (norm_topk_prob)  or  r dw_m;
-//     balance loss of sequence b (alpha = aux_loss_alpha, T tokens, f_e = E/(kT) #{t in b : e chosen at t}):
-//       dL/ds_te += coef (f_e / S_t - sum_e' f_e' s_te' / S_t^2),  S_t = sum_e s_te,
-//       coef = balance_scale alpha / (B T);
-//     then dL/dz = dL/ds s (1 - s).  (The bias is selection only: no gradient.)
-// Forward: one thread per token, with E floats of scratch per token in global memory (router_select's `scratch`);
-// it is latency-bound but tiny next to the GEMMs. Backward: per-sequence expert counts (integer atomics in shared
-// memory: exact), then one block per token. The balance loss's value: per-token totals, then one block per sequence.
+// DeepSeek-V3's router, FP32 (docs/design.md §1.2, whose symbols this uses; the CPU's is model/moe.cpp).
+//   forward:  s_t = sigmoid(z_t) (E scores); router_select (model/router.h, the function the CPU runs) picks
+//             chosen (N, k) and the gate weights w (N, k)
+//   backward: dL/dw (N, k) and the balance loss -> dL/dz (N, E), overwritten. With S = sum_j s[chosen_j]:
+//             dL/ds_m += r (dw_m / S - sum_j dw_j s_j / S^2) (norm_topk_prob) or r dw_m, for chosen m
+//             dL/ds_te += coef (f_e / S_t - sum_e' f_e' s_te' / S_t^2),  coef = balance_scale alpha / (B T)
+//             dL/dz = dL/ds s (1 - s)
+// Forward: a thread per token, with E floats of scratch each: latency-bound, but tiny next to the GEMMs. Backward:
+// per-sequence expert counts (integer atomics in shared memory: exact), then a thread block per token. The balance
+// loss's value: per-token totals, then a thread block per sequence.
 #pragma once
 #include <cstdint>
 
@@ -21,7 +18,7 @@
 namespace gpu {
 
 constexpr int ROUTER_FORWARD_THREADS = 64, ROUTER_BACKWARD_THREADS = 128;
-// The per-sequence counts live in a block's shared memory, E ints within the 48 KiB a launch gets without opting in
+// The per-sequence counts are E ints of shared memory, within the 48 KiB a launch gets without opting in
 constexpr int ROUTER_MAX_EXPERTS = 48 * 1024 / sizeof(int);
 
 static __global__ void router_forward_kernel(float* scores, int32_t* chosen, float* gate_weights, float* scratch,
@@ -33,7 +30,7 @@ static __global__ void router_forward_kernel(float* scores, int32_t* chosen, flo
     router_select(c, scores + t * E, bias, scratch + t * E, chosen + t * k, gate_weights + t * k);
 }
 
-// one block per sequence b: counts (B, E) = how many of the sequence's T tokens chose each expert
+// a thread block per sequence b: counts (B, E) = how many of the sequence's T tokens chose each expert
 static __global__ void router_sequence_counts_kernel(int* counts, const int32_t* chosen, int64_t T, int E, int k) {
     int* hist = dynamic_shared<int>();  // (E)
     const int64_t b = blockIdx.x;
@@ -47,7 +44,7 @@ static __global__ void router_sequence_counts_kernel(int* counts, const int32_t*
     for (int e = threadIdx.x; e < E; e += blockDim.x) counts[b * E + e] = hist[e];
 }
 
-// one block per token t, threads over experts
+// a thread block per token t, threads over experts
 static __global__ void router_backward_kernel(float* drouter_logits, const float* dgate_weights, const float* scores,
                                        const int32_t* chosen, const int* seq_counts, Config c, int64_t T,
                                        double balance_coef) {
@@ -62,7 +59,7 @@ static __global__ void router_backward_kernel(float* drouter_logits, const float
         for (int64_t j = 0; j < k; j++) weighted += dw[j] * s[idx[j]];
     }
     // balance loss: S_t and sum_e f_e s_te in double, as the CPU
-    const bool balance = c.aux_loss_alpha > 0;  // the same for the whole block
+    const bool balance = c.aux_loss_alpha > 0;  // uniform over the thread block: block_sum is safe
     const int* count = balance ? seq_counts + (t / T) * E : nullptr;
     const double f_unit = (double)E / (k * T);
     double total = 0.0, fs = 0.0;
@@ -92,8 +89,8 @@ static __global__ void token_score_totals_kernel(double* totals, const float* sc
     totals[t] = total;
 }
 
-// one block per sequence b, threads over experts: P_e = sum_t s_te / S_t / T in token order (double, as the CPU),
-// f_e = E/(kT) count_e; per_sequence[b] = sum_e f_e P_e (the caller multiplies by alpha / B)
+// a thread block per sequence b, threads over experts: P_e = sum_t s_te / S_t / T in token order (double, as the
+// CPU), f_e = E/(kT) count_e; per_sequence[b] = sum_e f_e P_e. The caller multiplies by alpha / B.
 static __global__ void balance_loss_kernel(double* per_sequence, const float* scores, const double* totals,
                                            const int* seq_counts, int64_t T, int E, int k) {
     const int64_t b = blockIdx.x;

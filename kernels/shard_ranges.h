@@ -1,8 +1,6 @@
-// The optimizer shard's ranges (model/optimizer.h) packed for the device, so that the AdamW update and the gradient
-// norm take one launch each for all of a rank's ranges (a few thousand for DeepSeek-V3) instead of one or two per
-// range. Each launch cuts every range into fixed pieces (ADAMW_BLOCK_VALUES for the update, GRAD_NORM_CHUNK for
-// the norm), one block per piece; a block finds its range by binary search over the prefix sums of the pieces.
-// Built once on the host (a shard is fixed for the run); plain C++.
+// The optimizer shard's ranges packed into one device table, so AdamW and the gradient norm take one launch each
+// (docs/design.md §8). A launch cuts every range into fixed pieces, a thread block per piece; a thread block finds
+// its range by binary search over the prefix sums of the pieces. Built once on the host; plain C++.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -11,11 +9,10 @@
 
 namespace gpu {
 
-constexpr int64_t ADAMW_BLOCK_VALUES = 4096;  // values one block of the update takes (the norm's: GRAD_NORM_CHUNK,
-                                              // model/optimizer.h, the chunks of the CPU's grad_sum_squares)
+constexpr int64_t ADAMW_BLOCK_VALUES = 4096;  // values per thread block of the update; the norm's: GRAD_NORM_CHUNK
 
 // Packed in 6 R + 2 int64 (R ranges): first (R), count (R), moments (R), decay (R: 1 where weight decay applies),
-// then the prefix sums of the update's blocks (R + 1) and of the norm's chunks (R + 1).
+// then the prefix sums of the update's pieces (R + 1) and of the norm's chunks (R + 1).
 struct ShardRanges {
     const int64_t* table = nullptr;  // device
     int64_t ranges = 0, blocks = 0, chunks = 0;

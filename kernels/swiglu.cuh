@@ -1,7 +1,7 @@
 // SwiGLU gate, elementwise over n values, FP32 (docs/design.md §1.2):
-//   forward:  out = silu(g) * u,  silu(g) = g / (1 + exp(-g)) = g s,  s = sigmoid(g); with --dtype bf16 out is
-//             only the input of the down projection's GEMM, so it is written in BF16 (swiglu_forward_bf16)
-//   backward: dg = dout u s (1 + g (1 - s))   (silu'(g)),   du = dout g s   (both overwritten)
+//   forward:  out = silu(g) u,  silu(g) = g s,  s = sigmoid(g). swiglu_forward_bf16 writes out in BF16, since it
+//             is only the input of the down projection's GEMM
+//   backward: dg = dout u silu'(g) = dout u s (1 + g (1 - s)),  du = dout g s   (both overwritten)
 #pragma once
 #include <cstdint>
 
@@ -28,18 +28,15 @@ static __global__ void swiglu_backward_kernel(float* dg, float* du, const float*
     }
 }
 
-// g, u, out (n)
 inline void swiglu_forward(float* out, const float* g, const float* u, int64_t n, cudaStream_t stream) {
     launch_kernel(swiglu_forward_kernel<float>, grid_stride_blocks(n, SWIGLU_THREADS), SWIGLU_THREADS, 0, stream, out,
                   g, u, n);
 }
-// the same values rounded to BF16
 inline void swiglu_forward_bf16(__nv_bfloat16* out, const float* g, const float* u, int64_t n, cudaStream_t stream) {
     launch_kernel(swiglu_forward_kernel<__nv_bfloat16>, grid_stride_blocks(n, SWIGLU_THREADS), SWIGLU_THREADS, 0,
                   stream, out, g, u, n);
 }
 
-// dout, g, u (n) -> dg, du (n)
 inline void swiglu_backward(float* dg, float* du, const float* dout, const float* g, const float* u, int64_t n,
                             cudaStream_t stream) {
     launch_kernel(swiglu_backward_kernel, grid_stride_blocks(n, SWIGLU_THREADS), SWIGLU_THREADS, 0, stream, dg, du,

@@ -1,4 +1,4 @@
-// A token list's rows grouped by token, for the embedding's backward (kernels/embedding.cuh): built on the host,
+// A token list's rows grouped by token, for the embedding's backward (kernels/embedding.cuh). Built on the host,
 // where the batch's tokens come from, and read on the device. Plain C++.
 #pragma once
 #include <algorithm>
@@ -7,10 +7,10 @@
 
 namespace gpu {
 
-// A token list's rows grouped by token, packed in 3M + 1 int32 (device, written by token_rows_pack):
-//   order (M):              the rows sorted by token, equal tokens in row order;
-//   starts (distinct + 1):  where each distinct token's rows begin in order (the last entry M);
-//   tokens (distinct):      the distinct tokens, ascending.
+// Packed in 3M + 1 int32 on the device, as token_rows_pack writes them:
+//   order (M):              the rows sorted by token, equal tokens in row order
+//   starts (distinct + 1):  where each distinct token's rows begin in order; the last entry is M
+//   tokens (distinct):      the distinct tokens, ascending
 struct TokenRows {
     int32_t* packed = nullptr;
     int64_t rows = 0, distinct = 0;
@@ -19,7 +19,7 @@ struct TokenRows {
     const int32_t* tokens() const { return packed + 2 * rows + 1; }
 };
 
-// Host: packs tokens (M) as TokenRows reads them into packed (3M + 1 values); returns the distinct count.
+// Host: packs tokens (M) into packed (3M + 1 values); returns the distinct count.
 inline int64_t token_rows_pack(const int32_t* tokens, int64_t M, int32_t* packed) {
     int32_t *order = packed, *starts = packed + M, *distinct_tokens = packed + 2 * M + 1;
     std::vector<uint64_t> keys(M);  // token, then row: sorting the keys sorts by token, ties in row order

@@ -1,6 +1,6 @@
-// Carving one allocation into typed, 256-byte aligned pieces (the CPU's activations, and every buffer of the GPU
-// model). Layout code runs twice: first on an arena with no base, which only counts, then on the allocation, so
-// each size is written down in one place.
+// The arena (docs/design.md §10): one allocation carved into typed, 256-byte aligned parts, for the CPU's
+// activations and every buffer of the GPU model. The layout code runs twice, first on an arena with no base, which
+// only counts, then on the allocation, so each size is written in one place.
 #pragma once
 #include <cstdint>
 #include <vector>

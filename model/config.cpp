@@ -55,9 +55,8 @@ static const char* preset_json(const std::string& name) {
     return nullptr;
 }
 
-// The keys a config file sets, in the order they are read and written: integers, floats, and the one boolean
-// (norm_topk_prob, neither); `shape` marks the architectural ones, whose defaults here need not be Hugging Face's (a
-// file that leaves one out gets a note).
+// The keys a config file sets, in the order they are read and written. norm_topk_prob, the one boolean, has neither i
+// nor f. `shape` marks the architectural keys: a file that leaves one out gets a note.
 struct ConfigKey {
     const char* name;
     int Config::*i;    // an integer key, or
@@ -93,8 +92,7 @@ static const ConfigKey config_keys[] = {
     {"aux_loss_alpha", nullptr, &Config::aux_loss_alpha, false},
     {"bias_update_speed", nullptr, &Config::bias_update_speed, false}};
 
-// Keys read apart (a fixed value, or an object), and keys of Hugging Face configs that carry no information this
-// trainer needs (metadata, inference options).
+// Keys read apart (a fixed value or an object), and Hugging Face keys training does not need (metadata, inference).
 static bool is_other_known_key(const std::string& k) {
     static const char* keys[] = {"rope_scaling", "hidden_act", "tie_word_embeddings", "moe_layer_freq",
         "scoring_func", "topk_method",
@@ -124,7 +122,7 @@ static float get_float(const json& j, const char* key, float fallback) {
 static bool notes_on = true;
 void config_notes(bool on) { notes_on = on; }
 
-// A note about a config file (a replaced value, an ignored key, a default used) on stderr, unless turned off
+// A note on stderr, unless config_notes(false)
 __attribute__((format(printf, 1, 2))) static void note(const char* format, ...) {
     if (!notes_on) return;
     va_list args;
@@ -207,9 +205,8 @@ void validate_config(const Config& c) {
     auto require = [](bool ok, const std::string& msg) {
         if (!ok) throw std::runtime_error(msg);
     };
-    // Bounds far above any real model (DeepSeek-V3: a vocabulary of 129280, widths up to 18432, 128 heads of 192,
-    // 256 experts, 61 layers, 6.8e11 parameters), so that every size stays exact in the int and int64 arithmetic
-    // that computes it, and a corrupt file cannot ask for an absurd model.
+    // Bounds far above any real model (DeepSeek-V3: vocabulary 129280, widths up to 18432, 256 experts, 61 layers).
+    // They keep every size exact in int and int64 arithmetic, and stop a corrupt file asking for an absurd model.
     auto at_most = [&](int64_t limit, std::initializer_list<std::pair<const char*, int>> keys) {
         for (const auto& [name, value] : keys)
             require(value <= limit, std::string(name) + " " + std::to_string(value) + " is above moe.cu's limit of " +
@@ -258,8 +255,7 @@ void validate_config(const Config& c) {
                                       c.yarn_original_max_position >= 1),
             "rope_scaling needs beta_fast > beta_slow > 0 and original_max_position_embeddings >= 1");
     require(c.max_position_embeddings >= 1, "max_position_embeddings must be positive");
-    // with the bounds above one block holds under 2^58 parameters; the first block, the last and the MTP block (always
-    // MoE) cover both kinds, dense and MoE
+    // Under the bounds above no block overflows int64 (< 2^58); the first, last and MTP blocks cover both kinds.
     const int64_t max_params = (int64_t)1 << 42;
     const int64_t largest_block =
         std::max({block_params(c, 0, false), block_params(c, c.num_hidden_layers - 1, false),
@@ -355,8 +351,7 @@ int64_t count_total_params(const Config& c) {
     return n;
 }
 
-// The input embedding is a table lookup, not compute, so it is not counted as active (DeepSeek's convention:
-// this gives the published 2.4B of V2-Lite and 37B of V3); the output head is.
+// The input embedding is a lookup, not counted as active; the head is (docs/design.md §1.6: V3's published 37B).
 int64_t count_active_params(const Config& c) {
     int64_t n = (int64_t)c.vocab_size * c.hidden_size + c.hidden_size;
     for (int l = 0; l < c.num_hidden_layers; l++) n += block_params(c, l, true);

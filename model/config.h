@@ -6,10 +6,8 @@
 #include <cstdint>
 #include <string>
 
-// The largest vocabulary validate_config takes (also what --vocab, prepare_data --vocab and a tokenizer file are
-// held to), and the most bytes a config file or a Hugging Face config.json may have
-constexpr int MAX_VOCAB_SIZE = 1 << 24;
-constexpr size_t MAX_CONFIG_BYTES = 1 << 26;
+constexpr int MAX_VOCAB_SIZE = 1 << 24;       // for configs, --vocab, prepare_data --vocab and tokenizer files
+constexpr size_t MAX_CONFIG_BYTES = 1 << 26;  // a config file, ours or a Hugging Face config.json
 
 struct Config {
     // sizes
@@ -59,14 +57,14 @@ struct Config {
     int num_blocks() const { return num_hidden_layers + num_nextn_predict_layers; }  // MTP block last
 };
 
-// Loads a preset name or a JSON file; throws std::runtime_error with one clear line on any error.
+// Loads a preset or a JSON file; throws std::runtime_error with one line on any error.
 Config parse_config_file(const std::string& preset_or_path);
 // The same, but prints the error and exits 1: for tools and tests.
 Config load_config(const std::string& preset_or_path);
-// The notes the parsers print on stderr (a replaced value, an ignored key, a default used): on by default; the
-// ranks of a job other than rank 0 turn them off, so that each is said once.
+// The parsers' notes on stderr (a replaced value, an ignored key, a default used): on by default. Ranks other than
+// 0 turn them off, so each is said once.
 void config_notes(bool on);
-// Parses JSON text; on error throws std::runtime_error with a one-line message.
+// Parses JSON text; throws std::runtime_error with one line on any error.
 Config parse_config_json(const std::string& json_text, const std::string& source_name);
 // Checks the values; throws std::runtime_error naming the offending key.
 void validate_config(const Config& c);

@@ -33,7 +33,7 @@ DispatchPlan build_dispatch_plan(const std::vector<int64_t>& counts, const std::
             d.expert_counts[j] += recv_counts[s * per_rank + j];
         }
     for (int j = 0; j < per_rank; j++) d.expert_offsets[j + 1] = d.expert_offsets[j] + d.expert_counts[j];
-    // walk the received rows in arrival order (source, then expert) and place each after its expert's earlier rows
+    // Each received row, in arrival order, goes after its local expert's earlier rows.
     d.expert_row_of_recv.resize(d.expert_offsets[per_rank]);
     std::vector<int64_t> next(d.expert_offsets.begin(), d.expert_offsets.end() - 1);
     int64_t recv_row = 0;

@@ -16,7 +16,7 @@ void swiglu_carve(Arena& arena, int64_t M, int64_t I, SwigluActs& s);
 // x (M, d) -> out (M, d); W_gate, W_up (I, d), W_down (d, I)
 void ffn_forward(Precision p, float* out, const SwigluActs& s, const float* x, const float* w_gate, const float* w_up,
                  const float* w_down, int64_t M, int64_t d, int64_t I);
-// dout (M, d) -> dx (M, d) (= or +=); weight gradients +=.
+// dout (M, d) -> dx (M, d) (=|+=); weight gradients +=.
 void ffn_backward(Precision p, float* dx, float* dw_gate, float* dw_up, float* dw_down, const float* dout,
                   const SwigluActs& s, const float* x, const float* w_gate, const float* w_up, const float* w_down,
                   int64_t M, int64_t d, int64_t I, bool accumulate_dx);

@@ -1,5 +1,4 @@
-// DeepSeek-V3's FP8 recipe on the CPU: E4M3 rounding, tile scaling, and the linear layers' three GEMMs on rounded
-// operands (see fp8.h).
+// E4M3 rounding, tile scaling, and the linear layers' three GEMMs on rounded operands (see fp8.h).
 #include "fp8.h"
 
 #include <algorithm>
@@ -22,8 +21,7 @@ float e4m3_round(float x) {
     return r;
 }
 
-// One tile, rows [r0, r1) x columns [c0, c1) of x (cols wide): returns its scale and writes q, or q * scale when
-// dequantize, into out.
+// Tile rows [r0, r1) x columns [c0, c1) of x (cols wide): writes q, or q * scale if dequantize; returns the scale.
 static float quantize_tile(float* out, const float* x, int64_t cols, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
                            bool dequantize) {
     float amax = 0.0f;

@@ -30,8 +30,7 @@ void mla_carve(Arena& arena, const Config& c, int B, int T, MLAActs& a) {
     a.rope_sin = arena.take<float>((int64_t)T * dr / 2);
 }
 
-// Rotates interleaved pairs of x (dr values) by the cos and sin rows of its position; inverse = true applies the
-// transpose (backward).
+// Rotates x's interleaved pairs (dr values) by its position's cos and sin rows; inverse applies the transpose.
 static inline void rope_rotate(float* out, const float* x, const float* cos_row, const float* sin_row, int dr,
                                bool inverse) {
     for (int i = 0; i < dr / 2; i++) {
@@ -133,7 +132,8 @@ void attention_backward(const Config& c, const MLAActs& a, const float* d_o, flo
     const int64_t H = c.num_attention_heads, dn = c.qk_nope_head_dim, dv = c.v_head_dim, dqk = c.qk_head_dim();
     const float scale = attention_softmax_scale(c);
     std::vector<float> d_scores((int64_t)B * H * T * T);
-    // pass 1, per query row i: dP_ij = do_i . v_j;  dS_ij = P_ij (dP_ij - sum_j P_ij dP_ij);  dq_i = scale sum_j dS_ij k_j
+    // Pass 1, per query row i: dP_ij = do_i . v_j;  dS_ij = P_ij (dP_ij - sum_j P_ij dP_ij) scale;
+    // dq_i = sum_j dS_ij k_j
 #pragma omp parallel for collapse(3) schedule(static)
     for (int b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++)
@@ -158,7 +158,7 @@ void attention_backward(const Config& c, const MLAActs& a, const float* d_o, flo
                     for (int64_t e = 0; e < dqk; e++) dq[e] += ds[j] * k[e];
                 }
             }
-    // pass 2, per key row j: dk_j = sum_{i>=j} dS_ij q_i;  dv_j = sum_{i>=j} P_ij do_i
+    // Pass 2, per key row j: dk_j = sum_{i>=j} dS_ij q_i;  dv_j = sum_{i>=j} P_ij do_i
 #pragma omp parallel for collapse(3) schedule(static)
     for (int b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++)

@@ -42,12 +42,12 @@ void mla_backward(const Config& c, Precision precision, const BlockWeights& w, B
 float attention_softmax_row(float* p, const float* q, const float* k, int64_t k_stride, int i, int64_t dqk,
                             float scale);
 
-// The pieces of mla_backward, on their own so the CUDA kernels can be checked against them:
-// the attention core from the saved probabilities, in two deterministic passes: d_o (N, H*dv) -> dq_heads and
-// dk_heads (N, H, dqk) overwritten, dv into the v columns of dkv (N, H, dn + dv);
+// Two parts of mla_backward, apart so the CUDA kernels can be checked against them. The attention core from the
+// saved probabilities, in two deterministic passes: d_o (N, H*dv) -> dq_heads, dk_heads (N, H, dqk) overwritten,
+// and dv into the v columns of dkv (N, H, dn + dv).
 void attention_backward(const Config& c, const MLAActs& a, const float* d_o, float* dq_heads, float* dk_heads,
                         float* dkv, int B, int T);
-// and the head assembly undone: dq (N, H*dqk), the k_nope columns of dkv, the rope-key columns of dkv_a
+// The head assembly undone: dq (N, H*dqk), the k_nope columns of dkv, and the rope-key columns of dkv_a
 // (N, kv_lora + d_rope), summed over heads in head order. Other columns are left as they are.
 void heads_backward(const Config& c, const MLAActs& a, const float* dq_heads, const float* dk_heads, float* dq,
                     float* dkv, float* dkv_a, int B, int T);

@@ -31,9 +31,8 @@ void model_release_grads(Model& m) {
     m.g = ModelWeights{};
 }
 
-// Each tensor (each expert, for stacked experts) draws from its own stream, seeded by the run's seed and its name,
-// so the initial weights are the same whatever the expert-parallel layout. The streams are independent, so they
-// are filled in parallel with the same values for any thread count.
+// Each tensor, and each expert of a stacked one, draws from its own stream (docs/design.md §1.4). So the weights do
+// not depend on the EP layout, and the streams fill in parallel with the same values for any thread count.
 void model_init_weights(Model& m, uint64_t seed) {
     struct Slice {
         const ParamTensor* t;
@@ -125,7 +124,7 @@ void model_reserve(Model& m, int B, int T) {
     m.T = T;
 }
 
-// mallopt returns 0 when glibc refuses a setting: that only costs the speed, so it is not an error
+// A setting glibc refuses (mallopt returns 0) only costs speed: not an error.
 void keep_freed_memory() {
     mallopt(M_MMAP_THRESHOLD, 1 << 30);  // blocks up to 1 GiB come from the heap (also ends the dynamic threshold)
     mallopt(M_TRIM_THRESHOLD, 1 << 30);  // and the heap keeps up to 1 GiB of free memory at its top
@@ -133,23 +132,21 @@ void keep_freed_memory() {
 
 static BlockActs& block_acts(Model& m, int layer) { return m.acts.blocks[m.acts.block_set[layer]]; }
 
-// The RMSNorm that reads a block's output (the next block's attention norm, or the final norm), fused with the
-// block's last residual add: its weight, and where the normalised rows and their rstd go.
+// The RMSNorm that reads a block's output, fused with the block's last residual add: its weight and its outputs.
 struct NextNorm {
     const float* weight;
     float* out;
     float* rstd;
 };
 
-// block `layer`'s attention norm as such
+// Block `layer`'s attention norm as a NextNorm.
 static NextNorm attention_norm(Model& m, int layer) {
     BlockActs& a = block_acts(m, layer);
     return NextNorm{m.w.blocks[layer].attn_norm, a.attn_normed, a.attn_rstd};
 }
 
-// h_mid = h_in + Attn(RMSNorm(h_in)); h_out = h_mid + FFN(RMSNorm(h_mid)); next = RMSNorm(h_out). The block's own
-// attention norm was computed by whoever wrote h_in (the previous block, or block_input_norm). Returns the block's
-// balance loss. h_out nullptr: only the activations the backward reads (a recomputation).
+// h_mid = h_in + Attn(RMSNorm(h_in)); h_out = h_mid + FFN(RMSNorm(h_mid)); next = RMSNorm(h_out). Whoever wrote
+// h_in computed the attention norm. Returns the balance loss. h_out nullptr: only what the backward reads.
 static double block_forward(Model& m, int layer, const float* h_in, float* h_out, const NextNorm& next, bool training,
                             bool with_loss) {
     const Config& c = m.config;
@@ -180,8 +177,8 @@ static void block_input_norm(Model& m, int layer, const float* h) {
                     m.config.rms_norm_eps);
 }
 
-// With recompute, block `layer`'s forward again from its input h_in when another block has used its activation set
-// since. Not training: the expert counts and the balance loss were taken by the first forward.
+// With recompute: block `layer`'s forward again from h_in, if another block has used its activation set since.
+// Not training: the first forward counted the expert loads and the balance loss.
 static void restore_block_acts(Model& m, int layer, const float* h_in) {
     if (m.acts.set_layer[m.acts.block_set[layer]] == layer) return;
     block_input_norm(m, layer, h_in);
@@ -210,8 +207,8 @@ static void block_backward(Model& m, int layer, const float* h_in, const float* 
     rmsnorm_backward(dh_in, g.attn_norm, dnormed.data(), h_in, w.attn_norm, a.attn_rstd, N, d, true);
 }
 
-// An output head (the main one, or MTP's): its logits (N x V, or with recompute one chunk's), the normalised rows it
-// reads (N, d) and their targets (nullptr: none)
+// An output head, main or MTP's: its logits (N, V) or one head chunk's, the normalised rows (N, d) it reads, and
+// their targets (nullptr: none).
 struct Head {
     float* logits;
     const float* normed;
@@ -222,14 +219,14 @@ static Head main_head(Model& m, bool with_targets) {
 }
 static Head mtp_head(Model& m) { return {m.acts.mtp_logits, m.acts.mtp_normed, m.mtp_targets.data()}; }
 
-// Whether the forward keeps every chunk's logits: without recompute, and with it when one chunk holds all the rows
+// Whether the forward keeps every chunk's logits: without recompute, or when one chunk holds all the rows.
 static bool keeps_logits(const Model& m) {
     const int64_t N = (int64_t)m.B * m.T;
     return !m.layout.recompute || head_chunk_rows(m.config, N, m.layout) >= N;
 }
 
-// The logits of head h's rows [r0, r0 + rows) (one chunk): where the forward keeps them, computed there when
-// `compute` (the forward; when it does not keep them, the backward and model_logits_row too)
+// The logits of head h's chunk of rows [r0, r0 + rows), where the forward keeps them. Computed there if `compute`:
+// in the forward, and later when the forward does not keep them.
 static float* head_logits(Model& m, const Head& h, int64_t r0, int64_t rows, bool compute) {
     const int64_t d = m.config.hidden_size, V = m.config.vocab_size;
     float* logits = keeps_logits(m) ? h.logits + r0 * V : h.logits;
@@ -237,7 +234,7 @@ static float* head_logits(Model& m, const Head& h, int64_t r0, int64_t rows, boo
     return logits;
 }
 
-// Head h's forward, chunk by chunk: the logits, and with targets the sum of the rows' losses (returned)
+// Head h's forward, chunk by chunk: the logits, and with targets returns the rows' summed loss.
 static double head_forward(Model& m, const Head& h) {
     const int64_t N = (int64_t)m.B * m.T, V = m.config.vocab_size, chunk = head_chunk_rows(m.config, N, m.layout);
     double total = 0.0;
@@ -249,8 +246,8 @@ static double head_forward(Model& m, const Head& h) {
     return total;
 }
 
-// Head h's backward, chunk by chunk: dlogits = scale (softmax(logits) - onehot(targets)), dnormed (N, d) = dlogits
-// W_head (overwritten), dW_head += dlogits^T normed
+// Head h's backward, chunk by chunk: dlogits = scale (softmax(logits) - onehot(targets));
+// dnormed (N, d) = dlogits W_head, overwritten; dW_head += dlogits^T normed.
 static void head_backward(Model& m, const Head& h, float* dnormed, float scale) {
     const int64_t N = (int64_t)m.B * m.T, d = m.config.hidden_size, V = m.config.vocab_size;
     const int64_t chunk = head_chunk_rows(m.config, N, m.layout);
@@ -318,7 +315,6 @@ void model_backward(Model& m, float loss_scale) {
 
     // main head: d(mean CE)/d logits, then into the final normalised state
     head_backward(m, main_head(m, true), dfinal.data(), loss_scale / N);
-
     if (c.num_nextn_predict_layers > 0) {
         const float mtp_scale = loss_scale * c.mtp_loss_weight / ((float)B * (T - 1));
         std::vector<float> dmtp(N * d), dmtp_out(N * d), dconcat(N * 2 * d), dhalf(N * d), dnext(N * d);
@@ -337,7 +333,6 @@ void model_backward(Model& m, float loss_scale) {
                          false);
         embedding_backward(m.g.embed, dnext.data(), m.targets.data(), N, d);
     }
-
     rmsnorm_backward(dh.data(), m.g.final_norm, dfinal.data(), a.residual[L], m.w.final_norm, a.final_rstd, N, d,
                      false);
     for (int64_t l = L - 1; l >= 0; l--) {
@@ -348,7 +343,7 @@ void model_backward(Model& m, float loss_scale) {
 }
 
 void router_bias_step(const Config& c, const std::vector<int64_t>& counts, float* bias) {
-    // compare E * count_i with the total in integers: no rounding can move an expert that sits at the mean
+    // E count_i against the total, in integers: no rounding moves an expert that sits at the mean.
     int64_t total = 0;
     for (int64_t n : counts) total += n;
     for (int e = 0; e < c.n_routed_experts; e++) {

@@ -1,13 +1,8 @@
-// The whole model on the CPU (docs/design.md §1): embedding -> blocks (MLA + dense SwiGLU or MoE, pre-norm
-// residuals) -> final norm -> head -> cross-entropy, plus Multi-Token Prediction and the balance loss. This is the
-// readable spec that the GPU model (gpu/model.h, the same functions step for step) and the PyTorch twin are checked
-// against.
+// The whole model on the CPU (docs/design.md §1): embedding, blocks (MLA, then a dense SwiGLU or MoE, pre-norm
+// residuals), final norm, head and cross-entropy, plus MTP (§1.3) and the balance loss. It is the spec that the GPU
+// model (gpu/model.h, step for step) and the PyTorch twin are checked against.
 //   loss = CE_main + mtp_loss_weight * CE_mtp + sum over MoE blocks of the balance loss
-// MTP runs over all T positions: position i gets h'_i = W_eh [RMSNorm_e(Emb(y_i)) ; RMSNorm_h(hf_i)] (y_i = the
-// next token, hf_i = the main model's normalised final state) and predicts y_{i+1}; position T-1 has no target,
-// so CE_mtp is the mean over B*(T-1) positions.
-// Each block's last residual add is fused with the RMSNorm that reads it (the next block's attention norm, or the
-// final norm), as on the GPU.
+// Each block's last residual add is fused with the RMSNorm that reads it, as on the GPU.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -34,10 +29,8 @@ struct BlockActs {
 
 struct ModelActs {
     std::vector<float*> residual;  // num_hidden_layers + 1 of (N, d): the input of each main block, then the output
-    // The blocks' activation sets: one per block (main blocks, then the MTP block), or with recompute one per kind of
-    // block (dense, MoE) shared by the blocks of that kind. block_set[l] is block l's set (block_sets), set_layer[s]
-    // the block whose forward set s holds (-1: none): a block whose set another block has overwritten runs its
-    // forward again before its backward.
+    // The activation sets: one per block (main, then MTP), or with recompute one per kind of block (dense, MoE).
+    // block_set[l] is block l's set; set_layer[s] is the block whose forward set s holds (-1: none).
     std::vector<BlockActs> blocks;
     std::vector<int> block_set, set_layer;
     float* final_normed;           // (N, d)
@@ -57,17 +50,13 @@ struct ModelActs {
     float* mtp_logits;             // (N, V), or with recompute (head_chunk_rows, V)
 };
 
-// How a model (this CPU one, or the GPU's: gpu/gpu_model.h) lays out what its backward reads.
-//   recompute: activation checkpointing (--recompute). Keep one activation set per kind of block (dense, MoE)
-//     instead of one per block, and run each block's forward again before its backward; the output heads keep one
-//     chunk of logits and compute it again too. About a third more FLOPs in the blocks and heads; the same bits.
-//   head_chunk_values: the output heads run over chunks of rows whose logits hold at most this many values
-//     (head_chunk_rows; the rows a multiple of 64 / gcd(V, 64), so that every chunk's logits start on 256 bytes):
-//     64 Mi, 256 MiB of FP32 logits, is 655 rows at V2-Lite's vocabulary of 102400 (GEMMs of 655 x 2048 x 102400,
-//     still thousands of tiles), all the rows of a batch at `small`'s 1024. The backward needs one chunk's logit
-//     gradients at a time; without recompute the forward keeps every chunk's logits. Both modes chunk alike, so
-//     their head GEMMs are the same shapes on equally aligned buffers (cuBLASLt's choice of kernel depends on the
-//     pointers' alignment) and give the same bits.
+// How a model (this one, or gpu/model.h's) lays out what its backward reads.
+//   recompute: --recompute. One activation set per kind of block, and each block's forward runs again before its
+//     backward; the output heads keep one head chunk of logits and compute it again. About a third more FLOPs in
+//     the blocks and heads; the same bits.
+//   head_chunk_values: the most logits a head chunk holds (head_chunk_rows). 2^26, 256 MiB of FP32, is 655 rows at
+//     V2-Lite's vocabulary of 102400, a whole batch at `small`'s 1024. Both modes chunk alike, so their head GEMMs
+//     have the same shapes and alignments, and cuBLASLt gives the same bits.
 struct ActivationLayout {
     bool recompute = false;
     int64_t head_chunk_values = int64_t(1) << 26;
@@ -91,14 +80,14 @@ struct Model {
     std::vector<float> act_storage;
     ModelActs acts;
     std::vector<int32_t> inputs, targets, mtp_targets;  // (N) each; mtp_targets[b, T-1] = -1
-    // tokens routed to each expert of each block since the last bias update (empty for dense blocks)
+    // each block's expert load since the last bias update (empty for dense blocks)
     std::vector<std::vector<int64_t>> expert_counts;
 };
 
 // Table and zeroed buffers. With comm (default: one process), the routed experts are split over its EP group.
 void model_init(Model& m, const Config& c, Comm* comm = nullptr);
-// For a backend that keeps its own gradients (the GPU's): frees the host gradient buffer (4 bytes a parameter) and
-// clears m.g. model_backward, model_zero_grads and model_reduce_grads are not for such a model.
+// For a backend with its own gradients (the GPU's): frees the host gradients and clears m.g. model_backward,
+// model_zero_grads and model_reduce_grads are then not for this model.
 void model_release_grads(Model& m);
 void model_init_weights(Model& m, uint64_t seed);          // N(0, initializer_range) matrices, norms 1, biases 0
 // Forward over B sequences of T tokens. targets == nullptr: logits only (no losses, no MTP).
@@ -109,11 +98,9 @@ void model_backward(Model& m, float loss_scale);
 void model_zero_grads(Model& m);
 // Allocates the activations of a B x T batch now (the first forward would otherwise): throws std::bad_alloc early.
 void model_reserve(Model& m, int B, int T);
-// The backward allocates its temporaries anew in every step (std::vector, the readable way). glibc hands a freed
-// block of over 128 KiB back to the kernel (its mmap threshold, and the trimming of the heap's top), so each step
-// would fault those pages in again, zeroed by the kernel. This keeps freed memory in the process (mallopt), for the
-// whole process: call it once before training. Measured on `small`: 280K page faults in 22 steps -> 52K, and
-// about 5% less CPU time (docs/performance.md).
+// The backward allocates its temporaries in every step. glibc gives freed blocks over 128 KiB back to the kernel,
+// so each step would fault them in again. This keeps freed memory in the process (mallopt): call it once before
+// training. On `small`: 5x fewer page faults, about 5% less CPU time (docs/performance.md).
 void keep_freed_memory();
 // Block l's activation set: l itself, or with recompute the number of its kind (dense, MoE) in order of appearance.
 std::vector<int> block_sets(const Config& c, bool recompute);
@@ -121,19 +108,16 @@ std::vector<int> block_sets(const Config& c, bool recompute);
 int64_t head_chunk_rows(const Config& c, int64_t N, const ActivationLayout& layout);
 // The main head's logits of row `row` of the last forward (V values): kept by it, or with recompute computed again.
 void model_logits_row(Model& m, int64_t row, float* out);
-// Sums the gradients over the ranks that share each tensor (replicated tensors over the world, expert shards over
-// their data-parallel replicas) where this rank's optimizer needs them: its shard (m.shard; on one rank, all).
-// (Backward with loss_scale 1/world then gives the global mean's gradient.)
+// Sums the gradients over the ranks that share each tensor, where this rank's optimizer shard needs them
+// (docs/design.md §8). With loss_scale 1/world in the backward, this is the global mean's gradient.
 void model_reduce_grads(Model& m);
 // The global gradient norm over the shards of every rank: each value of every tensor counted once.
 double model_grad_norm(const Model& m);
 // AdamW on this rank's shard (opt: adamw_state(m.shard)), then the weights gathered from every rank's shard.
 void model_adamw(Model& m, AdamWState& opt, const OptimizerConfig& oc, float lr, float grad_multiplier);
-// Aux-loss-free balancing: b_i += gamma * sign(mean(count) - count_i) per MoE block, then counts reset.
-// counts are the global counts (summed over ranks and micro-batches). router_bias_step: one block's update (the
-// GPU model applies it to its bias too).
+// Aux-loss-free balancing (docs/design.md §1.2) from the global counts: b_i += gamma sign(mean(count) - count_i) per
+// MoE block, then m.expert_counts reset. router_bias_step is one block's update, which the GPU model uses too.
 void router_bias_step(const Config& c, const std::vector<int64_t>& counts, float* bias);
 void model_update_router_bias(Model& m, const std::vector<std::vector<int64_t>>& counts);
-// The balance the log reports: per MoE block, the largest global expert count over the mean count (1 is perfect
-// balance, n_routed_experts the worst: every token to one expert; 0 when no token was routed).
+// The load imbalance the log reports, per MoE block: max count / mean count (1 is perfect; 0 if nothing was routed).
 std::vector<double> load_imbalance(const Config& c, const std::vector<std::vector<int64_t>>& counts);

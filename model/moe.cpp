@@ -1,9 +1,7 @@
-// The MoE layer's phases on the CPU (see moe.h).
-// Gate gradient: with S = sum_j s_j over the chosen experts and w_j = r s_j / S (norm_topk_prob),
-//   dL/ds_m = r (dw_m / S - sum_j dw_j s_j / S^2);  without normalisation dL/ds_m = r dw_m.
-// Balance loss per sequence: L = alpha sum_i f_i P_i, P_i = (1/T) sum_t s_ti / S_t, S_t = sum_e s_te,
-//   f_i = E/(kT) #{t : i chosen at t} (constant), so dL/ds_ti = alpha/T (f_i / S_t - sum_e f_e s_te / S_t^2).
-// Router: s = sigmoid(z), so dL/dz = dL/ds s (1 - s).
+// The MoE layer's phases on the CPU (see moe.h). The router backward (docs/design.md §1.2), S = sum of the chosen s:
+//   gates:    dL/ds_m = r (dw_m / S - sum_j dw_j s_j / S^2) (norm_topk_prob), else r dw_m
+//   balance:  dL/ds_te += alpha/(B T) (f_e / S_t - sum_e' f_e' s_te' / S_t^2),  S_t = sum_e s_te
+//   sigmoid:  dL/dz = dL/ds s (1 - s)
 #include "moe.h"
 
 #include <cstring>
@@ -45,7 +43,7 @@ static void permute_forward(float* rows, const float* x, const ExpertPlan& plan,
     for (int64_t r = 0; r < N * k; r++) memcpy(rows + r * d, x + plan.assignment_of_row[r] / k * d, d * sizeof(float));
 }
 
-// dx[t] (=|+=) sum_j drows[row of (t, j)], in j order
+// dx_t (=|+=) sum_j drows[row of t*k+j], in j order
 static void permute_backward(float* dx, const float* drows, const ExpertPlan& plan, int64_t N, int64_t k, int64_t d,
                              bool accumulate) {
 #pragma omp parallel for schedule(static)
@@ -111,7 +109,7 @@ static void experts_backward(Precision p, const BlockWeights& w, BlockWeights& g
                             true);
 }
 
-// combine: out[t] (=|+=: onto the shared experts' output) sum_j w_tj rows[row of (t, j)]
+// combine: out_t (=|+=) sum_j w_tj rows[row of t*k+j]; += adds onto the shared experts' output
 static void combine_forward(float* out, const float* rows, const float* gate_weights, const ExpertPlan& plan,
                             int64_t N, int64_t k, int64_t d, bool accumulate) {
 #pragma omp parallel for schedule(static)
@@ -126,7 +124,7 @@ static void combine_forward(float* out, const float* rows, const float* gate_wei
     }
 }
 
-// drows[row of (t, j)] = w_tj dout[t];  dgate_weights[t, j] = dout[t] . rows[row of (t, j)]
+// drows[row of t*k+j] = w_tj dout_t;  dgate_weights[t*k+j] = dout_t . rows[row of t*k+j]
 static void combine_backward(float* drows, float* dgate_weights, const float* dout, const float* rows,
                              const float* gate_weights, const ExpertPlan& plan, int64_t N, int64_t k, int64_t d) {
 #pragma omp parallel for schedule(static)

@@ -1,15 +1,12 @@
-// DeepSeekMoE layer on the CPU (docs/design.md §1.2, §2), in the phases gpu/moe.cu follows too:
-//   route     scores s = sigmoid(x W_router^T) (N, E); each token's k experts and gate weights (model/router.h);
-//             the expert plan: the assignments sorted by expert (model/expert_plan.h)
+// The MoE layer on the CPU (docs/design.md §1.2, §2), in the phases gpu/moe.cu follows too:
+//   route     s = sigmoid(x W_router^T) (N, E); each token's k experts and gate weights (router.h); the expert plan
 //   permute   rows_in[r] = x[token of row r]: the token rows in plan order (N*k, d)
-//   dispatch  rows_in to the EP ranks that own their experts, into local expert order: expert_in (R, d)
+//   dispatch  rows_in to the EP ranks that own their experts, in local expert order: expert_in (R, d)
 //   experts   each local expert's SwiGLU on its contiguous rows: expert_out (R, d)
 //   return    expert_out back to the tokens' ranks, in plan order: rows_out (N*k, d)
-//   combine   out[t] = shared(x)[t] + sum_j w_tj rows_out[row of (t, j)]
-// and the sequence-wise balance loss. At EP 1 dispatch and return move nothing: expert_in is rows_in and expert_out
-// is rows_out. The backward runs the phases in reverse with the same plans.
-// The routed experts' buffers are std::vectors, not part of the activation arena: under expert parallelism the
-// number of rows a rank receives depends on the routing (dropless), so their size changes from step to step.
+//   combine   out_t = shared(x_t) + sum_j w_tj rows_out[row of t*k+j]
+// and the balance loss. At EP 1 expert_in is rows_in and expert_out is rows_out. The backward runs the phases in
+// reverse with the same plans. The routed experts' rows are std::vectors, not in the arena: R depends on the routing.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -36,16 +33,13 @@ struct MoEActs {
 };
 
 void moe_carve(Arena& arena, const Config& c, int B, int T, MoEActs& a);
-// x (N, d) the normalised input -> out (N, d). a.plan.counts holds this rank's tokens routed to each expert.
-// comm: the EP group that holds the experts (a one-rank Comm when there is no expert parallelism).
-// with_loss: compute the balance loss (a.balance_loss, else 0).
+// x (N, d) the normalised input -> out (N, d); a.plan.counts is this rank's expert load. comm's EP group holds the
+// experts (one rank without EP). with_loss: compute a.balance_loss, else it is 0.
 void moe_forward(const Config& c, Precision p, const BlockWeights& w, MoEActs& a, const float* x, float* out, int B,
                  int T, Comm& comm, bool with_loss);
-// dout (N, d) -> dx (N, d) overwritten. balance_scale multiplies the balance loss's gradient: the weight of this
-// rank's loss in what is differentiated (the trainer's 1/(grad_accum x world)).
+// dout (N, d) -> dx (N, d) overwritten. balance_scale, the trainer's loss_scale, scales the balance loss's gradient.
 void moe_backward(const Config& c, Precision p, const BlockWeights& w, BlockWeights& g, MoEActs& a, const float* x,
                   const float* dout, float* dx, int B, int T, float balance_scale, Comm& comm);
-// The router's backward on its own: d gate weights (N, k) and the balance loss -> d router logits (N, E)
-// (overwritten), from the scores (N, E) and the chosen experts (N, k).
+// dgate_weights (N, k) and the balance loss -> drouter_logits (N, E) overwritten; scores (N, E), chosen (N, k).
 void router_backward(const Config& c, const float* scores, const int32_t* chosen, const float* dgate_weights,
                      float* drouter_logits, int B, int T, float balance_scale);

@@ -1,9 +1,8 @@
-// CPU reference ops. One GEMM kernel serves every linear layer: C (M, N) = op(A) (M, K) @ op(B) (K, N), either
-// operand read transposed in place (no transposed copies). Each thread packs a panel of op(B) (all K rows of 16
-// columns) into a contiguous buffer, then sweeps row tiles over it: 6 rows x 16 columns of C stay in registers while
-// K streams (12 of AVX2's 16 vector registers, 6 of AVX-512's 32; 96 of NEON's 128 floats). Packing is what keeps
-// the panel's rows from sharing L1 sets when N is a multiple of 1024 (16 x 4 KiB strides map to one set). Each C
-// value is summed over k = 0..K-1 in order, so results are bit-identical for any number of threads.
+// The CPU reference ops. One GEMM kernel serves every linear layer: C (M, N) = op(A) (M, K) @ op(B) (K, N), either
+// operand read transposed in place. Each thread packs a panel of op(B), K rows of 16 columns, contiguously, then
+// sweeps row tiles over it: 6 x 16 values of C stay in registers while K streams (12 of AVX2's 16 registers).
+// Packing keeps the panel's rows from sharing L1 sets when N is a multiple of 1024 (4 KiB strides map to one set).
+// Each C value is summed over k in order, so results are the same bits for any number of threads.
 #include "ops.h"
 
 #include <algorithm>

@@ -5,8 +5,7 @@
 #pragma once
 #include <cstdint>
 
-// C (M, N) (=|+=) A (M, K) @ B (K, N), all row-major. The GEMM kernel behind it also serves matmul_forward and
-// matmul_backward, reading their transposed operands in place.
+// C (M, N) (=|+=) A (M, K) @ B (K, N), all row-major.
 void gemm_nn(float* C, const float* A, const float* B, int64_t M, int64_t K, int64_t N, bool accumulate);
 // out (M, N) = inp (M, K) @ W^T, W (N, K)
 void matmul_forward(float* out, const float* inp, const float* W, int64_t M, int64_t K, int64_t N);
@@ -35,8 +34,8 @@ void swiglu_backward(float* dg, float* du, const float* dout, const float* g, co
 void embedding_forward(float* out, const int32_t* tokens, const float* embed, int64_t M, int64_t d);
 void embedding_backward(float* dembed, const float* dout, const int32_t* tokens, int64_t M, int64_t d);
 
-// Cross-entropy of logits (M, V) against targets; rows with target < 0 are ignored. Returns the summed loss of
-// the counted rows. If dlogits is not null, writes d(loss_scale * sum of row losses)/d logits (zeros for ignored rows).
+// Cross-entropy of logits (M, V) against targets; rows with target < 0 are ignored. Returns the rows' summed loss.
+// dlogits, unless null: d(loss_scale * summed loss) / d logits, zero in ignored rows.
 double cross_entropy_forward_backward(float* dlogits, const float* logits, const int32_t* targets, int64_t M,
                                       int64_t V, float loss_scale);
 

@@ -1,4 +1,4 @@
-// AdamW, the schedule and clipping.
+// AdamW, the schedule, clipping and the optimizer shard (docs/design.md §8).
 #include "optimizer.h"
 
 #include <algorithm>
@@ -30,8 +30,8 @@ OptimizerShard optimizer_shard(const ParamTable& table, int world, int rank, int
         b.ranks = b.group == Group::World ? world : dp_size;
         b.index = b.group == Group::World ? rank : dp_rank;
         b.piece = b.ranks == 1 ? b.count : b.count / (b.ranks * PARAM_ALIGN) * PARAM_ALIGN;
-        // this rank's values: its piece, then the tail, each cut along the tensors (the gaps between them skipped);
-        // their moments take the span's length, gaps included, so that every rank keeps as many
+        // This rank's ranges: its piece, then the tail, cut at tensor boundaries, gaps skipped. Their moments span
+        // the whole piece or tail, gaps included, so every rank keeps as many.
         const int64_t piece_first = b.first + b.index * b.piece, tail_first = b.first + b.ranks * b.piece;
         const int64_t spans[2][2] = {{piece_first, piece_first + b.piece}, {tail_first, b.first + b.count}};
         for (int span = 0; span < 2; span++) {

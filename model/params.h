@@ -1,11 +1,8 @@
-// The parameter table: every tensor of the model with its Hugging Face name, shape and 64-bit offset into ONE
-// contiguous float buffer. Gradients use the same offsets in a buffer of their own; a rank's AdamW moments are packed
-// by its optimizer shard (model/optimizer.h). Every offset
-// is a multiple of PARAM_ALIGN floats (256 bytes; the gaps stay zero): aligned rows for vector loads and for
-// cuBLASLt's fastest kernels, which need 16-byte aligned operands (BF16 copies included).
-// Routed experts of a layer are stacked as one tensor [E, out, in] named model.layers.N.mlp.experts.*_proj.weight
-// (the published checkpoints store model.layers.N.mlp.experts.E.*_proj.weight, one per expert: slice E of ours).
-// The MTP block is layer num_hidden_layers, as in the published checkpoints.
+// The parameter table (docs/design.md §4): every tensor with its Hugging Face name, shape and 64-bit offset into one
+// float buffer; the gradients use the same offsets in their own. Offsets are multiples of PARAM_ALIGN floats (256
+// bytes, gaps zero), for vector loads and cuBLASLt's fastest kernels. A block's routed experts are one stacked
+// tensor (E, out, in), model.layers.N.mlp.experts.*_proj.weight; the published files hold its slice E as
+// model.layers.N.mlp.experts.E.*_proj.weight. The MTP block is layer num_hidden_layers.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -22,7 +19,7 @@ struct ParamTensor {
     int64_t numel = 0;
     bool weight_decay = false;  // matrices and embeddings decay; norm weights do not
     bool trainable = true;      // false for e_score_correction_bias (updated by the balancing rule, not AdamW)
-    bool expert_shard = false;  // stacked routed experts: this rank holds E/ep_size of them (dim 0 is sharded)
+    bool expert_shard = false;  // an expert tensor: this rank holds E/ep_size experts (dim 0)
 };
 
 struct ParamTable {

@@ -1,15 +1,13 @@
-// Rotary position embedding on interleaved pairs (x[2i], x[2i+1]) — the pairing of the released DeepSeek weights:
-//   out[2i] = m (x0 cos a - x1 sin a),  out[2i+1] = m (x0 sin a + x1 cos a),  a = pos * inv_freq[i].
-// inv_freq[i] = theta^(-2i/r); with YaRN (factor f > 1) the low frequencies are interpolated by 1/f along a linear
-// ramp between the correction dims of beta_fast and beta_slow, m = mscale(f, mscale) / mscale(f, mscale_all_dim),
-// and the attention softmax scale is multiplied by mscale(f, mscale_all_dim)^2.
-// Host/device inline so the CPU reference and the CUDA kernels compute the same angles.
+// RoPE on interleaved pairs (x[2i], x[2i+1]), the released DeepSeek weights' pairing, with YaRN (docs/design.md §1.1):
+//   out[2i] = m (x0 cos a - x1 sin a),  out[2i+1] = m (x0 sin a + x1 cos a),  a = pos * inv_freq[i]
+// inv_freq[i] = theta^(-2i/r). YaRN (factor f > 1) interpolates the low frequencies by 1/f along a ramp between the
+// correction dims of beta_fast and beta_slow, sets m, and scales the softmax by mscale(f, mscale_all_dim)^2.
+// MOE_HD, so the CPU reference and the CUDA kernels compute the same angles.
 #pragma once
 #include <cmath>
 
 #include "config.h"
 #include "host_device.h"
-
 
 MOE_HD inline double yarn_mscale(double factor, double mscale) {
     return factor <= 1.0 ? 1.0 : 0.1 * mscale * log(factor) + 1.0;

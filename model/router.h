@@ -1,13 +1,11 @@
-// DeepSeek-V3 router selection for one token (docs/design.md §1.2), shared by the CPU reference and the CUDA kernels.
+// DeepSeek-V3's router selection for one token (docs/design.md §1.2), for the CPU reference and the kernels alike.
 //   s = sigmoid(logits);  c = s + b (b = e_score_correction_bias: selection only)
-//   group score = sum of the top-2 c of the group (top-1 when a group has one expert);
-//   keep the topk_group best groups; idx = top-k of c over their experts;
-//   w_j = s[idx_j] / sum_j s[idx_j] (norm_topk_prob) * routed_scaling_factor.
-// Ties break toward the lower group / expert index, so selection is deterministic everywhere.
+//   group score = sum of the group's top-2 c (top-1 for a group of one); keep the topk_group best groups
+//   idx = top-k of c over their experts;  w_j = r s[idx_j] / sum_j s[idx_j] (norm_topk_prob), else r s[idx_j]
+// Ties go to the lower group and expert index, so selection is the same everywhere.
 #pragma once
 #include "config.h"
 #include "host_device.h"
-
 
 // scores (E) = sigmoid(logits), bias (E); scratch (E) floats. Writes idx (k) in order of decreasing c, weights (k).
 // Non-finite scores (NaN weights) leave too few experts to choose: then every idx is -1.

@@ -3,13 +3,13 @@
 //
 // What runs: each rank routes --tokens tokens (4096) to --topk (8) of --experts (256) experts at random (distinct
 // experts per token, a fixed seed per rank), builds the dispatch plan on the host (build_expert_plan, the counts
-// exchanged with comm->all_to_all, build_dispatch_plan: model/expert_plan.h) over an EP group of every rank (--ep
+// exchanged by plan_dispatch: model/expert_plan.h) over an EP group of every rank (--ep
 // for fewer), and times, through the NCCL Comm (make_nccl_comm) with FP32 rows of --hidden (7168) floats and the
-// kernels of kernels/permute.cuh (the permutations are gathers with k = 1, as gpu/gpu_model.cu does them):
+// kernels of kernels/permute.cuh (the permutations are gathers with k = 1, as gpu/moe.cu does them):
 //   dispatch      gather the token rows in plan order (gpu::permute_forward) + comm->all_to_all_v + permute the
 //                 received rows into expert order: what an MoE layer does before its expert GEMMs
-//   combine       the reverse: permute back to arrival order + comm->all_to_all_v back + the weighted sum per token
-//                 (gpu::combine_forward)
+//   return        the reverse: permute back to arrival order + comm->all_to_all_v back, then combine: the weighted
+//                 sum per token (gpu::combine_forward)
 //   dispatch BF16 the dispatch as the model does it with --dtype bf16: BF16 rows (half the bytes), exchanged as
 //                 pairs of BF16 values per float (the hidden size must be even)
 //   all-to-all-v  comm->all_to_all_v alone, dispatch routing: the exchange without the two kernels
@@ -20,11 +20,11 @@
 // Alone (no mpirun) it is one rank on GPU 0: every exchange is a self-copy through NCCL.
 //
 // How to read it: bytes = bytes one rank sends per operation, averaged over the ranks (dispatch sends its N*k
-// rows; combine sends back the rows it received, the same on average); time = mean over ranks of each rank's mean.
+// rows; return sends back the rows it received, the same on average); time = mean over ranks of each rank's mean.
 // algbw = bytes / time; busbw = algbw * (P-1)/P, as nccl-tests defines it for all-to-all (the self-part moves no
-// link bytes; 0 on one rank). `vs a2a` is algbw / ncclAlltoAll's algbw (the same ratio in busbw): the issue's
-// target is dispatch and combine at 0.8 or more. A dispatch/combine round trip with weights 1/k is checked
-// against the input first (combine of dispatch gives x back), and the BF16 dispatch against the FP32 one's rows
+// link bytes; 0 on one rank). `vs a2a` is algbw / ncclAlltoAll's algbw (the same ratio in busbw): the
+// target is dispatch and return at 0.8 or more. A dispatch/return round trip with weights 1/k is checked
+// against the input first (return of dispatch, combined, gives x back), and the BF16 dispatch against the FP32 one's rows
 // rounded, so the timed paths are known to move the right rows.
 #include <cmath>
 #include <cstdio>
@@ -160,17 +160,17 @@ int main(int argc, char** argv) {
     NCCL_CHECK(ncclCommSplit(world_nccl, comm->dp_rank, comm->ep_rank, &ep_nccl, nullptr));
 
     // rows of T (float, or __nv_bfloat16 moved as d/2 floats a row, as gpu/gpu_model.cu's dispatch_rows does)
-    auto dispatch_as = [&](auto* rows_sent, const auto* rows_x, auto* rows_arrived, auto* rows_expert) {
-        using T = std::remove_pointer_t<decltype(rows_sent)>;
-        gpu::permute_forward(rows_sent, rows_x, assignment_of_row, N, k, d, stream);
+    auto dispatch_as = [&](auto* rows_in, const auto* rows_x, auto* rows_arrived, auto* rows_expert) {
+        using T = std::remove_pointer_t<decltype(rows_in)>;
+        gpu::permute_forward(rows_in, rows_x, assignment_of_row, N, k, d, stream);
         CUDA_CHECK(cudaStreamSynchronize(stream));  // the Comm runs on its own stream
-        comm->all_to_all_v(reinterpret_cast<const float*>(rows_sent), dispatch.send_rows.data(),
+        comm->all_to_all_v(reinterpret_cast<const float*>(rows_in), dispatch.send_rows.data(),
                            reinterpret_cast<float*>(rows_arrived), dispatch.recv_rows.data(),
                            d * (int64_t)sizeof(T) / (int64_t)sizeof(float));
         gpu::permute_forward(rows_expert, rows_arrived, expert_to_recv_dev, R, 1, d, stream);
     };
     auto run_dispatch = [&] { dispatch_as(sent, x, arrived, expert_rows); };
-    auto run_combine = [&] {
+    auto run_return = [&] {
         gpu::permute_forward(arrived, expert_rows, recv_to_expert_dev, R, 1, d, stream);
         CUDA_CHECK(cudaStreamSynchronize(stream));
         comm->all_to_all_v(arrived, dispatch.recv_rows.data(), sent, dispatch.send_rows.data(), d);
@@ -179,13 +179,13 @@ int main(int argc, char** argv) {
 
     auto run_dispatch_bf16 = [&] { dispatch_as(sent16, x16, arrived16, expert_rows16); };
 
-    // Round trip: with weights 1/k, combine(dispatch(x)) is x up to the rounding of k terms. And the BF16 dispatch
+    // Round trip: with weights 1/k, the combined return(dispatch(x)) is x up to the rounding of k terms. And the BF16 dispatch
     // delivers the FP32 dispatch's expert rows, rounded (exactly).
     run_dispatch();
     std::vector<float> expert_host(R * d);
     CUDA_CHECK(cudaMemcpyAsync(expert_host.data(), expert_rows, expert_host.size() * sizeof(float),
                                cudaMemcpyDeviceToHost, stream));
-    run_combine();
+    run_return();
     std::vector<float> back(N * d);
     CUDA_CHECK(cudaMemcpyAsync(back.data(), out, back.size() * sizeof(float), cudaMemcpyDeviceToHost, stream));
     CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -208,7 +208,7 @@ int main(int argc, char** argv) {
     comm->all_reduce_sum(&bad, 1, Group::World);
     if (bad > 0) {  // every rank stops; the ones that saw it say so
         if (max_error > 1e-5)
-            fprintf(stderr, "bench_comm: [rank %d] dispatch/combine round trip is wrong: max |out - x| = %g\n",
+            fprintf(stderr, "bench_comm: [rank %d] dispatch/return round trip is wrong: max |out - x| = %g\n",
                     comm->rank, max_error);
         if (bf16_wrong > 0)
             fprintf(stderr, "bench_comm: [rank %d] the BF16 dispatch delivered %ld wrong values\n", comm->rank,
@@ -247,7 +247,7 @@ int main(int argc, char** argv) {
         printf("bench_comm: %d rank%s (EP %d x DP %d) on %s; %lld tokens x top-%d of %d experts, hidden %lld, FP32\n",
                comm->world, comm->world == 1 ? "" : "s", P, comm->dp_size, prop.name, (long long)N, k, E,
                (long long)d);
-        printf("round trip combine(dispatch(x)) == x: ok (max error %.2g)%s; %d iterations after %d warm-up\n",
+        printf("round trip return(dispatch(x)) == x: ok (max error %.2g)%s; %d iterations after %d warm-up\n",
                max_error, d % 2 == 0 ? ", BF16 dispatch == FP32 dispatch rounded: ok" : "", iters, WARMUP);
         printf("%-44s %10s %10s %11s %11s %9s\n", "operation", "MB/rank", "time ms", "algbw GB/s", "busbw GB/s",
                "vs a2a");
@@ -265,7 +265,7 @@ int main(int argc, char** argv) {
         comm->all_to_all_v(sent, dispatch.send_rows.data(), arrived, dispatch.recv_rows.data(), d);
     }, a2a);
     measure("dispatch (gather + all-to-all-v + permute)", rows * row_bytes, run_dispatch, a2a);
-    measure("combine (permute + all-to-all-v + combine)", R * row_bytes, run_combine, a2a);
+    measure("return (permute + all-to-all-v + combine)", R * row_bytes, run_return, a2a);
     if (d % 2 == 0)
         measure("dispatch, BF16 rows (the model's bf16 path)", rows * row_bytes / 2, run_dispatch_bf16, a2a);
 

@@ -393,8 +393,8 @@ double measure_gemms(const Config& c, const Options& o, cudaStream_t stream) {
         }
         const gpu::GemmWeight w = weight(E, experts.N, experts.K);
         const double experts_convert_ms = convert_ms(experts.M, experts.K);
-        for (int lanes : {1, gpu::MATMUL_LANES}) {
-            mm.group_lanes = lanes;
+        for (int streams : {1, gpu::MATMUL_STREAMS}) {
+            mm.group_streams = streams;
             const double ms = time_ms(
                 stream,
                 [&] {
@@ -402,7 +402,7 @@ double measure_gemms(const Config& c, const Options& o, cudaStream_t stream) {
                 },
                 o.iters, o.trials);
             char what[64];
-            snprintf(what, sizeof what, "%ld experts, %d lane%s", (long)E, lanes, lanes > 1 ? "s" : "");
+            snprintf(what, sizeof what, "%ld experts, %d stream%s", (long)E, streams, streams > 1 ? "s" : "");
             gemm_row(what, experts.M, experts.K, experts.N, ms, experts_convert_ms);
         }
     }

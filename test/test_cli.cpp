@@ -256,7 +256,7 @@ TEST_CASE("cli: --grad-accum 2 and 4 train as one micro-step of the whole batch"
         }
 }
 
-TEST_CASE("cli: --describe prints the config and the README's parameter counts") {
+TEST_CASE("cli: --describe prints the config and the parameter counts of docs/usage.md") {
     const CommandResult describe = run_logged("./train_cpu --config small --describe", "cli_describe.txt", 60);
     REQUIRE(describe.status == 0);
     const std::string& out = describe.out;

@@ -293,12 +293,12 @@ void matmul_test_fp8_fallback(gpu::Matmul& mm, Rng& rng) {
         check(fmt("FP8 refused for a group: grouped %s = the BF16 call", names[i]), grouped_fp8[i], grouped_bf16[i], 0);
 }
 
-// A grouped call spread over the lanes (streams) gives the same bits as the same call on one stream: the groups
+// A grouped call spread over the Matmul's streams gives the same bits as the same call on one stream: the groups
 // are the same cuBLASLt calls, each writing its own rows and its own dW_g. The results are read the way the model
-// reads them: copied on the caller's stream, which alone is synchronised. So a missing fork (a lane reading a cast
+// reads them: copied on the caller's stream, which alone is synchronised. So a missing fork (a stream reading a cast
 // before it is written) or join (the caller's stream not waiting for a lane) shows up as a difference or as the
 // NaN the outputs are poisoned with (always on the emulator, whose streams run only when synchronised).
-void matmul_test_lanes(gpu::Matmul& mm, Rng& rng, gpu::GemmType type) {
+void matmul_test_streams(gpu::Matmul& mm, Rng& rng, gpu::GemmType type) {
     const int64_t G = 24, K = 128, N = 96;
     std::vector<int64_t> offsets{0};
     for (int64_t g = 0; g < G; g++) offsets.push_back(offsets.back() + (g % 5 == 3 ? 0 : 16 + 11 * g));
@@ -317,7 +317,7 @@ void matmul_test_lanes(gpu::Matmul& mm, Rng& rng, gpu::GemmType type) {
     };
     std::vector<float> out[2], dinp[2], dW[2];
     for (int run = 0; run < 2; run++) {
-        mm.group_lanes = run == 0 ? 1 : gpu::MATMUL_LANES;
+        mm.group_streams = run == 0 ? 1 : gpu::MATMUL_STREAMS;
         d_out.poison();
         d_dinp.poison();
         d_dW.set(dW0);
@@ -331,12 +331,12 @@ void matmul_test_lanes(gpu::Matmul& mm, Rng& rng, gpu::GemmType type) {
         dinp[run] = seen_dinp.get();
         dW[run] = seen_dW.get();
     }
-    mm.group_lanes = gpu::MATMUL_LANES;
+    mm.group_streams = gpu::MATMUL_STREAMS;
     const char* type_name = type == gpu::GemmType::FP8 ? "fp8" : type == gpu::GemmType::BF16 ? "bf16" : "fp32";
     const std::string shape = fmt("(%s, %ld groups, %ld rows)", type_name, G, R);
-    check(fmt("grouped out, %d lanes = 1 lane ", gpu::MATMUL_LANES) + shape, out[1], out[0], 0);
-    check(fmt("grouped dinp, %d lanes = 1 lane ", gpu::MATMUL_LANES) + shape, dinp[1], dinp[0], 0);
-    check(fmt("grouped dW, %d lanes = 1 lane ", gpu::MATMUL_LANES) + shape, dW[1], dW[0], 0);
+    check(fmt("grouped out, %d streams = 1 stream ", gpu::MATMUL_STREAMS) + shape, out[1], out[0], 0);
+    check(fmt("grouped dinp, %d streams = 1 stream ", gpu::MATMUL_STREAMS) + shape, dinp[1], dinp[0], 0);
+    check(fmt("grouped dW, %d streams = 1 stream ", gpu::MATMUL_STREAMS) + shape, dW[1], dW[0], 0);
 }
 
 // An input's BF16 copy kept by the caller (GemmInput) is what the BF16 calls read instead of casting the FP32 rows:
@@ -465,7 +465,7 @@ void test_matmul(Rng& rng) {
     matmul_test_grouped(mm, rng, {130, 0, 3, 1}, 256, 96, false);
     matmul_test_grouped(mm, rng, {0, 0, 0}, 64, 32, false);
     matmul_test_grouped(mm, rng, {3, 0, 40}, 129, 67, false, 5);
-    matmul_test_lanes(mm, rng, gpu::GemmType::FP32);
+    matmul_test_streams(mm, rng, gpu::GemmType::FP32);
     gpu::matmul_destroy(mm);
 
     // the largest casts below until the reserve: the first grouped case's inp and dout (308 rows)
@@ -477,7 +477,7 @@ void test_matmul(Rng& rng) {
     matmul_test_grouped(mm, rng, {3, 0, 40}, 129, 67, true, 5);
     gpu::matmul_reserve(mm, {realistic.M * realistic.K, realistic.M * realistic.N});  // grows both cast buffers
     matmul_test_dense(mm, rng, realistic.M, realistic.K, realistic.N, realistic.offset, true);
-    matmul_test_lanes(mm, rng, gpu::GemmType::BF16);
+    matmul_test_streams(mm, rng, gpu::GemmType::BF16);
     matmul_test_kept_input(mm, rng);
     gpu::matmul_destroy(mm);
 }
@@ -492,7 +492,7 @@ void test_matmul_fp8(Rng& rng) {
     matmul_test_fp8(mm, rng, {300}, 256, 96, false);
     matmul_test_fp8(mm, rng, {37}, 208, 144, false);
     matmul_test_fp8(mm, rng, {0, 1, 37, 0, 150, 5}, 208, 144, true);
-    matmul_test_lanes(mm, rng, gpu::GemmType::FP8);
+    matmul_test_streams(mm, rng, gpu::GemmType::FP8);
     matmul_test_fp8_fallback(mm, rng);
     gpu::matmul_destroy(mm);
 }

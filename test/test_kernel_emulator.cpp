@@ -181,15 +181,15 @@ TEST_CASE("kernel emulator: the GPU model on the real kernels matches the CPU mo
     }
 }
 
-// The benchmarks' programs end to end on small shapes, so that a GPU session's few minutes are not lost to a crash
-// in code that only runs there: every section printed, the smoke step's loss finite and falling (3 AdamW steps on
-// one batch), and bench_comm's own checks (combine of dispatch gives x back; the BF16 dispatch delivers the FP32
+// The benchmarks' programs end to end on small shapes, so that a first run on a GPU is not lost to a crash in code
+// that only runs there: every section printed, the smoke step's loss finite and falling (3 AdamW steps on
+// one batch), and bench_comm's own checks (return of dispatch gives x back; the BF16 dispatch delivers the FP32
 // one's rows rounded) passed on 1 rank and on 4 ranks (EP 2 x DP 2) through the NCCL model.
 TEST_CASE("kernel emulator: make bench's and make bench-comm's programs run end to end") {
     const CommandResult bench = run("./bench_gpu_emulated --smoke", "bench_gpu_smoke.txt");
     INFO(bench.out);
     CHECK(bench.status == 0);
-    for (const char* section : {"device copy", "GEMM, BF16 inputs", "GEMM, FP8 inputs", "8 experts, 4 lanes",
+    for (const char* section : {"device copy", "GEMM, BF16 inputs", "GEMM, FP8 inputs", "8 experts, 4 streams",
                                 "training step", "region (one step)", "attention share", "memory-bound kernel",
                                 "of 27 kernels under",
                                 "bf16 tensor, 4 warps", "bf16 tensor, 8 warps", "fp32 CUDA cores"})
@@ -209,9 +209,23 @@ TEST_CASE("kernel emulator: make bench's and make bench-comm's programs run end 
     for (const CommandResult* r : {&one, &four}) {
         INFO(r->out);
         CHECK(r->status == 0);
-        CHECK(r->out.find("round trip combine(dispatch(x)) == x: ok") != std::string::npos);
+        CHECK(r->out.find("round trip return(dispatch(x)) == x: ok") != std::string::npos);
         CHECK(r->out.find("BF16 dispatch == FP32 dispatch rounded: ok") != std::string::npos);
-        CHECK(r->out.find("combine (permute + all-to-all-v + combine)") != std::string::npos);
+        CHECK(r->out.find("return (permute + all-to-all-v + combine)") != std::string::npos);
     }
     CHECK(four.out.find("4 ranks (EP 2 x DP 2)") != std::string::npos);
+}
+
+// The kernel lab (dev/cuda/): every version of every program against its CPU reference, built for the emulator and
+// run in two thread orders (on a machine with a GPU, built with nvcc and run once).
+TEST_CASE("kernel lab: every version of every dev/cuda program matches its CPU reference") {
+    const CommandResult r = run("make --no-print-directory -C dev/cuda check", "lab.txt");
+    INFO(r.out);
+    CHECK(r.status == 0);
+    const size_t at = r.out.rfind("lab: ");
+    REQUIRE(at != std::string::npos);
+    int passed = 0, failed = -1;
+    REQUIRE(sscanf(r.out.c_str() + at, "lab: %d passed, %d failed", &passed, &failed) == 2);
+    CHECK(failed == 0);
+    CHECK(passed >= 22);  // 22 versions in 6 programs
 }

@@ -1,7 +1,7 @@
 // Training really learns: `small` trained on the default data (the Debian license texts) for 250 steps must reach a
 // validation loss well below the unigram entropy of the validation tokens, the loss of the best model that
 // ignores context. "Well below" is 1 nat: the model's perplexity at most e^-1 = 37% of the unigram one.
-// (250 steps reach 4.28 against 5.76; 400 steps of `make run` reach 4.22; see the README.)
+// (250 steps reach 4.28 against 5.76; 400 steps of `make run` reach 4.22; see docs/usage.md.)
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -63,7 +63,7 @@ TEST_CASE("learning: small on the default data falls well below the unigram entr
 // DeepSeek-V3's FP8 recipe for the linear layers inside the blocks (--dtype fp8, model/fp8.h) follows the FP32 curve:
 // the validation loss after 100 steps within 2% of FP32's. Measured (2026-12-01, AMD EPYC, 2 threads): this test
 // 4.9534 against 4.9293 (+0.5%); `make run`'s 400 steps with --dtype fp8 4.2269 against 4.2455 (-0.4%), and between
-// -1.0% and +0.5% at every evaluation, the size of the roundoff differences between two CPUs (README). A broken
+// -1.0% and +0.5% at every evaluation, the size of the roundoff differences between two CPUs (docs/fp8.md). A broken
 // recipe is far outside: a wrong scale multiplies every output, and per-tensor scaling of rows 2^-12..2^11 apart
 // rounds whole rows to zero (test_fp8).
 TEST_CASE("learning: --dtype fp8 follows the FP32 curve") {

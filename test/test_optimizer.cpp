@@ -125,12 +125,12 @@ TEST_CASE("optimizer: ZeRO-1 shards cover every trainable value once, on 1 to 64
         // ranks of EP rank e, under key e): each value's updates and norm counts
         std::vector<std::vector<int>> updated(ep, std::vector<int>(table.total, 0)), counted = updated;
         std::vector<bool> in_tail(table.total, false);  // the buckets are the same on every rank
-        int64_t moments = -1, misplaced = 0, shared_slots = 0, pieces = 0, all_tail_buckets = 0;
+        int64_t moments = -1, misplaced = 0, shared_places = 0, pieces = 0, all_tail_buckets = 0;
         for (int rank = 0; rank < world; rank++) {
             const OptimizerShard s = optimizer_shard(table, world, rank, dp, rank / ep);
             if (moments < 0) moments = s.moments;
             CHECK(s.moments == moments);  // every rank keeps as many (the memory plan counts rank 0's)
-            std::vector<bool> slot(s.moments, false);
+            std::vector<bool> taken(s.moments, false);
             for (const OptimizerBucket& b : s.buckets) {
                 for (int64_t i = b.first + b.ranks * b.piece; rank == 0 && i < b.first + b.count; i++) in_tail[i] = true;
                 CHECK((b.ranks == 1 ? b.piece == b.count : b.piece % PARAM_ALIGN == 0));
@@ -144,14 +144,14 @@ TEST_CASE("optimizer: ZeRO-1 shards cover every trainable value once, on 1 to 64
                     const int key = held[i] == world ? 0 : rank % ep;
                     updated[key][i]++;
                     counted[key][i] += r.owned;
-                    shared_slots += slot[r.moments + (i - r.first)];
-                    slot[r.moments + (i - r.first)] = true;
+                    shared_places += taken[r.moments + (i - r.first)];
+                    taken[r.moments + (i - r.first)] = true;
                     for (const OptimizerBucket& b : s.buckets)  // a piece's value lies in this rank's block
                         if (i >= b.first && i < b.first + b.ranks * b.piece) misplaced += (i - b.first) / b.piece != b.index;
                 }
             }
         }
-        CHECK(shared_slots == 0);  // no two values share a moment
+        CHECK(shared_places == 0);  // no two values share a moment
         CHECK(misplaced == 0);
         if (world > 1) CHECK(pieces > 0);
         if (world == 64) CHECK(all_tail_buckets > 0);

@@ -80,7 +80,7 @@ std::string checkpoint_after_3_steps(int ranks, bool recompute) {
 
 }  // namespace
 
-TEST_CASE("recompute: the slots, one per block without, one per kind of block with") {
+TEST_CASE("recompute: the activation sets, one per block without, one per kind of block with") {
     const Config tiny = load_config("tiny");  // block 0 dense, blocks 1.. MoE, the MTP block MoE
     std::vector<int> own(tiny.num_blocks()), shared(tiny.num_blocks(), 1);
     for (int l = 0; l < tiny.num_blocks(); l++) own[l] = l;

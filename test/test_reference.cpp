@@ -1,8 +1,8 @@
-// The CPU reference against the independent PyTorch twin (test/ref/, written from docs/design.md, gradients by autograd),
-// run live with Debian's python3-torch. Same weights and batch in, logits, losses, expert loads and every
-// gradient compared. The twin computes in float64, so the differences measure this code's float32 rounding:
-// with sums over at most a few hundred terms of O(1) values that is ~1e-6 relative, and 1e-4 (the bound)
-// leaves a wide margin while any real error (a wrong index, a missing term) is orders of magnitude larger.
+// The CPU reference against the independent PyTorch twin (test/ref/twin.py, written from docs/design.md, gradients
+// by autograd), run live with Debian's python3-torch. Same weights and batch in, logits, losses, expert loads and
+// every gradient compared. The twin computes in float64, so the differences measure this code's float32 rounding:
+// with sums over at most a few hundred terms of O(1) values that is ~1e-6 relative, and 1e-4 leaves a wide margin
+// while any real error (a wrong index, a missing term) is orders of magnitude larger.
 #include <doctest/doctest.h>
 
 #include <cmath>

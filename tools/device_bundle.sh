@@ -2,8 +2,8 @@
 # Gathers into .device/ what a GPU machine's bare image may lack, for tools/gpu_check.sh to use there: the
 # header-only libraries (nlohmann/json, stb, doctest), OpenMPI's headers and shared libraries, and this machine's
 # builds of the GPU programs as a fallback if building there fails. .device/ is kept out of git
-# (.git/info/exclude); name it in the device call's `carry`.
-#   usage: bash tools/device_bundle.sh        (then: device run "bash tools/gpu_check.sh", carry [".device"])
+# (.git/info/exclude); copy it to the GPU machine with the working tree.
+#   usage: bash tools/device_bundle.sh        (then, on the GPU machine: bash tools/gpu_check.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 make -j"$(nproc)" train_cpu train test_gpu bench_gpu bench_comm data

@@ -1,16 +1,15 @@
 #!/bin/bash
-# The one script for a lent GPU machine (a session's device call): builds everything there, runs `make test-gpu`'s
-# program, the benchmark and the communication benchmark, and prints a short table. Results go to $OUT (or
-# ./gpu_results) as text files, to be copied into docs/performance.md with the date and the commit.
-#   here:   bash tools/device_bundle.sh       (what the machine's image may lack, into .device/)
-#   there:  bash tools/gpu_check.sh           (device run with carry [".device"], timeout_s 600)
-# The machine's image has nvcc and Python's NCCL wheel but not Debian's MPI or header-only libraries: they come
-# from .device/. If the build fails there, the binaries built here (.device/bin) are tried instead.
-# Every stage runs under a timeout cut to what is left of GPU_CHECK_SECONDS (default 540: the device call's 600 s
-# limit less a margin), so the summary prints even when a stage hangs; the stages come in the order of what the
-# session needs most: correctness, speed, communication, then compute-sanitizer's memcheck and racecheck of every
-# kernel and the whole step on the small shapes of `bench_gpu --smoke`. Eight files come back in $OUT, the most a
-# device call returns.
+# The first check on a machine with a GPU: builds everything there, runs `make test-gpu`'s program, the benchmark
+# and the communication benchmark, and prints a short table. Results go to $OUT (or ./gpu_results) as text files,
+# to be copied into docs/performance.md with the date, the commit and the machine.
+#   on a machine with the repository:  bash tools/device_bundle.sh   (what a bare CUDA image may lack, into .device/)
+#   on the GPU machine, with .device/: bash tools/gpu_check.sh
+# A bare CUDA image has nvcc and NCCL but not Debian's MPI or the header-only libraries: they come from .device/.
+# If the build fails there, the binaries built beforehand (.device/bin) are tried instead.
+# Every stage runs under a timeout cut to what is left of GPU_CHECK_SECONDS (default 540), so the summary prints
+# even when a stage hangs; the stages come in order of importance: correctness, speed, communication, then
+# compute-sanitizer's memcheck and racecheck of every kernel and the whole step on the small shapes of
+# `bench_gpu --smoke`. At most eight files go to $OUT.
 set -u -o pipefail
 out=${OUT:-gpu_results}
 mkdir -p "$out"
@@ -66,13 +65,13 @@ grep -E "FAIL|^tests:|error" "$out/test_gpu.txt" | head -40
 status "make test-gpu" "$(grep '^tests:' "$out/test_gpu.txt" || echo 'no result line (crashed or timed out)')"
 status "FP8 shapes refused" "$(grep -c 'no FP8 algorithm' "$out/test_gpu.txt") (each ran in BF16; test_gpu.txt names them)"
 # 4 layers (1 dense + 3 MoE, a 58 GiB plan) rather than the fit: the fit reads the host RAM from MemTotal, which on
-# these machines starts far below what they grow to (the device tool's H200.md), and a smaller host init stays
-# inside the stage's budget; the per-token figures hardly depend on the layer count.
+# some cloud machines starts far below what they grow to, and a smaller host init stays inside the stage's budget;
+# the per-token figures hardly depend on the layer count.
 timeout "$(budget 150)" ./bench_gpu --layers 4 > "$out/bench.txt" 2>&1
 cat "$out/bench.txt"
 status "make bench" "$(grep -E 'model TFLOP/s|MFU' "$out/bench.txt" | head -2 | tr -s ' ' | tr '\n' ';')"
 status "attention kernels" "$(grep -E '^(bf16 tensor, [48] warps|fp32 CUDA cores)' "$out/bench.txt" | tr -s ' ' | tr '\n' ';')"
-status "expert GEMMs" "$(grep -E '^[0-9]+ experts, [0-9]+ lanes?' "$out/bench.txt" | tr -s ' ' | tr '\n' ';')"
+status "expert GEMMs" "$(grep -E '^[0-9]+ experts, [0-9]+ streams?' "$out/bench.txt" | tr -s ' ' | tr '\n' ';')"
 # --dtype fp8 (its GEMM table, then its step), appended to bench.txt: one more file would not come back
 timeout "$(budget 120)" ./bench_gpu --layers 4 --dtype fp8 --steps 3 > "$out/bench_fp8.txt" 2>&1
 { echo "==== ./bench_gpu --layers 4 --dtype fp8 --steps 3"; cat "$out/bench_fp8.txt"; } | tee -a "$out/bench.txt"

@@ -1,15 +1,11 @@
-// The arithmetic of --plan. Memory follows this trainer's scheme (docs/design.md §1.4, §2): FP32 master weights, FP32
-// gradients and a BF16 working copy of every parameter a GPU holds (the replicated parameters in full, the routed
-// experts divided by EP; no pipeline stages), and two FP32 AdamW moments for its shard of them (ZeRO-1,
-// model/optimizer.h: the replicated parameters divided by the GPUs, an expert shard by its DP replicas). FLOPs per
-// token follow Megatron: 6 x active parameters (shared experts and MTP included) + the attention scores, causal
-// halved.
-// All-to-all: per MoE layer and token, k rows of d BF16 values go out (dispatch) and come back (combine) in the
-// forward, and again in the backward; a share 1/EP stays on the GPU, (per_node - 1)/EP crosses NVLink, the rest the
-// network. The predicted step adds compute and communication: no overlap is assumed. With --recompute the blocks
-// keep only their inputs and one activation set per kind of block, the heads one chunk of logits, and the forward of
-// both runs again in the backward (its FLOPs and its all-to-all again: the predicted step counts both, for every
-// block, where the trainers recompute all but the last block of each kind; MFU's model FLOPs do not).
+// The arithmetic of --plan (docs/design.md §1.4, §2, §8). Memory: FP32 master weights, FP32 gradients and a BF16
+// working copy of what a GPU holds (replicated parameters whole, routed experts / EP; no pipeline stages), and the
+// AdamW moments of its optimizer shard. FLOPs per token, as Megatron counts: 6 x active parameters (shared experts
+// and MTP included) + the attention scores, causal halved. All-to-all: per MoE block and token, k rows of d BF16
+// values are dispatched and returned in the forward, and again in the backward; 1/EP stays on the GPU,
+// (per_node - 1)/EP crosses NVLink, the rest the network. The predicted step adds compute and communication, no
+// overlap. --recompute keeps one activation set per kind of block and one head chunk of logits, and runs the forward
+// again; the step counts that for every block (the trainers skip the last of each kind), MFU's FLOPs do not.
 #include "trainer/plan.h"
 
 #include <algorithm>
@@ -61,9 +57,8 @@ void print_plan(const Config& c, const PlanInputs& p) {
     const double dqk = c.qk_head_dim(), dv = c.v_head_dim, I = c.moe_intermediate_size, k = c.num_experts_per_tok;
     const int moe_layers = c.num_blocks() - std::min(c.first_k_dense_replace, c.num_hidden_layers);
 
-    // activations kept for the backward, per token and block, in FP32 as ./train keeps them (the attention core
-    // recomputes its probabilities from the saved output and log-sum-exp, as flash attention does); the BF16 copies of
-    // the GEMM inputs and the routed experts' buffers come on top (./train's memory plan at start counts them)
+    // Activations kept for the backward, per token and block, in FP32 as ./train keeps them; the attention saves its
+    // log-sum-exp, not the probabilities. BF16 copies and the routed experts' rows come on top.
     const double qr = c.q_lora_rank, kr = c.kv_lora_rank;
     const double attn = 2 * d + (qr > 0 ? 2 * qr : 0) + 2 * H * dqk + (kr + c.qk_rope_head_dim) + 2 * kr +
                         H * (c.qk_nope_head_dim + dv) + H * dqk + H * dv + 2 * H;
@@ -77,29 +72,25 @@ void print_plan(const Config& c, const PlanInputs& p) {
     // the logits of the main head and MTP's: all of them, or with --recompute one chunk each
     const double logit_rows = p.recompute ? (double)head_chunk_rows(c, (int64_t)tokens, ActivationLayout{}) : tokens;
     const double act_bytes = 4 * (kept_per_token * tokens + heads * logit_rows * c.vocab_size);
-
     const double active = active_params_with_mtp(c), attn_flops = attention_flops_per_token(c, p.seq);
     const double flops_per_token = model_flops_per_token(c, p.seq);
 
     // all-to-all bytes per GPU per micro-step (both directions counted once, as sent)
     const double row_bytes = 2 * d;
-    const double passes = p.recompute ? 6 : 4;  // dispatch + combine, forward (twice with recompute) + backward
+    const double passes = p.recompute ? 6 : 4;  // dispatch + return, forward (twice with recompute) + backward
     const double sent = passes * moe_layers * tokens * k * row_bytes;
     const double local_share = 1.0 / p.ep;
     const double node_share = std::max(0.0, (double)(std::min(p.gpus_per_node, p.ep) - 1) / p.ep);
     const double network_share = 1.0 - local_share - node_share;
-
     const double recomputed = p.recompute ? recomputed_flops_per_token(c, p.seq) : 0.0;
     const double compute_s = tokens * (flops_per_token + recomputed) / (p.matmul_tflops * 1e12);
     const double comm_s = sent * node_share / (p.nvlink_gbps * 1e9) + sent * network_share / (p.network_gbps * 1e9);
-    // once per step, the FP32 gradients reduce-scattered and the updated FP32 weights all-gathered, together the
-    // bytes of a ring all-reduce (2 (n-1)/n of the buffer per GPU): the replicated parameters over all GPUs, each
-    // expert shard over its DP replicas
+    // Once per step the gradients are reduce-scattered and the weights all-gathered, in FP32: a ring all-reduce's
+    // 2 (n-1)/n of the buffer per GPU, over all GPUs for replicated tensors and the DP group for expert tensors.
     const double exchange_s = (2.0 * (p.gpus - 1) / p.gpus * 4 * replicated_params +
                                2.0 * (dp - 1) / dp * 4 * expert_params / p.ep) / (p.network_gbps * 1e9);
     const double step_s = p.grad_accum * (compute_s + comm_s) + exchange_s;
     const double tokens_per_gpu_s = p.grad_accum * tokens / step_s;
-
     printf("plan: %d GPUs (%d per node) as EP %d x DP %d; micro-batch %d x %d tokens, %d micro-steps per step\n",
            p.gpus, p.gpus_per_node, p.ep, dp, p.batch, p.seq, p.grad_accum);
     printf("parameters: %.3g total (%.3g replicated, %.3g in routed experts); one GPU holds %.3g\n",
@@ -112,8 +103,7 @@ void print_plan(const Config& c, const PlanInputs& p) {
            total_bytes > p.gpu_memory_gib * GiB
                ? "  -> does NOT fit: this needs pipeline stages or sharded weights, which moe.cu does not have"
                : "  -> fits");
-    // the host keeps a rank's FP32 weights (the record checkpoints are written from) and its AdamW shard; each rank
-    // writes its optimizer pieces' weights and moments into the checkpoint (with --async-checkpoint from a host copy)
+    // The host keeps a rank's FP32 weights and AdamW shard; each rank writes its owned ranges into a checkpoint.
     printf("host memory per GPU: weights %.1f GiB, AdamW shard %.1f GiB; a checkpoint: %.3g TB, %.3g GB written by "
            "each rank\n",
            held * 4 / GiB, optimizer_bytes / GiB, checkpoint_bytes / 1e12, 1.5 * optimizer_bytes / 1e9);

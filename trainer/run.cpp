@@ -285,8 +285,9 @@ void start_training(Run& r) {
     const TrainArgs& args = r.args;
     Comm& comm = *r.comm;
     agree(r, [&] {
-        if (comm.rank == 0 && !args.log.empty() && !(r.log = fopen(args.log.c_str(), r.resume_from.empty() ? "w" : "a")))
-            throw std::runtime_error("cannot write the log file " + args.log);
+        if (comm.rank != 0 || args.log.empty()) return;
+        r.log = fopen(args.log.c_str(), r.resume_from.empty() ? "w" : "a");
+        if (!r.log) throw std::runtime_error("cannot write the log file " + args.log);
     });
     if (comm.rank == 0) {
         if (!r.resume_from.empty())
@@ -303,7 +304,8 @@ void start_training(Run& r) {
 
 Step begin_step(Run& r, int64_t step) {
     if (fault_requested(*r.comm, step, "crash")) raise(SIGKILL);
-    if (fault_requested(*r.comm, step, "error")) fail("injected fault at step " + std::to_string(step) + " (MOE_FAULT)");
+    if (fault_requested(*r.comm, step, "error"))
+        fail("injected fault at step " + std::to_string(step) + " (MOE_FAULT)");
     Step s;
     s.step = step;
     s.B = r.args.batch;

@@ -70,11 +70,9 @@ static std::string launcher_rank() {
     return "0";
 }
 
-// The ranks of a job usually get the same flags, so they all reject the same one: rank 0 says what is wrong, at
-// once, and its exit makes the launcher end the others (mpirun does; srun with --kill-on-bad-exit). Another rank
-// waits before it speaks, so that its line is only seen when rank 0 accepted its own flags: the ranks were given
-// different flags, and rank 0 waits in MPI's start for this one, which alone knows why. Under a launcher that lets
-// every rank finish, each rank prints the line.
+// Prints why a flag is rejected and exits 2. Rank 0 speaks at once; its exit makes the launcher end the others
+// (mpirun; srun with --kill-on-bad-exit). Another rank waits first, so its line is seen only when rank 0 accepted
+// its own flags: the ranks got different flags, and rank 0 waits in MPI's start for this one, which alone knows why.
 [[noreturn]] static void bad(const char* program, const std::string& msg) {
     const std::string rank = launcher_rank();
     if (rank == "0") {

@@ -40,16 +40,14 @@ struct TrainArgs {
     std::string export_hf;          // --export-hf DIR  write a Hugging Face directory at the end
     std::string export_dtype = "bf16"; // --export-dtype bf16|f32
     std::string dtype;              // --dtype fp32|bf16|fp8  GEMM precision (empty: the program's default)
-    bool recompute = false;         // --recompute      keep the blocks' inputs and one activation set per kind of
-                                    //                  block, run each forward again
+    bool recompute = false;         // --recompute      one activation set per kind of block; forwards run again
     bool eval_only = false;         // --eval-only      print the validation loss and exit
     std::string plot;               // --plot FILE.png  plot the --log at the end
     bool plot_log_scale = false;    // --plot-log-scale
     bool describe = false;          // --describe
     bool plan = false;              // --plan: memory, FLOPs, all-to-all and step time on paper, then exit
     PlanInputs plan_inputs;         // --gpus, --gpus-per-node, --matmul-tflops, --nvlink-gbps, --network-gbps,
-                                    // --gpu-memory-gib; its ep, batch, seq, grad_accum and recompute come from the
-                                    // flags above
+                                    // --gpu-memory-gib; ep, batch, seq, grad_accum and recompute from the flags above
     // --dtype as a Precision, or `fallback` when it is not given
     Precision precision_or(Precision fallback) const {
         return dtype == "fp32" ? Precision::FP32 : dtype == "bf16" ? Precision::BF16 : dtype == "fp8" ? Precision::FP8

@@ -1,6 +1,6 @@
 // Kernel emulator (see emulator.h): a CPU model of the part of cuBLASLt that kernels/matmul.cuh calls, written from
 // cuBLASLt's documented semantics, so that the emulated builds run the real kernels/matmul.cuh (its row-major to
-// column-major mapping, BF16 casts, grouped calls and lanes) against the CPU reference. Not fast, and it says
+// column-major mapping, BF16 casts, grouped calls and their streams) against the CPU reference. Not fast, and it says
 // nothing about which algorithm the library picks or how fast it runs.
 //
 // cublasLtMatmul: D = alpha op(A) op(B) + beta C, every matrix column-major (element (i, j) of a layout with

@@ -397,7 +397,7 @@ def moe(cfg, p, pre, u):
         w = w / w.sum(-1, keepdim=True)
     w = w * cfg.scaling
 
-    # Dispatch: sort the N*k (token, slot) pairs by expert, run each expert on its contiguous
+    # Permute: sort the N*k assignments (token, j) by expert, run each expert on its contiguous
     # rows, scale by the gate weight, and scatter-add back to the tokens.
     flat = idx.reshape(-1)
     order = torch.argsort(flat, stable=True)
