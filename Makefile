@@ -26,7 +26,7 @@ HEADERS  := $(wildcard model/*.h io/*.h data/*.h comm/*.h tools/*.h trainer/*.h 
 GPU_SRC  := $(wildcard gpu/*.cu)
 GPU_HEADERS := $(HEADERS) $(wildcard gpu/*.h)
 # what the programs checking the GPU model share (test_gpu and the emulated builds)
-GPU_TEST_HEADERS := test/gpu_check.cuh test/random_model.h test/recompute_check.h
+GPU_TEST_HEADERS := test/gpu_check.cuh test/device_array.h test/random_model.h test/recompute_check.h
 
 .PHONY: all deps deps-run data run test test-gpu bench-cpu bench-io bench-comm bench lab clean
 

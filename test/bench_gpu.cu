@@ -26,7 +26,7 @@
 //      FP32 activation operand to BF16 first, as every GEMM of the model does: "fwd" (the cast included) is what
 //      the model gets, "GEMM" subtracts that cast's time (measured alone) and is the tensor-core ceiling. Then the
 //      gate projections of all 64 experts (768 rows each) in one gpu::grouped_matmul_forward, with its groups on
-//      one stream and spread over gpu::MATMUL_LANES (the model's setting): what running the small expert GEMMs
+//      one stream and spread over gpu::MATMUL_STREAMS (the model's setting): what running the small expert GEMMs
 //      concurrently gains. With --dtype fp8, the same table again with FP8 inputs (gpu::matmul_forward with the
 //      weight's E4M3 copies, the input quantized in 1 x 128 tiles: "quant ms"), the rate those GEMMs work with.
 //   2. the training step: 2 warm-up steps, then S timed ones of zero_grads, forward, backward, grad norm, AdamW
@@ -410,7 +410,7 @@ double measure_gemms(const Config& c, const Options& o, cudaStream_t stream) {
            "cuBLASLt GEMM, as in the model); GEMM = fwd minus the cast or quantization.\nexperts: "
            "gpu::grouped_matmul_forward over %ld experts of %ld rows each, the groups on one stream, then spread over "
            "%d (the model's setting); in FP8 one quantization per expert\n",
-           (long)E, (long)expert_rows, gpu::MATMUL_LANES);
+           (long)E, (long)expert_rows, gpu::MATMUL_STREAMS);
     gpu::matmul_destroy(mm);
     return best;
 }

@@ -66,8 +66,8 @@ static void test_embedding(Rng& rng) {
         for (int32_t& t : tokens) t = (int32_t)(rng.next_u64() % tc.V);
         std::vector<float> embed = randn(tc.V * tc.d, rng), dout = randn(tc.M * tc.d, rng);
         std::vector<float> dembed = randn(tc.V * tc.d, rng), out(tc.M * tc.d);
-        Dev<int32_t> d_tokens(tokens);
-        Dev<float> d_embed(embed), d_out(out.size()), d_dout(dout), d_dembed(dembed);
+        DeviceArray<int32_t> d_tokens(tokens);
+        DeviceArray<float> d_embed(embed), d_out(out.size()), d_dout(dout), d_dembed(dembed);
         embedding_forward(out.data(), tokens.data(), embed.data(), tc.M, tc.d);
         d_out.poison();
         gpu::embedding_forward(d_out.ptr, d_tokens.ptr, d_embed.ptr, tc.M, tc.d, 0);
@@ -75,7 +75,7 @@ static void test_embedding(Rng& rng) {
         embedding_backward(dembed.data(), dout.data(), tokens.data(), tc.M, tc.d);
         std::vector<int32_t> packed(3 * tc.M + 1);
         const int64_t distinct = gpu::token_rows_pack(tokens.data(), tc.M, packed.data());
-        Dev<int32_t> d_packed(packed);
+        DeviceArray<int32_t> d_packed(packed);
         gpu::embedding_backward(d_dembed.ptr, d_dout.ptr, gpu::TokenRows{d_packed.ptr, tc.M, distinct}, tc.d, 0);
         check("embedding_backward dembed += " + shape, d_dembed.get(), dembed, 0);
     }
@@ -92,10 +92,10 @@ static void test_rmsnorm(Rng& rng) {
             for (int64_t c = 0; c < tc.C; c++) inp[m * tc.C + c] *= row_scale;
         }
         std::vector<float> out(tc.M * tc.C), rstd(tc.M), dinp = randn(tc.M * tc.C, rng), dw = randn(tc.C, rng);
-        Dev<float> d_inp(inp), d_w(w), d_dout(dout), d_out(out.size()), d_rstd(rstd.size()), d_dinp(dinp), d_dw(dw);
-        Dev<float> scratch(gpu::rmsnorm_backward_scratch_floats(tc.M, tc.C));
+        DeviceArray<float> d_inp(inp), d_w(w), d_dout(dout), d_out(out.size()), d_rstd(rstd.size()), d_dinp(dinp), d_dw(dw);
+        DeviceArray<float> scratch(gpu::rmsnorm_backward_scratch_floats(tc.M, tc.C));
         rmsnorm_forward(out.data(), rstd.data(), inp.data(), w.data(), tc.M, tc.C, 1e-6f);
-        Dev<__nv_bfloat16> d_out16(out.size());  // the BF16 copy: exactly the FP32 output rounded
+        DeviceArray<__nv_bfloat16> d_out16(out.size());  // the BF16 copy: exactly the FP32 output rounded
         d_out.poison();
         d_out16.poison();
         d_rstd.poison();
@@ -109,7 +109,7 @@ static void test_rmsnorm(Rng& rng) {
         for (int64_t i = 0; i < tc.M * tc.C; i++) a[i] = inp[i] - b[i];
         for (int64_t i = 0; i < tc.M * tc.C; i++) sum[i] = a[i] + b[i];
         rmsnorm_forward(out.data(), rstd.data(), sum.data(), w.data(), tc.M, tc.C, 1e-6f);
-        Dev<float> d_a(a), d_b(b);
+        DeviceArray<float> d_a(a), d_b(b);
         d_out.poison();
         d_out16.poison();
         d_rstd.poison();
@@ -139,7 +139,7 @@ static void test_swiglu(Rng& rng) {
         const std::string shape = fmt("(n=%ld)", n);
         std::vector<float> g = randn(n, rng, 3.0f), u = randn(n, rng), dout = randn(n, rng);
         std::vector<float> out(n), dg(n), du(n);
-        Dev<float> d_g(g), d_u(u), d_dout(dout), d_out(n), d_dg(n), d_du(n);
+        DeviceArray<float> d_g(g), d_u(u), d_dout(dout), d_out(n), d_dg(n), d_du(n);
         swiglu_forward(out.data(), g.data(), u.data(), n);
         swiglu_backward(dg.data(), du.data(), dout.data(), g.data(), u.data(), n);
         d_out.poison();
@@ -150,7 +150,7 @@ static void test_swiglu(Rng& rng) {
         check("swiglu_forward out " + shape, d_out.get(), out, 1e-5);
         check("swiglu_backward dg " + shape, d_dg.get(), dg, 1e-5);
         check("swiglu_backward du " + shape, d_du.get(), du, 1e-5);
-        Dev<__nv_bfloat16> d_out16(n);
+        DeviceArray<__nv_bfloat16> d_out16(n);
         d_out16.poison();
         gpu::swiglu_forward_bf16(d_out16.ptr, d_g.ptr, d_u.ptr, n, 0);
         check("swiglu_forward_bf16 out = the FP32 kernel's rounded " + shape, widened(d_out16.get()),
@@ -172,8 +172,8 @@ static void test_cross_entropy(Rng& rng) {
         for (int64_t m = 0; m < tc.M; m++)  // row by row, for the per-row losses
             losses[m] = (float)cross_entropy_forward_backward(dlogits.data() + m * tc.V, logits.data() + m * tc.V,
                                                               &targets[m], 1, tc.V, tc.loss_scale);
-        Dev<float> d_logits(logits), d_losses(tc.M), d_dlogits(dlogits.size());
-        Dev<int32_t> d_targets(targets);
+        DeviceArray<float> d_logits(logits), d_losses(tc.M), d_dlogits(dlogits.size());
+        DeviceArray<int32_t> d_targets(targets);
         d_losses.poison();
         d_dlogits.poison();
         gpu::cross_entropy_forward_backward(d_losses.ptr, d_dlogits.ptr, d_logits.ptr, d_targets.ptr, tc.M, tc.V,
@@ -184,7 +184,7 @@ static void test_cross_entropy(Rng& rng) {
         gpu::cross_entropy_forward_backward(d_losses.ptr, nullptr, d_logits.ptr, d_targets.ptr, tc.M, tc.V,
                                             tc.loss_scale, 0);
         check("cross_entropy losses, no dlogits " + shape, d_losses.get(), losses, 1e-5);
-        Dev<__nv_bfloat16> d_dlogits16(dlogits.size());  // the BF16 form: the same gradients rounded
+        DeviceArray<__nv_bfloat16> d_dlogits16(dlogits.size());  // the BF16 form: the same gradients rounded
         d_losses.poison();
         d_dlogits16.poison();
         gpu::cross_entropy_forward_backward_bf16(d_losses.ptr, d_dlogits16.ptr, d_logits.ptr, d_targets.ptr, tc.M,
@@ -205,12 +205,12 @@ static void test_adamw(Rng& rng) {
     const std::vector<float> params0 = randn(n, rng, 0.1f), grads = randn(n, rng, 0.01f);
     std::vector<float> m0 = randn(n, rng, 0.001f), v0 = randn(n, rng, 0.001f);
     for (float& x : v0) x *= x;
-    Dev<float> d_grads(grads);
+    DeviceArray<float> d_grads(grads);
     for (int ranks : {1, 3}) {
         const int rank = ranks > 1 ? 1 : 0;
         const OptimizerShard shard = optimizer_shard(table, ranks, rank, ranks, rank);
         const std::vector<int64_t> packed = gpu::shard_ranges_pack(shard);
-        Dev<int64_t> d_table(packed);
+        DeviceArray<int64_t> d_table(packed);
         const gpu::ShardRanges ranges = gpu::shard_ranges_of(packed, d_table.ptr);
         // both keep the moments of the shard's ranges alone, packed: m0 and v0's values of those ranges
         auto pack_moments = [&](const std::vector<float>& x) {
@@ -221,8 +221,8 @@ static void test_adamw(Rng& rng) {
         };
         AdamWState state{pack_moments(m0), pack_moments(v0), 6};
         std::vector<float> params = params0;
-        Dev<float> d_params(params), d_m(state.m), d_v(state.v);
-        Dev<__nv_bfloat16> d_params16(n);
+        DeviceArray<float> d_params(params), d_m(state.m), d_v(state.v);
+        DeviceArray<__nv_bfloat16> d_params16(n);
         d_params16.poison();
         const float lr = 1e-3f, multiplier = 0.37f;
         adamw_update(shard, params.data(), grads.data(), state, oc, lr, multiplier);
@@ -246,7 +246,7 @@ static void test_adamw(Rng& rng) {
         check("adamw BF16 copy = the new params rounded " + shape, got16, want16, 0);
 
         // each range's squared norm (over several chunks where a range is longer than one)
-        Dev<double> d_norms(ranges.ranges), d_partials(std::max<int64_t>(1, ranges.chunks));
+        DeviceArray<double> d_norms(ranges.ranges), d_partials(std::max<int64_t>(1, ranges.chunks));
         d_norms.poison();
         d_partials.poison();
         gpu::range_norms_squared(d_norms.ptr, ranges, d_grads.ptr, d_partials.ptr, 0);
@@ -260,9 +260,9 @@ static void test_adamw(Rng& rng) {
         OptimizerShard one;
         one.ranges.push_back(OptimizerRange{0, count, 0, true, true});
         const std::vector<int64_t> packed = gpu::shard_ranges_pack(one);
-        Dev<int64_t> d_table(packed);
+        DeviceArray<int64_t> d_table(packed);
         const gpu::ShardRanges ranges = gpu::shard_ranges_of(packed, d_table.ptr);
-        Dev<double> d_sumsq(1), partials(ranges.chunks);
+        DeviceArray<double> d_sumsq(1), partials(ranges.chunks);
         d_sumsq.poison();
         partials.poison();
         gpu::range_norms_squared(d_sumsq.ptr, ranges, d_grads.ptr, partials.ptr, 0);
@@ -296,8 +296,8 @@ static void test_router(Rng& rng) {
             for (int64_t e = 0; e < E; e++) logits[t * E + e] = std::round(2.0f * logits[t * E + e]) / 2.0f;
         std::vector<float> scores(N * E);
         for (int64_t i = 0; i < N * E; i++) scores[i] = sigmoidf_(logits[i]);
-        Dev<float> d_logits(logits), d_bias(bias), d_scores(N * E), d_weights(N * tc.k), scratch(N * E);
-        Dev<int32_t> d_chosen(N * tc.k);
+        DeviceArray<float> d_logits(logits), d_bias(bias), d_scores(N * E), d_weights(N * tc.k), scratch(N * E);
+        DeviceArray<int32_t> d_chosen(N * tc.k);
         d_scores.poison();
         d_weights.poison();
         d_chosen.poison();
@@ -317,8 +317,8 @@ static void test_router(Rng& rng) {
         std::vector<float> dgw = randn(N * tc.k, rng);
         std::vector<float> dlogits(N * E);
         router_backward(c, gpu_scores.data(), gpu_chosen.data(), dgw.data(), dlogits.data(), tc.B, tc.T, balance_scale);
-        Dev<float> d_dgw(dgw), d_dlogits(N * E);
-        Dev<int> counts_scratch(tc.B * E);
+        DeviceArray<float> d_dgw(dgw), d_dlogits(N * E);
+        DeviceArray<int> counts_scratch(tc.B * E);
         d_dlogits.poison();
         gpu::router_backward(d_dlogits.ptr, d_dgw.ptr, d_scores.ptr, d_chosen.ptr, c, tc.B, tc.T, balance_scale,
                              counts_scratch.ptr, 0);
@@ -348,8 +348,8 @@ static void test_permute(Rng& rng) {
                 chosen[t * c.k + j] = e;
             }
         const ExpertPlan plan = build_expert_plan(chosen.data(), n, c.E);
-        Dev<int32_t> d_chosen(chosen);
-        Dev<int64_t> d_counts(c.E), d_offsets(c.E + 1), d_row_of_assignment(n), d_assignment_of_row(n);
+        DeviceArray<int32_t> d_chosen(chosen);
+        DeviceArray<int64_t> d_counts(c.E), d_offsets(c.E + 1), d_row_of_assignment(n), d_assignment_of_row(n);
         d_counts.poison();
         d_offsets.poison();
         d_row_of_assignment.poison();
@@ -363,7 +363,7 @@ static void test_permute(Rng& rng) {
 
         // gather: rows[r] = x[assignment_of_row[r] / k]; backward dx[t] (=|+=) sum_j drows[row_of_assignment[t*k+j]]
         std::vector<float> x = randn(c.N * d, rng), rows(n * d), drows = randn(n * d, rng), dx = randn(c.N * d, rng);
-        Dev<float> d_x(x), d_rows(rows.size()), d_drows(drows), d_dx(dx);
+        DeviceArray<float> d_x(x), d_rows(rows.size()), d_drows(drows), d_dx(dx);
         for (int64_t r = 0; r < n; r++)
             for (int64_t i = 0; i < d; i++) rows[r * d + i] = x[plan.assignment_of_row[r] / c.k * d + i];
         for (int64_t t = 0; t < c.N; t++)
@@ -380,7 +380,7 @@ static void test_permute(Rng& rng) {
         check("permute_backward dx " + shape, d_dx.get(), dx, 0);
         std::vector<__nv_bfloat16> x16(x.size());  // the BF16 gather (the experts' input rows in BF16 mode)
         for (size_t i = 0; i < x.size(); i++) x16[i] = __float2bfloat16_rn(x[i]);
-        Dev<__nv_bfloat16> d_x16(x16), d_rows16(rows.size());
+        DeviceArray<__nv_bfloat16> d_x16(x16), d_rows16(rows.size());
         d_rows16.poison();
         gpu::permute_forward(d_rows16.ptr, d_x16.ptr, d_assignment_of_row.ptr, c.N, c.k, d, 0);
         check("permute_forward rows, BF16 " + shape, widened(d_rows16.get()), bf16_rounded(rows), 0);
@@ -388,7 +388,7 @@ static void test_permute(Rng& rng) {
         // combine: out[t] (=|+=) sum_j w_tj rows[row(t,j)]; backward drows[row] = w dout[t], dw = dout[t] . rows[row]
         std::vector<float> w = randn(n, rng), out = randn(c.N * d, rng), dout = randn(c.N * d, rng);
         std::vector<float> dw(n), drows_combine(n * d);
-        Dev<float> d_w(w), d_out(out), d_dout(dout), d_dw(n), d_drows_combine(n * d);
+        DeviceArray<float> d_w(w), d_out(out), d_dout(dout), d_dw(n), d_drows_combine(n * d);
         for (int64_t t = 0; t < c.N; t++)
             for (int j = 0; j < c.k; j++) {
                 const int64_t a = t * c.k + j, row = plan.row_of_assignment[a];
@@ -453,20 +453,20 @@ static void test_fp8(Rng& rng) {
                       down = gpu::ceil_div(rows, FP8_TILE);
         const std::string shape = fmt("(%ld x %ld)", (long)rows, (long)cols);
         const std::vector<float> x = fp8_test_matrix(rows, cols, rng);
-        Dev<float> d_x(x);
+        DeviceArray<float> d_x(x);
         // 1 x 128, from FP32 and from BF16
         for (bool from_bf16 : {false, true}) {
             const std::vector<float> input = from_bf16 ? bf16_rounded(x) : x;
             std::vector<float> q(rows * cols), scales(rows * across);
             fp8_quantize(q.data(), scales.data(), input.data(), rows, cols, 1, FP8_TILE);
-            Dev<__nv_fp8_storage_t> d_q(rows * cols);
-            Dev<float> d_scales(gpu::fp8_vec128_scales(rows, cols));
+            DeviceArray<__nv_fp8_storage_t> d_q(rows * cols);
+            DeviceArray<float> d_scales(gpu::fp8_vec128_scales(rows, cols));
             d_q.poison();
             d_scales.poison();
             if (from_bf16) {
                 std::vector<__nv_bfloat16> x16(x.size());
                 for (size_t i = 0; i < x.size(); i++) x16[i] = __float2bfloat16_rn(x[i]);
-                Dev<__nv_bfloat16> d_x16(x16);
+                DeviceArray<__nv_bfloat16> d_x16(x16);
                 gpu::fp8_quantize_rows(d_q.ptr, d_scales.ptr, d_x16.ptr, rows, cols, 0);
             } else {
                 gpu::fp8_quantize_rows(d_q.ptr, d_scales.ptr, d_x.ptr, rows, cols, 0);
@@ -488,8 +488,8 @@ static void test_fp8(Rng& rng) {
             std::vector<float> want_t(cols * ld, 0.0f);
             for (int64_t r = 0; r < rows; r++)
                 for (int64_t c = 0; c < cols; c++) want_t[c * ld + r] = q[r * cols + c];
-            Dev<__nv_fp8_storage_t> d_qt(cols * ld);
-            Dev<float> d_scales(gpu::fp8_vec128_scales(cols, ld));
+            DeviceArray<__nv_fp8_storage_t> d_qt(cols * ld);
+            DeviceArray<float> d_scales(gpu::fp8_vec128_scales(cols, ld));
             d_qt.poison();
             d_scales.poison();
             gpu::fp8_quantize_cols(d_qt.ptr, d_scales.ptr, d_x.ptr, rows, cols, ld, 0);
@@ -515,8 +515,8 @@ static void test_fp8(Rng& rng) {
                         want_t[z * rows * cols + c * rows + r] = q[z * rows * cols + r * cols + c];
             }
             const int64_t S = gpu::fp8_blk128_scales(rows, cols), St = gpu::fp8_blk128_scales(cols, rows);
-            Dev<float> d_W(W2), d_scales(batch * S), d_scales_t(batch * St);
-            Dev<__nv_fp8_storage_t> d_q(batch * rows * cols), d_qt(batch * rows * cols);
+            DeviceArray<float> d_W(W2), d_scales(batch * S), d_scales_t(batch * St);
+            DeviceArray<__nv_fp8_storage_t> d_q(batch * rows * cols), d_qt(batch * rows * cols);
             for (auto* d : {&d_q, &d_qt}) d->poison();
             d_scales.poison();
             d_scales_t.poison();
@@ -616,7 +616,7 @@ static void test_rope(const CpuMLA& m, Rng& rng, const std::string& shape) {
     const MLAActs& a = m.a;
     const std::vector<float> cos_table = host_copy(a.rope_cos, T * dr / 2);
     const std::vector<float> sin_table = host_copy(a.rope_sin, T * dr / 2);
-    Dev<float> d_cos(cos_table.size()), d_sin(sin_table.size());
+    DeviceArray<float> d_cos(cos_table.size()), d_sin(sin_table.size());
     d_cos.poison();
     d_sin.poison();
     gpu::rope_table(d_cos.ptr, d_sin.ptr, c, T, 0);
@@ -624,9 +624,9 @@ static void test_rope(const CpuMLA& m, Rng& rng, const std::string& shape) {
     check("rope_table sin " + shape, d_sin.get(), sin_table, 1e-6);
 
     // forward, on the CPU's tables (so that this check does not depend on the one above)
-    Dev<float> cpu_cos(cos_table), cpu_sin(sin_table), d_q(host_copy(a.q, N * H * dqk));
-    Dev<float> d_kv(host_copy(a.kv, N * H * (dn + dv))), d_kv_a(host_copy(a.kv_a, N * (kr + dr)));
-    Dev<float> d_q_heads(N * H * dqk), d_k_heads(N * H * dqk);
+    DeviceArray<float> cpu_cos(cos_table), cpu_sin(sin_table), d_q(host_copy(a.q, N * H * dqk));
+    DeviceArray<float> d_kv(host_copy(a.kv, N * H * (dn + dv))), d_kv_a(host_copy(a.kv_a, N * (kr + dr)));
+    DeviceArray<float> d_q_heads(N * H * dqk), d_k_heads(N * H * dqk);
     d_q_heads.poison();
     d_k_heads.poison();
     gpu::rope_heads_forward(d_q_heads.ptr, d_k_heads.ptr, d_q.ptr, d_kv.ptr, d_kv_a.ptr, cpu_cos.ptr, cpu_sin.ptr, N, T,
@@ -637,7 +637,7 @@ static void test_rope(const CpuMLA& m, Rng& rng, const std::string& shape) {
     // BF16: the same values rounded once, and v. Tolerance 8e-3, one BF16 ulp of the largest value (at most 2^-7 of
     // it): an FP32 value within 1e-6 of the CPU's can round to the neighbouring BF16; v is a copy, rounded from the
     // same floats.
-    Dev<__nv_bfloat16> q16(N * H * dqk), k16(N * H * dqk), v16(N * H * dv);
+    DeviceArray<__nv_bfloat16> q16(N * H * dqk), k16(N * H * dqk), v16(N * H * dv);
     q16.poison();
     k16.poison();
     v16.poison();
@@ -656,7 +656,7 @@ static void test_rope(const CpuMLA& m, Rng& rng, const std::string& shape) {
     const std::vector<float> dkv_a0 = poisoned_columns(N, kr + dr, kr, kr + dr, rng);
     std::vector<float> dq(N * H * dqk), dkv = dkv0, dkv_a = dkv_a0;
     heads_backward(c, a, dq_heads.data(), dk_heads.data(), dq.data(), dkv.data(), dkv_a.data(), m.B, m.T);
-    Dev<float> d_dq_heads(dq_heads), d_dk_heads(dk_heads), d_dq(dq.size()), d_dkv(dkv0), d_dkv_a(dkv_a0);
+    DeviceArray<float> d_dq_heads(dq_heads), d_dk_heads(dk_heads), d_dq(dq.size()), d_dkv(dkv0), d_dkv_a(dkv_a0);
     d_dq.poison();
     gpu::rope_heads_backward(d_dq.ptr, d_dkv.ptr, d_dkv_a.ptr, d_dq_heads.ptr, d_dk_heads.ptr, cpu_cos.ptr, cpu_sin.ptr,
                              N, T, H, dn, dr, dv, kr, 0);
@@ -685,9 +685,9 @@ static GpuAttention gpu_attention(Precision precision, const std::vector<float>&
                                   const std::vector<float>& dkv0, int B, int T, int H, int dn, int dqk, int dv,
                                   float scale, bool v_in_kv = false, bool wide = false) {
     const int64_t N = (int64_t)B * T, ld = dn + dv;
-    Dev<float> d_q(q), d_k(k), d_kv(kv), d_v(columns(kv, ld, dn, ld)), d_o(N * H * dv), d_lse((int64_t)B * H * T);
-    Dev<float> d_dout(d_out), d_dq(N * H * dqk), d_dk(N * H * dqk), d_dkv(dkv0);
-    Dev<float> scratch(gpu::attention_backward_scratch_floats(B, T, H));
+    DeviceArray<float> d_q(q), d_k(k), d_kv(kv), d_v(columns(kv, ld, dn, ld)), d_o(N * H * dv), d_lse((int64_t)B * H * T);
+    DeviceArray<float> d_dout(d_out), d_dq(N * H * dqk), d_dk(N * H * dqk), d_dkv(dkv0);
+    DeviceArray<float> scratch(gpu::attention_backward_scratch_floats(B, T, H));
     d_o.poison();
     d_lse.poison();
     d_dq.poison();
@@ -699,7 +699,7 @@ static GpuAttention gpu_attention(Precision precision, const std::vector<float>&
                                 d_kv.ptr + dn, ld, d_o.ptr, d_lse.ptr, B, T, H, dqk, dv, scale, 0);
         return {d_o.get(), d_lse.get(), d_dq.get(), d_dk.get(), d_dkv.get()};
     }
-    Dev<__nv_bfloat16> q16(q.size()), k16(k.size()), kv16(kv.size()), v16(N * H * dv), dout16(d_out.size());
+    DeviceArray<__nv_bfloat16> q16(q.size()), k16(k.size()), kv16(kv.size()), v16(N * H * dv), dout16(d_out.size());
     for (auto [to, from] : {std::pair{&q16, &d_q}, std::pair{&k16, &d_k}, std::pair{&kv16, &d_kv},
                             std::pair{&v16, &d_v}, std::pair{&dout16, &d_dout}})
         gpu::cast_to_bf16(to->ptr, from->ptr, (int64_t)from->n, 0);
@@ -898,8 +898,8 @@ static void test_mma_layout(Rng& rng) {
             for (int k = 0; k < 16; k++) sum += a_val[r * 16 + k] * b_val[k * 8 + n];
             want[r * 8 + n] = (float)sum;
         }
-    Dev<__nv_bfloat16> d_a(a), d_b(b);
-    Dev<float> d_d(c);
+    DeviceArray<__nv_bfloat16> d_a(a), d_b(b);
+    DeviceArray<float> d_d(c);
     gpu::launch_kernel(mma_layout_kernel, 1, 32, 0, 0, d_d.ptr, d_a.ptr, d_b.ptr);
     check("mma.sync m16n8k16 bf16 fragment layout: D = C + A B", d_d.get(), want, 1e-5);
 }
@@ -934,8 +934,8 @@ static void test_ldmatrix_layout(Rng& rng) {
             plain[lane * 4 + i] = bits(8 * i + g, 2 * t) | bits(8 * i + g, 2 * t + 1) << 16;
             transposed[lane * 4 + i] = bits(8 * i + 2 * t, g) | bits(8 * i + 2 * t + 1, g) << 16;
         }
-    Dev<__nv_bfloat16> d_x(x);
-    Dev<uint32_t> d_plain(32 * 4), d_transposed(32 * 4);
+    DeviceArray<__nv_bfloat16> d_x(x);
+    DeviceArray<uint32_t> d_plain(32 * 4), d_transposed(32 * 4);
     gpu::launch_kernel(ldmatrix_layout_kernel, 1, 32, 0, 0, d_plain.ptr, d_transposed.ptr, d_x.ptr);
     check("ldmatrix x4 fragment layout", d_plain.get(), plain, 0);
     check("ldmatrix x4 trans fragment layout", d_transposed.get(), transposed, 0);

@@ -109,14 +109,14 @@ void matmul_check(const std::string& name, bool bf16, const std::vector<float>& 
 
 // The BF16 copy of W, made on the device by the cast under test (checked exactly in matmul_test_cast).
 struct MatmulW16 {
-    Dev<__nv_bfloat16> w;
+    DeviceArray<__nv_bfloat16> w;
     MatmulW16(const float* W, size_t n, size_t offset) : w(n, offset) { gpu::cast_to_bf16(w.ptr, W, (int64_t)n, 0); }
 };
 
 // The E4M3 copies of W (G, N, K), made on the device by fp8_quantize_blocks (checked bit for bit in test_fp8)
 struct MatmulW8 {
-    Dev<__nv_fp8_storage_t> q, qt;
-    Dev<float> scales, scales_t;
+    DeviceArray<__nv_fp8_storage_t> q, qt;
+    DeviceArray<float> scales, scales_t;
     MatmulW8(const float* W, int64_t G, int64_t N, int64_t K)
         : q(G * N * K), qt(G * N * K), scales(G * gpu::fp8_blk128_scales(N, K)),
           scales_t(G * gpu::fp8_blk128_scales(K, N)) {
@@ -145,7 +145,7 @@ void matmul_test_fp8(gpu::Matmul& mm, Rng& rng, const std::vector<int64_t>& coun
     }
     const std::vector<float> W = randn(G * N * K, rng, 0.05f), dW0 = randn(G * N * K, rng), dinp0 = randn(R * K, rng);
     const MatmulRef ref = matmul_cpu(inp, W, dout, dW0, offsets, K, N, Precision::FP8);
-    Dev<float> d_inp(inp), d_W(W), d_dout(dout), d_out(R * N), d_dinp(R * K), d_dW(dW0);
+    DeviceArray<float> d_inp(inp), d_W(W), d_dout(dout), d_out(R * N), d_dinp(R * K), d_dW(dW0);
     MatmulW16 W16(d_W.ptr, W.size(), 0);
     MatmulW8 W8(d_W.ptr, G, N, K);
     const gpu::GemmWeight weight(d_W.ptr, W16.w.ptr, W8.view());
@@ -179,8 +179,8 @@ void matmul_test_dense(gpu::Matmul& mm, Rng& rng, int64_t M, int64_t K, int64_t 
     const MatmulRef ref_r = bf16 ? matmul_cpu(matmul_bf16_round(inp), matmul_bf16_round(W), matmul_bf16_round(dout),
                                               dW0, offsets, K, N)
                                  : ref;
-    Dev<float> d_inp(inp, offset), d_W(W, offset), d_dout(dout, offset);
-    Dev<float> d_out(M * N, offset), d_dinp(M * K, offset), d_dW(dW0, offset);
+    DeviceArray<float> d_inp(inp, offset), d_W(W, offset), d_dout(dout, offset);
+    DeviceArray<float> d_out(M * N, offset), d_dinp(M * K, offset), d_dW(dW0, offset);
     MatmulW16 W16(d_W.ptr, W.size(), offset);
     const __nv_bfloat16* w16 = bf16 ? W16.w.ptr : nullptr;
 
@@ -228,7 +228,7 @@ void matmul_test_grouped(gpu::Matmul& mm, Rng& rng, const std::vector<int64_t>& 
     const MatmulRef ref_r = bf16 ? matmul_cpu(matmul_bf16_round(inp), matmul_bf16_round(W), matmul_bf16_round(dout),
                                               dW0, offsets, K, N)
                                  : ref;
-    Dev<float> d_inp(inp), d_W(W), d_dout(dout), d_out(R * N), d_dinp(R * K), d_dW(dW0);
+    DeviceArray<float> d_inp(inp), d_W(W), d_dout(dout), d_out(R * N), d_dinp(R * K), d_dW(dW0);
     MatmulW16 W16(d_W.ptr, W.size(), 0);
     const __nv_bfloat16* w16 = bf16 ? W16.w.ptr : nullptr;
 
@@ -258,7 +258,7 @@ void matmul_test_fp8_fallback(gpu::Matmul& mm, Rng& rng) {
     const int64_t R = offsets.back();
     const std::vector<float> inp = randn(R * K, rng), W = randn(G * N * K, rng, 0.05f), dout = randn(R * N, rng);
     const std::vector<float> dW0 = randn(G * N * K, rng);
-    Dev<float> d_inp(inp), d_W(W), d_dout(dout), d_out(R * N), d_dinp(R * K), d_dW(dW0);
+    DeviceArray<float> d_inp(inp), d_W(W), d_dout(dout), d_out(R * N), d_dinp(R * K), d_dW(dW0);
     MatmulW16 W16(d_W.ptr, W.size(), 0);
     MatmulW8 W8(d_W.ptr, G, N, K);
     const gpu::GemmWeight bf16(d_W.ptr, W16.w.ptr), fp8(d_W.ptr, W16.w.ptr, W8.view());
@@ -306,13 +306,13 @@ void matmul_test_streams(gpu::Matmul& mm, Rng& rng, gpu::GemmType type) {
     gpu::matmul_reserve(mm, {R * K, R * N});
     const std::vector<float> inp = randn(R * K, rng), W = randn(G * N * K, rng), dout = randn(R * N, rng);
     const std::vector<float> dW0 = randn(G * N * K, rng);
-    Dev<float> d_inp(inp), d_W(W), d_dout(dout), d_out(R * N), d_dinp(R * K), d_dW(dW0);
-    Dev<float> seen_out(R * N), seen_dinp(R * K), seen_dW(G * N * K);
+    DeviceArray<float> d_inp(inp), d_W(W), d_dout(dout), d_out(R * N), d_dinp(R * K), d_dW(dW0);
+    DeviceArray<float> seen_out(R * N), seen_dinp(R * K), seen_dW(G * N * K);
     MatmulW16 W16(d_W.ptr, W.size(), 0);
     MatmulW8 W8(d_W.ptr, G, N, K);
     const gpu::GemmWeight weight(d_W.ptr, type == gpu::GemmType::FP32 ? nullptr : W16.w.ptr,
                                  type == gpu::GemmType::FP8 ? W8.view() : gpu::Fp8Weight{});
-    auto copy_on_stream = [&](Dev<float>& dst, const Dev<float>& src) {
+    auto copy_on_stream = [&](DeviceArray<float>& dst, const DeviceArray<float>& src) {
         CUDA_CHECK(cudaMemcpyAsync(dst.ptr, src.ptr, src.n * sizeof(float), cudaMemcpyDeviceToDevice, mm.stream));
     };
     std::vector<float> out[2], dinp[2], dW[2];
@@ -348,15 +348,15 @@ void matmul_test_kept_input(gpu::Matmul& mm, Rng& rng) {
     const int64_t R = offsets.back(), first = offsets[0];
     const std::vector<float> inp = randn(R * K, rng), inp2 = randn(R * K, rng), W = randn(G * N * K, rng);
     const std::vector<float> dout = randn(R * N, rng), dW0 = randn(G * N * K, rng);
-    Dev<float> d_inp(inp), d_inp2(inp2), d_W(W), d_dout(dout), d_out(R * N), d_dinp(R * K), d_dW(dW0);
-    Dev<__nv_bfloat16> inp16(R * K, 0), inp2_16(R * K, 0);
+    DeviceArray<float> d_inp(inp), d_inp2(inp2), d_W(W), d_dout(dout), d_out(R * N), d_dinp(R * K), d_dW(dW0);
+    DeviceArray<__nv_bfloat16> inp16(R * K, 0), inp2_16(R * K, 0);
     gpu::cast_to_bf16(inp16.ptr, d_inp.ptr, R * K, mm.stream);
     gpu::cast_to_bf16(inp2_16.ptr, d_inp2.ptr, R * K, mm.stream);
     MatmulW16 W16(d_W.ptr, W.size(), 0);
     // out, dinp, dW of the dense calls (rows [0, R), W_0) and of the grouped calls (rows [first, R))
     auto outputs = [&](gpu::GemmInput in) {
         std::vector<std::vector<float>> got;
-        auto keep = [&](Dev<float>& d, int64_t from) {
+        auto keep = [&](DeviceArray<float>& d, int64_t from) {
             const std::vector<float> all = d.get();
             got.emplace_back(all.begin() + from, all.end());
         };
@@ -389,8 +389,8 @@ void matmul_test_kept_input(gpu::Matmul& mm, Rng& rng) {
     }
     // The same for matmul_backward's output gradient, also without FP32 rows (the head's dlogits in BF16 mode).
     const std::vector<float> dout2 = randn(R * N, rng);
-    Dev<float> d_dout2(dout2);
-    Dev<__nv_bfloat16> dout16(R * N, 0), dout2_16(R * N, 0);
+    DeviceArray<float> d_dout2(dout2);
+    DeviceArray<__nv_bfloat16> dout16(R * N, 0), dout2_16(R * N, 0);
     gpu::cast_to_bf16(dout16.ptr, d_dout.ptr, R * N, mm.stream);
     gpu::cast_to_bf16(dout2_16.ptr, d_dout2.ptr, R * N, mm.stream);
     auto backward = [&](gpu::GemmInput grad) {
@@ -430,8 +430,8 @@ void matmul_test_cast(Rng& rng) {
         }
         memcpy(&in[i], &u, sizeof u);
     }
-    Dev<float> d_in(in);
-    Dev<__nv_bfloat16> d_out(n);
+    DeviceArray<float> d_in(in);
+    DeviceArray<__nv_bfloat16> d_out(n);
     d_out.poison();
     gpu::cast_to_bf16(d_out.ptr, d_in.ptr, n, 0);
     const std::vector<__nv_bfloat16> got16 = d_out.get();

@@ -194,7 +194,7 @@ void test_nccl_shard_collectives() {
     const int64_t piece = 3 * PARAM_ALIGN;
     std::vector<float> host(piece);
     for (float& x : host) x = rng.normal();
-    Dev<float> device(host);
+    DeviceArray<float> device(host);
     comm->reduce_scatter_sum(device.ptr, piece, Group::World);
     comm->all_gather(device.ptr, piece, Group::World);
     check("NCCL reduce-scatter, all-gather in place (1 rank, device)", device.get(), host, 0);

@@ -81,9 +81,9 @@ struct Step {
     double elapsed() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); }
 };
 
-// The flags, the ranks, the config, the data, the host model (initialised, imported or resumed), the tokenizer and
-// the log, every rank agreeing on any error (one line, exit 1). False when the program is done (--plan, --describe):
-// then exit with *status.
+// The flags, the ranks, the config, the data, the host model (initialised, imported or resumed) and the tokenizer,
+// every rank agreeing on any error (one line, exit 1). False when the program is done (--plan, --describe): then
+// exit with *status.
 bool start_run(Run& r, int argc, char** argv, const char* program, MakeComm make_comm, int* status);
 // A failure during training: this rank says why, once, and the whole job ends.
 [[noreturn]] void fail(const std::string& why);
@@ -91,7 +91,7 @@ bool start_run(Run& r, int argc, char** argv, const char* program, MakeComm make
 void agree(Run& r, const std::function<void()>& f);
 // --eval-only: prints the validation loss; the exit status.
 int eval_only(Run& r, const ModelCalls& calls);
-// Before the loop: the opening lines, stop signals caught (with --checkpoint-dir).
+// Before the loop: the log opened, the opening lines printed, stop signals caught (with --checkpoint-dir).
 void start_training(Run& r);
 // The step's batches, read and checked on every rank, and its clock.
 Step begin_step(Run& r, int64_t step);

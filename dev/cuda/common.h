@@ -1,8 +1,8 @@
-// What the lab programs share: random inputs, device arrays, the error measure, timing, and main's loop over the
-// versions. Built by nvcc for a GPU, or by g++ against the kernel emulator with LAB_EMULATED defined (README.md).
+// What the lab programs share: one line per check, timing, and main's loop over the versions; the device arrays,
+// random inputs and the error measure are test/device_array.h's. Built by nvcc for a GPU, or by g++ against the
+// kernel emulator with LAB_EMULATED defined (README.md).
 #pragma once
 #include <cmath>
-#include <cstdarg>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -12,9 +12,8 @@
 
 #include <cuda_runtime.h>
 
-#include "kernels/cuda_check.cuh"
 #include "kernels/launch.cuh"
-#include "model/rng.h"
+#include "test/device_array.h"  // DeviceArray, fmt, randn, max_rel_error
 
 #ifdef LAB_EMULATED
 constexpr bool EMULATED = true;  // small sizes, no timing: the emulator says nothing about speed
@@ -25,62 +24,6 @@ constexpr bool EMULATED = false;
 struct alignas(16) Float4 {  // four floats moved by one 16-byte load or store
     float v[4];
 };
-
-inline std::vector<float> randn(int64_t n, Rng& rng, float scale = 1.0f) {
-    std::vector<float> v(n);
-    for (float& x : v) x = scale * rng.normal();
-    return v;
-}
-
-// n values of T in device memory, freed with the object. A new array holds 0xFF bytes (NaN floats, -1 integers),
-// so an output a kernel forgets to write shows up in the check. While an error of the emulator unwinds the stack
-// the array is left allocated: cudaFree would first run the failed version's other queued launches.
-template <typename T>
-struct DeviceArray {
-    T* ptr = nullptr;
-    int64_t n = 0;
-    explicit DeviceArray(int64_t count) : n(count) {
-        CUDA_CHECK(cudaMalloc(&ptr, (size_t)(n > 0 ? n : 1) * sizeof(T)));
-        poison();
-    }
-    explicit DeviceArray(const std::vector<T>& h) : DeviceArray((int64_t)h.size()) { set(h); }
-    ~DeviceArray() {
-        if (std::uncaught_exceptions() == 0) CUDA_CHECK(cudaFree(ptr));
-    }
-    DeviceArray(const DeviceArray&) = delete;
-    DeviceArray& operator=(const DeviceArray&) = delete;
-    void set(const std::vector<T>& h) { CUDA_CHECK(cudaMemcpy(ptr, h.data(), n * sizeof(T), cudaMemcpyHostToDevice)); }
-    void poison() { CUDA_CHECK(cudaMemset(ptr, 0xFF, (size_t)(n > 0 ? n : 1) * sizeof(T))); }
-    std::vector<T> get() const {
-        std::vector<T> h(n);
-        CUDA_CHECK(cudaDeviceSynchronize());
-        CUDA_CHECK(cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost));
-        return h;
-    }
-};
-
-// printf into a string: the names of the checks and timings
-inline std::string fmt(const char* format, ...) {
-    char text[256];
-    va_list args;
-    va_start(args, format);
-    vsnprintf(text, sizeof text, format, args);
-    va_end(args);
-    return text;
-}
-
-// max_i |got_i - want_i| / max_i |want_i|: relative to the tensor's scale (a per-element relative error means
-// nothing near zero). A NaN or Inf in got is an infinite error; so is a size mismatch.
-template <typename A, typename B>
-double max_rel_error(const std::vector<A>& got, const std::vector<B>& want) {
-    double err = got.size() == want.size() ? 0.0 : INFINITY, scale = 0.0;
-    for (size_t i = 0; i < got.size() && i < want.size(); i++) {
-        const double e = std::isfinite((double)got[i]) ? std::fabs((double)got[i] - (double)want[i]) : INFINITY;
-        if (!(e <= err)) err = e;
-        scale = std::fmax(scale, std::fabs((double)want[i]));
-    }
-    return scale > 0 ? err / scale : err;
-}
 
 // One line per check; true when the error is within tol (0: every value exact).
 template <typename A, typename B>
