@@ -16,7 +16,7 @@ struct Scratch;
 struct GpuMoEActs {
     float *scores, *gate_weights;    // (N, E), (N, k)
     int32_t* chosen;                 // (N, k)
-    int64_t *counts, *offsets;       // the expert plan: (E), (E+1),
+    int64_t *counts, *offsets;                       // the expert plan: (E), (E+1)
     int64_t *row_of_assignment, *assignment_of_row;  // (N*k) each
     float* rows_in;                  // (N*k, d) the token rows in plan order (FP32 mode)
     __nv_bfloat16* rows_in16;        // (N*k, d) the same in BF16 (BF16 mode)
