@@ -133,7 +133,7 @@ int main(int argc, char** argv) {
     float* weights = device_copy(std::vector<float>(N * k, 1.0f / k));
     int64_t* assignment_of_row = device_copy(plan.assignment_of_row);
     int64_t* row_of_assignment = device_copy(plan.row_of_assignment);
-    // the permutations as gathers (gpu::permute_forward with k = 1, as gpu/gpu_model.cu does): expert row e takes
+    // the permutations as gathers (gpu::permute_forward with k = 1, as gpu/moe.cu does): expert row e takes
     // received row expert_to_recv[e]; received row r takes expert row recv_to_expert[r]
     std::vector<int64_t> expert_to_recv(R);
     for (int64_t r = 0; r < R; r++) expert_to_recv[dispatch.expert_row_of_recv[r]] = r;
@@ -159,7 +159,7 @@ int main(int argc, char** argv) {
     NCCL_CHECK(ncclCommInitRank(&world_nccl, comm->world, id, comm->rank));
     NCCL_CHECK(ncclCommSplit(world_nccl, comm->dp_rank, comm->ep_rank, &ep_nccl, nullptr));
 
-    // rows of T (float, or __nv_bfloat16 moved as d/2 floats a row, as gpu/gpu_model.cu's dispatch_rows does)
+    // rows of T (float, or __nv_bfloat16 moved as d/2 floats a row, as gpu/moe.cu's dispatch_rows does)
     auto dispatch_as = [&](auto* rows_in, const auto* rows_x, auto* rows_arrived, auto* rows_expert) {
         using T = std::remove_pointer_t<decltype(rows_in)>;
         gpu::permute_forward(rows_in, rows_x, assignment_of_row, N, k, d, stream);
