@@ -9,7 +9,7 @@
 #include "trainer/run.h"
 
 // Rank 0's opening lines: the GPU, the GEMMs' precision, the memory plan against what was free.
-static void print_device(const Run& run, const cudaDeviceProp& prop, size_t free_before, size_t total) {
+static void print_device(const Run& run, int device, const cudaDeviceProp& prop, size_t free_before, size_t total) {
     size_t free_after = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_after, &total));
     const TrainArgs& args = run.args;
@@ -19,7 +19,7 @@ static void print_device(const Run& run, const cudaDeviceProp& prop, size_t free
     const GpuMemoryPlan plan =
         gpu_memory_plan(run.config, run.comm->ep_size, run.comm->world, p, args.batch, args.seq, layout);
     const double gib = 1024.0 * 1024.0 * 1024.0;
-    printf("GPU: %s, %.1f GiB; GEMM inputs %s (FP32 accumulation)\n", prop.name, total / gib,
+    printf("GPU %d: %s, %.1f GiB; GEMM inputs %s (FP32 accumulation)\n", device, prop.name, total / gib,
            p == Precision::FP8 ? "fp8 in the blocks' linear layers, bf16 elsewhere"
            : p == Precision::BF16 ? "bf16" : "fp32");
     printf("memory plan per GPU: parameters %.2f GiB, gradients %.2f GiB, optimizer state %.2f GiB, activations "
@@ -33,26 +33,28 @@ static void print_device(const Run& run, const cudaDeviceProp& prop, size_t free
 
 int main(int argc, char** argv) {
     Run run;
-    int status = 0;
-    if (!start_run(run, argc, argv, "train", make_nccl_comm, &status)) return status;
-    const int B = run.args.batch, T = run.args.seq;
     GpuModel model;
+    int device = 0;
     cudaDeviceProp prop;
     size_t free_before = 0, total = 0;
-    agree(run, [&] {
-        int device = 0;
+    // the GPU's memory for the model and a batch, taken before the weights are read: what does not fit is said first
+    const MakeModel allocate = [&](Run& r) {
         CUDA_CHECK(cudaGetDevice(&device));
         CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
         CUDA_CHECK(cudaMemGetInfo(&free_before, &total));
         ActivationLayout layout;
-        layout.recompute = run.args.recompute;
-        gpu_model_init(model, run.config, *run.comm, run.args.precision_or(Precision::BF16), B, T, layout);
-        run.on_end = [&] { gpu_model_free(model); };
-        model_release_grads(run.model);  // the gradients live on the GPU only
-        gpu_model_upload(model, run.model, run.opt);
-    });
+        layout.recompute = r.args.recompute;
+        gpu_model_init(model, r.config, *r.comm, r.args.precision_or(Precision::BF16), r.args.batch, r.args.seq,
+                       layout);
+        r.on_end = [&] { gpu_model_free(model); };
+        model_release_grads(r.model);  // the gradients live on the GPU only
+    };
+    int status = 0;
+    if (!start_run(run, argc, argv, "train", make_nccl_comm, allocate, &status)) return status;
+    const int B = run.args.batch;
+    agree(run, [&] { gpu_model_upload(model, run.model, run.opt); });
     run.peak_flops = gpu_peak_flops(prop);
-    if (run.comm->rank == 0) print_device(run, prop, free_before, total);
+    if (run.comm->rank == 0) print_device(run, device, prop, free_before, total);
     const ModelCalls calls{
         [&](const int32_t* inputs, const int32_t* targets, int b, bool training) {
             return gpu_model_forward(model, inputs, targets, b, training);

@@ -7,19 +7,20 @@
 
 int main(int argc, char** argv) {
     Run run;
-    int status = 0;
-    if (!start_run(run, argc, argv, "train_cpu", make_comm, &status)) return status;
-    const int B = run.args.batch, T = run.args.seq;
-    Model& model = run.model;
-    agree(run, [&] {
-        model.precision = run.args.precision_or(Precision::FP32);
-        if (model.precision == Precision::BF16)
+    Model& model = run.model;  // the CPU trains the host model itself
+    // its precision, and the activations of a batch now: out of memory is said before training
+    const MakeModel prepare = [](Run& r) {
+        r.model.precision = r.args.precision_or(Precision::FP32);
+        if (r.model.precision == Precision::BF16)
             throw std::runtime_error("the CPU trainer computes in fp32 (or fp8, simulated); --dtype bf16 is for the "
                                      "GPU trainer ./train");
-        model.layout.recompute = run.args.recompute;
-        model_reserve(model, B, T);  // the activations now: out of memory is said before training
+        r.model.layout.recompute = r.args.recompute;
+        model_reserve(r.model, r.args.batch, r.args.seq);
         keep_freed_memory();
-    });
+    };
+    int status = 0;
+    if (!start_run(run, argc, argv, "train_cpu", make_comm, prepare, &status)) return status;
+    const int B = run.args.batch, T = run.args.seq;
     const ModelCalls calls{
         [&](const int32_t* inputs, const int32_t* targets, int b, bool training) {
             return model_forward(model, inputs, targets, b, T, training);

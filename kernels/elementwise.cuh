@@ -1,7 +1,7 @@
 // Elementwise glue, FP32, grid-stride loops of one thread per value:
 //   add:           out = a + b  (n values; out may alias a or b)
-//   copy_columns:  dst[r][dst_col + c] = src[r][src_col + c] for r < rows, c < cols, with row strides dst_ld, src_ld
-//                  (MLA's c_kv out of kv_a and its gradient back; MTP's [enorm | hnorm])
+//   copy_columns:  dst[r * dst_ld + c] = src[r * src_ld + c] for r < rows, c < cols: a block of columns (the
+//                  callers offset the pointers; MLA's c_kv out of kv_a and its gradient back; MTP's [enorm | hnorm])
 #pragma once
 #include <cstdint>
 

@@ -78,7 +78,7 @@ struct Fp8Buffer {
 // output gradient's rows (input gradient); fp8[FP8_GRAD_T]: its transpose (weight gradient)
 enum { FP8_INPUT = 0, FP8_GRAD_ROWS = 1, FP8_GRAD_T = 2 };
 
-struct Matmul {  // one per stream
+struct Matmul {  // one per caller stream
     cublasLtHandle_t handle = nullptr;
     cudaStream_t stream = nullptr;        // the caller's: every call is ordered on it
     void* workspace = nullptr;            // MATMUL_STREAMS slices of workspace_bytes, slice i for stream i

@@ -188,12 +188,12 @@ void moe_backward(const Config& c, Precision p, const BlockWeights& w, BlockWeig
     std::vector<float> drows_out(N * k * d), dgate_weights(N * k), drows_in(N * k * d);
     combine_backward(drows_out.data(), dgate_weights.data(), dout, a.rows_out, a.gate_weights, a.plan, N, k, d);
     // the output gradients travel the dispatch's way, the input gradients the return's
-    std::vector<float> dexpert_out(ep ? R * d : 0), dexpert_in(ep ? R * d : 0);
-    float* dout_experts = ep ? dexpert_out.data() : drows_out.data();
-    float* din_experts = ep ? dexpert_in.data() : drows_in.data();
-    if (ep) dispatch_rows(comm, a.dispatch, drows_out.data(), dout_experts, d);
-    experts_backward(p, w, g, a, ep ? a.expert_in.data() : a.rows_in, dout_experts, din_experts, d, I);
-    if (ep) return_rows(comm, a.dispatch, din_experts, drows_in.data(), d);
+    std::vector<float> exchanged_out(ep ? R * d : 0), exchanged_in(ep ? R * d : 0);  // EP > 1: the experts' rows
+    float* dexpert_out = ep ? exchanged_out.data() : drows_out.data();
+    float* dexpert_in = ep ? exchanged_in.data() : drows_in.data();
+    if (ep) dispatch_rows(comm, a.dispatch, drows_out.data(), dexpert_out, d);
+    experts_backward(p, w, g, a, ep ? a.expert_in.data() : a.rows_in, dexpert_out, dexpert_in, d, I);
+    if (ep) return_rows(comm, a.dispatch, dexpert_in, drows_in.data(), d);
     if (S > 0) ffn_backward(p, dx, g.gate, g.up, g.down, dout, a.shared, x, w.gate, w.up, w.down, N, d, S, false);
     permute_backward(dx, drows_in.data(), a.plan, N, k, d, S > 0);
     std::vector<float> drouter_logits(N * E);

@@ -5,10 +5,10 @@
 // experts per token, a fixed seed per rank), builds the dispatch plan on the host (build_expert_plan, the counts
 // exchanged by plan_dispatch: model/expert_plan.h) over an EP group of every rank (--ep
 // for fewer), and times, through the NCCL Comm (make_nccl_comm) with FP32 rows of --hidden (7168) floats and the
-// kernels of kernels/permute.cuh (the permutations are gathers with k = 1, as gpu/moe.cu does them):
-//   dispatch      gather the token rows in plan order (gpu::permute_forward) + comm->all_to_all_v + permute the
+// kernels of kernels/permute.cuh (the sorts are permute_forward with k = 1, as gpu/moe.cu does them):
+//   dispatch      permute the token rows into plan order (gpu::permute_forward) + comm->all_to_all_v + sort the
 //                 received rows into expert order: what an MoE layer does before its expert GEMMs
-//   return        the reverse: permute back to arrival order + comm->all_to_all_v back, then combine: the weighted
+//   return        the reverse: sort back to arrival order + comm->all_to_all_v back, then combine: the weighted
 //                 sum per token (gpu::combine_forward)
 //   dispatch BF16 the dispatch as the model does it with --dtype bf16: BF16 rows (half the bytes), exchanged as
 //                 pairs of BF16 values per float (the hidden size must be even)
@@ -264,8 +264,8 @@ int main(int argc, char** argv) {
     measure("all-to-all-v alone (dispatch routing)", rows * row_bytes, [&] {
         comm->all_to_all_v(sent, dispatch.send_rows.data(), arrived, dispatch.recv_rows.data(), d);
     }, a2a);
-    measure("dispatch (gather + all-to-all-v + permute)", rows * row_bytes, run_dispatch, a2a);
-    measure("return (permute + all-to-all-v + combine)", R * row_bytes, run_return, a2a);
+    measure("dispatch (permute + all-to-all-v + sort)", rows * row_bytes, run_dispatch, a2a);
+    measure("return (sort + all-to-all-v + combine)", R * row_bytes, run_return, a2a);
     if (d % 2 == 0)
         measure("dispatch, BF16 rows (the model's bf16 path)", rows * row_bytes / 2, run_dispatch_bf16, a2a);
 

@@ -288,7 +288,7 @@ TEST_CASE("cli: --plan for DeepSeek-V3 on 256 GPUs, with and without --recompute
     // set (142144 + 69632 + 142144 + 184576 values, plan.cpp's counts) kept instead of every block's, and one chunk
     // of logits per head (2^26 / 129280 = 519 rows), FP32: 4 x (982912 x 4096 + 2 x 519 x 129280) = 15.5 GiB; the
     // forward of the blocks and heads again: (2.606e11 - 6 x (the MTP projection 2 x 7168^2 + norms)) / 3 = 8.668e10
-    // FLOPs; and the recomputed forward's dispatch and combine: 6 / 4 of the 111 GB
+    // FLOPs; and the recomputed forward's dispatch and return: 6 / 4 of the 111 GB
     const CommandResult again = run_logged("./train_cpu --config deepseek-v3 --plan --gpus 256 --ep 64 --batch 1 --seq "
                                            "4096 --grad-accum 16 --recompute", "cli_plan_recompute.txt", 60);
     REQUIRE(again.status == 0);

@@ -125,7 +125,7 @@ struct MatmulW8 {
     gpu::Fp8Weight view() const { return {q.ptr, qt.ptr, scales.ptr, scales_t.ptr}; }
 };
 
-// The dense and grouped FP8 calls: out =, dinp = and +=, dW +=, against matmul_cpu_fp8. Rows of very different
+// The dense and grouped FP8 calls: out =, dinp = and +=, dW +=, against matmul_cpu(..., Precision::FP8). Rows of very different
 // magnitudes (2^-6 .. 2^5), so the per-row and per-token-tile scales matter.
 void matmul_test_fp8(gpu::Matmul& mm, Rng& rng, const std::vector<int64_t>& counts, int64_t K, int64_t N,
                      bool grouped) {

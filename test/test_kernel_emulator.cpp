@@ -211,7 +211,7 @@ TEST_CASE("kernel emulator: make bench's and make bench-comm's programs run end 
         CHECK(r->status == 0);
         CHECK(r->out.find("round trip return(dispatch(x)) == x: ok") != std::string::npos);
         CHECK(r->out.find("BF16 dispatch == FP32 dispatch rounded: ok") != std::string::npos);
-        CHECK(r->out.find("return (permute + all-to-all-v + combine)") != std::string::npos);
+        CHECK(r->out.find("return (sort + all-to-all-v + combine)") != std::string::npos);
     }
     CHECK(four.out.find("4 ranks (EP 2 x DP 2)") != std::string::npos);
 }

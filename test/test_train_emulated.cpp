@@ -153,7 +153,7 @@ void base() {
     if (done) return;
     Job cpu, fp32;
     run_all({{&cpu, "cpu", fresh(CPU, "cpu", VAL)}, {&fp32, "fp32", fresh(EMU + " --dtype fp32", "fp32", VAL)}});
-    CHECK(fp32.out.find("GPU: kernel emulator") != std::string::npos);  // train.cu's banner
+    CHECK(fp32.out.find("GPU 0: kernel emulator") != std::string::npos);  // train.cu's banner
     done = true;
 }
 

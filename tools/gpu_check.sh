@@ -9,7 +9,7 @@
 # Every stage runs under a timeout cut to what is left of GPU_CHECK_SECONDS (default 540), so the summary prints
 # even when a stage hangs; the stages come in order of importance: correctness, speed, communication, then
 # compute-sanitizer's memcheck and racecheck of every kernel and the whole step on the small shapes of
-# `bench_gpu --smoke`. At most eight files go to $OUT.
+# `bench_gpu --smoke`. The results are a few text files in $OUT.
 set -u -o pipefail
 out=${OUT:-gpu_results}
 mkdir -p "$out"
@@ -72,7 +72,7 @@ cat "$out/bench.txt"
 status "make bench" "$(grep -E 'model TFLOP/s|MFU' "$out/bench.txt" | head -2 | tr -s ' ' | tr '\n' ';')"
 status "attention kernels" "$(grep -E '^(bf16 tensor, [48] warps|fp32 CUDA cores)' "$out/bench.txt" | tr -s ' ' | tr '\n' ';')"
 status "expert GEMMs" "$(grep -E '^[0-9]+ experts, [0-9]+ streams?' "$out/bench.txt" | tr -s ' ' | tr '\n' ';')"
-# --dtype fp8 (its GEMM table, then its step), appended to bench.txt: one more file would not come back
+# --dtype fp8 (its GEMM table, then its step), appended to bench.txt to keep the results few
 timeout "$(budget 120)" ./bench_gpu --layers 4 --dtype fp8 --steps 3 > "$out/bench_fp8.txt" 2>&1
 { echo "==== ./bench_gpu --layers 4 --dtype fp8 --steps 3"; cat "$out/bench_fp8.txt"; } | tee -a "$out/bench.txt"
 status "FP8 GEMMs" "$(sed -n '/^GEMM, FP8/,/^fwd =/p' "$out/bench_fp8.txt" | grep -E '^(square|dense|[0-9]+ experts)' |
@@ -81,7 +81,7 @@ status "make bench (fp8)" "$(grep -E 'model TFLOP/s|MFU' "$out/bench_fp8.txt" | 
 rm -f "$out/bench_fp8.txt"
 timeout "$(budget 45)" ./bench_comm > "$out/bench_comm.txt" 2>&1
 cat "$out/bench_comm.txt"
-status "make bench-comm" "$(grep -E '^(ncclAlltoAll|dispatch|combine)' "$out/bench_comm.txt" | tr -s ' ' | tr '\n' ';')"
+status "make bench-comm" "$(grep -E '^(ncclAlltoAll|dispatch|return)' "$out/bench_comm.txt" | tr -s ' ' | tr '\n' ';')"
 sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 for tool in memcheck racecheck; do  # out-of-bounds accesses; shared-memory races (the attention kernels' barriers)
     timeout "$(budget 90)" "$sanitizer" --tool "$tool" ./bench_gpu --smoke > "$out/$tool.txt" 2>&1

@@ -165,8 +165,9 @@ static std::string run_record(const TrainArgs& args, int world) {
            " weight_decay=" + std::to_string(args.weight_decay) + " grad_clip=" + std::to_string(args.grad_clip);
 }
 
-// The data, the host model (fresh, imported or resumed), the tokenizer and the checkpoint directory.
-static void setup_model_and_data(Run& r) {
+// The data, the host model (fresh, imported or resumed), the program's model, the tokenizer and the checkpoint
+// directory.
+static void setup_model_and_data(Run& r, const MakeModel& make_model) {
     const TrainArgs& args = r.args;
     Comm& comm = *r.comm;
     const int B = args.batch, T = args.seq;
@@ -192,6 +193,7 @@ static void setup_model_and_data(Run& r) {
     }
     model_init(r.model, r.config, &comm);
     model_init_weights(r.model, args.seed);
+    make_model(r);  // its memory before the weights are read: a batch that does not fit is said first
     r.opt = adamw_state(r.model.shard);
     if (!args.init_from_hf.empty()) import_hf(r.model, args.init_from_hf);
     if (!r.resume_from.empty()) {
@@ -218,7 +220,8 @@ static void setup_model_and_data(Run& r) {
     if (!args.checkpoint_dir.empty() && comm.rank == 0) make_dirs(args.checkpoint_dir);
 }
 
-bool start_run(Run& r, int argc, char** argv, const char* program, MakeComm make_comm, int* status) {
+bool start_run(Run& r, int argc, char** argv, const char* program, MakeComm make_comm, const MakeModel& make_model,
+               int* status) {
     r.program = program;
     // compared across ranks at start; a checkpoint directory's path apart (checkpoint_check_dir says more about it)
     for (int i = 1; i < argc; i++) {
@@ -230,7 +233,10 @@ bool start_run(Run& r, int argc, char** argv, const char* program, MakeComm make
     *status = 0;
     if (args.plan) {
         try {
-            print_plan(parse_config_file(args.config), args.plan_inputs);
+            const Config config = parse_config_file(args.config);
+            if (config.n_routed_experts % args.ep != 0)
+                throw std::runtime_error("--ep " + std::to_string(args.ep) + " does not divide n_routed_experts");
+            print_plan(config, args.plan_inputs);
         } catch (const std::exception& e) {
             fprintf(stderr, "%s: %s\n", program, e.what());
             *status = 1;
@@ -249,7 +255,7 @@ bool start_run(Run& r, int argc, char** argv, const char* program, MakeComm make
         delete g_comm;
         return false;
     }
-    agree(r, [&] { setup_model_and_data(r); });
+    agree(r, [&] { setup_model_and_data(r, make_model); });
     const std::string record = run_record(args, r.comm->world);
     if (r.comm->rank == 0 && !args.eval_only && !r.resume_from.empty() && r.state.run != record &&
         !r.state.run.empty())
@@ -531,11 +537,11 @@ static void sample_text(Run& r, const ModelCalls& calls) {
 int finish_run(Run& r, const ModelCalls& calls) {
     const TrainArgs& args = r.args;
     const bool lead = r.comm->rank == 0;
-    finish_checkpoint_write(r);  // while a signal still only stops: the last checkpoint is complete
-    if (!args.checkpoint_dir.empty()) catch_stop_signals(false);
-    if (r.log) fclose(r.log);  // complete for the plot
-    r.log = nullptr;
     try {
+        finish_checkpoint_write(r);  // while a signal still only stops: the last checkpoint is complete
+        if (!args.checkpoint_dir.empty()) catch_stop_signals(false);
+        if (r.log) fclose(r.log);  // complete for the plot
+        r.log = nullptr;
         if (lead && !args.export_hf.empty()) {
             calls.store();
             export_hf(r.model, args.export_hf, args.export_dtype == "f32" ? ExportDType::F32 : ExportDType::BF16);

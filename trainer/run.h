@@ -26,6 +26,9 @@
 #include "trainer/train_args.h"
 
 using MakeComm = std::unique_ptr<Comm> (*)(int ep_size, const char* program);
+struct Run;
+// Makes the program's model for the host model just built (its memory, before the weights are read).
+using MakeModel = std::function<void(Run&)>;
 
 // How the shared code reaches the model, wherever it lives: a forward (evaluation, sampling), a row of the last
 // forward's logits (sampling), and bringing the host model level with it (checkpoints, export).
@@ -81,10 +84,11 @@ struct Step {
     double elapsed() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); }
 };
 
-// The flags, the ranks, the config, the data, the host model (initialised, imported or resumed) and the tokenizer,
-// every rank agreeing on any error (one line, exit 1). False when the program is done (--plan, --describe): then
-// exit with *status.
-bool start_run(Run& r, int argc, char** argv, const char* program, MakeComm make_comm, int* status);
+// The flags, the ranks, the config, the data, the host model (initialised, imported or resumed; make_model runs
+// once it is initialised) and the tokenizer, every rank agreeing on any error (one line, exit 1). False when the
+// program is done (--plan, --describe): then exit with *status.
+bool start_run(Run& r, int argc, char** argv, const char* program, MakeComm make_comm, const MakeModel& make_model,
+               int* status);
 // A failure during training: this rank says why, once, and the whole job ends.
 [[noreturn]] void fail(const std::string& why);
 // Runs f on every rank; if it throws on any (bad_alloc included), the first such rank prints why and all exit 1.
@@ -95,8 +99,8 @@ int eval_only(Run& r, const ModelCalls& calls);
 void start_training(Run& r);
 // The step's batches, read and checked on every rank, and its clock.
 Step begin_step(Run& r, int64_t step);
-// After the backward: the losses and expert loads summed over the ranks (counts in place), the load imbalance; a
-// loss or gradient norm that is not finite ends the job.
+// After the backward and the gradient norm (s.grad_norm): the losses and expert loads summed over the ranks (counts
+// in place), the load imbalance; a loss or gradient norm that is not finite ends the job.
 void reduce_step(Run& r, Step& s, std::vector<std::vector<int64_t>>& expert_counts);
 bool eval_due(const Run& r, int64_t step);
 // The mean main-head loss over the validation batches of every rank.

@@ -2,7 +2,7 @@
 //   p, grad, m, v (n) -> p, m, v updated in place;  g = grad * grad_multiplier (the clip factor)
 //   m = b1 m + (1-b1) g;   v = b2 v + (1-b2) g^2;   p -= lr (m / (1-b1^t) / (sqrt(v / (1-b2^t)) + eps) + wd p)
 // Memory-bound: 16 bytes read and 12 written per value, so the versions differ in how they move the bytes: a
-// thread per value, the trainer's block per piece of 4096 values (one launch for many tensors), and 16-byte loads
+// thread per value, the trainer's thread block per span of 4096 values (one launch for many tensors), and 16-byte loads
 // and stores in a grid-stride loop.
 #include <cmath>
 
@@ -11,7 +11,7 @@
 
 const std::vector<const char*> VERSIONS = {
     "naive: a thread per value",
-    "the trainer's (kernels/adamw.cuh): a block per piece of 4096 values of a range, the ranges in one table",
+    "the trainer's (kernels/adamw.cuh): a thread block per span of 4096 values of a range, the ranges in one table",
     "four values a thread by 16-byte loads and stores, a grid-stride loop (the n % 4 last ones one by one)",
 };
 

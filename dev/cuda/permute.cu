@@ -2,17 +2,17 @@
 // Token t's j-th chosen expert is assignment a = t k + j of n = N k.
 //   plan:    chosen (n) experts in [0, E) -> counts (E), offsets (E+1), row_of_assignment (n) and its inverse
 //            assignment_of_row (n): a stable counting sort by expert (within an expert, rows in assignment order)
-//   gather:  x (N, d) -> rows (n, d),  rows[r] = x[assignment_of_row[r] / k]
+//   permute: x (N, d) -> rows (n, d),  rows[r] = x[assignment_of_row[r] / k]
 //   combine: rows (n, d), weights (N, k) -> out (N, d),  out[t] = sum_j weights[t][j] rows[row_of_assignment[t k + j]]
-// The versions try three ways to build the plan without float atomics (one thread; a block per expert scanning
-// every assignment; per-chunk counts, a scan, then ranks within the chunk) and a thread per value, a block per row
-// or a warp per row with 16-byte pieces for the copies.
+// The versions try three ways to build the plan without float atomics (one thread; a thread block per expert
+// scanning every assignment; per-chunk counts, a scan, then ranks within the chunk), and for the copies a thread per
+// value, a thread block per row, or a warp per row with 16-byte pieces.
 #include "common.h"
 #include "kernels/permute.cuh"
 
 const std::vector<const char*> VERSIONS = {
-    "naive: the plan by one thread; a thread per value to gather and to combine",
-    "the trainer's (kernels/permute.cuh): a block per expert scans all assignments (ballots); a block per row",
+    "naive: the plan by one thread; a thread per value to permute and to combine",
+    "the trainer's (kernels/permute.cuh): a thread block per expert scans all assignments (ballots), one per row",
     "the plan from per-chunk counts, one scan and ranks within the chunk; a warp per row, 16-byte pieces",
 };
 
@@ -37,7 +37,7 @@ __global__ void plan_one_thread(int64_t* counts, int64_t* offsets, int64_t* row_
     }
 }
 
-__global__ void gather_thread_per_value(float* rows, const float* x, const int64_t* assignment_of_row, int k,
+__global__ void permute_thread_per_value(float* rows, const float* x, const int64_t* assignment_of_row, int k,
                                         int64_t n, int64_t d) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n * d) return;
@@ -120,7 +120,7 @@ __global__ void plan_place(int64_t* row_of_assignment, int64_t* assignment_of_ro
 }
 
 // A warp per row; d a multiple of 4.
-__global__ void gather_warp_per_row(float* rows, const float* x, const int64_t* assignment_of_row, int k, int64_t n,
+__global__ void permute_warp_per_row(float* rows, const float* x, const int64_t* assignment_of_row, int k, int64_t n,
                                     int64_t d) {
     const int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
     if (r >= n) return;
@@ -219,7 +219,7 @@ struct Buffers {
           chunk_counts(p.E * gpu::ceil_div(p.N * p.k, 32)), chunk_first(p.E * gpu::ceil_div(p.N * p.k, 32)) {}
 };
 
-enum Stage { PLAN, GATHER, COMBINE };
+enum Stage { PLAN, PERMUTE, COMBINE };
 
 // Stage s of version v with `block` threads per block (at least 32; the trainer's launchers pick their own).
 static void run(int v, Stage s, int block, Buffers& b, const Problem& p) {
@@ -228,8 +228,8 @@ static void run(int v, Stage s, int block, Buffers& b, const Problem& p) {
         if (s == PLAN)
             gpu::launch_kernel(plan_one_thread, 1, 1, p.E * sizeof(int64_t), nullptr, b.counts.ptr, b.offsets.ptr,
                                b.row_of_assignment.ptr, b.assignment_of_row.ptr, b.chosen.ptr, n, p.E);
-        if (s == GATHER)
-            gpu::launch_kernel(gather_thread_per_value, (unsigned)gpu::ceil_div(n * d, block), block, 0, nullptr,
+        if (s == PERMUTE)
+            gpu::launch_kernel(permute_thread_per_value, (unsigned)gpu::ceil_div(n * d, block), block, 0, nullptr,
                                b.rows.ptr, b.x.ptr, b.assignment_of_row.ptr, p.k, n, d);
         if (s == COMBINE)
             gpu::launch_kernel(combine_thread_per_value, (unsigned)gpu::ceil_div(p.N * d, block), block, 0, nullptr,
@@ -238,7 +238,7 @@ static void run(int v, Stage s, int block, Buffers& b, const Problem& p) {
         if (s == PLAN)
             gpu::build_expert_plan(b.counts.ptr, b.offsets.ptr, b.row_of_assignment.ptr, b.assignment_of_row.ptr,
                                    b.chosen.ptr, n, p.E, nullptr);
-        if (s == GATHER) gpu::permute_forward(b.rows.ptr, b.x.ptr, b.assignment_of_row.ptr, p.N, p.k, d, nullptr);
+        if (s == PERMUTE) gpu::permute_forward(b.rows.ptr, b.x.ptr, b.assignment_of_row.ptr, p.N, p.k, d, nullptr);
         if (s == COMBINE)
             gpu::combine_forward(b.out.ptr, b.rows.ptr, b.weights.ptr, b.row_of_assignment.ptr, p.N, p.k, d, false,
                                  nullptr);
@@ -256,8 +256,8 @@ static void run(int v, Stage s, int block, Buffers& b, const Problem& p) {
             gpu::launch_kernel(plan_place, (unsigned)chunks, block, block * sizeof(int), nullptr,
                                b.row_of_assignment.ptr, b.assignment_of_row.ptr, b.chunk_first.ptr, b.chosen.ptr, n);
         }
-        if (s == GATHER)
-            gpu::launch_kernel(gather_warp_per_row, (unsigned)gpu::ceil_div(n * 32, block), block, 0, nullptr,
+        if (s == PERMUTE)
+            gpu::launch_kernel(permute_warp_per_row, (unsigned)gpu::ceil_div(n * 32, block), block, 0, nullptr,
                                b.rows.ptr, b.x.ptr, b.assignment_of_row.ptr, p.k, n, d);
         if (s == COMBINE)
             gpu::launch_kernel(combine_warp_per_token, (unsigned)gpu::ceil_div(p.N * 32, block), block, 0, nullptr,
@@ -271,23 +271,23 @@ static std::vector<int> block_sizes(int v) {
     return {64, 128, 256, 512, 1024};
 }
 
-static const char* STAGE_NAMES[] = {"plan", "gather", "combine"};
+static const char* STAGE_NAMES[] = {"plan", "permute", "combine"};
 
-// The plan and the gathered rows: tol 0 (integers; copies). out: tol 1e-6: k products added in j order in FP32 as
+// The plan and the permuted rows: tol 0 (integers; copies). out: tol 1e-6: k products added in j order in FP32 as
 // the reference does, so only the fused multiply-adds nvcc may form round differently (one ulp each).
 static bool check_version(int v) {
     const Problem& p = problem();
     bool ok = true;
     for (int block : block_sizes(v)) {
         Buffers b(p);
-        for (Stage s : {PLAN, GATHER, COMBINE}) run(v, s, block, b, p);
+        for (Stage s : {PLAN, PERMUTE, COMBINE}) run(v, s, block, b, p);
         ok = check(fmt("plan counts, block %d", block), b.counts.get(), p.counts, 0) && ok;
         ok = check(fmt("plan offsets, block %d", block), b.offsets.get(), p.offsets, 0) && ok;
         ok = check(fmt("plan row_of_assignment, block %d", block), b.row_of_assignment.get(), p.row_of_assignment,
                    0) && ok;
         ok = check(fmt("plan assignment_of_row, block %d", block), b.assignment_of_row.get(), p.assignment_of_row,
                    0) && ok;
-        ok = check(fmt("gather rows, block %d", block), b.rows.get(), p.rows, 0) && ok;
+        ok = check(fmt("permuted rows, block %d", block), b.rows.get(), p.rows, 0) && ok;
         ok = check(fmt("combine out, block %d", block), b.out.get(), p.out, 1e-6) && ok;
     }
     return ok;
@@ -302,14 +302,14 @@ static void time_version(int v) {
         8.0 * n * p.d + 8.0 * n,           // read and write the rows; read the map
         4.0 * (n + p.N) * p.d + 12.0 * n,  // read the rows, write out; read weights and the map
     };
-    for (Stage s : {PLAN, GATHER, COMBINE})
+    for (Stage s : {PLAN, PERMUTE, COMBINE})
         for (int block : block_sizes(v)) {
             const bool one_thread = v == 1 && s == PLAN;
             if (one_thread && block != 64) continue;
             const std::string what = one_thread ? fmt("plan, one thread")
                                      : v == 2   ? fmt("%s, the trainer's launcher", STAGE_NAMES[s])
                                                 : fmt("%s, block %d", STAGE_NAMES[s], block);
-            for (Stage before : {PLAN, GATHER}) run(v, before, block, b, p);  // the plan and rows the stage reads
+            for (Stage before : {PLAN, PERMUTE}) run(v, before, block, b, p);  // the plan and rows the stage reads
             print_time(what, time_ms([&] { run(v, s, block, b, p); }), bytes[s], 0);
         }
 }

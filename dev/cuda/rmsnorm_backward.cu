@@ -11,7 +11,7 @@
 
 const std::vector<const char*> VERSIONS = {
     "naive: a thread per row for dx, a thread per column for dw",
-    "the trainer's (kernels/rmsnorm.cuh): a block per row for dx, dw in fixed chunks of rows, then summed",
+    "the trainer's (kernels/rmsnorm.cuh): a thread block per row for dx, dw in fixed chunks of rows, then summed",
     "fused: a warp per row, dw summed in shared memory by atomics, one atomic per column and block",
     "fused as 3, the warp keeps its row in registers between the two passes (16-byte loads)",
 };
