@@ -122,7 +122,8 @@ void moe_forward(GpuModel& m, const BlockWeights& w, GpuMoEActs& a, gpu::GemmInp
     const int64_t N = tokens(m), d = c.hidden_size, k = c.num_experts_per_tok, I = c.moe_intermediate_size;
     const int64_t S = (int64_t)c.n_shared_experts * I;
     const bool ep = m.comm->ep_size > 1;
-    moe_route(m, w, a, x.fp32, scratch_of(m));
+    const Scratch s = scratch_of(m);
+    moe_route(m, w, a, x.fp32, s);
     float* expert_out = ep ? a.expert_out : a.rows_out;
     if (x.bf16) {  // the rows permuted and dispatched in BF16; expert_out is free to receive them
         gpu::permute_forward(a.rows_in16, x.bf16, a.assignment_of_row, N, (int)k, d, m.stream);
@@ -138,7 +139,7 @@ void moe_forward(GpuModel& m, const BlockWeights& w, GpuMoEActs& a, gpu::GemmInp
     if (S > 0) ffn_forward(m, out, a.shared, x, w.gate, w.up, w.down, N, d, S);
     m.timer.mark("permute");
     gpu::combine_forward(out, a.rows_out, a.gate_weights, a.row_of_assignment, N, (int)k, d, S > 0, m.stream);
-    a.balance_loss = with_loss && c.aux_loss_alpha > 0 ? balance_loss(m, a, scratch_of(m)) : 0.0;
+    a.balance_loss = with_loss && c.aux_loss_alpha > 0 ? balance_loss(m, a, s) : 0.0;
 }
 
 void moe_backward(GpuModel& m, const BlockWeights& w, BlockWeights& g, GpuMoEActs& a, gpu::GemmInput x,
