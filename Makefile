@@ -27,6 +27,7 @@ GPU_SRC  := $(wildcard gpu/*.cu)
 GPU_HEADERS := $(HEADERS) $(wildcard gpu/*.h)
 # what the programs checking the GPU model share (test_gpu and the emulated builds)
 GPU_TEST_HEADERS := test/gpu_check.cuh test/device_array.h test/random_model.h test/recompute_check.h
+EMULATOR_OBJ := build/test/kernel_emulator/emulator.o build/test/kernel_emulator/checker.o
 
 .PHONY: all deps deps-run data run test test-gpu bench-cpu bench-io bench-comm bench lab clean
 
@@ -50,7 +51,7 @@ prepare_data: build/data/prepare.o $(CORE_OBJ)
 plot: build/tools/plot_main.o $(CORE_OBJ)
 	$(CXX) $(CXXFLAGS) $^ -o $@ $(MPI_LIBS)
 
-test_cpu: $(TEST_OBJ) $(CORE_OBJ) build/test/kernel_emulator/emulator.o
+test_cpu: $(TEST_OBJ) $(CORE_OBJ) $(EMULATOR_OBJ) build/emulated/planted_bugs.o
 	$(CXX) $(CXXFLAGS) $^ -o $@ $(MPI_LIBS)
 
 ep_check: build/test/ep_check.o $(CORE_OBJ)
@@ -91,7 +92,9 @@ run: deps-run
 
 test: deps
 	$(MAKE) -j$(THREADS) all data
-	@if [ -x $(NVCC) ]; then $(MAKE) -j$(THREADS) train test_gpu bench_gpu bench_comm lab-gpu; \
+	@if [ -x $(NVCC) ]; then $(MAKE) -j$(THREADS) train test_gpu bench_gpu bench_comm lab-gpu && \
+	   tools/kernel_resources.sh build/gpu > build/kernel_resources.txt; status=$$?; \
+	   tail -1 build/kernel_resources.txt; grep "SPILLS\|FEWER" build/kernel_resources.txt; exit $$status; \
 	 else echo "note: $(NVCC) not found: the GPU code is not built (install the CUDA toolkit)"; fi
 	OMP_NUM_THREADS=$(THREADS) ./test_cpu
 
@@ -108,24 +111,34 @@ bench-io: deps
 # g++ compiles the kernels of kernels/ and the GPU model of gpu/ as plain C++ against the emulator's CUDA runtime,
 # cuBLASLt and NCCL (searched before the real headers), and test_cpu checks them against the CPU reference.
 # -fno-strict-aliasing: the kernels read shared memory through other types (BF16 pairs as 32-bit words).
+# The files that hold kernels are compiled with CHECKED: g++ then calls the hazard checker (checker.h) before every
+# load and store; -g1 gives its reports source lines. It is a compile flag only: no ThreadSanitizer runtime is linked.
 EMULATOR := $(wildcard test/kernel_emulator/*.h test/kernel_emulator/kernels/*.cuh)
+build/test/test_kernel_emulator.o $(EMULATOR_OBJ): $(EMULATOR)
 EMULATOR_FLAGS := $(filter-out -I.,$(CXXFLAGS)) -fno-strict-aliasing -Wno-unknown-pragmas -Itest/kernel_emulator -I.
+CHECKED := -fsanitize=thread -g1
 EMULATED_GPU_OBJ := $(patsubst gpu/%.cu,build/emulated/gpu/%.o,$(GPU_SRC))
-EMULATED_OBJ := $(EMULATED_GPU_OBJ) build/test/kernel_emulator/emulator.o
+EMULATED_OBJ := $(EMULATED_GPU_OBJ) $(EMULATOR_OBJ)
 build/emulated/gpu/%.o: gpu/%.cu $(GPU_HEADERS) $(EMULATOR)
 	@mkdir -p $(dir $@)
-	$(CXX) $(EMULATOR_FLAGS) -x c++ -c $< -o $@
+	$(CXX) $(EMULATOR_FLAGS) $(CHECKED) -x c++ -c $< -o $@
+build/emulated/planted_bugs.o: test/kernel_emulator/planted_bugs.cpp $(GPU_HEADERS) $(EMULATOR)
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMULATOR_FLAGS) $(CHECKED) -c $< -o $@
+build/emulated/test/%.o: test/%.cu $(GPU_HEADERS) $(GPU_TEST_HEADERS) $(EMULATOR)
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMULATOR_FLAGS) $(CHECKED) -x c++ -c $< -o $@
 build/emulated/nccl_comm.o: comm/nccl_comm.cu $(EMULATOR) $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CXX) $(EMULATOR_FLAGS) $(MPI_CFLAGS) -DOMPI_SKIP_MPICXX=1 -x c++ -c $< -o $@
 
 # test_gpu's kernel, GEMM and step checks
-test_gpu_emulated: test/test_gpu_kernels.cu test/test_gpu_matmul.cu test/test_gpu_train.cu $(GPU_TEST_HEADERS) \
-                   test/kernel_emulator/test_gpu_emulated.cpp build/emulated/nccl_comm.o $(EMULATED_OBJ) $(EMULATOR) \
-                   $(CORE_OBJ) $(GPU_HEADERS)
-	$(CXX) $(EMULATOR_FLAGS) -x c++ test/test_gpu_kernels.cu test/test_gpu_matmul.cu test/test_gpu_train.cu \
-	  -x none test/kernel_emulator/test_gpu_emulated.cpp build/emulated/nccl_comm.o $(EMULATED_OBJ) $(CORE_OBJ) -o $@ \
-	  $(MPI_LIBS)
+TEST_GPU_EMULATED_OBJ := build/emulated/test/test_gpu_kernels.o build/emulated/test/test_gpu_matmul.o \
+                         build/emulated/test/test_gpu_train.o
+test_gpu_emulated: $(TEST_GPU_EMULATED_OBJ) test/kernel_emulator/test_gpu_emulated.cpp build/emulated/nccl_comm.o \
+                   $(EMULATED_OBJ) $(CORE_OBJ)
+	$(CXX) $(EMULATOR_FLAGS) $(TEST_GPU_EMULATED_OBJ) test/kernel_emulator/test_gpu_emulated.cpp \
+	  build/emulated/nccl_comm.o $(EMULATED_OBJ) $(CORE_OBJ) -o $@ $(MPI_LIBS)
 
 # the GPU model against the CPU model, alone and under mpirun
 gpu_model_emulated_check: test/gpu_model_check.cpp $(EMULATED_OBJ) $(EMULATOR) $(CORE_OBJ) $(GPU_HEADERS) \
@@ -153,9 +166,13 @@ GPU_LIBS := -Xcompiler -fopenmp -lcublasLt -lnccl $(MPI_LIBS)
 build/comm/nccl_comm.o: comm/nccl_comm.cu comm/comm.h
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) $(MPI_CFLAGS) -c $< -o $@
+# ptxas's report of each kernel goes to build/gpu/NAME.ptxas and the PTX to build/gpu/NAME.keep/, for
+# tools/kernel_resources.sh (make test runs it); anything else nvcc says is printed.
 build/gpu/%.o: gpu/%.cu $(GPU_HEADERS)
-	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) -c $< -o $@
+	@mkdir -p $(dir $@) build/gpu/$*.keep
+	@echo "$(NVCC) $(NVFLAGS) -c $< -o $@"
+	@$(NVCC) $(NVFLAGS) -Xptxas -v -keep -keep-dir build/gpu/$*.keep -c $< -o $@ 2> build/gpu/$*.ptxas; \
+	 status=$$?; grep -v '^ptxas info\|^    [0-9]* bytes stack frame' build/gpu/$*.ptxas >&2; exit $$status
 
 train: train.cu $(GPU_OBJ) build/comm/nccl_comm.o $(CORE_OBJ) $(GPU_HEADERS)
 	$(NVCC) $(NVFLAGS) train.cu $(GPU_OBJ) build/comm/nccl_comm.o $(CORE_OBJ) -o $@ $(GPU_LIBS)

@@ -39,11 +39,22 @@ __device__ inline float warp_max(float v) {
     return v;
 }
 
+// The warps' results of a block reduction, one array per type for all of them. A __shared__ array is declared in
+// a function that is not a template (docs/design.md §4).
+static __device__ inline float* block_partials(float) {
+    __shared__ float partial[32];
+    return partial;
+}
+static __device__ inline double* block_partials(double) {
+    __shared__ double partial[32];
+    return partial;
+}
+
 // Sum or max over the thread block; every thread must call it, and every thread gets the result.
 // The first __syncthreads stops a warp from overwriting `partial` while another still reads the previous call's.
 template <typename T, T (*warp_reduce)(T)>
 __device__ inline T block_reduce(T v, T identity) {
-    __shared__ T partial[32];
+    T* partial = block_partials(T(0));
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
     v = warp_reduce(v);
     __syncthreads();

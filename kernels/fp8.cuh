@@ -71,11 +71,21 @@ inline void fp8_quantize_rows(__nv_fp8_storage_t* q, float* scales, const T* x, 
 // 128 x 1 tiles, transposed: a thread block takes 128 rows x 32 columns through shared memory. Thread (tx, ty) of
 // 32 x 8 loads column tx of rows ty, ty + 8, ...; warp ty writes the transposed rows of columns 4ty .. 4ty + 3.
 
+// Its shared memory, declared outside the template (docs/design.md §4)
+struct Fp8ColsShared {
+    float tile[FP8_TILE][FP8_COL_TILE + 1];  // + 1: no bank conflicts down a column
+    float partial[8][FP8_COL_TILE];
+};
+static __device__ inline Fp8ColsShared& fp8_cols_shared() {
+    __shared__ Fp8ColsShared shared;
+    return shared;
+}
+
 template <typename T>
 static __global__ void fp8_quantize_cols_kernel(__nv_fp8_storage_t* qt, float* scales, const T* x, int64_t rows,
                                                 int64_t cols, int64_t ld) {
-    __shared__ float tile[FP8_TILE][FP8_COL_TILE + 1];  // + 1: no bank conflicts down a column
-    __shared__ float partial[8][FP8_COL_TILE];
+    float(&tile)[FP8_TILE][FP8_COL_TILE + 1] = fp8_cols_shared().tile;
+    float(&partial)[8][FP8_COL_TILE] = fp8_cols_shared().partial;
     const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
     const int64_t r0 = (int64_t)blockIdx.y * FP8_TILE, c0 = (int64_t)blockIdx.x * FP8_COL_TILE;
     float amax = 0.0f;

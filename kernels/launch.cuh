@@ -1,12 +1,11 @@
-// CUDA's own launch syntax appears only here. launch_kernel(kernel, grid, block, shared_bytes, stream, args...) runs
-// kernel<<<grid, block, shared_bytes, stream>>>(args...) and checks the launch, so no launcher can forget the check.
-// Above 48 KiB of dynamic shared memory it first raises the kernel's limit (up to 227 KiB on Hopper).
-// dynamic_shared<T>() is the thread block's dynamic shared memory as T*, 128-byte aligned.
-// The kernel emulator (test/kernel_emulator/) replaces this file to run the same kernels on the CPU.
+// launch_kernel(kernel, grid, block, shared_bytes, stream, args...) launches kernel<<<grid, block, shared_bytes,
+// stream>>>(args...) and checks the launch, so no launcher can forget the check. Above 48 KiB of dynamic shared
+// memory it first raises the kernel's limit (up to 227 KiB on Hopper). The kernel emulator runs this same file.
 #pragma once
 #include <cstddef>
 
 #include "kernels/cuda_check.cuh"
+#include "kernels/dynamic_shared.cuh"
 
 namespace gpu {
 
@@ -15,14 +14,12 @@ inline void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size
                           Args... args) {
     if (shared_bytes > (size_t(48) << 10))
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared_bytes));
-    kernel<<<grid, block, shared_bytes, stream>>>(args...);
-    CUDA_CHECK(cudaGetLastError());
-}
-
-template <typename T>
-__device__ inline T* dynamic_shared() {
-    extern __shared__ __align__(128) unsigned char dynamic_shared_bytes[];
-    return reinterpret_cast<T*>(dynamic_shared_bytes);
+    cudaLaunchConfig_t config = {};
+    config.gridDim = grid;
+    config.blockDim = block;
+    config.dynamicSmemBytes = shared_bytes;
+    config.stream = stream;
+    CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
 }
 
 }  // namespace gpu

@@ -1,5 +1,6 @@
 // The kernel emulator (test/kernel_emulator/): first the emulator itself (indices, collectives, shared memory, the
-// errors it must report, a missing __syncthreads it must expose), then what it is for: the real kernels against the CPU reference
+// errors it must report, the planted bugs its hazard checker must catch, a missing __syncthreads the thread orders
+// expose), then what it is for: the real kernels against the CPU reference
 // (./test_gpu_emulated) and the GPU model of gpu/ on the real kernels against the CPU model
 // (./gpu_model_emulated_check), each in two thread orders and under mpirun, and the benchmarks' programs on small
 // shapes.
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "test/kernel_emulator/emulator.h"
+#include "test/kernel_emulator/planted_bugs.h"
 #include "test/test_helpers.h"
 
 namespace {
@@ -141,6 +143,24 @@ TEST_CASE("kernel emulator: a missing __syncthreads shows in the warps order, an
     bool some_wrong = false;
     for (int i = 0; i < 256; i++) some_wrong = some_wrong || out[i] != expected(i / 128);
     CHECK(some_wrong);
+}
+
+// The hazard checker and the typed warp collectives: each planted bug is reported with its kind, the kernel and its
+// source lines, whatever the order of the threads; the same kernels without the bugs report nothing.
+TEST_CASE("kernel emulator: every planted bug is caught with its place, in every thread order") {
+    for (const char* order : {"forward", "reverse", "warps"}) {
+        setenv("EMULATOR_ORDER", order, 1);
+        const std::vector<PlantedBug> bugs = planted_bugs();
+        CHECK(bugs.size() == 10);
+        for (const PlantedBug& bug : bugs) {
+            INFO(order << ": " << bug.name << "\n" << bug.error);
+            CHECK(!bug.error.empty());
+            for (const std::string& place : bug.places)
+                CHECK_MESSAGE(bug.error.find(place) != std::string::npos, place);
+        }
+        CHECK(run_without_bugs() == "");
+    }
+    unsetenv("EMULATOR_ORDER");
 }
 
 TEST_CASE("kernel emulator: misuse is reported, not run") {

@@ -62,11 +62,20 @@ constexpr int TILED_THREADS = 256, TILED_BK = 32;
 
 // Block (n tile, row slot), 16 x 16 threads: thread (ty, tx) owns rows ty + 16a and columns tx + 16b of the tile.
 // The rows are padded by one float, so the 16 threads that read 16 different rows at the same k hit 16 banks.
+constexpr int TILED_MAX_TILE = 64;
+
+// The tiles of x and W, for the largest TILE (a __shared__ array is declared outside a template: docs/design.md §4)
+static __device__ float* tiled_shared() {
+    __shared__ float tiles[2 * TILED_MAX_TILE * (TILED_BK + 1)];
+    return tiles;
+}
+
 template <int TILE>
 __global__ void grouped_gemm_tiled(float* out, const float* x, const float* W, const int64_t* offsets, int G,
                                    int64_t N, int64_t K) {
+    static_assert(TILE <= TILED_MAX_TILE, "tiled_shared holds tiles of up to TILED_MAX_TILE rows");
     constexpr int PER = TILE / 16, LD = TILED_BK + 1;
-    __shared__ float xs[TILE * LD], ws[TILE * LD];
+    float *xs = tiled_shared(), *ws = xs + TILE * LD;
     int g;
     int64_t m0, m_end;
     if (!schedule_tile(offsets, G, TILE, blockIdx.y, g, m0, m_end)) return;  // the whole block

@@ -239,7 +239,7 @@ inline void check_alignment(const void* p, uint64_t promised, const char* operan
 }
 
 // Element (i, j) of a stored column-major matrix, as a double (E4M3 without its scale).
-inline double element(const void* p, cudaDataType_t type, int64_t ld, uint64_t i, uint64_t j) {
+EMULATOR_UNCHECKED inline double element(const void* p, cudaDataType_t type, int64_t ld, uint64_t i, uint64_t j) {
     const int64_t at = (int64_t)i + (int64_t)j * ld;
     if (type == CUDA_R_8F_E4M3) return stand_in_e4m3_value(((const __nv_fp8_storage_t*)p)[at]);
     if (type == CUDA_R_16BF) return (double)__bfloat162float(((const __nv_bfloat16*)p)[at]);
@@ -257,11 +257,34 @@ struct Scales {
         return mode == CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F ? blocks() * ((outer + 3) / 4 * 4)
                                                                : (outer + 127) / 128 * ((blocks() + 3) / 4 * 4);
     }
-    double of(uint64_t i, uint64_t l) const {
+    EMULATOR_UNCHECKED double of(uint64_t i, uint64_t l) const {
         return mode == CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F ? at[l / 128 * ((outer + 3) / 4 * 4) + i]
                                                                : at[i / 128 * ((blocks() + 3) / 4 * 4) + l / 128];
     }
 };
+
+// D = alpha op(A) op(B) + beta C, in double (see the top). Unchecked: it stands in for the library, not a kernel.
+EMULATOR_UNCHECKED inline void multiply(const Problem& p, float al, float be, bool ta, bool tb, const void* A,
+                                        int64_t lda, const void* B, int64_t ldb, const void* C, int64_t ldc, float* D,
+                                        int64_t ldd, bool fp8, const Scales& scale_a, const Scales& scale_b) {
+    // op(A) as rows of k, op(B)^T as rows of k: each output is a dot product of two contiguous rows
+    std::vector<double> opa(p.m * p.k), opb(p.n * p.k);
+    for (uint64_t i = 0; i < p.m; i++)
+        for (uint64_t l = 0; l < p.k; l++)
+            opa[i * p.k + l] = (ta ? element(A, p.type, lda, l, i) : element(A, p.type, lda, i, l)) *
+                               (fp8 ? scale_a.of(i, l) : 1.0);
+    for (uint64_t j = 0; j < p.n; j++)
+        for (uint64_t l = 0; l < p.k; l++)
+            opb[j * p.k + l] = (tb ? element(B, p.type, ldb, j, l) : element(B, p.type, ldb, l, j)) *
+                               (fp8 ? scale_b.of(j, l) : 1.0);
+    for (uint64_t j = 0; j < p.n; j++)
+        for (uint64_t i = 0; i < p.m; i++) {
+            double sum = 0.0;
+            for (uint64_t l = 0; l < p.k; l++) sum += opa[i * p.k + l] * opb[j * p.k + l];
+            const double c_ij = be == 0.0f ? 0.0 : be * element(C, CUDA_R_32F, ldc, i, j);
+            ((float*)D)[(int64_t)i + (int64_t)j * ldd] = (float)(al * sum + c_ij);
+        }
+}
 
 }  // namespace emulated_cublaslt
 
@@ -330,23 +353,7 @@ inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc
     const bool ta = desc->op_a == CUBLAS_OP_T, tb = desc->op_b == CUBLAS_OP_T;
     const int64_t lda = a->ld, ldb = b->ld, ldc = c->ld, ldd = d->ld;
     stand_in::launch(stream, [=] {
-        // op(A) as rows of k, op(B)^T as rows of k: each output is a dot product of two contiguous rows
-        std::vector<double> opa(p.m * p.k), opb(p.n * p.k);
-        for (uint64_t i = 0; i < p.m; i++)
-            for (uint64_t l = 0; l < p.k; l++)
-                opa[i * p.k + l] = (ta ? element(A, p.type, lda, l, i) : element(A, p.type, lda, i, l)) *
-                                   (fp8 ? scale_a.of(i, l) : 1.0);
-        for (uint64_t j = 0; j < p.n; j++)
-            for (uint64_t l = 0; l < p.k; l++)
-                opb[j * p.k + l] = (tb ? element(B, p.type, ldb, j, l) : element(B, p.type, ldb, l, j)) *
-                                   (fp8 ? scale_b.of(j, l) : 1.0);
-        for (uint64_t j = 0; j < p.n; j++)
-            for (uint64_t i = 0; i < p.m; i++) {
-                double sum = 0.0;
-                for (uint64_t l = 0; l < p.k; l++) sum += opa[i * p.k + l] * opb[j * p.k + l];
-                const double c_ij = be == 0.0f ? 0.0 : be * element(C, CUDA_R_32F, ldc, i, j);
-                ((float*)D)[(int64_t)i + (int64_t)j * ldd] = (float)(al * sum + c_ij);
-            }
+        emulated_cublaslt::multiply(p, al, be, ta, tb, A, lda, B, ldb, C, ldc, (float*)D, ldd, fp8, scale_a, scale_b);
     });
     return CUBLAS_STATUS_SUCCESS;
 }

@@ -6,12 +6,11 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <tuple>
 
+#include "emulator.h"  // what kernel code sees of CUDA
 #include "stand_in.h"
-
-// What the host-and-device helpers shared with the real kernels are marked with (kernels/attention_tiles.cuh)
-#define __host__
-#define __device__
 
 enum cudaError_t { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2, cudaErrorNotReady = 600 };
 enum cudaMemcpyKind {
@@ -67,7 +66,7 @@ inline cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
 inline cudaError_t cudaMalloc(void** p, size_t bytes) {
     *p = nullptr;
     if (bytes == 0) return cudaSuccess;
-    void* q = aligned_alloc(256, (bytes + 255) / 256 * 256);
+    void* q = emulator::device_allocate(bytes);
     if (!q) return cudaErrorMemoryAllocation;
     memset(q, 0xFF, bytes);
     stand_in::Memory& m = stand_in::memory();
@@ -89,8 +88,8 @@ inline cudaError_t cudaFree(void* p) {
     auto it = m.live.find((uintptr_t)p);
     if (it == m.live.end()) stand_in::violation("cudaFree of a pointer cudaMalloc did not return");
     m.live_bytes -= (int64_t)it->second;
+    emulator::device_free(p, it->second);
     m.live.erase(it);
-    free(p);
     return cudaSuccess;
 }
 
@@ -239,4 +238,43 @@ inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int) {
     *p = stand_in::device_properties();
     return cudaSuccess;
 }
-#include "emulator.h"  // what kernel code sees of CUDA
+
+// Launches. Above 48 KiB of dynamic shared memory a kernel needs cudaFuncSetAttribute first, as on the GPU; the
+// launch runs when its stream is synchronised, and the emulator checks static and dynamic shared memory together
+// against the target GPU's limit then.
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+namespace stand_in {
+inline std::map<const void*, int>& dynamic_shared_limits() {  // kernel -> its raised limit
+    static std::map<const void*, int> limits;
+    return limits;
+}
+}  // namespace stand_in
+template <typename... Params>
+inline cudaError_t cudaFuncSetAttribute(void (*kernel)(Params...), cudaFuncAttribute attribute, int value) {
+    if (attribute != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 ||
+        (size_t)value > emulator::shared_memory_optin())
+        return cudaErrorInvalidValue;
+    stand_in::dynamic_shared_limits()[(const void*)kernel] = value;
+    return cudaSuccess;
+}
+struct cudaLaunchConfig_t {
+    dim3 gridDim, blockDim;
+    size_t dynamicSmemBytes = 0;
+    cudaStream_t stream = nullptr;
+    void* attrs = nullptr;
+    unsigned numAttrs = 0;
+};
+template <typename... Params, typename... Args>
+inline cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t* config, void (*kernel)(Params...), Args&&... args) {
+    const auto raised = stand_in::dynamic_shared_limits().find((const void*)kernel);
+    const size_t limit = raised == stand_in::dynamic_shared_limits().end() ? size_t(48) << 10 : (size_t)raised->second;
+    if (config->dynamicSmemBytes > limit) return cudaErrorInvalidValue;
+    // converted to the parameter types now, as CUDA does
+    const std::tuple<Params...> params(std::forward<Args>(args)...);
+    const cudaLaunchConfig_t c = *config;
+    stand_in::launch(c.stream, [=] {
+        emulator::run_grid(c.gridDim, c.blockDim, c.dynamicSmemBytes, [&] { std::apply(kernel, params); },
+                           (const void*)kernel);
+    });
+    return cudaSuccess;
+}

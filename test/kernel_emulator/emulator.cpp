@@ -5,6 +5,8 @@
 // switch, ~50x slower: the permutation checks make tens of millions of switches).
 #include "test/kernel_emulator/emulator.h"
 
+#include "test/kernel_emulator/checker.h"
+
 #include <algorithm>
 #include <array>
 #include <cstdlib>
@@ -23,7 +25,6 @@ namespace emulator {
 namespace {
 
 constexpr size_t STACK_BYTES = size_t(256) << 10;  // per thread; kernels keep small arrays, the host math a little
-constexpr size_t MAX_DYNAMIC_SHARED = size_t(227) << 10;  // Hopper, after launch_kernel raises the limit
 
 // ---- fibers ----------------------------------------------------------------------------------------------------
 
@@ -104,6 +105,9 @@ struct AsyncCopy {
 struct Thread {
     Fiber fiber;
     State state = State::ready;
+    Collective collective = Collective::syncwarp;  // at_warp_barrier: which one, its mask and its place
+    unsigned mask = 0;
+    const void* site = nullptr;
     uint3 index{};
     std::vector<AsyncCopy> copies_in_flight;
     int commits = 0;
@@ -171,19 +175,47 @@ void thread_entry() {
                            std::to_string(blockIdx.y) + "," + std::to_string(blockIdx.z) + ")");
 }
 
-// Opens warp w's collective if all its lanes wait there (true), or throws if it can never complete.
+std::string collective_at(const Thread& t) {
+    static const char* names[] = {"__syncwarp", "a shuffle", "a vote", "mma.sync", "ldmatrix"};
+    return std::string(names[(int)t.collective]) + " at " + checker::source_line(t.site);
+}
+
+// Opens warp w's collective if all its lanes wait there (true), or throws if it can never complete: a lane
+// exited, lanes wait at different collectives, or a mask leaves out a lane.
 bool release_warp(Block& b, int w) {
     const int first = w * 32, lanes = std::min(32, (int)b.threads.size() - first);
-    int waiting = 0, done = 0;
+    int waiting = 0, done = 0, exited = -1;
     for (int l = 0; l < lanes; l++) {
         waiting += b.threads[first + l].state == State::at_warp_barrier;
-        done += b.threads[first + l].state == State::done;
+        if (b.threads[first + l].state == State::done) done++, exited = l;
     }
     if (waiting == 0) return false;
     if (lanes < 32) fail("a warp collective in a partial warp (block size not a multiple of 32)");
-    if (waiting + done == lanes && done > 0)
-        fail("a warp collective of warp " + std::to_string(w) + " with " + std::to_string(done) + " lanes exited");
-    if (waiting < lanes) return false;
+    if (waiting + done < lanes) return false;
+    const Thread* one = nullptr;
+    for (int l = 0; l < lanes; l++) {
+        const Thread& t = b.threads[first + l];
+        if (t.state != State::at_warp_barrier) continue;
+        if (t.mask != 0xffffffffu) {
+            for (int k = 0; k < 32; k++) {
+                const Thread& left_out = b.threads[first + k];
+                if (!(t.mask >> k & 1) && left_out.state == State::at_warp_barrier)
+                    fail("lane " + std::to_string(l) + " of warp " + std::to_string(w) + " calls " + collective_at(t) +
+                         " with mask " + std::to_string(t.mask) + ", which leaves out lane " + std::to_string(k) +
+                         ", which calls " + collective_at(left_out));
+            }
+            fail(collective_at(t) + " with a partial mask (the emulator runs full-warp collectives only)");
+        }
+        if (done > 0)
+            fail(collective_at(t) + ": its mask names lane " + std::to_string(exited) + " of warp " +
+                 std::to_string(w) + ", which has exited (" + std::to_string(done) + " lanes exited)");
+        if (one && one->collective != t.collective)
+            fail("the lanes of warp " + std::to_string(w) + " call different collectives: lane " +
+                 std::to_string(one - &b.threads[first]) + " " + collective_at(*one) + ", lane " +
+                 std::to_string(l) + " " + collective_at(t));
+        one = &t;
+    }
+    if (one->collective == Collective::syncwarp) checker::warp_synced(w);
     b.warp_phase[w] ^= 1;
     for (int l = 0; l < 32; l++) b.threads[first + l].state = State::ready;
     return true;
@@ -202,6 +234,7 @@ void release(Block& b) {
         done += t.state == State::done;
     }
     if (at_block == n) {
+        checker::barrier();
         b.block_phase ^= 1;
         for (Thread& t : b.threads) t.state = State::ready;
         return;
@@ -222,7 +255,9 @@ void run_warp(Block& b, int w, Order order) {
         if (t.state != State::ready) continue;
         b.current = i;
         threadIdx = t.index;
+        checker::run_thread(i);
         fiber_switch(b.scheduler, t.fiber);
+        checker::run_thread(-1);
         if (!b.error.empty()) fail(b.error);
     }
 }
@@ -253,7 +288,7 @@ void run_block(Block& b, Order order) {
 
 }  // namespace
 
-void run_grid(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body) {
+void run_grid(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body, const void* kernel) {
     gridDim = grid;
     blockDim = block;
     blockIdx = uint3{0, 0, 0};
@@ -261,8 +296,9 @@ void run_grid(dim3 grid, dim3 block, size_t shared_bytes, const std::function<vo
     if (threads == 0 || threads > 1024 || block.z > 64) fail("invalid block size");
     if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535)
         fail("invalid grid size");
-    if (shared_bytes > MAX_DYNAMIC_SHARED)
-        fail(std::to_string(shared_bytes) + " bytes of dynamic shared memory (at most 227 KiB a block)");
+    if (shared_bytes > shared_memory_optin())
+        fail(std::to_string(shared_bytes) + " bytes of dynamic shared memory (at most " +
+             std::to_string(shared_memory_optin()) + " a block on the target GPU)");
     while (stacks.size() < threads) stacks.emplace_back(new char[STACK_BYTES]);
 
     Block b;
@@ -284,26 +320,32 @@ void run_grid(dim3 grid, dim3 block, size_t shared_bytes, const std::function<vo
     const Order order = order_from_environment();
     Block* outer = running;
     running = &b;
+    checker::begin_launch(kernel, b.dynamic_shared, shared_bytes, (int)threads);
     const uint64_t blocks = (uint64_t)grid.x * grid.y * grid.z;
     for (uint64_t k = 0; k < blocks; k++) {
         const uint64_t i = order == Order::reverse ? blocks - 1 - k : k;
         blockIdx = uint3{(unsigned)(i % grid.x), (unsigned)(i / grid.x % grid.y), (unsigned)(i / grid.x / grid.y)};
+        checker::begin_block(i);
         try {
             run_block(b, order);
         } catch (...) {
+            checker::abandon_launch();
             running = outer;
             throw;
         }
     }
     running = outer;
+    checker::end_launch();
 }
 
 unsigned char* dynamic_shared_memory() { return running->dynamic_shared; }
 
-const uint64_t* warp_collective(unsigned mask, uint64_t value) {
+const uint64_t* warp_collective(Collective kind, unsigned mask, uint64_t value, const void* site) {
     Block& b = *running;
-    if (mask != 0xffffffffu)
-        fail_thread("a warp collective with a partial mask (the emulator supports full warps only)");
+    Thread& t = b.threads[b.current];
+    t.collective = kind;
+    t.mask = mask;
+    t.site = site;
     const int warp = b.current / 32, phase = b.warp_phase[warp];
     b.warp_values[phase][warp][b.current % 32] = value;
     wait(State::at_warp_barrier);
@@ -336,6 +378,7 @@ void async_copy(void* shared_dst, const void* global_src) {
         !in_shared_memory(shared_dst, 16))
         fail_thread("cp.async: an address not 16-byte aligned, or a destination outside shared memory");
     Thread& t = running->threads[running->current];
+    checker::async_issued(static_cast<unsigned char*>(shared_dst), global_src, __builtin_return_address(0));
     AsyncCopy copy;
     memcpy(copy.data, global_src, 16);
     copy.dst = static_cast<unsigned char*>(shared_dst);
@@ -350,8 +393,12 @@ void async_wait(int in_flight) {
     Thread& t = running->threads[running->current];
     std::vector<AsyncCopy> still;
     for (const AsyncCopy& c : t.copies_in_flight) {
-        if (c.group < t.commits - in_flight) memcpy(c.dst, c.data, 16);
-        else still.push_back(c);
+        if (c.group < t.commits - in_flight) {
+            memcpy(c.dst, c.data, 16);
+            checker::async_landed(c.dst);
+        } else {
+            still.push_back(c);
+        }
     }
     t.copies_in_flight.swap(still);
 }

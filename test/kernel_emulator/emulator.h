@@ -6,10 +6,10 @@
 // How it runs a launch: the blocks one after another; the threads of a block as fibers (emulator.cpp) on one OS
 // thread, one at a time, each running until it reaches a barrier (__syncthreads, a warp shuffle or vote,
 // __syncwarp) or exits. A barrier opens when every thread it waits for has arrived. So each thread runs from barrier
-// to barrier as if alone: the GPU's independent thread scheduling in its strictest form. A kernel that needs a
-// __syncthreads it lacks (a shared-memory write read by another thread), or that relies on the lanes of a warp
-// running in lock step, reads the wrong values in some order of the threads: EMULATOR_ORDER=forward (ascending),
-// reverse, or warps (one warp runs ahead of the others); the tests run forward and warps. The tensor-core product
+// to barrier as if alone: the GPU's independent thread scheduling in its strictest form. A kernel that lacks a
+// __syncthreads or __syncwarp is reported by the hazard checker (checker.h) with the address and both lines; it
+// would also read wrong values in some order of the threads: EMULATOR_ORDER=forward (ascending), reverse, or warps
+// (one warp runs ahead of the others); the tests run forward and warps. The tensor-core product
 // (mma.sync) and the fragment load ldmatrix are warp collectives (kernels/mma_sync.cuh); an asynchronous copy
 // (cp.async, kernels/async_copy.cuh) leaves NaN bytes in its destination until the wait that covers it; cuBLASLt,
 // under the real kernels/matmul.cuh, is a CPU model of its documented semantics (cublasLt.h); NCCL, under the real
@@ -17,14 +17,15 @@
 // Stream order, device memory and its checks are stand_in.h's: a launch runs when its stream is synchronised,
 // streams are ordered only by events, device memory is host memory filled with NaN bytes when allocated.
 // What throws std::logic_error (through the synchronising call): a block of 0 or more than 1024 threads, a grid
-// beyond CUDA's limits, more than 227 KiB of dynamic shared memory, a __syncthreads that not every thread of the
-// block reaches (some wait elsewhere, or exited), a warp collective (an mma.sync included) that not all 32 lanes
-// reach, a partial mask, an ldmatrix or cp.async address not 16-byte aligned or outside shared memory, a thread that
-// exits with cp.async copies it never waited for.
+// beyond CUDA's limits, a block over the target GPU's shared memory (shared_memory_optin), a __syncthreads that not
+// every thread of the block reaches (some wait elsewhere, or exited), lanes of a warp at different collectives, a
+// warp collective (an mma.sync included) that not all 32 lanes reach, a partial mask, an ldmatrix or cp.async
+// address not 16-byte aligned or outside shared memory, a thread that exits with cp.async copies it never waited
+// for; and what the hazard checker (checker.h) finds: races in shared memory and between blocks in device memory,
+// a cp.async destination touched before its wait.
 // Shared memory, static and dynamic, is filled with NaN bytes before every block: a read of shared memory the block
-// has not written shows. Not modelled: timing and the memory model between blocks (no kernel here waits for another
-// block); the device's math functions (the host's expf etc. stand in; the device's are within 2 ulp, which
-// test_gpu's tolerances cover).
+// has not written shows. Not modelled: timing; the device's math functions (the host's expf etc. stand in; the
+// device's are within 2 ulp, which test_gpu's tolerances cover).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -39,7 +40,7 @@
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
-#define __align__(n) alignas(n)
+#define __align__(n) __attribute__((aligned(n)))
 // One block runs at a time, so a function's static variable is that block's shared memory. They are all placed in
 // one linker section, which the scheduler fills with NaN bytes before every block (shared memory starts undefined).
 #define __shared__ static __attribute__((section("emulator_shared")))
@@ -63,25 +64,32 @@ namespace emulator {
 
 // Runs body on every thread of every block of the grid (see the top). Throws std::logic_error on the errors listed
 // there; shared_bytes of dynamic shared memory per block.
-void run_grid(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body);
+// kernel, if given, names the kernel in error messages.
+void run_grid(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body,
+              const void* kernel = nullptr);
 
 // For the running thread: the block's dynamic shared memory (128-byte aligned).
 unsigned char* dynamic_shared_memory();
 
 // Collectives. Every participant deposits a value, waits until all have, then reads all of them: the returned
 // array (32 lanes of the warp, or blockDim threads of the block) holds until the thread's next collective.
-const uint64_t* warp_collective(unsigned mask, uint64_t value);
+// The lanes of a warp must all call the same kind of warp collective, with a full mask.
+enum class Collective { syncwarp, shuffle, vote, mma, ldmatrix };
+// site: the kernel's return address at the call (source_line names it).
+const uint64_t* warp_collective(Collective kind, unsigned mask, uint64_t value, const void* site);
+// A load or store of the kernel at site that the hazard checker must see (the stand-ins' own reads of shared memory).
+void checked_access(const void* p, size_t bytes, bool write, const void* site);
 const uint64_t* block_collective(uint64_t value);
 
 template <typename T>
-inline uint64_t to_bits(T v) {
+__attribute__((no_sanitize("thread"))) inline uint64_t to_bits(T v) {
     static_assert(std::is_trivially_copyable<T>::value && sizeof(T) <= 8, "collectives move values of up to 8 bytes");
     uint64_t bits = 0;
     memcpy(&bits, &v, sizeof(T));
     return bits;
 }
 template <typename T>
-inline T from_bits(uint64_t bits) {
+__attribute__((no_sanitize("thread"))) inline T from_bits(uint64_t bits) {
     T v;
     memcpy(&v, &bits, sizeof(T));
     return v;
@@ -95,44 +103,61 @@ void async_commit();
 void async_wait(int in_flight);
 // Ends the running thread with an error the launch throws (a use the GPU would fault on, or the emulator lacks).
 [[noreturn]] void fail_thread(const std::string& what);
-inline unsigned lane() { return (threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) % 32; }
+// Device memory (cuda_runtime.h's cudaMalloc): 256-byte aligned, from one range the hazard checker watches.
+void* device_allocate(size_t bytes);
+void device_free(void* p, size_t bytes);
+// The target GPU's shared memory per block, static and dynamic (EMULATOR_TARGET: sm_90 by default, 227 KiB).
+size_t shared_memory_optin();
+// The emulator's own helpers below run unchecked (the hazard checker watches the kernels' accesses, not these);
+// a collective is a call of its own, so that its return address is the kernel's place.
+#define EMULATOR_UNCHECKED __attribute__((no_sanitize("thread")))
+#define EMULATOR_COLLECTIVE __attribute__((no_sanitize("thread"), noinline))
+EMULATOR_UNCHECKED inline unsigned lane() {
+    return (threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) % 32;
+}
 void check_width(int width);
 
 }  // namespace emulator
 
 // ---- device functions ------------------------------------------------------------------------------------------
 
-inline void __syncthreads() { emulator::block_collective(0); }
-inline int __syncthreads_count(int predicate) {
+EMULATOR_COLLECTIVE inline void __syncthreads() { emulator::block_collective(0); }
+EMULATOR_COLLECTIVE inline int __syncthreads_count(int predicate) {
     const uint64_t* all = emulator::block_collective(predicate != 0);
     int count = 0;
     for (unsigned t = 0; t < blockDim.x * blockDim.y * blockDim.z; t++) count += (int)all[t];
     return count;
 }
-inline void __syncwarp(unsigned mask = 0xffffffffu) { emulator::warp_collective(mask, 0); }
+EMULATOR_COLLECTIVE inline void __syncwarp(unsigned mask = 0xffffffffu) {
+    emulator::warp_collective(emulator::Collective::syncwarp, mask, 0, __builtin_return_address(0));
+}
 
 template <typename T>
-inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
+EMULATOR_COLLECTIVE inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
     emulator::check_width(width);
-    const uint64_t* all = emulator::warp_collective(mask, emulator::to_bits(v));
+    const uint64_t* all = emulator::warp_collective(emulator::Collective::shuffle, mask, emulator::to_bits(v),
+                                                    __builtin_return_address(0));
     return emulator::from_bits<T>(all[(emulator::lane() ^ lane_mask) % 32]);
 }
 template <typename T>
-inline T __shfl_sync(unsigned mask, T v, int src_lane, int width = 32) {
+EMULATOR_COLLECTIVE inline T __shfl_sync(unsigned mask, T v, int src_lane, int width = 32) {
     emulator::check_width(width);
-    const uint64_t* all = emulator::warp_collective(mask, emulator::to_bits(v));
+    const uint64_t* all = emulator::warp_collective(emulator::Collective::shuffle, mask, emulator::to_bits(v),
+                                                    __builtin_return_address(0));
     return emulator::from_bits<T>(all[src_lane % 32]);
 }
-inline unsigned __ballot_sync(unsigned mask, int predicate) {
-    const uint64_t* all = emulator::warp_collective(mask, predicate != 0);
+EMULATOR_COLLECTIVE inline unsigned __ballot_sync(unsigned mask, int predicate) {
+    const uint64_t* all =
+        emulator::warp_collective(emulator::Collective::vote, mask, predicate != 0, __builtin_return_address(0));
     unsigned bits = 0;
     for (unsigned l = 0; l < 32; l++) bits |= (unsigned)all[l] << l;
     return bits;
 }
 
-// One thread runs at a time, so a plain read-modify-write is atomic.
+// One thread runs at a time, so a plain read-modify-write is atomic. The hazard checker does not see it: blocks may
+// add to one address.
 template <typename T, typename U>
-inline T atomicAdd(T* address, U value) {
+EMULATOR_UNCHECKED inline T atomicAdd(T* address, U value) {
     const T old = *address;
     *address = old + (T)value;
     return old;
