@@ -77,24 +77,15 @@ static __global__ void permute_forward_kernel(T* rows, const T* x, const int64_t
     }
 }
 
-// a thread block per token t: dx[t] (=|+=) sum_j drows[row_of_assignment[t*k+j]], in j order
-static __global__ void permute_backward_kernel(float* dx, const float* drows, const int64_t* row_of_assignment, int k,
-                                               int64_t d, bool accumulate) {
-    const int64_t t = blockIdx.x;
-    for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
-        float acc = accumulate ? dx[t * d + i] : 0.0f;
-        for (int j = 0; j < k; j++) acc += drows[row_of_assignment[t * k + j] * d + i];
-        dx[t * d + i] = acc;
-    }
-}
-
-// a thread block per token t: out[t] (=|+=) sum_j w_tj rows[row_of_assignment[t*k+j]], in j order
+// a thread block per token t: out[t] (=|+=) sum_j w_tj rows[row_of_assignment[t*k+j]], in j order; w = 1 without
+// weights (the permute's backward)
 static __global__ void combine_forward_kernel(float* out, const float* rows, const float* weights,
                                               const int64_t* row_of_assignment, int k, int64_t d, bool accumulate) {
     const int64_t t = blockIdx.x;
     for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
         float acc = accumulate ? out[t * d + i] : 0.0f;
-        for (int j = 0; j < k; j++) acc += weights[t * k + j] * rows[row_of_assignment[t * k + j] * d + i];
+        for (int j = 0; j < k; j++)
+            acc += (weights ? weights[t * k + j] : 1.0f) * rows[row_of_assignment[t * k + j] * d + i];
         out[t * d + i] = acc;
     }
 }
@@ -137,8 +128,8 @@ inline void permute_forward(T* rows, const T* x, const int64_t* source, int64_t 
 inline void permute_backward(float* dx, const float* drows, const int64_t* row_of_assignment, int64_t N, int k,
                              int64_t d, bool accumulate, cudaStream_t stream) {
     if (N == 0) return;
-    launch_kernel(permute_backward_kernel, (unsigned)N, ROW_THREADS, 0, stream, dx, drows, row_of_assignment, k, d,
-                  accumulate);
+    launch_kernel(combine_forward_kernel, (unsigned)N, ROW_THREADS, 0, stream, dx, drows, (const float*)nullptr,
+                  row_of_assignment, k, d, accumulate);
 }
 
 // rows (N*k, d) in plan order, weights (N, k) -> out (N, d) (=|+=: accumulate onto the shared experts' output)
