@@ -19,39 +19,22 @@ constexpr int64_t RMSNORM_DW_ROWS = 128;
 
 inline int64_t rmsnorm_backward_scratch_floats(int64_t M, int64_t C) { return ceil_div(M, RMSNORM_DW_ROWS) * C; }
 
-// a thread block per row
-static __global__ void rmsnorm_forward_kernel(float* out, __nv_bfloat16* out16, float* rstd, const float* inp,
-                                              const float* w, int64_t C, float eps) {
+// a thread block per row: x = a, or with b, x = a + b written to sum; out = RMSNorm(x) w. A thread reads back only
+// the sums it wrote itself.
+static __global__ void rmsnorm_forward_kernel(float* sum, float* out, __nv_bfloat16* out16, float* rstd, const float* a,
+                                              const float* b, const float* w, int64_t C, float eps) {
     const int64_t m = blockIdx.x;
-    const float* x = inp + m * C;
+    const float* x = b ? sum + m * C : a + m * C;
     float ss = 0.0f;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) ss += x[c] * x[c];
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+        if (b) sum[m * C + c] = a[m * C + c] + b[m * C + c];
+        ss += x[c] * x[c];
+    }
     ss = block_sum(ss);
     const float r = 1.0f / sqrtf(ss / C + eps);
     if (threadIdx.x == 0) rstd[m] = r;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
         const float y = x[c] * r * w[c];
-        out[m * C + c] = y;
-        if (out16) out16[m * C + c] = __float2bfloat16_rn(y);
-    }
-}
-
-// a thread block per row: sum = a + b, out = RMSNorm(sum) w. A thread reads back only the sums it wrote itself.
-static __global__ void residual_rmsnorm_forward_kernel(float* sum, float* out, __nv_bfloat16* out16, float* rstd,
-                                                       const float* a, const float* b, const float* w, int64_t C,
-                                                       float eps) {
-    const int64_t m = blockIdx.x;
-    float ss = 0.0f;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-        const float x = a[m * C + c] + b[m * C + c];
-        sum[m * C + c] = x;
-        ss += x * x;
-    }
-    ss = block_sum(ss);
-    const float r = 1.0f / sqrtf(ss / C + eps);
-    if (threadIdx.x == 0) rstd[m] = r;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-        const float y = sum[m * C + c] * r * w[c];
         out[m * C + c] = y;
         if (out16) out16[m * C + c] = __float2bfloat16_rn(y);
     }
@@ -97,7 +80,8 @@ static __global__ void rmsnorm_backward_dw_sum_kernel(float* dw, const float* pa
 inline void rmsnorm_forward(float* out, __nv_bfloat16* out16, float* rstd, const float* inp, const float* w, int64_t M,
                             int64_t C, float eps, cudaStream_t stream) {
     if (M == 0) return;
-    launch_kernel(rmsnorm_forward_kernel, (unsigned)M, RMSNORM_THREADS, 0, stream, out, out16, rstd, inp, w, C, eps);
+    launch_kernel(rmsnorm_forward_kernel, (unsigned)M, RMSNORM_THREADS, 0, stream, (float*)nullptr, out, out16, rstd,
+                  inp, (const float*)nullptr, w, C, eps);
 }
 
 // sum (M, C) = a + b (sum may be a or b), out (M, C) = RMSNorm(sum) w, rstd (M), out16 as rmsnorm_forward's
@@ -105,8 +89,8 @@ inline void residual_rmsnorm_forward(float* sum, float* out, __nv_bfloat16* out1
                                      const float* b, const float* w, int64_t M, int64_t C, float eps,
                                      cudaStream_t stream) {
     if (M == 0) return;
-    launch_kernel(residual_rmsnorm_forward_kernel, (unsigned)M, RMSNORM_THREADS, 0, stream, sum, out, out16, rstd, a,
-                  b, w, C, eps);
+    launch_kernel(rmsnorm_forward_kernel, (unsigned)M, RMSNORM_THREADS, 0, stream, sum, out, out16, rstd, a, b, w, C,
+                  eps);
 }
 
 // dinp (M, C) (=|+=), dw (C) +=. scratch: rmsnorm_backward_scratch_floats(M, C) floats.
