@@ -221,8 +221,8 @@ static __global__ void __launch_bounds__(ATTN_THREADS)
 }
 
 // one warp per (token n, head h): D[b][h][t] = sum_e dO[n,h,e] o[n,h,e]  (n = b*T + t)
-static __global__ void attention_backward_d_kernel(float* D, const float* dout, const float* o, int64_t rows, int T, int H,
-                                            int dv) {
+static __global__ void attention_backward_d_kernel(float* D, const float* dout, const float* o, int64_t rows, int T,
+                                                   int H, int dv) {
     const int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;  // n*H + h; the same for a warp
     const int lane = threadIdx.x % 32;
     if (row >= rows) return;  // whole warps only
@@ -384,9 +384,24 @@ inline void attention_backward_bf16(float* dq, float* dk, float* dv_out, int64_t
                                     const float* lse, int B, int T, int H, int dqk, int dv, float scale,
                                     cudaStream_t stream) {
     if ((int64_t)B * T * H == 0) return;
+    static_assert(WARPS == 4 || WARPS == 8, "blocks of 4 or 8 warps");
+    attn_bf16_check_dims("attention_backward_bf16", dqk, dv);
     attention_backward_d(scratch, dout, o, B, T, H, dv, stream);
-    attn_bf16_backward_tiles<WARPS>(dq, dk, dv_out, dv_ld, scratch, dout16, q, k, v, v_ld, lse, B, T, H, dqk, dv,
-                                    scale, stream);
+    const unsigned bh = (unsigned)((int64_t)B * H), tiles = (unsigned)ceil_div(T, 16 * WARPS);
+    const size_t bytes = (size_t)attn_bf16_backward_bytes(dqk, dv, WARPS);
+    const int dq_nt = attn_bf16_tile_class(dqk), kv_nt = attn_bf16_tile_class(dqk > dv ? dqk : dv);
+    auto dq_kernel = dq_nt == 8    ? attention_backward_dq_bf16_kernel<8, WARPS>
+                     : dq_nt == 16 ? attention_backward_dq_bf16_kernel<16, WARPS>
+                     : dq_nt == 24 ? attention_backward_dq_bf16_kernel<24, WARPS>
+                                   : attention_backward_dq_bf16_kernel<32, WARPS>;
+    auto kv_kernel = kv_nt == 8    ? attention_backward_dkdv_bf16_kernel<8, WARPS>
+                     : kv_nt == 16 ? attention_backward_dkdv_bf16_kernel<16, WARPS>
+                     : kv_nt == 24 ? attention_backward_dkdv_bf16_kernel<24, WARPS>
+                                   : attention_backward_dkdv_bf16_kernel<32, WARPS>;
+    launch_kernel(dq_kernel, dim3(bh, tiles), 32 * WARPS, bytes, stream, dq, dout16, q, k, v, v_ld, lse, scratch, T,
+                  H, dqk, dv, scale);
+    launch_kernel(kv_kernel, dim3(bh, tiles, 2), 32 * WARPS, bytes, stream, dk, dv_out, dv_ld, dout16, q, k, v, v_ld,
+                  lse, scratch, T, H, dqk, dv, scale);
 }
 
 }  // namespace gpu

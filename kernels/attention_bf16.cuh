@@ -4,12 +4,11 @@
 // Rounding: q, k, v, dO, P before P V, and dS before dS K and dS^T Q are BF16. The softmax statistics, D (from the
 // FP32 dO and o), every accumulator and the outputs are FP32. o divides by the sum of the rounded P it multiplied.
 // FlashAttention-2's structure on mma.sync (kernels/mma_sync.cuh), tiles as kernels/attention_tiles.cuh: warp w owns
-// rows 16w..16w+15 of the thread block's own tile. Per streamed tile it keeps its 16 x 64 scores in registers, does
-// the softmax there, and rounds P or dS straight into the next product's A fragments. Outputs stay in registers.
-// cp.async fetches the two streamed tiles at different points of the loop, each while the products that do not read
-// it run (FlashAttention-2's order): three __syncthreads per streamed tile instead of two.
-// No atomics: dq, dk and dv each recompute S, 1.6x the products of FlashAttention-2's backward. docs/performance.md
-// has these counts, the registers and the shared memory. Left for speed: dk and dv in one thread block; TMA; wgmma.
+// rows 16w..16w+15 of the thread block's own tile, keeps its 16 x 64 scores of a streamed tile in registers, does the
+// softmax there and rounds P or dS straight into the next product's A fragments. cp.async fetches each streamed tile
+// while the products that do not read it run: three __syncthreads per streamed tile instead of two. No atomics: dq,
+// dk and dv each recompute S (docs/performance.md: the products, registers and shared memory). Left for speed: dk
+// and dv in one thread block; TMA; wgmma.
 #pragma once
 #include <cstdint>
 #include <cstdio>
@@ -428,31 +427,6 @@ inline void attention_forward_bf16(float* o, float* lse, const __nv_bfloat16* q,
                   : nt == 24 ? attention_forward_bf16_kernel<24, WARPS>
                              : attention_forward_bf16_kernel<32, WARPS>;
     launch_kernel(kernel, grid, 32 * WARPS, bytes, stream, o, lse, q, k, v, v_ld, T, H, dqk, dv, scale);
-}
-
-// The dq and dk/dv kernels of attention_backward_bf16 (kernels/attention.cuh), D already computed.
-template <int WARPS = ATTN_BF16_WARPS>
-inline void attn_bf16_backward_tiles(float* dq, float* dk, float* dv_out, int64_t dv_ld, const float* D,
-                                     const __nv_bfloat16* dout, const __nv_bfloat16* q, const __nv_bfloat16* k,
-                                     const __nv_bfloat16* v, int64_t v_ld, const float* lse, int B, int T, int H,
-                                     int dqk, int dv, float scale, cudaStream_t stream) {
-    static_assert(WARPS == 4 || WARPS == 8, "blocks of 4 or 8 warps");
-    attn_bf16_check_dims("attention_backward_bf16", dqk, dv);
-    const unsigned bh = (unsigned)((int64_t)B * H), tiles = (unsigned)ceil_div(T, 16 * WARPS);
-    const size_t bytes = (size_t)attn_bf16_backward_bytes(dqk, dv, WARPS);
-    const int dq_nt = attn_bf16_tile_class(dqk), kv_nt = attn_bf16_tile_class(dqk > dv ? dqk : dv);
-    auto dq_kernel = dq_nt == 8    ? attention_backward_dq_bf16_kernel<8, WARPS>
-                     : dq_nt == 16 ? attention_backward_dq_bf16_kernel<16, WARPS>
-                     : dq_nt == 24 ? attention_backward_dq_bf16_kernel<24, WARPS>
-                                   : attention_backward_dq_bf16_kernel<32, WARPS>;
-    auto kv_kernel = kv_nt == 8    ? attention_backward_dkdv_bf16_kernel<8, WARPS>
-                     : kv_nt == 16 ? attention_backward_dkdv_bf16_kernel<16, WARPS>
-                     : kv_nt == 24 ? attention_backward_dkdv_bf16_kernel<24, WARPS>
-                                   : attention_backward_dkdv_bf16_kernel<32, WARPS>;
-    launch_kernel(dq_kernel, dim3(bh, tiles), 32 * WARPS, bytes, stream, dq, dout, q, k, v, v_ld, lse, D, T, H, dqk,
-                  dv, scale);
-    launch_kernel(kv_kernel, dim3(bh, tiles, 2), 32 * WARPS, bytes, stream, dk, dv_out, dv_ld, dout, q, k, v, v_ld,
-                  lse, D, T, H, dqk, dv, scale);
 }
 
 }  // namespace gpu
