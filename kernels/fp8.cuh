@@ -37,7 +37,6 @@ __device__ inline float to_float(float x) { return x; }
 __device__ inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 
 // 1 x 128 tiles: a warp per tile, 4 values a thread
-
 template <typename T>
 static __global__ void fp8_quantize_rows_kernel(__nv_fp8_storage_t* q, float* scales, const T* x, int64_t rows,
                                                 int64_t cols) {
@@ -68,10 +67,7 @@ inline void fp8_quantize_rows(__nv_fp8_storage_t* q, float* scales, const T* x, 
                   rows, cols);
 }
 
-// 128 x 1 tiles, transposed: a thread block takes 128 rows x 32 columns through shared memory. Thread (tx, ty) of
-// 32 x 8 loads column tx of rows ty, ty + 8, ...; warp ty writes the transposed rows of columns 4ty .. 4ty + 3.
-
-// Its shared memory, declared outside the template (docs/design.md §4)
+// fp8_quantize_cols_kernel's shared memory, declared outside the template (docs/design.md §4)
 struct Fp8ColsShared {
     float tile[FP8_TILE][FP8_COL_TILE + 1];  // + 1: no bank conflicts down a column
     float partial[8][FP8_COL_TILE];
@@ -81,6 +77,8 @@ static __device__ inline Fp8ColsShared& fp8_cols_shared() {
     return shared;
 }
 
+// 128 x 1 tiles, transposed: a thread block takes 128 rows x 32 columns through shared memory. Thread (tx, ty) of
+// 32 x 8 loads column tx of rows ty, ty + 8, ...; warp ty writes the transposed rows of columns 4ty .. 4ty + 3.
 template <typename T>
 static __global__ void fp8_quantize_cols_kernel(__nv_fp8_storage_t* qt, float* scales, const T* x, int64_t rows,
                                                 int64_t cols, int64_t ld) {
@@ -122,7 +120,6 @@ inline void fp8_quantize_cols(__nv_fp8_storage_t* qt, float* scales, const T* x,
 }
 
 // 128 x 128 blocks: a thread block per block of W writes both copies
-
 static __global__ void fp8_quantize_blocks_kernel(__nv_fp8_storage_t* q, __nv_fp8_storage_t* qt, float* scales,
                                                   float* scales_t, const float* W, int64_t rows, int64_t cols) {
     const int64_t matrix = blockIdx.z, b = blockIdx.x, rb = blockIdx.y;
