@@ -59,6 +59,7 @@ __device__ inline void attn_bf16_scores(float (&s)[8][4], const __nv_bfloat16* a
     for (int n = 0; n < 8; n++)
         for (int e = 0; e < 4; e++) s[n][e] = 0.0f;
     const int lane = threadIdx.x % 32;
+#pragma unroll 2  // nvcc picks 4, and then ptxas spills in attention_forward_bf16_kernel<8, 4>
     for (int k0 = 0; k0 < len; k0 += 16) {
         uint32_t fa[4];  // the A fragment of rows r0..r0+15, columns k0..k0+15 of a
         ldmatrix_x4(fa, a + (r0 + lane % 16) * lda + k0 + lane / 16 * 8);
