@@ -26,6 +26,9 @@ __global__ void build_probe_kernel() {}
 class NcclComm : public Comm {
 public:
     NcclComm(int ep, const char* program) : program_(program), use_mpi_(launched_by_mpi()) {
+        int local_ranks = 1;
+        MPI_Comm node = MPI_COMM_NULL;  // the ranks on this host
+        int ep_range[2] = {ep, -ep};  // the largest and the smallest --ep of the ranks
         if (use_mpi_) {
             const int tasks = srun_tasks();
             check_mpi(MPI_Init(nullptr, nullptr), "MPI_Init");
@@ -37,13 +40,10 @@ public:
                 MPI_Finalize();
                 exit(2);
             }
-        }
-        int local_ranks = 1;
-        MPI_Comm node = MPI_COMM_NULL;  // the ranks on this host
-        if (use_mpi_) {
             check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node), "split");
             check_mpi(MPI_Comm_rank(node, &local_rank), "MPI_Comm_rank(node)");
             check_mpi(MPI_Comm_size(node, &local_ranks), "MPI_Comm_size(node)");
+            check_mpi(MPI_Allreduce(MPI_IN_PLACE, ep_range, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD), "MPI_Allreduce");
         }
         int gpus = 0;
         const cudaError_t counted = cudaGetDeviceCount(&gpus);
@@ -64,9 +64,6 @@ public:
             if (error.empty()) error = shared;
             check_mpi(MPI_Comm_free(&node), "MPI_Comm_free");
         }
-        int ep_range[2] = {ep, -ep};  // the largest and the smallest --ep of the ranks
-        if (use_mpi_)
-            check_mpi(MPI_Allreduce(MPI_IN_PLACE, ep_range, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD), "MPI_Allreduce");
         if (error.empty()) error = layout_error(ep, ep_range[0], -ep_range[1], world);
         agree_on_setup(error);
         set_layout(ep);
@@ -118,44 +115,12 @@ public:
     void all_reduce_sum(int64_t* data, int64_t n, Group g) override { reduce(data, n, ncclInt64, sizeof(int64_t), g); }
 
     void all_to_all(const int64_t* send, int64_t* recv, int64_t per_rank) override {
-        const size_t bytes = (size_t)(per_rank * ep_size) * sizeof(int64_t);
-        on_device(send, bytes, recv, bytes, [&](const void* in, void* out) {
-            const int64_t* s = static_cast<const int64_t*>(in);
-            int64_t* r = static_cast<int64_t*>(out);
-            check_nccl(ncclGroupStart(), "ncclGroupStart");
-            for (int p = 0; p < ep_size; p++) {
-                check_nccl(ncclSend(s + p * per_rank, per_rank, ncclInt64, p, ep_comm_, stream_), "ncclSend");
-                check_nccl(ncclRecv(r + p * per_rank, per_rank, ncclInt64, p, ep_comm_, stream_), "ncclRecv");
-            }
-            check_nccl(ncclGroupEnd(), "ncclGroupEnd");
-        });
+        const std::vector<int64_t> counts(ep_size, per_rank);
+        exchange(send, counts.data(), recv, counts.data(), 1, ncclInt64);
     }
-
     void all_to_all_v(const float* send, const int64_t* send_rows, float* recv, const int64_t* recv_rows,
                       int64_t width) override {
-        int64_t send_total = 0, recv_total = 0;
-        for (int p = 0; p < ep_size; p++) {
-            send_total += send_rows[p];
-            recv_total += recv_rows[p];
-        }
-        on_device(send, (size_t)(send_total * width) * sizeof(float), recv,
-                  (size_t)(recv_total * width) * sizeof(float), [&](const void* in, void* out) {
-            const float* s = static_cast<const float*>(in);
-            float* r = static_cast<float*>(out);
-            int64_t send_at = 0, recv_at = 0;
-            check_nccl(ncclGroupStart(), "ncclGroupStart");
-            for (int p = 0; p < ep_size; p++) {
-                if (send_rows[p] > 0)
-                    check_nccl(ncclSend(s + send_at * width, send_rows[p] * width, ncclFloat32, p, ep_comm_, stream_),
-                               "ncclSend");
-                if (recv_rows[p] > 0)
-                    check_nccl(ncclRecv(r + recv_at * width, recv_rows[p] * width, ncclFloat32, p, ep_comm_, stream_),
-                               "ncclRecv");
-                send_at += send_rows[p];
-                recv_at += recv_rows[p];
-            }
-            check_nccl(ncclGroupEnd(), "ncclGroupEnd");
-        });
+        exchange(send, send_rows, recv, recv_rows, width, ncclFloat32);
     }
 
     // in place: NCCL's reduce-scatter writes piece i at in + i * piece, its all-gather reads it from there
@@ -200,6 +165,33 @@ public:
 private:
     static constexpr size_t STAGE_KEEP_BYTES = size_t(256) << 20;  // a larger staging buffer is freed after use
 
+    // Over the EP group: send_rows[p] rows of `width` values of type T to rank p, recv_rows[p] from it, each rank's
+    // rows consecutive in rank order.
+    template <typename T>
+    void exchange(const T* send, const int64_t* send_rows, T* recv, const int64_t* recv_rows, int64_t width,
+                  ncclDataType_t type) {
+        int64_t send_total = 0, recv_total = 0;
+        for (int p = 0; p < ep_size; p++) {
+            send_total += send_rows[p];
+            recv_total += recv_rows[p];
+        }
+        on_device(send, (size_t)(send_total * width) * sizeof(T), recv, (size_t)(recv_total * width) * sizeof(T),
+                  [&](const void* in, void* out) {
+            int64_t send_at = 0, recv_at = 0;
+            check_nccl(ncclGroupStart(), "ncclGroupStart");
+            for (int p = 0; p < ep_size; p++) {
+                if (send_rows[p] > 0)
+                    check_nccl(ncclSend(static_cast<const T*>(in) + send_at * width, send_rows[p] * width, type, p,
+                                        ep_comm_, stream_), "ncclSend");
+                if (recv_rows[p] > 0)
+                    check_nccl(ncclRecv(static_cast<T*>(out) + recv_at * width, recv_rows[p] * width, type, p,
+                                        ep_comm_, stream_), "ncclRecv");
+                send_at += send_rows[p];
+                recv_at += recv_rows[p];
+            }
+            check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+        });
+    }
     void reduce(void* data, int64_t n, ncclDataType_t type, size_t element_bytes, Group g) {
         if (n == 0) return;  // every rank passes the same n (an empty buffer may be nullptr)
         const size_t bytes = (size_t)n * element_bytes;
