@@ -180,16 +180,10 @@ static void head_backward(GpuModel& m, const Scratch& s, float* dnormed, const H
 // Sum of the first n per-row losses, in double, in row order (the CPU's order).
 static double sum_losses(GpuModel& m, int64_t n) {
     std::vector<float> losses(n);
-    CUDA_CHECK(cudaMemcpyAsync(losses.data(), m.losses, n * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
-    sync(m);
+    copy_sync(m, losses.data(), m.losses, n, cudaMemcpyDeviceToHost);
     double total = 0.0;
     for (float l : losses) total += l;
     return total;
-}
-
-static void upload_tokens(GpuModel& m, int32_t* dst, const int32_t* src, int64_t n) {
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(int32_t), cudaMemcpyHostToDevice, m.stream));
-    sync(m);  // src may be a temporary of the caller
 }
 
 // The n tokens at src grouped by token into rows (on the device) for the embedding's backward
@@ -197,7 +191,7 @@ static void upload_token_rows(GpuModel& m, gpu::TokenRows& rows, const int32_t* 
     std::vector<int32_t> packed(3 * n + 1);
     rows.rows = n;
     rows.distinct = gpu::token_rows_pack(src, n, packed.data());
-    upload_tokens(m, rows.packed, packed.data(), (int64_t)packed.size());
+    copy_sync(m, rows.packed, packed.data(), (int64_t)packed.size(), cudaMemcpyHostToDevice);
 }
 
 // ---- the model ----------------------------------------------------------------------------------------------
@@ -211,7 +205,7 @@ LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* t
     const int T = m.T;
     const int64_t N = (int64_t)B * T, d = c.hidden_size, L = c.num_hidden_layers;
     LossParts loss;
-    upload_tokens(m, m.inputs, inputs, N);
+    copy_sync(m, m.inputs, inputs, N, cudaMemcpyHostToDevice);
     m.timer.mark("embedding");
     gpu::embedding_forward(m.residual[0], m.inputs, m.w.embed, N, d, m.stream);
     const NextNorm final_norm{m.w.final_norm, m.final_normed, m.final_normed16, m.final_rstd};
@@ -226,14 +220,14 @@ LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* t
         return loss;
     }
     upload_token_rows(m, m.input_rows, inputs, N);  // for a backward, sorted on the host while the GPU runs
-    upload_tokens(m, m.targets, targets, N);
+    copy_sync(m, m.targets, targets, N, cudaMemcpyHostToDevice);
     head_forward(m, main_head(m, true));
     if (c.num_nextn_predict_layers > 0) upload_token_rows(m, m.target_rows, targets, N);  // while the head runs
     loss.main = sum_losses(m, N) / N;
     if (c.num_nextn_predict_layers > 0) {
         std::vector<int32_t> mtp_targets(N);
         for (int64_t t = 0; t < N; t++) mtp_targets[t] = (t % T == T - 1) ? -1 : targets[t + 1];
-        upload_tokens(m, m.mtp_targets, mtp_targets.data(), N);
+        copy_sync(m, m.mtp_targets, mtp_targets.data(), N, cudaMemcpyHostToDevice);
         m.timer.mark("embedding");
         gpu::embedding_forward(m.next_embed, m.targets, m.w.embed, N, d, m.stream);
         m.timer.mark("rmsnorm + residual");
@@ -320,13 +314,11 @@ void gpu_model_reduce_grads(GpuModel& m) {
 double gpu_model_grad_norm(GpuModel& m) {
     const std::vector<OptimizerRange>& ranges = m.shard.ranges;
     gpu::range_norms_squared(m.range_norms_device, m.shard_ranges, m.grads, m.norm_partials, m.stream);
-    m.range_norms.resize(ranges.size());
-    CUDA_CHECK(cudaMemcpyAsync(m.range_norms.data(), m.range_norms_device, ranges.size() * sizeof(double),
-                               cudaMemcpyDeviceToHost, m.stream));
-    sync(m);
+    std::vector<double> norms(ranges.size());
+    copy_sync(m, norms.data(), m.range_norms_device, (int64_t)ranges.size(), cudaMemcpyDeviceToHost);
     double sum = 0.0;  // as model_grad_norm
     for (size_t i = 0; i < ranges.size(); i++)
-        if (ranges[i].owned) sum += m.range_norms[i];
+        if (ranges[i].owned) sum += norms[i];
     m.comm->all_reduce_sum(&sum, 1, Group::World);
     return sqrt(sum);
 }
@@ -352,13 +344,9 @@ void gpu_model_update_router_bias(GpuModel& m, const std::vector<std::vector<int
     for (int l = 0; l < c.num_blocks(); l++) {
         if (!c.is_moe_layer(l)) continue;
         float* device_bias = m.w.blocks[l].router_bias;
-        CUDA_CHECK(cudaMemcpyAsync(bias.data(), device_bias, bias.size() * sizeof(float), cudaMemcpyDeviceToHost,
-                                   m.stream));
-        sync(m);
+        copy_sync(m, bias.data(), device_bias, c.n_routed_experts, cudaMemcpyDeviceToHost);
         router_bias_step(c, counts[l], bias.data());
-        CUDA_CHECK(cudaMemcpyAsync(device_bias, bias.data(), bias.size() * sizeof(float), cudaMemcpyHostToDevice,
-                                   m.stream));
-        sync(m);
+        copy_sync(m, device_bias, bias.data(), c.n_routed_experts, cudaMemcpyHostToDevice);
         std::fill(m.expert_counts[l].begin(), m.expert_counts[l].end(), 0);
     }
 }
@@ -400,12 +388,7 @@ void RegionTimer::mark(const char* name) {
     if (label) name = label;
     if (!marks.empty() && marks.back().first == name) return;  // the region goes on
     cudaEvent_t event;
-    if (pool.empty()) {
-        CUDA_CHECK(cudaEventCreate(&event));
-    } else {
-        event = pool.back();
-        pool.pop_back();
-    }
+    CUDA_CHECK(cudaEventCreate(&event));
     CUDA_CHECK(cudaEventRecord(event, stream));
     marks.emplace_back(name, event);
 }
@@ -419,15 +402,12 @@ void RegionTimer::finish(std::map<std::string, double>& totals) {
         CUDA_CHECK(cudaEventElapsedTime(&ms, marks[i].second, marks[i + 1].second));
         totals[marks[i].first] += ms;
     }
-    for (auto& mk : marks) pool.push_back(mk.second);
-    marks.clear();
+    release();
 }
 
 void RegionTimer::release() {
-    for (auto& mk : marks) pool.push_back(mk.second);
-    for (cudaEvent_t e : pool) CUDA_CHECK(cudaEventDestroy(e));
+    for (auto& mk : marks) CUDA_CHECK(cudaEventDestroy(mk.second));
     marks.clear();
-    pool.clear();
 }
 
 double gpu_peak_flops(const cudaDeviceProp& prop) {

@@ -35,7 +35,6 @@ struct RegionTimer {
     const char* label = nullptr;  // while set, every region is named so (the backward's recomputed forwards)
     cudaStream_t stream = nullptr;
     std::vector<std::pair<std::string, cudaEvent_t>> marks;
-    std::vector<cudaEvent_t> pool;
     void mark(const char* name);
     // Closes the last region, waits for the stream and adds each region's milliseconds to totals[name].
     void finish(std::map<std::string, double>& totals);
@@ -99,7 +98,6 @@ struct GpuModel {
     gpu::ShardRanges shard_ranges;     // the shard's ranges on the device (kernels/shard_ranges.h)
     void* optimizer_tables = nullptr;  // the allocation of shard_ranges' table and the two below
     double *range_norms_device = nullptr, *norm_partials = nullptr;  // each range's squared norm; chunk partials
-    std::vector<double> range_norms;   // host copy of range_norms_device
     RegionTimer timer;
 };
 
@@ -175,3 +173,9 @@ void keep_bf16(GpuModel& m, __nv_bfloat16* copy16, const float* src, int64_t n);
 void refresh_fp8_weights(GpuModel& m);
 inline int64_t tokens(const GpuModel& m) { return (int64_t)m.B * m.T; }
 inline void sync(const GpuModel& m) { CUDA_CHECK(cudaStreamSynchronize(m.stream)); }
+// n values from src to dst on m.stream (kind: cudaMemcpyHostToDevice or DeviceToHost), waited for
+template <typename T>
+void copy_sync(const GpuModel& m, T* dst, const T* src, int64_t n, cudaMemcpyKind kind) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(T), kind, m.stream));
+    sync(m);
+}

@@ -21,8 +21,7 @@ static void moe_route(GpuModel& m, const BlockWeights& w, GpuMoEActs& a, const f
     gpu::build_expert_plan(a.counts, a.offsets, a.row_of_assignment, a.assignment_of_row, a.chosen, N * k, (int)E,
                            m.stream);
     a.counts_host.resize(E);
-    CUDA_CHECK(cudaMemcpyAsync(a.counts_host.data(), a.counts, E * sizeof(int64_t), cudaMemcpyDeviceToHost, m.stream));
-    sync(m);
+    copy_sync(m, a.counts_host.data(), a.counts, E, cudaMemcpyDeviceToHost);
     int64_t assigned = 0;
     for (int64_t n : a.counts_host) assigned += n;
     if (assigned != N * k)  // router_select marks non-finite scores with expert -1, which no expert counts
@@ -35,11 +34,8 @@ static void moe_route(GpuModel& m, const BlockWeights& w, GpuMoEActs& a, const f
     if (m.comm->ep_size > 1) {
         std::vector<int64_t> expert_to_recv(R);
         for (int64_t r = 0; r < R; r++) expert_to_recv[a.dispatch.expert_row_of_recv[r]] = r;
-        CUDA_CHECK(cudaMemcpyAsync(a.recv_to_expert, a.dispatch.expert_row_of_recv.data(), R * sizeof(int64_t),
-                                   cudaMemcpyHostToDevice, m.stream));
-        CUDA_CHECK(cudaMemcpyAsync(a.expert_to_recv, expert_to_recv.data(), R * sizeof(int64_t),
-                                   cudaMemcpyHostToDevice, m.stream));
-        sync(m);  // the host vector goes out of scope
+        copy_sync(m, a.recv_to_expert, a.dispatch.expert_row_of_recv.data(), R, cudaMemcpyHostToDevice);
+        copy_sync(m, a.expert_to_recv, expert_to_recv.data(), R, cudaMemcpyHostToDevice);
     }
 }
 
@@ -109,9 +105,7 @@ static double balance_loss(GpuModel& m, const GpuMoEActs& a, const Scratch& s) {
     m.timer.mark("router");
     gpu::balance_loss(s.seq_balance, s.token_totals, s.seq_counts, a.scores, a.chosen, c, m.B, m.T, m.stream);
     std::vector<double> per_sequence(m.B);
-    CUDA_CHECK(cudaMemcpyAsync(per_sequence.data(), s.seq_balance, m.B * sizeof(double), cudaMemcpyDeviceToHost,
-                               m.stream));
-    sync(m);
+    copy_sync(m, per_sequence.data(), s.seq_balance, m.B, cudaMemcpyDeviceToHost);
     double loss = 0.0;
     for (double v : per_sequence) loss += c.aux_loss_alpha * v / m.B;
     return loss;
