@@ -14,10 +14,8 @@ static void print_device(const Run& run, int device, const cudaDeviceProp& prop,
     CUDA_CHECK(cudaMemGetInfo(&free_after, &total));
     const TrainArgs& args = run.args;
     const Precision p = args.precision_or(Precision::BF16);
-    ActivationLayout layout;
-    layout.recompute = args.recompute;
-    const GpuMemoryPlan plan =
-        gpu_memory_plan(run.config, run.comm->ep_size, run.comm->world, p, args.batch, args.seq, layout);
+    const GpuMemoryPlan plan = gpu_memory_plan(run.config, run.comm->ep_size, run.comm->world, p, args.batch,
+                                               args.seq, ActivationLayout{args.recompute});
     const double gib = 1024.0 * 1024.0 * 1024.0;
     printf("GPU %d: %s, %.1f GiB; GEMM inputs %s (FP32 accumulation)\n", device, prop.name, total / gib,
            p == Precision::FP8 ? "fp8 in the blocks' linear layers, bf16 elsewhere"
@@ -42,10 +40,8 @@ int main(int argc, char** argv) {
         CUDA_CHECK(cudaGetDevice(&device));
         CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
         CUDA_CHECK(cudaMemGetInfo(&free_before, &total));
-        ActivationLayout layout;
-        layout.recompute = r.args.recompute;
         gpu_model_init(model, r.config, *r.comm, r.args.precision_or(Precision::BF16), r.args.batch, r.args.seq,
-                       layout);
+                       ActivationLayout{r.args.recompute});
         r.on_end = [&] { gpu_model_free(model); };
         model_release_grads(r.model);  // the gradients live on the GPU only
     };

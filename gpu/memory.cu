@@ -31,8 +31,6 @@ static int64_t bytes_of(const std::function<void(Arena&)>& carve) {
     return counting.used;
 }
 
-// ---- the weights' copies ------------------------------------------------------------------------------------
-
 // FP8 mode's weights: the linear layers inside the blocks, as the CPU's Precision::FP8 (not the router mlp.gate).
 static bool fp8_linear(const ParamTensor& t) {
     const std::string& n = t.name;
@@ -72,12 +70,6 @@ gpu::GemmWeight weight_of(const GpuModel& m, const float* w) {
                                                                         f->second.scales_t};
     return gpu::GemmWeight(w, m.params_bf16 ? m.params_bf16 + (w - m.params) : nullptr, w8);
 }
-
-void keep_bf16(GpuModel& m, __nv_bfloat16* copy16, const float* src, int64_t n) {
-    if (copy16) gpu::cast_to_bf16(copy16, src, n, m.stream);
-}
-
-// ---- what the device and the config must allow -------------------------------------------------------------
 
 // FP8 GEMMs read their operands with leading dimensions that are multiples of 16 bytes: every width a linear layer
 // inside the blocks sums over (or that its weight's transpose has as rows) must be a multiple of 16.
@@ -130,8 +122,6 @@ static void check_device(const Config& c, Precision p) {
                                  std::to_string(prop.sharedMemPerBlockOptin >> 10) +
                                  " KiB: use --dtype fp32, or smaller head dims");
 }
-
-// ---- layouts ------------------------------------------------------------------------------------------------
 
 static void carve_swiglu(Arena& ar, int64_t M, int64_t I, bool bf16, GpuSwigluActs& s) {
     s.g = ar.take<float>(M * I);
@@ -367,8 +357,6 @@ static int64_t optimizer_table_bytes(const ParamTable& table) {
     const int64_t chunks = (table.total + GRAD_NORM_CHUNK - 1) / GRAD_NORM_CHUNK + ranges;
     return (6 * ranges + 2) * 8 + (ranges + chunks) * 8;
 }
-
-// ---- allocation ---------------------------------------------------------------------------------------------
 
 GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, int world, Precision p, int B, int T,
                               const ActivationLayout& layout) {

@@ -44,7 +44,7 @@ void mla_forward(GpuModel& m, const BlockWeights& w, GpuMLAActs& a, gpu::GemmInp
                                (int)dv, scale, m.stream);
     }
     m.timer.mark("attention projections");
-    keep_bf16(m, a.o16, a.o, N * H * dv);
+    if (a.o16) gpu::cast_to_bf16(a.o16, a.o, N * H * dv, m.stream);
     gpu::matmul_forward(m.matmul, out, {a.o, a.o16}, weight_of(m, w.o), N, H * dv, d, false);
 }
 

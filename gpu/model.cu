@@ -12,8 +12,6 @@
 #include "kernels/embedding.cuh"
 #include "kernels/rmsnorm.cuh"
 
-// ---- blocks -------------------------------------------------------------------------------------------------
-
 static GpuBlockActs& block_acts(GpuModel& m, int layer) { return m.blocks[m.block_set[layer]]; }
 
 // The RMSNorm that reads a block's output (the next block's attention norm, or the final norm), fused with the
@@ -109,8 +107,6 @@ static void block_backward(GpuModel& m, int layer, const float* h_in, const floa
     gpu::rmsnorm_backward(dh_in, g.attn_norm, s.dnormed, h_in, w.attn_norm, a.attn_rstd, N, d, true, s.rms, m.stream);
 }
 
-// ---- output heads -------------------------------------------------------------------------------------------
-
 // x's rows from `first` on, x holding rows of `width` values (either copy may be absent)
 static gpu::GemmInput rows_from(const gpu::GemmInput& x, int64_t first, int64_t width) {
     return {x.fp32 ? x.fp32 + first * width : nullptr, x.bf16 ? x.bf16 + first * width : nullptr};
@@ -194,8 +190,6 @@ static void upload_token_rows(GpuModel& m, gpu::TokenRows& rows, const int32_t* 
     copy_sync(m, rows.packed, packed.data(), (int64_t)packed.size(), cudaMemcpyHostToDevice);
 }
 
-// ---- the model ----------------------------------------------------------------------------------------------
-
 LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* targets, int B, bool training) {
     if (B < 1 || B > m.max_B)
         throw std::runtime_error("internal error: a batch of " + std::to_string(B) + " sequences, allocated for " +
@@ -238,7 +232,7 @@ LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* t
         gpu::copy_columns(m.mtp_concat, 2 * d, m.enorm_out, d, N, d, m.stream);
         gpu::copy_columns(m.mtp_concat + d, 2 * d, m.hnorm_out, d, N, d, m.stream);
         m.timer.mark("head");
-        keep_bf16(m, m.mtp_concat16, m.mtp_concat, N * 2 * d);
+        if (m.mtp_concat16) gpu::cast_to_bf16(m.mtp_concat16, m.mtp_concat, N * 2 * d, m.stream);
         gpu::matmul_forward(m.matmul, m.mtp_in, {m.mtp_concat, m.mtp_concat16}, weight_of(m, m.w.mtp_eh_proj), N, 2 * d,
                             d, false);
         block_input_norm(m, (int)L, m.mtp_in);
@@ -300,8 +294,6 @@ void gpu_model_logits_row(GpuModel& m, int64_t row, float* out) {
     CUDA_CHECK(cudaMemcpy(out, logits + (row - r0) * V, V * sizeof(float), cudaMemcpyDeviceToHost));
 }
 
-// ---- the optimizer's steps ----------------------------------------------------------------------------------
-
 void gpu_model_zero_grads(GpuModel& m) {
     CUDA_CHECK(cudaMemsetAsync(m.grads, 0, m.table.total * sizeof(float), m.stream));
 }
@@ -351,8 +343,6 @@ void gpu_model_update_router_bias(GpuModel& m, const std::vector<std::vector<int
     }
 }
 
-// ---- host <-> device ----------------------------------------------------------------------------------------
-
 void gpu_model_upload(GpuModel& m, const Model& host, const AdamWState& opt) {
     if (host.table.total != m.table.total || (int64_t)opt.m.size() != m.shard.moments ||
         (int64_t)opt.v.size() != m.shard.moments)
@@ -380,8 +370,6 @@ std::vector<float> gpu_model_grads(const GpuModel& m) {
     CUDA_CHECK(cudaMemcpy(host.data(), m.grads, host.size() * sizeof(float), cudaMemcpyDeviceToHost));
     return host;
 }
-
-// ---- region timer -------------------------------------------------------------------------------------------
 
 void RegionTimer::mark(const char* name) {
     if (!enabled) return;

@@ -1,15 +1,10 @@
 // The whole model on one GPU (docs/design.md §1, §6): model/model.h's functions step for step, with the kernels of
 // kernels/ and cuBLASLt GEMMs (kernels/matmul.cuh) in place of the CPU loops; read each file beside its model/ twin.
 // One device buffer each for the FP32 master weights and the gradients, laid out by the CPU model's ParamTable, and
-// for this rank's shard of each AdamW moment (model/optimizer.h). The precision is chosen at run time:
-//   FP32  every GEMM in FP32: follows the CPU model to FP32 roundoff.
-//   BF16  the GEMMs read a BF16 working copy of the weights and BF16 copies of their inputs, made once in the
-//         forward (the `16` buffers) and kept for the backward; the attention runs on the tensor cores. Norms,
-//         router, softmax and the optimizer stay FP32.
-//   FP8   BF16, with the linear layers inside the blocks in DeepSeek-V3's FP8 recipe (as the CPU's Precision::FP8):
-//         their weights have E4M3 copies, and the GEMM calls quantize activations and gradients themselves.
-// Activations are carved from one allocation (gpu/memory.cu); with recompute the blocks of a kind share one set and
-// the backward runs each block's forward again. Every kernel and GEMM is deterministic, so the same bits come back.
+// for this rank's shard of each AdamW moment (model/optimizer.h). The precision, FP32, BF16 or FP8 (design.md §6), is
+// chosen at run time; the `16` buffers are the BF16 copies of GEMM inputs, made once in the forward. Activations are
+// carved from one allocation (gpu/memory.cu); with recompute the blocks of a kind share one set and the backward runs
+// each block's forward again. Every kernel and GEMM is deterministic, so the same bits come back.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -167,8 +162,6 @@ ExpertScratch expert_scratch_of(const GpuModel& m);
 void ensure_expert_rows(GpuModel& m, GpuMoEActs& a, int64_t R);
 // Weight w (a pointer into m.params) with the copies its GEMMs read in m's precision.
 gpu::GemmWeight weight_of(const GpuModel& m, const float* w);
-// BF16 mode: copy16 = the n floats at src rounded to BF16 (a GEMM input's copy); FP32 mode (copy16 nullptr): nothing.
-void keep_bf16(GpuModel& m, __nv_bfloat16* copy16, const float* src, int64_t n);
 // FP8 mode: the E4M3 copies made again from the FP32 weights (after every change to them).
 void refresh_fp8_weights(GpuModel& m);
 inline int64_t tokens(const GpuModel& m) { return (int64_t)m.B * m.T; }

@@ -3,7 +3,7 @@
 #include "trainer/run.h"
 
 #include <algorithm>
-#include <cmath>
+#include <atomic>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
@@ -79,8 +79,6 @@ static void agree_on(Run& r, const std::string& text, const char* what) {
     exit(1);
 }
 
-// ---- stop signals and faults --------------------------------------------------------------------------------
-
 // SIGTERM (a kill) or SIGUSR1 (what mpirun forwards to every rank, and Slurm's --signal sends). With
 // --checkpoint-dir the handler only notes it during training: the step in progress finishes, the ranks agree after
 // it (end_step), a checkpoint is written and the job exits 128 + the signal's number. Otherwise the defaults.
@@ -113,8 +111,6 @@ static bool fault_requested(const Comm& comm, int64_t step, const char* kind) {
     return spec && sscanf(spec, "%d:%lld:%15s", &rank, &at, requested) == 3 && rank == comm.rank && at == step &&
            !strcmp(requested, kind);
 }
-
-// ---- setup --------------------------------------------------------------------------------------------------
 
 // The config from the checkpoint when resuming, from the Hugging Face directory, else from --config, and the
 // same on every rank (the same flags, config, build and newest checkpoint, compared through fingerprints).
@@ -265,8 +261,6 @@ bool start_run(Run& r, int argc, char** argv, const char* program, MakeComm make
     return true;
 }
 
-// ---- the step -----------------------------------------------------------------------------------------------
-
 void Step::add(const LossParts& l) {
     loss[0] += l.total * loss_scale;
     loss[1] += l.main * loss_scale;
@@ -346,8 +340,6 @@ void reduce_step(Run& r, Step& s, std::vector<std::vector<int64_t>>& expert_coun
                            std::to_string(s.step) + " (try a lower --lr)");
 }
 
-// ---- evaluation, logs -------------------------------------------------------------------------------------
-
 bool eval_due(const Run& r, int64_t step) {
     return r.val && (step + 1 == r.args.steps || (r.args.eval_every > 0 && (step + 1) % r.args.eval_every == 0));
 }
@@ -415,8 +407,6 @@ void log_step(Run& r, const Step& s) {
     fflush(r.log);
 }
 
-// ---- checkpoints --------------------------------------------------------------------------------------------
-
 // This rank's part of checkpoint w (on any thread: no Comm); the error it met, or "". injected_fault: fail instead.
 static std::string write_checkpoint_part(const CheckpointWrite& w, bool injected_fault) {
     try {
@@ -440,16 +430,17 @@ static void commit_checkpoint(Run& r, const CheckpointWrite& w, const std::strin
 // --async-checkpoint: waits for this rank's part of the checkpoint being written, if any, then commits it.
 // Collective (every rank has a write in flight, or none).
 static void finish_checkpoint_write(Run& r) {
-    if (!r.writer.joinable()) return;
-    r.writer.join();
-    commit_checkpoint(r, r.pending, r.write_error);
+    if (!r.writing.valid()) return;
+    commit_checkpoint(r, r.pending, r.writing.get());
     r.pending = CheckpointWrite{};
 }
 
 int end_step(Run& r, int64_t step) {
     r.state.step = step + 1;
     const int stop = r.args.checkpoint_dir.empty() ? 0 : (int)first_rank_with(*r.comm, g_stop_signal).second;
-    if (r.writer.joinable() && first_rank_with(*r.comm, !r.written).first < 0) finish_checkpoint_write(r);
+    if (r.writing.valid() &&
+        first_rank_with(*r.comm, r.writing.wait_for(std::chrono::seconds(0)) != std::future_status::ready).first < 0)
+        finish_checkpoint_write(r);
     return stop;
 }
 
@@ -469,24 +460,14 @@ void save_checkpoint(Run& r, const ModelCalls& calls) {
     r.state.data_file = ds.file;
     r.state.data_tokens = ds.tokens;
     r.state.rng_state = r.rng.state;
-    try {
-        calls.store();
-        finish_checkpoint_write(r);
-        const bool copies = r.args.async_checkpoint, fault = fault_requested(*r.comm, r.state.step, "write");
-        CheckpointWrite w = checkpoint_begin(r.args.checkpoint_dir, r.model, r.opt, r.state, copies);
-        if (!copies) {
-            commit_checkpoint(r, w, write_checkpoint_part(w, fault));
-            return;
-        }
-        r.pending = std::move(w);
-        r.written = false;
-        r.writer = std::thread([&r, fault] {
-            r.write_error = write_checkpoint_part(r.pending, fault);
-            r.written = true;
-        });
-    } catch (const std::exception& e) {
-        fail(e.what());
-    }
+    calls.store();
+    finish_checkpoint_write(r);
+    const bool copies = r.args.async_checkpoint, fault = fault_requested(*r.comm, r.state.step, "write");
+    r.pending = checkpoint_begin(r.args.checkpoint_dir, r.model, r.opt, r.state, copies);
+    // written on a thread while training goes on, or (deferred) here and now
+    r.writing = std::async(copies ? std::launch::async : std::launch::deferred,
+                           [&r, fault] { return write_checkpoint_part(r.pending, fault); });
+    if (!copies) finish_checkpoint_write(r);
 }
 
 int stop_run(Run& r, int stop) {
@@ -500,8 +481,6 @@ int stop_run(Run& r, int stop) {
     end_job(r);
     return 128 + stop;
 }
-
-// ---- after training -----------------------------------------------------------------------------------------
 
 // Samples --sample tokens after the prompt, one full forward over a window of T tokens per token (no KV cache: the
 // reference favours simplicity). Causal attention makes the padding after the last real token irrelevant.

@@ -5,15 +5,14 @@
 // touches files; the CPU trains it in place, the GPU trains a device copy and brings it level when asked (store).
 // Under mpirun every rank runs this; rank 0 alone prints and logs, and every rank writes its part of a checkpoint.
 #pragma once
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <future>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "comm/comm.h"
@@ -60,11 +59,10 @@ struct Run {
     int64_t first_step = 0;
     double train_seconds = 0.0;  // the steps after the first of this process (the first pays for warm-up)
     int timed_steps = 0;
-    // --async-checkpoint: this rank's part of the checkpoint being written, the thread writing it, and its outcome
+    // --async-checkpoint: this rank's part of the checkpoint being written, and its write on a thread (the error it
+    // met, or "")
     CheckpointWrite pending;
-    std::thread writer;
-    std::atomic<bool> written{false};
-    std::string write_error;
+    std::future<std::string> writing;
 };
 
 // One optimizer step: its micro-steps' batches, the losses and numbers it logs.
@@ -110,7 +108,7 @@ void log_step(Run& r, const Step& s);  // the progress line and the JSON log lin
 // (0: none). Collective.
 int end_step(Run& r, int64_t step);
 bool checkpoint_due(const Run& r, int stop);
-void save_checkpoint(Run& r, const ModelCalls& calls);  // every rank its part (io/checkpoint.h)
+void save_checkpoint(Run& r, const ModelCalls& calls);  // every rank its part (io/checkpoint.h); throws on failure
 // After a stop signal: the checkpoint completed, the job ended; the exit status (128 + the signal).
 int stop_run(Run& r, int stop);
 // After the last step: the checkpoint completed, then export, plot and sample; the exit status.
