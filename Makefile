@@ -16,8 +16,7 @@ MPI_CFLAGS = $(shell mpicxx --showme:compile 2>/dev/null)
 MPI_LIBS   = $(filter-out -lmpi_cxx,$(shell mpicxx --showme:link 2>/dev/null))
 THREADS  ?= $(shell nproc)
 
-CORE_SRC := $(wildcard model/*.cpp io/*.cpp comm/*.cpp trainer/*.cpp) tools/plot.cpp \
-            $(filter-out data/prepare.cpp,$(wildcard data/*.cpp))
+CORE_SRC := $(wildcard model/*.cpp io/*.cpp comm/*.cpp trainer/*.cpp data/*.cpp) tools/plot.cpp
 CORE_OBJ := $(patsubst %.cpp,build/%.o,$(CORE_SRC))
 TEST_SRC := $(filter-out test/bench_cpu.cpp test/ep_check.cpp test/bench_io.cpp test/gpu_model_check.cpp,\
               $(wildcard test/*.cpp))
@@ -45,7 +44,7 @@ build/comm/mpi_comm.o: comm/mpi_comm.cpp $(HEADERS)
 train_cpu: build/train_cpu.o $(CORE_OBJ)
 	$(CXX) $(CXXFLAGS) $^ -o $@ $(MPI_LIBS)
 
-prepare_data: build/data/prepare.o $(CORE_OBJ)
+prepare_data: build/tools/prepare_data.o $(CORE_OBJ)
 	$(CXX) $(CXXFLAGS) $^ -o $@ $(MPI_LIBS)
 
 plot: build/tools/plot_main.o $(CORE_OBJ)
