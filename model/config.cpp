@@ -176,17 +176,13 @@ Config parse_config_json(const std::string& text, const std::string& source) {
         if (j.contains("topk_method") && j["topk_method"] != "noaux_tc")
             note("%s: note: topk_method %s is replaced by DeepSeek-V3's group-limited top-k with bias\n",
                  source.c_str(), j["topk_method"].dump().c_str());
-    } catch (const std::exception& e) {  // json's and ours
-        throw std::runtime_error(source + ": " + e.what());
-    }
-    for (auto it = j.begin(); it != j.end(); ++it) {
-        bool found = is_other_known_key(it.key());
-        for (const ConfigKey& k : config_keys) found = found || it.key() == k.name;
-        if (!found) note("%s: note: unknown key '%s' is ignored\n", source.c_str(), it.key().c_str());
-    }
-    try {
+        for (auto it = j.begin(); it != j.end(); ++it) {
+            bool found = is_other_known_key(it.key());
+            for (const ConfigKey& k : config_keys) found = found || it.key() == k.name;
+            if (!found) note("%s: note: unknown key '%s' is ignored\n", source.c_str(), it.key().c_str());
+        }
         validate_config(c);
-    } catch (const std::runtime_error& e) {
+    } catch (const std::exception& e) {  // json's and ours
         throw std::runtime_error(source + ": " + e.what());
     }
     // A file that leaves out an architectural key gets moe.cu's default, which need not be Hugging Face's: say so.
@@ -199,7 +195,43 @@ Config parse_config_json(const std::string& text, const std::string& source) {
     return c;
 }
 
-static int64_t block_params(const Config& c, int layer, bool active_only);
+// Parameters of one MLA block, of one SwiGLU of width w, and of one MoE layer.
+static int64_t mla_params(const Config& c) {
+    int64_t d = c.hidden_size, H = c.num_attention_heads, dq = c.qk_head_dim();
+    int64_t q = c.q_lora_rank > 0 ? d * c.q_lora_rank + c.q_lora_rank + (int64_t)c.q_lora_rank * H * dq : d * H * dq;
+    int64_t kv = d * (c.kv_lora_rank + c.qk_rope_head_dim) + c.kv_lora_rank +
+                 (int64_t)c.kv_lora_rank * H * (c.qk_nope_head_dim + c.v_head_dim);
+    return q + kv + H * c.v_head_dim * d;
+}
+static int64_t swiglu_params(const Config& c, int64_t width) { return 3 * width * c.hidden_size; }
+
+static int64_t block_params(const Config& c, int layer, bool active_only) {
+    int64_t n = 2 * (int64_t)c.hidden_size + mla_params(c);  // two norms + attention
+    if (!c.is_moe_layer(layer)) return n + swiglu_params(c, c.intermediate_size);
+    int64_t experts = active_only ? c.num_experts_per_tok : c.n_routed_experts;
+    n += (int64_t)c.n_routed_experts * c.hidden_size;  // router (all scores are computed per token)
+    n += swiglu_params(c, (int64_t)c.n_shared_experts * c.moe_intermediate_size);
+    n += experts * swiglu_params(c, c.moe_intermediate_size);
+    return n;
+}
+
+// The head and the final norm, the input embedding unless active_only (a lookup, not counted as active: docs/design.md
+// §1.6, V3's published 37B), and the main blocks.
+static int64_t model_params(const Config& c, bool active_only) {
+    int64_t n = (active_only ? 1 : 2) * (int64_t)c.vocab_size * c.hidden_size + c.hidden_size;
+    for (int l = 0; l < c.num_hidden_layers; l++) n += block_params(c, l, active_only);
+    return n;
+}
+
+int64_t count_total_params(const Config& c) { return model_params(c, false); }
+
+int64_t count_active_params(const Config& c) { return model_params(c, true); }
+
+int64_t count_mtp_params(const Config& c) {
+    if (c.num_nextn_predict_layers == 0) return 0;
+    int64_t d = c.hidden_size;
+    return 3 * d + 2 * d * d + block_params(c, c.num_hidden_layers, false);  // enorm, hnorm, head norm; eh_proj
+}
 
 void validate_config(const Config& c) {
     auto require = [](bool ok, const std::string& msg) {
@@ -323,43 +355,4 @@ std::string config_to_json(const Config& c) {
     else
         j["rope_scaling"] = nullptr;
     return j.dump(2);
-}
-
-// Parameters of one MLA block, of one SwiGLU of width w, and of one MoE layer.
-static int64_t mla_params(const Config& c) {
-    int64_t d = c.hidden_size, H = c.num_attention_heads, dq = c.qk_head_dim();
-    int64_t q = c.q_lora_rank > 0 ? d * c.q_lora_rank + c.q_lora_rank + (int64_t)c.q_lora_rank * H * dq : d * H * dq;
-    int64_t kv = d * (c.kv_lora_rank + c.qk_rope_head_dim) + c.kv_lora_rank +
-                 (int64_t)c.kv_lora_rank * H * (c.qk_nope_head_dim + c.v_head_dim);
-    return q + kv + H * c.v_head_dim * d;
-}
-static int64_t swiglu_params(const Config& c, int64_t width) { return 3 * width * c.hidden_size; }
-
-static int64_t block_params(const Config& c, int layer, bool active_only) {
-    int64_t n = 2 * (int64_t)c.hidden_size + mla_params(c);  // two norms + attention
-    if (!c.is_moe_layer(layer)) return n + swiglu_params(c, c.intermediate_size);
-    int64_t experts = active_only ? c.num_experts_per_tok : c.n_routed_experts;
-    n += (int64_t)c.n_routed_experts * c.hidden_size;  // router (all scores are computed per token)
-    n += swiglu_params(c, (int64_t)c.n_shared_experts * c.moe_intermediate_size);
-    n += experts * swiglu_params(c, c.moe_intermediate_size);
-    return n;
-}
-
-int64_t count_total_params(const Config& c) {
-    int64_t n = 2 * (int64_t)c.vocab_size * c.hidden_size + c.hidden_size;  // embedding, head, final norm
-    for (int l = 0; l < c.num_hidden_layers; l++) n += block_params(c, l, false);
-    return n;
-}
-
-// The input embedding is a lookup, not counted as active; the head is (docs/design.md §1.6: V3's published 37B).
-int64_t count_active_params(const Config& c) {
-    int64_t n = (int64_t)c.vocab_size * c.hidden_size + c.hidden_size;
-    for (int l = 0; l < c.num_hidden_layers; l++) n += block_params(c, l, true);
-    return n;
-}
-
-int64_t count_mtp_params(const Config& c) {
-    if (c.num_nextn_predict_layers == 0) return 0;
-    int64_t d = c.hidden_size;
-    return 3 * d + 2 * d * d + block_params(c, c.num_hidden_layers, false);  // enorm, hnorm, head norm; eh_proj
 }

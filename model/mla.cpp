@@ -40,8 +40,9 @@ static inline void rope_rotate(float* out, const float* x, const float* cos_row,
     }
 }
 
-float attention_softmax_row(float* p, const float* q, const float* k, int64_t k_stride, int i, int64_t dqk,
-                            float scale) {
+// One causal softmax row: p[j] = softmax_j(scale q . k_j) for j <= i, key j at k + j * k_stride (dqk values each).
+static void attention_softmax_row(float* p, const float* q, const float* k, int64_t k_stride, int i, int64_t dqk,
+                                  float scale) {
     float max_score = -INFINITY;
     for (int j = 0; j <= i; j++) {
         const float* kj = k + j * k_stride;
@@ -57,7 +58,6 @@ float attention_softmax_row(float* p, const float* q, const float* k, int64_t k_
         sum += p[j];
     }
     for (int j = 0; j <= i; j++) p[j] /= sum;
-    return max_score + logf(sum);
 }
 
 void mla_forward(const Config& c, Precision precision, const BlockWeights& w, MLAActs& a, const float* x,

@@ -37,11 +37,6 @@ void mla_forward(const Config& c, Precision precision, const BlockWeights& w, ML
 void mla_backward(const Config& c, Precision precision, const BlockWeights& w, BlockWeights& g, const MLAActs& a,
                   const float* x, const float* dout, float* dx, int B, int T);
 
-// One causal softmax row: p[j] = softmax_j(scale q . k_j) for j <= i, key j at k + j * k_stride (dqk values each).
-// Returns the row's log-sum-exp, log sum_j exp(scale q . k_j) (what the GPU kernel saves instead of p).
-float attention_softmax_row(float* p, const float* q, const float* k, int64_t k_stride, int i, int64_t dqk,
-                            float scale);
-
 // Two parts of mla_backward, apart so the CUDA kernels can be checked against them. The attention core from the
 // saved probabilities, in two deterministic passes: d_o (N, H*dv) -> dq_heads, dk_heads (N, H, dqk) overwritten,
 // and dv into the v columns of dkv (N, H, dn + dv).

@@ -139,7 +139,6 @@ struct NextNorm {
     float* rstd;
 };
 
-// Block `layer`'s attention norm as a NextNorm.
 static NextNorm attention_norm(Model& m, int layer) {
     BlockActs& a = block_acts(m, layer);
     return NextNorm{m.w.blocks[layer].attn_norm, a.attn_normed, a.attn_rstd};
@@ -313,7 +312,6 @@ void model_backward(Model& m, float loss_scale) {
     const int64_t N = (int64_t)B * T, d = c.hidden_size, L = c.num_hidden_layers;
     std::vector<float> dfinal(N * d), dh(N * d), dh_prev(N * d);
 
-    // main head: d(mean CE)/d logits, then into the final normalised state
     head_backward(m, main_head(m, true), dfinal.data(), loss_scale / N);
     if (c.num_nextn_predict_layers > 0) {
         const float mtp_scale = loss_scale * c.mtp_loss_weight / ((float)B * (T - 1));

@@ -50,13 +50,10 @@ struct ModelActs {
     float* mtp_logits;             // (N, V), or with recompute (head_chunk_rows, V)
 };
 
-// How a model (this one, or gpu/model.h's) lays out what its backward reads.
-//   recompute: --recompute. One activation set per kind of block, and each block's forward runs again before its
-//     backward; the output heads keep one head chunk of logits and compute it again. About a third more FLOPs in
-//     the blocks and heads; the same bits.
-//   head_chunk_values: the most logits a head chunk holds (head_chunk_rows). 2^26, 256 MiB of FP32, is 655 rows at
-//     V2-Lite's vocabulary of 102400, a whole batch at `small`'s 1024. Both modes chunk alike, so their head GEMMs
-//     have the same shapes and alignments, and cuBLASLt gives the same bits.
+// How a model (this one, or gpu/model.h's) lays out what its backward reads (docs/design.md §6, §10).
+//   recompute: --recompute, about a third more FLOPs in the blocks and heads for the same bits.
+//   head_chunk_values: the most logits a head chunk holds; 2^26 (256 MiB) is 655 rows at V2-Lite's vocabulary.
+//     Both modes chunk alike, so their head GEMMs have the same shapes, and cuBLASLt gives the same bits.
 struct ActivationLayout {
     bool recompute = false;
     int64_t head_chunk_values = int64_t(1) << 26;
@@ -98,9 +95,8 @@ void model_backward(Model& m, float loss_scale);
 void model_zero_grads(Model& m);
 // Allocates the activations of a B x T batch now (the first forward would otherwise): throws std::bad_alloc early.
 void model_reserve(Model& m, int B, int T);
-// The backward allocates its temporaries in every step. glibc gives freed blocks over 128 KiB back to the kernel,
-// so each step would fault them in again. This keeps freed memory in the process (mallopt): call it once before
-// training. On `small`: 5x fewer page faults, about 5% less CPU time (docs/performance.md).
+// Keeps freed memory in the process (mallopt), so the backward's temporaries are not faulted in again each step:
+// call it once before training (docs/performance.md).
 void keep_freed_memory();
 // Block l's activation set: l itself, or with recompute the number of its kind (dense, MoE) in order of appearance.
 std::vector<int> block_sets(const Config& c, bool recompute);

@@ -26,30 +26,29 @@ static void pack_panel(float* panel, const float* B, bool b_transposed, int64_t 
             panel[k * GEMM_COLS + c] = c >= cols ? 0.0f : b_transposed ? B[(j0 + c) * K + k] : B[k * N + j0 + c];
 }
 
+// acc (rows, 16) += op(A) rows [i0, i0 + rows) @ panel. FULL (rows == 6): the constant trip count lets the compiler
+// keep acc in registers.
+template <bool FULL>
+static inline void tile_product(float (&acc)[GEMM_ROWS][GEMM_COLS], Strided A, const float* panel, int64_t K,
+                                int64_t i0, int64_t rows) {
+    for (int64_t k = 0; k < K; k++) {
+        const float* b = panel + k * GEMM_COLS;
+        for (int64_t r = 0; r < (FULL ? GEMM_ROWS : rows); r++) {
+            const float a = A.data[(i0 + r) * A.row_stride + k * A.k_stride];
+#pragma omp simd
+            for (int64_t c = 0; c < GEMM_COLS; c++) acc[r][c] += a * b[c];
+        }
+    }
+}
+
 // C rows [i0, i0 + rows), columns [j0, j0 + cols) (=|+=) op(A) rows @ panel; rows <= 6, cols <= 16
 static inline void gemm_tile(float* C, Strided A, const float* panel, int64_t K, int64_t N, int64_t i0, int64_t rows,
                              int64_t j0, int64_t cols, bool accumulate) {
     float acc[GEMM_ROWS][GEMM_COLS] = {};
-    const int64_t rs = A.row_stride, ks = A.k_stride;
-    if (rows == GEMM_ROWS) {  // the constant trip count lets the compiler keep acc in registers
-        for (int64_t k = 0; k < K; k++) {
-            const float* b = panel + k * GEMM_COLS;
-            for (int64_t r = 0; r < GEMM_ROWS; r++) {
-                const float a = A.data[(i0 + r) * rs + k * ks];
-#pragma omp simd
-                for (int64_t c = 0; c < GEMM_COLS; c++) acc[r][c] += a * b[c];
-            }
-        }
-    } else {
-        for (int64_t k = 0; k < K; k++) {
-            const float* b = panel + k * GEMM_COLS;
-            for (int64_t r = 0; r < rows; r++) {
-                const float a = A.data[(i0 + r) * rs + k * ks];
-#pragma omp simd
-                for (int64_t c = 0; c < GEMM_COLS; c++) acc[r][c] += a * b[c];
-            }
-        }
-    }
+    if (rows == GEMM_ROWS)
+        tile_product<true>(acc, A, panel, K, i0, rows);
+    else
+        tile_product<false>(acc, A, panel, K, i0, rows);
     for (int64_t r = 0; r < rows; r++) {
         float* out = C + (i0 + r) * N + j0;
         for (int64_t c = 0; c < cols; c++) out[c] = accumulate ? out[c] + acc[r][c] : acc[r][c];
