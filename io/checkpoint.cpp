@@ -73,23 +73,19 @@ struct FileLayout {
 
 static FileLayout file_layout(const ParamTable& table, int ep_size) {
     FileLayout f;
-    const size_t n = table.tensors.size();
-    std::vector<size_t> m_view(n, 0);  // where a trainable tensor's m is among the views (its v follows)
     for (const ParamTensor& t : table.tensors)
         f.views.push_back({t.name, DType::F32, whole_shape(t, ep_size), nullptr});
-    for (size_t i = 0; i < n; i++) {
-        const ParamTensor& t = table.tensors[i];
-        if (!t.trainable) continue;
-        m_view[i] = f.views.size();
-        f.views.push_back({"optimizer.m." + t.name, DType::F32, whole_shape(t, ep_size), nullptr});
-        f.views.push_back({"optimizer.v." + t.name, DType::F32, whole_shape(t, ep_size), nullptr});
-    }
+    for (const ParamTensor& t : table.tensors)
+        for (const char* moment : {"optimizer.m.", "optimizer.v."})
+            if (t.trainable) f.views.push_back({moment + t.name, DType::F32, whole_shape(t, ep_size), nullptr});
     const std::vector<uint64_t> offsets = safetensors_offsets(f.views);
-    f.params.assign(offsets.begin(), offsets.begin() + n);
-    f.m.assign(n, 0);
-    f.v.assign(n, 0);
-    for (size_t i = 0; i < n; i++)
-        if (table.tensors[i].trainable) f.m[i] = offsets[m_view[i]], f.v[i] = offsets[m_view[i] + 1];
+    size_t view = table.tensors.size();  // the next moment's view
+    for (size_t i = 0; i < table.tensors.size(); i++) {
+        const bool trainable = table.tensors[i].trainable;
+        f.params.push_back(offsets[i]);
+        f.m.push_back(trainable ? offsets[view++] : 0);
+        f.v.push_back(trainable ? offsets[view++] : 0);
+    }
     f.bytes = offsets.back();
     return f;
 }
