@@ -5,14 +5,10 @@
 
 #include <stdexcept>
 
-namespace {
-
-std::string base_name(const std::string& path) {
+static std::string base_name(const std::string& path) {
     size_t slash = path.find_last_of('/');
     return slash == std::string::npos ? path : path.substr(slash + 1);
 }
-
-}  // namespace
 
 DataLoader::DataLoader(const std::string& pattern, int B, int T, int rank, int world, uint32_t vocab_size)
     : vocab_size_(vocab_size) {
@@ -81,12 +77,7 @@ void DataLoader::reset() {
 }
 
 DataLoaderState DataLoader::state() const {
-    DataLoaderState s;
-    s.shard = shard_;
-    s.position = position_;
-    s.file = base_name(files_[shard_]);
-    s.tokens = shard_sizes_[shard_];
-    return s;
+    return {shard_, position_, base_name(files_[shard_]), shard_sizes_[shard_]};
 }
 
 void DataLoader::restore(const DataLoaderState& s) {

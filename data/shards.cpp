@@ -79,11 +79,8 @@ std::vector<uint32_t> read_shard(const std::string& path) {
     const std::streamsize payload = (std::streamsize)(h.tokens * bytes_per_token);
     if (!in.read((char*)raw, payload) || in.gcount() != payload)
         throw std::runtime_error(path + ": truncated while reading (header says " + std::to_string(h.tokens) + " tokens)");
-    if (h.version == 1) {
-        // Back to front: token i's 4 bytes overlap only the 2-byte values of tokens >= i, already widened.
-        for (int64_t i = h.tokens - 1; i >= 0; i--) {
-            tokens[(size_t)i] = (uint32_t)raw[2 * i] | ((uint32_t)raw[2 * i + 1] << 8);
-        }
+    if (h.version == 1) {  // back to front: token i's 4 bytes overlap only the 2-byte values of tokens >= i
+        for (int64_t i = h.tokens - 1; i >= 0; i--) tokens[i] = (uint32_t)raw[2 * i] | ((uint32_t)raw[2 * i + 1] << 8);
     } else {
         for (size_t i = 0; i < tokens.size(); i++) tokens[i] = load_le32((const char*)raw + 4 * i);
     }

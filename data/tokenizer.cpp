@@ -90,6 +90,10 @@ Tokenizer Tokenizer::train(const std::string& text, int vocab_size) {
     std::vector<int64_t> counts;
     std::unordered_map<uint64_t, int64_t> pair_counts;
     std::unordered_map<uint64_t, std::vector<int32_t>> pair_chunks;
+    auto note_chunk = [&](uint64_t key, int32_t index) {
+        std::vector<int32_t>& where = pair_chunks[key];
+        if (where.empty() || where.back() != index) where.push_back(index);
+    };
     for (const auto& kv : chunk_counts) {
         int32_t index = (int32_t)chunks.size();
         std::vector<uint32_t> ids(kv.first.size());
@@ -98,8 +102,7 @@ Tokenizer Tokenizer::train(const std::string& text, int vocab_size) {
         for (size_t i = 0; i + 1 < ids.size(); i++) {
             uint64_t key = pair_key(ids[i], ids[i + 1]);
             pair_counts[key] += kv.second;
-            std::vector<int32_t>& where = pair_chunks[key];
-            if (where.empty() || where.back() != index) where.push_back(index);
+            note_chunk(key, index);
         }
         chunks.push_back(std::move(ids));
     }
@@ -140,10 +143,7 @@ Tokenizer Tokenizer::train(const std::string& text, int vocab_size) {
             for (size_t i = 0; i + 1 < ids.size(); i++) {
                 uint64_t key = pair_key(ids[i], ids[i + 1]);
                 delta[key] += counts[index];
-                if (ids[i] == merged || ids[i + 1] == merged) {
-                    std::vector<int32_t>& where_new = pair_chunks[key];
-                    if (where_new.empty() || where_new.back() != index) where_new.push_back(index);
-                }
+                if (ids[i] == merged || ids[i + 1] == merged) note_chunk(key, index);
             }
         }
         for (const auto& kv : delta) {
