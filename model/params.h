@@ -12,26 +12,6 @@
 
 constexpr int64_t PARAM_ALIGN = 64;
 
-struct ParamTensor {
-    std::string name;
-    std::vector<int64_t> shape;
-    int64_t offset = 0;  // in floats, into the parameter buffer
-    int64_t numel = 0;
-    bool weight_decay = false;  // matrices and embeddings decay; norm weights do not
-    bool trainable = true;      // false for e_score_correction_bias (updated by the balancing rule, not AdamW)
-    bool expert_shard = false;  // an expert tensor: this rank holds E/ep_size experts (dim 0)
-};
-
-struct ParamTable {
-    std::vector<ParamTensor> tensors;
-    int64_t total = 0;  // floats in the whole buffer, the alignment gaps included
-    const ParamTensor* find(const std::string& name) const;   // nullptr when absent
-    const ParamTensor& at(const std::string& name) const;     // aborts with the name when absent
-};
-
-// ep_size > 1: the routed-expert tensors hold only this rank's E/ep_size experts ([E/ep_size, out, in]).
-ParamTable build_param_table(const Config& c, int ep_size = 1);
-
 // Pointers into a parameter (or gradient) buffer for one transformer block. Unused ones are nullptr.
 struct BlockWeights {
     float* attn_norm;       // (d)
@@ -65,5 +45,28 @@ struct ModelWeights {
     float* mtp_eh_proj;     // (d, 2d)
     float* mtp_norm;        // (d)   the MTP block's own final norm (shared_head.norm)
 };
+
+struct ParamTensor {
+    std::string name;
+    std::vector<int64_t> shape;
+    int64_t offset = 0;  // in floats, into the parameter buffer
+    int64_t numel = 0;
+    bool weight_decay = false;  // matrices and embeddings decay; norm weights do not
+    bool trainable = true;      // false for e_score_correction_bias (updated by the balancing rule, not AdamW)
+    bool expert_shard = false;  // an expert tensor: this rank holds E/ep_size experts (dim 0)
+    // The pointer map_weights sets to it: a field of its block's BlockWeights, or else of ModelWeights
+    int layer = -1;
+    float* BlockWeights::*block = nullptr;
+    float* ModelWeights::*model = nullptr;
+};
+
+struct ParamTable {
+    std::vector<ParamTensor> tensors;
+    int64_t total = 0;  // floats in the whole buffer, the alignment gaps included
+    const ParamTensor& at(const std::string& name) const;  // aborts with the name when absent
+};
+
+// ep_size > 1: the routed-expert tensors hold only this rank's E/ep_size experts ([E/ep_size, out, in]).
+ParamTable build_param_table(const Config& c, int ep_size = 1);
 
 ModelWeights map_weights(const Config& c, const ParamTable& table, float* buffer);
