@@ -103,8 +103,6 @@ void DataLoader::restore(const DataLoaderState& s) {
     load_shard(shard_);
 }
 
-int64_t DataLoader::total_tokens() const { return total_tokens_; }
-
 int64_t DataLoader::batches_per_pass() const {
     int64_t batches = 0;
     for (int64_t n : shard_sizes_) batches += (n - 1) / global_tokens_;

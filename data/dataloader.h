@@ -28,7 +28,7 @@ public:
     // the shard at that index now. A position with no room for a batch of this loader's B*T*world (a larger
     // batch than when saved) moves to the next shard as next_batch would.
     void restore(const DataLoaderState& s);
-    int64_t total_tokens() const;      // tokens in all shards
+    int64_t total_tokens() const { return total_tokens_; }  // tokens in all shards
     int64_t batches_per_pass() const;  // next_batch calls from reset() that read every shard once, no wrap
 
 private:

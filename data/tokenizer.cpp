@@ -202,8 +202,6 @@ std::string Tokenizer::decode(const std::vector<uint32_t>& tokens) const {
     return text;
 }
 
-int Tokenizer::vocab_size() const { return (int)token_bytes_.size(); }
-
 void Tokenizer::save(const std::string& path) const {
     std::string bytes;
     append_le32(bytes, TOKENIZER_MAGIC);

@@ -19,7 +19,7 @@ public:
     std::vector<uint32_t> encode(const std::string& text) const;
     std::string decode(const std::vector<uint32_t>& tokens) const;  // throws on a token >= vocab_size
     std::string token_bytes(uint32_t token) const;                  // throws on a token >= vocab_size
-    int vocab_size() const;
+    int vocab_size() const { return (int)token_bytes_.size(); }
     void save(const std::string& path) const;        // atomic
     static Tokenizer load(const std::string& path);  // throws on a missing, foreign or truncated file
 
