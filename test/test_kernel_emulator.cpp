@@ -48,9 +48,9 @@ void block_sums(std::vector<int>& out, bool with_first_sync) {
     }
 }
 
-// The command's status and output, within 300 s, one OpenMP thread
+// The command's status and output, within 600 s, one OpenMP thread
 CommandResult run(const std::string& cmd, const std::string& log) {
-    return run_logged("env OMP_NUM_THREADS=1 " + cmd, log, 300);
+    return run_logged("env OMP_NUM_THREADS=1 " + cmd, log, 600);
 }
 
 // The program in the forward and the warps order at once (two processes: this machine has two cores).
