@@ -89,10 +89,11 @@ run: deps-run
 	  $(MAKE) -j$(THREADS) train_cpu && OMP_NUM_THREADS=$(THREADS) ./train_cpu $(RUN_ARGS); \
 	fi
 
+# the GPU programs, built by make test where the CUDA toolkit is
+CUDA_BUILD := $(if $(wildcard $(NVCC)),train test_gpu bench_gpu bench_comm lab-gpu)
 test: deps
-	$(MAKE) -j$(THREADS) all data
-	@if [ -x $(NVCC) ]; then $(MAKE) -j$(THREADS) train test_gpu bench_gpu bench_comm lab-gpu && \
-	   tools/kernel_resources.sh build/gpu > build/kernel_resources.txt; status=$$?; \
+	$(MAKE) -j$(THREADS) all data $(CUDA_BUILD)
+	@if [ -n "$(CUDA_BUILD)" ]; then tools/kernel_resources.sh build/gpu > build/kernel_resources.txt; status=$$?; \
 	   tail -1 build/kernel_resources.txt; grep "SPILLS\|FEWER" build/kernel_resources.txt; exit $$status; \
 	 else echo "note: $(NVCC) not found: the GPU code is not built (install the CUDA toolkit)"; fi
 	OMP_NUM_THREADS=$(THREADS) ./test_cpu
@@ -114,6 +115,7 @@ bench-io: deps
 # load and store; -g1 gives its reports source lines. It is a compile flag only: no ThreadSanitizer runtime is linked.
 EMULATOR := $(wildcard test/kernel_emulator/*.h test/kernel_emulator/kernels/*.cuh)
 build/test/test_kernel_emulator.o $(EMULATOR_OBJ): $(EMULATOR)
+build/test/test_kernel_emulator.o: CXXFLAGS += -Itest/kernel_emulator
 EMULATOR_FLAGS := $(filter-out -I.,$(CXXFLAGS)) -fno-strict-aliasing -Wno-unknown-pragmas -Itest/kernel_emulator -I.
 CHECKED := -fsanitize=thread -g1
 EMULATED_GPU_OBJ := $(patsubst gpu/%.cu,build/emulated/gpu/%.o,$(GPU_SRC))

@@ -322,7 +322,9 @@ static gpu::MatmulCasts cast_elements(const Config& c, int64_t N, int64_t R) {
     const int64_t grad_cols = std::max<int64_t>({d, H * c.qk_head_dim(), H * (c.qk_nope_head_dim + c.v_head_dim),
                                                  width, (int64_t)c.kv_lora_rank + c.qk_rope_head_dim, c.q_lora_rank});
     const int64_t input_cols = std::max<int64_t>({d, c.q_lora_rank, c.kv_lora_rank, H * c.v_head_dim, width});
-    return {0, std::max((N + pad) * grad_cols, expert_rows), std::max((N + pad) * input_cols, expert_rows)};
+    const int64_t tails =
+        4 * std::max<int64_t>(c.n_routed_experts, 1) * std::max({grad_cols, input_cols, (int64_t)c.moe_intermediate_size});
+    return {0, std::max((N + pad) * grad_cols, expert_rows), std::max((N + pad) * input_cols, expert_rows), tails};
 }
 
 void ensure_expert_rows(GpuModel& m, GpuMoEActs& a, int64_t R) {

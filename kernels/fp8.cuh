@@ -2,8 +2,9 @@
 // cuBLASLt's block-scaled GEMMs read (docs/design.md §7.3: `outer` rows of `inner` contiguous values). Per tile or
 // block, scale = max(amax, FP8_MIN_AMAX) / 448 and q = E4M3(x / scale), with an IEEE division and round to nearest
 // even with saturation: model/fp8.h's bits.
-//   fp8_quantize_rows    x (rows, cols), FP32 or BF16, 1 x 128 tiles -> q (rows, cols), scales (outer = rows):
-//                        the forward's and the input gradient's operands
+//   fp8_quantize_rows    x (rows, cols), FP32 or BF16, 1 x 128 tiles -> q (round_up(rows, 4), cols) with rows
+//                        [rows, round_up(rows, 4)) zero, scales (outer = rows): the forward's and the input
+//                        gradient's operands (cuBLASLt takes row counts that are multiples of 4)
 //   fp8_quantize_cols    x (rows, cols), 128 x 1 tiles, transposed -> q^T (cols, ld) with rows [rows, ld) zero,
 //                        scales (outer = cols, inner = ld): the weight gradient's operands, summed over the tokens
 //   fp8_quantize_blocks  W (batch, rows, cols) FP32, 128 x 128 blocks -> q (rows, cols) and q^T (cols, rows), each
@@ -36,7 +37,7 @@ __device__ inline __nv_fp8_storage_t to_e4m3(float x, float scale) {
 __device__ inline float to_float(float x) { return x; }
 __device__ inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 
-// 1 x 128 tiles: a warp per tile, 4 values a thread
+// 1 x 128 tiles: a warp per tile, 4 values a thread; the padding rows are tiles of zeros
 template <typename T>
 static __global__ void fp8_quantize_rows_kernel(__nv_fp8_storage_t* q, float* scales, const T* x, int64_t rows,
                                                 int64_t cols) {
@@ -44,11 +45,11 @@ static __global__ void fp8_quantize_rows_kernel(__nv_fp8_storage_t* q, float* sc
     const int64_t tiles_across = ceil_div(cols, FP8_TILE);
     const int64_t tile = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     const int64_t r = tile / tiles_across, b = tile % tiles_across;
-    if (r >= rows) return;  // the whole warp
+    if (r >= round_up(rows, 4)) return;  // the whole warp
     const int64_t c0 = b * FP8_TILE + lane * 4;
     float v[4], amax = 0.0f;
     for (int i = 0; i < 4; i++) {
-        v[i] = c0 + i < cols ? to_float(x[r * cols + c0 + i]) : 0.0f;
+        v[i] = r < rows && c0 + i < cols ? to_float(x[r * cols + c0 + i]) : 0.0f;
         amax = fmaxf(amax, fabsf(v[i]));
     }
     const float scale = fp8_scale_of(warp_max(amax));
@@ -57,11 +58,11 @@ static __global__ void fp8_quantize_rows_kernel(__nv_fp8_storage_t* q, float* sc
     if (lane == 0) scales[b * round_up(rows, 4) + r] = scale;
 }
 
-// q (rows, cols) and scales (fp8_vec128_scales(rows, cols)) from x (rows, cols)
+// q (round_up(rows, 4), cols) and scales (fp8_vec128_scales(rows, cols)) from x (rows, cols)
 template <typename T>
 inline void fp8_quantize_rows(__nv_fp8_storage_t* q, float* scales, const T* x, int64_t rows, int64_t cols,
                               cudaStream_t stream) {
-    const int64_t tiles = rows * ceil_div(cols, FP8_TILE), warps = FP8_THREADS / 32;
+    const int64_t tiles = round_up(rows, 4) * ceil_div(cols, FP8_TILE), warps = FP8_THREADS / 32;
     if (tiles == 0) return;
     launch_kernel(fp8_quantize_rows_kernel<T>, (unsigned)ceil_div(tiles, warps), FP8_THREADS, 0, stream, q, scales, x,
                   rows, cols);

@@ -18,8 +18,9 @@ constexpr int MATMUL_STREAMS = 4;                                // streams a gr
 // Sizes in values. inputs, output_grads: the BF16 casts of a GEMM's input (rows x K) and output gradient (rows x N),
 // both 0 for an FP32-only Matmul; output_grads sizes the FP8 output gradients too. fp8_inputs: the largest input an
 // FP8 GEMM quantizes. The FP8 sizes count the weight gradient's rows padded to 16, over all groups of a call.
+// fp8_tails: the FP8 products' last rows, 4 rows of the output a group (kernels/matmul.cuh fp8_row_products).
 struct MatmulCasts {
-    int64_t inputs = 0, output_grads = 0, fp8_inputs = 0;
+    int64_t inputs = 0, output_grads = 0, fp8_inputs = 0, fp8_tails = 0;
 };
 
 enum class GemmType { FP32, BF16, FP8 };
@@ -72,8 +73,10 @@ inline std::array<std::array<int64_t, 2>, 3> matmul_fp8_sizes(MatmulCasts casts)
 inline int64_t matmul_memory_bytes(MatmulCasts casts, bool fp8 = false) {
     const int64_t workspaces = (int64_t)MATMUL_STREAMS * (int64_t)MATMUL_WORKSPACE_BYTES;
     int64_t fp8_bytes = 0;
-    if (fp8)
+    if (fp8) {
         for (const auto& size : matmul_fp8_sizes(casts)) fp8_bytes += size[0] + size[1] * (int64_t)sizeof(float);
+        fp8_bytes += casts.fp8_tails * (int64_t)sizeof(float);
+    }
     return workspaces + (casts.inputs + casts.output_grads) * (int64_t)sizeof(__nv_bfloat16) + fp8_bytes;
 }
 

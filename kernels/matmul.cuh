@@ -89,7 +89,10 @@ struct Matmul {  // one per caller stream
     __nv_bfloat16 *cast_a = nullptr, *cast_b = nullptr;  // BF16 casts of the activation operands
     MatmulCasts cast_capacity;
     std::array<Fp8Buffer, 3> fp8{};                       // FP8_INPUT, FP8_GRAD_ROWS, FP8_GRAD_T
+    float* fp8_tails = nullptr;                           // 4 rows a group: the FP8 products' last M % 4 rows
+    int64_t fp8_tails_capacity = 0;
     bool fp8_enabled = false;                             // created for FP8 calls: matmul_reserve grows fp8 too
+    int64_t fp8_refused = 0;                              // FP8 shapes cuBLASLt refused, run in BF16 instead
     std::map<MatmulKey, MatmulPlan> cache;
 };
 
@@ -130,6 +133,7 @@ inline void matmul_destroy(Matmul& mm) {
         CUDA_CHECK(cudaFree(b.values));
         CUDA_CHECK(cudaFree(b.scales));
     }
+    CUDA_CHECK(cudaFree(mm.fp8_tails));
     for (int i = 1; i < MATMUL_STREAMS; i++)
         if (mm.streams[i]) CUDA_CHECK(cudaStreamDestroy(mm.streams[i]));
     for (cudaEvent_t e : mm.stream_events)
@@ -175,10 +179,22 @@ inline Fp8Buffer& matmul_fp8_buffer(Matmul& mm, int which, int64_t values, int64
     return b;
 }
 
+// mm.fp8_tails with room for `floats`, grown as matmul_fp8_buffer grows the others
+inline float* matmul_fp8_tails(Matmul& mm, int64_t floats) {
+    if (floats <= mm.fp8_tails_capacity) return mm.fp8_tails;
+    CUDA_CHECK(cudaStreamSynchronize(mm.stream));
+    CUDA_CHECK(cudaFree(mm.fp8_tails));
+    mm.fp8_tails_capacity = 0;
+    matmul_alloc(mm, (void**)&mm.fp8_tails, (size_t)floats * sizeof(float), "the FP8 GEMM tail rows");
+    mm.fp8_tails_capacity = floats;
+    return mm.fp8_tails;
+}
+
 // The three FP8 buffers grown to their sizes for GEMMs of up to `casts` elements (matmul_fp8_sizes)
 inline void matmul_fp8_reserve(Matmul& mm, MatmulCasts casts) {
     const auto sizes = matmul_fp8_sizes(casts);
     for (int i = 0; i < 3; i++) matmul_fp8_buffer(mm, i, sizes[i][0], sizes[i][1]);
+    matmul_fp8_tails(mm, casts.fp8_tails);
 }
 
 // casts: the largest input and output gradient any BF16 call will cast; {0, 0} for FP32-only use. With fp8 the FP8
@@ -306,6 +322,7 @@ inline const MatmulPlan& matmul_plan(Matmul& mm, const MatmulSite& site, const M
     // a refusal: no algorithm, or INVALID_VALUE, which the library may answer for an FP8 shape it does not take
     const bool refused = none || status == CUBLAS_STATUS_INVALID_VALUE;
     if (refused && fp8 && fp8_optional) {
+        mm.fp8_refused++;
         report("no FP8 algorithm", status == CUBLAS_STATUS_SUCCESS ? result.state : status,
                "this product runs in BF16 (said once per shape)");
         return mm.cache.emplace(key, p).first->second;
@@ -396,6 +413,41 @@ inline bool fp8_takes(Matmul& mm, const MatmulSite& s, const MatmulProblem& q) {
     return q.m == 0 || q.n == 0 || q.k == 0 || matmul_plan(mm, s, q, /*fp8_optional*/ true).found;
 }
 
+// Block-scaled FP8 GEMMs take row counts (the forward's and input gradient's n) that are multiples of 4. So M rows
+// are quantized as the first M4 = M rounded down to 4 and then the last M % 4 padded with zero rows to 4
+// (fp8_split_rows_of); rows [0, M4) go straight into the output, the padded block's product into 4 rows of
+// mm.fp8_tails, from where its M % 4 real rows are copied (or added) into place.
+struct Fp8RowProducts {
+    MatmulProblem head, tail;  // tail.n == 0 when M is a multiple of 4
+    float* tail_to;            // where the tail's rows go in the output
+    int64_t tail_values;       // (M % 4) x the output's width
+};
+// product(out, q, scales, rows): the problem for `rows` quantized rows; q and scales as fp8_split_rows_of left them
+template <typename Product>
+inline Fp8RowProducts fp8_row_products(Product&& product, float* out, float* tail, int64_t M, int64_t cols,
+                                       int64_t width, const __nv_fp8_storage_t* q, const float* scales) {
+    const int64_t head = M / 4 * 4;
+    return {product(out, q, scales, head),
+            product(tail, q + head * cols, scales + fp8_vec128_scales(head, cols), M > head ? 4 : 0),
+            out + head * width, (M - head) * width};
+}
+inline bool fp8_takes(Matmul& mm, const MatmulSite& s, const Fp8RowProducts& p) {
+    return fp8_takes(mm, s, p.head) && fp8_takes(mm, s, p.tail);
+}
+
+static __global__ void fp8_tail_rows_kernel(float* out, const float* tail, int64_t n, bool accumulate) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = accumulate ? out[i] + tail[i] : tail[i];
+}
+// Queues both products on stream `on`, then the tail's rows into place
+inline void fp8_row_matmul(Matmul& mm, int on, const MatmulSite& s, const Fp8RowProducts& p, bool accumulate) {
+    matmul_lt(mm, on, s, p.head, accumulate);
+    if (p.tail_values == 0) return;
+    matmul_lt(mm, on, s, p.tail, false);
+    launch_kernel(fp8_tail_rows_kernel, (unsigned)ceil_div(p.tail_values, MATMUL_CAST_THREADS), MATMUL_CAST_THREADS,
+                  0, mm.streams[on], p.tail_to, p.tail.D, p.tail_values, accumulate);
+}
+
 // Rows [first, first + rows) of a GEMM input or output gradient, `cols` wide, quantized from its FP32 rows when it
 // has them (what the CPU quantizes), else from its BF16 copy.
 inline void fp8_rows_of(const GemmInput& x, int64_t first, int64_t rows, int64_t cols, __nv_fp8_storage_t* q,
@@ -405,6 +457,14 @@ inline void fp8_rows_of(const GemmInput& x, int64_t first, int64_t rows, int64_t
     else
         fp8_quantize_rows(q, scales, x.bf16 + first * cols, rows, cols, stream);
 }
+// Rows [first, first + M) of x quantized for fp8_row_products: round_up(M, 4) rows of q, fp8_vec128_scales(M, cols)
+inline void fp8_split_rows_of(const GemmInput& x, int64_t first, int64_t M, int64_t cols, __nv_fp8_storage_t* q,
+                              float* scales, cudaStream_t stream) {
+    const int64_t head = M / 4 * 4;
+    fp8_rows_of(x, first, head, cols, q, scales, stream);
+    if (M > head)
+        fp8_rows_of(x, first + head, M - head, cols, q + head * cols, scales + fp8_vec128_scales(head, cols), stream);
+}
 inline void fp8_cols_of(const GemmInput& x, int64_t first, int64_t rows, int64_t cols, __nv_fp8_storage_t* qt,
                         float* scales, cudaStream_t stream) {
     if (x.fp32)
@@ -413,15 +473,16 @@ inline void fp8_cols_of(const GemmInput& x, int64_t first, int64_t rows, int64_t
         fp8_quantize_cols(qt, scales, x.bf16 + first * cols, rows, cols, fp8_padded_rows(rows), stream);
 }
 
-// Where each group's quantized operands go in an Fp8Buffer: group g's row-quantized values at its rows' place; the
-// scales, whose layout depends on the group's row count, and the padded transposes one after another.
+// Where each group's quantized operands go in an Fp8Buffer, one group after another: its rows padded to 4 with their
+// scales (fp8_split_rows_of), and its transpose padded to 16 with its scales.
 struct Fp8GroupPlace {
-    std::vector<int64_t> row_scales, t_values, t_scales;  // G + 1 prefix sums each
+    std::vector<int64_t> row_values, row_scales, t_values, t_scales;  // G + 1 prefix sums each
 };
 inline Fp8GroupPlace fp8_group_place(const int64_t* offsets, int64_t G, int64_t width) {
-    Fp8GroupPlace p{{0}, {0}, {0}};
+    Fp8GroupPlace p{{0}, {0}, {0}, {0}};
     for (int64_t g = 0; g < G; g++) {
         const int64_t M = offsets[g + 1] - offsets[g], Mp = fp8_padded_rows(M);
+        p.row_values.push_back(p.row_values.back() + round_up(M, 4) * width);
         p.row_scales.push_back(p.row_scales.back() + (M ? fp8_vec128_scales(M, width) : 0));
         p.t_values.push_back(p.t_values.back() + width * Mp);
         p.t_scales.push_back(p.t_scales.back() + (M ? fp8_vec128_scales(width, Mp) : 0));
@@ -455,11 +516,15 @@ inline void matmul_forward(Matmul& mm, float* out, GemmInput inp, const GemmWeig
     const MatmulSite s{"matmul_forward", M, K, N};
     GemmType type = W.type();
     if (type == GemmType::FP8) {
-        const Fp8Buffer& q = matmul_fp8_buffer(mm, FP8_INPUT, M * K, fp8_vec128_scales(M, K));
-        const MatmulProblem fp8 = fp8_forward_problem(out, q.values, q.scales, W.fp8, M, K, N);
+        const Fp8Buffer& q = matmul_fp8_buffer(mm, FP8_INPUT, round_up(M, 4) * K, fp8_vec128_scales(M, K));
+        const Fp8RowProducts fp8 = fp8_row_products(
+            [&](float* o, const __nv_fp8_storage_t* x, const float* x_scales, int64_t rows) {
+                return fp8_forward_problem(o, x, x_scales, W.fp8, rows, K, N);
+            },
+            out, M % 4 ? matmul_fp8_tails(mm, 4 * N) : nullptr, M, K, N, q.values, q.scales);
         if (fp8_takes(mm, s, fp8)) {
-            fp8_rows_of(inp, 0, M, K, q.values, q.scales, mm.stream);
-            matmul_lt(mm, 0, s, fp8, accumulate);
+            fp8_split_rows_of(inp, 0, M, K, q.values, q.scales, mm.stream);
+            fp8_row_matmul(mm, 0, s, fp8, accumulate);
             return;
         }
         type = GemmType::BF16;
@@ -479,11 +544,15 @@ inline void matmul_backward(Matmul& mm, float* dinp, float* dW, GemmInput dout, 
     bool dinp_left = dinp != nullptr, dW_left = true;  // the products still to run
     if (type == GemmType::FP8) {
         if (dinp) {
-            const Fp8Buffer& g = matmul_fp8_buffer(mm, FP8_GRAD_ROWS, M * N, fp8_vec128_scales(M, N));
-            const MatmulProblem fp8 = fp8_dinp_problem(dinp, g.values, g.scales, W.fp8, M, K, N);
+            const Fp8Buffer& g = matmul_fp8_buffer(mm, FP8_GRAD_ROWS, round_up(M, 4) * N, fp8_vec128_scales(M, N));
+            const Fp8RowProducts fp8 = fp8_row_products(
+                [&](float* o, const __nv_fp8_storage_t* grad, const float* grad_scales, int64_t rows) {
+                    return fp8_dinp_problem(o, grad, grad_scales, W.fp8, rows, K, N);
+                },
+                dinp, M % 4 ? matmul_fp8_tails(mm, 4 * K) : nullptr, M, N, K, g.values, g.scales);
             if (fp8_takes(mm, s, fp8)) {
-                fp8_rows_of(dout, 0, M, N, g.values, g.scales, mm.stream);
-                matmul_lt(mm, 0, s, fp8, accumulate_dinp);
+                fp8_split_rows_of(dout, 0, M, N, g.values, g.scales, mm.stream);
+                fp8_row_matmul(mm, 0, s, fp8, accumulate_dinp);
                 dinp_left = false;
             }
         }
@@ -565,20 +634,24 @@ inline void grouped_matmul_forward(Matmul& mm, float* out, GemmInput inp, const 
     GemmType type = W.type();
     const Fp8GroupPlace place = type == GemmType::FP8 ? fp8_group_place(offsets, G, K) : Fp8GroupPlace{};
     const Fp8Buffer* q =
-        type == GemmType::FP8 ? &matmul_fp8_buffer(mm, FP8_INPUT, rows * K, place.row_scales[G]) : nullptr;
-    auto fp8_problem = [&](int64_t g) {  // group g's FP8 product
+        type == GemmType::FP8 ? &matmul_fp8_buffer(mm, FP8_INPUT, place.row_values[G], place.row_scales[G]) : nullptr;
+    float* tails = type == GemmType::FP8 ? matmul_fp8_tails(mm, G * 4 * N) : nullptr;
+    auto fp8_problem = [&](int64_t g) {  // group g's FP8 products
         const int64_t r0 = offsets[g];
-        return fp8_forward_problem(out + r0 * N, q->values + (r0 - first) * K, q->scales + place.row_scales[g],
-                                   W.at(g, N, K).fp8, offsets[g + 1] - r0, K, N);
+        return fp8_row_products(
+            [&](float* o, const __nv_fp8_storage_t* x, const float* x_scales, int64_t M) {
+                return fp8_forward_problem(o, x, x_scales, W.at(g, N, K).fp8, M, K, N);
+            },
+            out + r0 * N, tails + g * 4 * N, offsets[g + 1] - r0, K, N, q->values + place.row_values[g],
+            q->scales + place.row_scales[g]);
     };
     for (int64_t g = 0; g < G && type == GemmType::FP8; g++)
         if (!fp8_takes(mm, {"grouped_matmul_forward (one group)", offsets[g + 1] - offsets[g], K, N}, fp8_problem(g)))
             type = GemmType::BF16;
     if (type == GemmType::FP8)
         for (int64_t g = 0; g < G; g++)
-            if (offsets[g + 1] > offsets[g])
-                fp8_rows_of(inp, offsets[g], offsets[g + 1] - offsets[g], K, q->values + (offsets[g] - first) * K,
-                            q->scales + place.row_scales[g], mm.stream);
+            fp8_split_rows_of(inp, offsets[g], offsets[g + 1] - offsets[g], K, q->values + place.row_values[g],
+                              q->scales + place.row_scales[g], mm.stream);
     const __nv_bfloat16* inp16 = type == GemmType::BF16 ? matmul_bf16_rows(mm, inp, first, K, rows * K, s) : nullptr;
     const float* inp32 = type == GemmType::FP32 ? matmul_input_fp32(inp, s) : nullptr;
     grouped_on_streams(mm, offsets, G, [&](int64_t g, int on) {
@@ -586,7 +659,7 @@ inline void grouped_matmul_forward(Matmul& mm, float* out, GemmInput inp, const 
         const MatmulSite sg{"grouped_matmul_forward (one group)", M, K, N};
         const GemmWeight Wg = W.at(g, N, K);
         if (type == GemmType::FP8) {
-            matmul_lt(mm, on, sg, fp8_problem(g), false);
+            fp8_row_matmul(mm, on, sg, fp8_problem(g), false);
             return;
         }
         const bool bf16 = type == GemmType::BF16;
@@ -608,13 +681,19 @@ inline void grouped_matmul_backward(Matmul& mm, float* dinp, float* dW, const fl
     const bool fp8 = type == GemmType::FP8;
     const Fp8GroupPlace grad = fp8 ? fp8_group_place(offsets, G, N) : Fp8GroupPlace{},
                         input = fp8 ? fp8_group_place(offsets, G, K) : Fp8GroupPlace{};
-    const Fp8Buffer* g_rows = fp8 ? &matmul_fp8_buffer(mm, FP8_GRAD_ROWS, rows * N, grad.row_scales[G]) : nullptr;
+    const Fp8Buffer* g_rows =
+        fp8 ? &matmul_fp8_buffer(mm, FP8_GRAD_ROWS, grad.row_values[G], grad.row_scales[G]) : nullptr;
     const Fp8Buffer* g_t = fp8 ? &matmul_fp8_buffer(mm, FP8_GRAD_T, grad.t_values[G], grad.t_scales[G]) : nullptr;
     const Fp8Buffer* x_t = fp8 ? &matmul_fp8_buffer(mm, FP8_INPUT, input.t_values[G], input.t_scales[G]) : nullptr;
-    auto fp8_dinp = [&](int64_t g) {  // group g's two FP8 products
+    float* tails = fp8 && dinp ? matmul_fp8_tails(mm, G * 4 * K) : nullptr;
+    auto fp8_dinp = [&](int64_t g) {  // group g's FP8 products
         const int64_t r0 = offsets[g];
-        return fp8_dinp_problem(dinp + r0 * K, g_rows->values + (r0 - first) * N, g_rows->scales + grad.row_scales[g],
-                                W.at(g, N, K).fp8, offsets[g + 1] - r0, K, N);
+        return fp8_row_products(
+            [&](float* o, const __nv_fp8_storage_t* grad_g, const float* grad_scales, int64_t M) {
+                return fp8_dinp_problem(o, grad_g, grad_scales, W.at(g, N, K).fp8, M, K, N);
+            },
+            dinp + r0 * K, tails + g * 4 * K, offsets[g + 1] - r0, N, K, g_rows->values + grad.row_values[g],
+            g_rows->scales + grad.row_scales[g]);
     };
     auto fp8_dW = [&](int64_t g) {
         return fp8_dW_problem(dW + g * N * K, g_t->values + grad.t_values[g], g_t->scales + grad.t_scales[g],
@@ -630,8 +709,8 @@ inline void grouped_matmul_backward(Matmul& mm, float* dinp, float* dW, const fl
             const int64_t r0 = offsets[g], M = offsets[g + 1] - r0;
             if (M == 0) continue;
             if (dinp)
-                fp8_rows_of(dout, r0, M, N, g_rows->values + (r0 - first) * N, g_rows->scales + grad.row_scales[g],
-                            mm.stream);
+                fp8_split_rows_of(dout, r0, M, N, g_rows->values + grad.row_values[g],
+                                  g_rows->scales + grad.row_scales[g], mm.stream);
             fp8_cols_of(dout, r0, M, N, g_t->values + grad.t_values[g], g_t->scales + grad.t_scales[g], mm.stream);
             fp8_cols_of(inp, r0, M, K, x_t->values + input.t_values[g], x_t->scales + input.t_scales[g], mm.stream);
         }
@@ -649,7 +728,7 @@ inline void grouped_matmul_backward(Matmul& mm, float* dinp, float* dW, const fl
         const GemmWeight Wg = W.at(g, N, K);
         float* dW_g = dW + g * N * K;
         if (type == GemmType::FP8) {
-            if (dinp) matmul_lt(mm, on, sg, fp8_dinp(g), false);
+            if (dinp) fp8_row_matmul(mm, on, sg, fp8_dinp(g), false);
             matmul_lt(mm, on, sg, fp8_dW(g), true);
             return;
         }

@@ -9,8 +9,8 @@
 void test_kernels(Rng& rng);  // test/test_gpu_kernels.cu
 void test_matmul(Rng& rng);   // test/test_gpu_matmul.cu
 void test_matmul_fp8(Rng& rng);
-void test_training_step();    // test/test_gpu_train.cu
-void test_training_step_fp8();
+void test_training_step(int shard = 0, int shards = 1);  // test/test_gpu_train.cu
+void test_training_step_fp8(int shard = 0, int shards = 1);
 void test_nccl_shard_collectives();
 void test_trainers();
 

@@ -484,7 +484,8 @@ void test_matmul(Rng& rng) {
 
 // FP8 (run last by test_gpu, on Hopper only). Full 128-blocks first, then the summed dimensions that are multiples of
 // 16 but not of 128 (K = 208, N = 144: a partial last block), rows of every count (groups of 0, 1 and 37 rows:
-// partial token tiles, transposes padded to 16), then the shapes FP8 GEMMs cannot take.
+// partial token tiles, the last M % 4 rows through a padded block of 4, transposes padded to 16), then the shapes FP8
+// GEMMs cannot take.
 void test_matmul_fp8(Rng& rng) {
     gpu::Matmul mm;
     gpu::matmul_create(mm, 0, gpu::MatmulCasts{300 * 256, 300 * 144, 300 * 256}, true);
@@ -493,6 +494,9 @@ void test_matmul_fp8(Rng& rng) {
     matmul_test_fp8(mm, rng, {37}, 208, 144, false);
     matmul_test_fp8(mm, rng, {0, 1, 37, 0, 150, 5}, 208, 144, true);
     matmul_test_streams(mm, rng, gpu::GemmType::FP8);
+    check("FP8 shapes refused (rows of any count: none)", std::vector<double>{(double)mm.fp8_refused}, {0.0}, 0);
     matmul_test_fp8_fallback(mm, rng);
+    // counted once per shape: the forward's and the input gradient's (the grouped calls' first groups are the same)
+    check("FP8 shapes refused (K=200 N=72: 2)", std::vector<double>{(double)mm.fp8_refused}, {2.0}, 0);
     gpu::matmul_destroy(mm);
 }

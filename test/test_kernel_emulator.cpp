@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "test/kernel_emulator/cublasLt.h"
 #include "test/kernel_emulator/emulator.h"
 #include "test/kernel_emulator/planted_bugs.h"
 #include "test/test_helpers.h"
@@ -53,12 +54,15 @@ CommandResult run(const std::string& cmd, const std::string& log) {
     return run_logged("env OMP_NUM_THREADS=1 " + cmd, log, 600);
 }
 
-// The program in the forward and the warps order at once (two processes: this machine has two cores).
-void run_both_orders(const std::string& program) {
+// The program in the forward and the warps order at once (two processes: this machine has two cores), each with
+// its own arguments.
+void run_both_orders(const std::string& program, const std::string& forward_args = "",
+                     const std::string& warps_args = "") {
     const char* orders[2] = {"forward", "warps"};
     CommandResult runs[2];
-    std::thread second([&] { runs[1] = run("env EMULATOR_ORDER=warps " + program, "emulated_warps.txt"); });
-    runs[0] = run("env EMULATOR_ORDER=forward " + program, "emulated_forward.txt");
+    std::thread second(
+        [&] { runs[1] = run("env EMULATOR_ORDER=warps " + program + warps_args, "emulated_warps.txt"); });
+    runs[0] = run("env EMULATOR_ORDER=forward " + program + forward_args, "emulated_forward.txt");
     second.join();
     for (int i = 0; i < 2; i++) {
         INFO(program << " with EMULATOR_ORDER=" << orders[i] << "\n" << runs[i].out);
@@ -186,8 +190,56 @@ TEST_CASE("kernel emulator: misuse is reported, not run") {
     fails(dim3(2), dim3(32), 0, [] { throw std::runtime_error("a thread's exception"); });
 }
 
+// The heuristic's answer for an FP8 product D (m, n) = op(A) (m, k) op(B) (k, n), A scaled per 128 x 128 block or
+// per 1 x 128 tile as a_blocks says, B as b_blocks says; A stored (k, m) if ta else (m, k), B (n, k) if tb else (k, n).
+static cublasStatus_t fp8_heuristic(uint64_t m, uint64_t n, uint64_t k, bool ta = true, bool tb = false,
+                                    bool a_blocks = true, bool b_blocks = false) {
+    cublasLtHandle_t handle;
+    cublasLtCreate(&handle);
+    cublasLtMatmulDesc_t desc;
+    cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    const int32_t op_a = ta ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const int32_t block = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, tile = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    const int32_t mode_a = a_blocks ? block : tile, mode_b = b_blocks ? block : tile;
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a));
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b));
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_a, sizeof(mode_a));
+    cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_b, sizeof(mode_b));
+    cublasLtMatrixLayout_t a, b, d;
+    const uint64_t a_rows = ta ? k : m, b_rows = tb ? n : k;
+    cublasLtMatrixLayoutCreate(&a, CUDA_R_8F_E4M3, a_rows, ta ? m : k, (int64_t)(a_rows + 15) / 16 * 16);
+    cublasLtMatrixLayoutCreate(&b, CUDA_R_8F_E4M3, b_rows, tb ? k : n, (int64_t)(b_rows + 15) / 16 * 16);
+    cublasLtMatrixLayoutCreate(&d, CUDA_R_32F, m, n, (int64_t)m);
+    cublasLtMatmulPreference_t pref;
+    cublasLtMatmulPreferenceCreate(&pref);
+    cublasLtMatmulHeuristicResult_t result;
+    int found = 0;
+    const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle, desc, a, b, d, d, pref, 1, &result, &found);
+    for (cublasLtMatrixLayout_t l : {a, b, d}) cublasLtMatrixLayoutDestroy(l);
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatmulDescDestroy(desc);
+    cublasLtDestroy(handle);
+    return status;
+}
+
+// What cuBLAS's documentation says block-scaled FP8 takes: "TN", k a multiple of 16, m and n multiples of 4, and of
+// the scale modes VEC128 for both or BLK128x128 for one of the two. The model refuses the rest as the library would.
+TEST_CASE("kernel emulator: the cuBLASLt model refuses the FP8 shapes and modes the documentation excludes") {
+    CHECK(fp8_heuristic(128, 8, 128) == CUBLAS_STATUS_SUCCESS);
+    CHECK(fp8_heuristic(144, 4, 208) == CUBLAS_STATUS_SUCCESS);
+    CHECK(fp8_heuristic(128, 8, 128, true, false, false, true) == CUBLAS_STATUS_SUCCESS);
+    CHECK(fp8_heuristic(128, 8, 128, true, false, false, false) == CUBLAS_STATUS_SUCCESS);
+    CHECK(fp8_heuristic(128, 6, 128) == CUBLAS_STATUS_NOT_SUPPORTED);  // n not a multiple of 4
+    CHECK(fp8_heuristic(130, 8, 128) == CUBLAS_STATUS_NOT_SUPPORTED);  // m not a multiple of 4
+    CHECK(fp8_heuristic(128, 8, 136) == CUBLAS_STATUS_NOT_SUPPORTED);  // k not a multiple of 16
+    CHECK(fp8_heuristic(128, 8, 128, false) == CUBLAS_STATUS_NOT_SUPPORTED);                    // "NN"
+    CHECK(fp8_heuristic(128, 8, 128, true, true) == CUBLAS_STATUS_NOT_SUPPORTED);               // "TT"
+    CHECK(fp8_heuristic(128, 8, 128, true, false, true, true) == CUBLAS_STATUS_NOT_SUPPORTED);  // both per block
+}
+
+// Every kernel check in both orders; the whole-step checks (unchecked, for time) half in each.
 TEST_CASE("kernel emulator: the real kernels match the CPU reference (test_gpu's kernel checks)") {
-    run_both_orders("./test_gpu_emulated");
+    run_both_orders("./test_gpu_emulated", " --shard 0/2", " --shard 1/2");
 }
 
 TEST_CASE("kernel emulator: the GPU model on the real kernels matches the CPU model, alone and under mpirun") {

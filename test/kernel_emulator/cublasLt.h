@@ -10,11 +10,12 @@
 // on the stream like a kernel and runs when the stream does.
 // Supported, as matmul.cuh uses them: A and B both CUDA_R_32F, both CUDA_R_16BF or both CUDA_R_8F_E4M3, C and D
 // CUDA_R_32F, compute CUBLAS_COMPUTE_32F with CUDA_R_32F scales; anything else is CUBLAS_STATUS_NOT_SUPPORTED in the
-// heuristic. E4M3 follows the FP8 rules of the documentation for Hopper: A transposed and B not ("TN"), leading
-// dimensions multiples of 16 bytes and pointers 16-byte aligned (else NOT_SUPPORTED, INVALID_VALUE for a leading
-// dimension, which the library may answer either way, or a contract violation for a pointer), and the block
-// scaling modes DeepSeek's recipe needs: each of A and B scaled per 1 x 128 tile
-// (CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F) or per 128 x 128 block (..._BLK128x128_32F), not both per block.
+// heuristic. E4M3 follows the FP8 rules of the documentation for Hopper: A transposed and B not ("TN"), k a multiple
+// of 16 and m and n multiples of 4 (the block-scaled modes), leading dimensions multiples of 16 bytes and pointers,
+// scale pointers included, 16-byte aligned (else NOT_SUPPORTED, INVALID_VALUE for a leading dimension, which the
+// library may answer either way, or a contract violation for a pointer), and the block scaling modes DeepSeek's
+// recipe needs: each of A and B scaled per 1 x 128 tile (CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F) or per 128 x 128
+// block (..._BLK128x128_32F), not both per block. BF16 and FP32 pointers are aligned to their element at least.
 // Element (i, l) of op(A) is its E4M3 value times its scale, with the scales laid out as kernels/fp8.cuh writes them
 // (the summed dimension split in 128s; VEC128: block b of row i at b * round_up(m, 4) + i; BLK128x128: block (i / 128,
 // b) at (i / 128) * round_up(ceil(k / 128), 4) + b; B likewise with n): this model is what the emulated tests hold
@@ -217,6 +218,7 @@ inline cublasStatus_t problem(const cublasLtMatmulDescOpaque_t& desc, const cubl
         return CUBLAS_STATUS_NOT_SUPPORTED;
     }
     const uint64_t m = d.rows, n = d.cols, k = ta ? a.rows : a.cols;
+    if (a.type == CUDA_R_8F_E4M3 && (k % 16 != 0 || m % 4 != 0 || n % 4 != 0)) return CUBLAS_STATUS_NOT_SUPPORTED;
     const bool shapes_agree = (ta ? a.cols : a.rows) == m && (tb ? b.cols : b.rows) == k &&
                               (tb ? b.rows : b.cols) == n && c.rows == m && c.cols == n && c.ld == d.ld;
     const bool lds_fit = a.ld >= (int64_t)a.rows && b.ld >= (int64_t)b.rows && d.ld >= (int64_t)d.rows;
@@ -267,8 +269,10 @@ struct Scales {
 EMULATOR_UNCHECKED inline void multiply(const Problem& p, float al, float be, bool ta, bool tb, const void* A,
                                         int64_t lda, const void* B, int64_t ldb, const void* C, int64_t ldc, float* D,
                                         int64_t ldd, bool fp8, const Scales& scale_a, const Scales& scale_b) {
-    // op(A) as rows of k, op(B)^T as rows of k: each output is a dot product of two contiguous rows
-    std::vector<double> opa(p.m * p.k), opb(p.n * p.k);
+    // op(A) as rows of k, op(B)^T as rows of k: each output is a dot product of two contiguous rows. Plain pointers:
+    // g++ does not inline the checked std::vector accessors into this unchecked function.
+    std::vector<double> a_rows(p.m * p.k), b_rows(p.n * p.k);
+    double *opa = a_rows.data(), *opb = b_rows.data();
     for (uint64_t i = 0; i < p.m; i++)
         for (uint64_t l = 0; l < p.k; l++)
             opa[i * p.k + l] = (ta ? element(A, p.type, lda, l, i) : element(A, p.type, lda, i, l)) *
@@ -279,8 +283,13 @@ EMULATOR_UNCHECKED inline void multiply(const Problem& p, float al, float be, bo
                                (fp8 ? scale_b.of(j, l) : 1.0);
     for (uint64_t j = 0; j < p.n; j++)
         for (uint64_t i = 0; i < p.m; i++) {
-            double sum = 0.0;
-            for (uint64_t l = 0; l < p.k; l++) sum += opa[i * p.k + l] * opb[j * p.k + l];
+            const double *x = opa + i * p.k, *y = opb + j * p.k;
+            double sums[4] = {0.0, 0.0, 0.0, 0.0};  // four chains: the adds' latency is what bounds the loop
+            uint64_t l = 0;
+            for (; l + 4 <= p.k; l += 4)
+                for (int c = 0; c < 4; c++) sums[c] += x[l + c] * y[l + c];
+            for (; l < p.k; l++) sums[0] += x[l] * y[l];
+            const double sum = (sums[0] + sums[1]) + (sums[2] + sums[3]);
             const double c_ij = be == 0.0f ? 0.0 : be * element(C, CUDA_R_32F, ldc, i, j);
             ((float*)D)[(int64_t)i + (int64_t)j * ldd] = (float)(al * sum + c_ij);
         }
@@ -336,6 +345,11 @@ inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc
     stand_in::apart("cublasLtMatmul", {{D, extent_bytes(*d), "D"}},
                     {{A, extent_bytes(*a), "A"}, {B, extent_bytes(*b), "B"}});
     const bool fp8 = p.type == CUDA_R_8F_E4M3;
+    const uint64_t element_bytes = fp8 ? 1 : p.type == CUDA_R_16BF ? 2 : 4;
+    check_alignment(A, element_bytes, "A (its element)");
+    check_alignment(B, element_bytes, "B (its element)");
+    check_alignment(C, 4, "C (its element)");
+    check_alignment(D, 4, "D (its element)");
     const Scales scale_a{(const float*)desc->scale_a, desc->scale_mode_a, p.m, p.k},
         scale_b{(const float*)desc->scale_b, desc->scale_mode_b, p.n, p.k};
     if (fp8) {
