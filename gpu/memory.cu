@@ -313,7 +313,8 @@ ExpertScratch expert_scratch_of(const GpuModel& m) {
 
 // The largest operands the GEMM calls cast to BF16 or quantize to FP8, for N tokens and R expert rows: output
 // gradients (not the logits', which come in BF16) and FP8 inputs. No BF16 inputs: the model keeps their copies.
-// The experts' rows count the padding of each expert's rows to 16 (kernels/matmul.cuh).
+// The experts' rows count the padding of each expert's rows to 16, and each expert has 4 rows of FP8 tails
+// (kernels/matmul.cuh).
 static gpu::MatmulCasts cast_elements(const Config& c, int64_t N, int64_t R) {
     const int64_t d = c.hidden_size, H = c.num_attention_heads, width = std::max<int64_t>(
         c.intermediate_size, (int64_t)c.n_shared_experts * c.moe_intermediate_size);
@@ -322,8 +323,8 @@ static gpu::MatmulCasts cast_elements(const Config& c, int64_t N, int64_t R) {
     const int64_t grad_cols = std::max<int64_t>({d, H * c.qk_head_dim(), H * (c.qk_nope_head_dim + c.v_head_dim),
                                                  width, (int64_t)c.kv_lora_rank + c.qk_rope_head_dim, c.q_lora_rank});
     const int64_t input_cols = std::max<int64_t>({d, c.q_lora_rank, c.kv_lora_rank, H * c.v_head_dim, width});
-    const int64_t tails =
-        4 * std::max<int64_t>(c.n_routed_experts, 1) * std::max({grad_cols, input_cols, (int64_t)c.moe_intermediate_size});
+    const int64_t tail_cols = std::max({grad_cols, input_cols, (int64_t)c.moe_intermediate_size});
+    const int64_t tails = 4 * std::max<int64_t>(c.n_routed_experts, 1) * tail_cols;  // 4 rows a group
     return {0, std::max((N + pad) * grad_cols, expert_rows), std::max((N + pad) * input_cols, expert_rows), tails};
 }
 
