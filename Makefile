@@ -171,7 +171,7 @@ build/comm/nccl_comm.o: comm/nccl_comm.cu comm/comm.h
 # tools/kernel_resources.sh (make test runs it); anything else nvcc says is printed.
 build/gpu/%.o: gpu/%.cu $(GPU_HEADERS)
 	@mkdir -p $(dir $@) build/gpu/$*.keep
-	@echo "$(NVCC) $(NVFLAGS) -c $< -o $@"
+	@echo "$(NVCC) $(NVFLAGS) -Xptxas -v -keep -keep-dir build/gpu/$*.keep -c $< -o $@ 2> build/gpu/$*.ptxas"
 	@$(NVCC) $(NVFLAGS) -Xptxas -v -keep -keep-dir build/gpu/$*.keep -c $< -o $@ 2> build/gpu/$*.ptxas; \
 	 status=$$?; grep -v '^ptxas info\|^    [0-9]* bytes stack frame' build/gpu/$*.ptxas >&2; exit $$status
 
