@@ -5,6 +5,7 @@
 #   make train      the GPU trainer ./train          make test-gpu   kernels, step and trainers against the CPU (GPU)
 #   make bench      the GPU benchmark (GPU)          make bench-comm dispatch/return vs NCCL all-to-all (GPU)
 #   make bench-cpu  train_cpu against the PyTorch reference on this CPU    make bench-io  HF export/import speed
+#   make bench-emulated  what the GPU step launches, waits for and moves, counted on the kernel emulator
 #   make lab        the kernel lab dev/cuda/ (its README)
 
 CXX      ?= g++
@@ -18,7 +19,8 @@ THREADS  ?= $(shell nproc)
 
 CORE_SRC := $(wildcard model/*.cpp io/*.cpp comm/*.cpp trainer/*.cpp data/*.cpp) tools/plot.cpp
 CORE_OBJ := $(patsubst %.cpp,build/%.o,$(CORE_SRC))
-TEST_SRC := $(filter-out test/bench_cpu.cpp test/ep_check.cpp test/bench_io.cpp test/gpu_model_check.cpp,\
+TEST_SRC := $(filter-out test/bench_cpu.cpp test/ep_check.cpp test/bench_io.cpp test/gpu_model_check.cpp \
+              test/count_step.cpp,\
               $(wildcard test/*.cpp))
 TEST_OBJ := $(patsubst %.cpp,build/%.o,$(TEST_SRC))
 HEADERS  := $(wildcard model/*.h io/*.h data/*.h comm/*.h tools/*.h trainer/*.h kernels/*.cuh kernels/*.h)
@@ -28,10 +30,10 @@ GPU_HEADERS := $(HEADERS) $(wildcard gpu/*.h)
 GPU_TEST_HEADERS := test/gpu_check.cuh test/device_array.h test/random_model.h test/recompute_check.h
 EMULATOR_OBJ := build/test/kernel_emulator/emulator.o build/test/kernel_emulator/checker.o
 
-.PHONY: all deps deps-run data run test test-gpu bench-cpu bench-io bench-comm bench lab clean
+.PHONY: all deps deps-run data run test test-gpu bench-cpu bench-io bench-comm bench bench-emulated lab clean
 
 all: train_cpu prepare_data plot test_cpu ep_check test_gpu_emulated gpu_model_emulated_check train_emulated \
-     bench_gpu_emulated bench_comm_emulated
+     bench_gpu_emulated bench_comm_emulated count_step_emulated
 
 build/%.o: %.cpp $(HEADERS)
 	@mkdir -p $(dir $@)
@@ -155,6 +157,15 @@ train_emulated: train.cu build/emulated/nccl_comm.o $(EMULATED_OBJ) $(EMULATOR) 
 bench_gpu_emulated: test/bench_gpu.cu $(EMULATED_OBJ) $(EMULATOR) $(CORE_OBJ) $(GPU_HEADERS)
 	$(CXX) $(EMULATOR_FLAGS) -x c++ test/bench_gpu.cu -x none $(EMULATED_OBJ) $(CORE_OBJ) -o $@ $(MPI_LIBS)
 
+# make bench-emulated: the GPU step's launches, products, host waits and bytes, counted (test/count_step.cpp)
+count_step_emulated: test/count_step.cpp $(EMULATED_OBJ) $(EMULATOR) $(CORE_OBJ) $(GPU_HEADERS)
+	$(CXX) $(EMULATOR_FLAGS) test/count_step.cpp $(EMULATED_OBJ) $(CORE_OBJ) -o $@ $(MPI_LIBS)
+
+bench-emulated: deps
+	$(MAKE) count_step_emulated
+	./count_step_emulated --config small --dtype bf16
+	./count_step_emulated --config small --dtype fp8
+
 bench_comm_emulated: test/bench_comm.cu build/emulated/nccl_comm.o $(EMULATED_OBJ) $(EMULATOR) $(CORE_OBJ) $(HEADERS)
 	$(CXX) $(EMULATOR_FLAGS) $(MPI_CFLAGS) -DOMPI_SKIP_MPICXX=1 -x c++ test/bench_comm.cu -x none \
 	  build/emulated/nccl_comm.o $(EMULATED_OBJ) $(CORE_OBJ) -o $@ $(MPI_LIBS)
@@ -216,5 +227,5 @@ lab-gpu:
 
 clean:
 	rm -rf build train_cpu prepare_data plot test_cpu ep_check bench_cpu bench_io train test_gpu bench_gpu bench_comm \
-	  test_gpu_emulated gpu_model_emulated_check train_emulated bench_gpu_emulated bench_comm_emulated
+	  test_gpu_emulated gpu_model_emulated_check train_emulated bench_gpu_emulated bench_comm_emulated count_step_emulated
 	$(MAKE) -C dev/cuda clean

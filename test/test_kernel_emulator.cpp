@@ -3,7 +3,7 @@
 // expose), then what it is for: the real kernels against the CPU reference
 // (./test_gpu_emulated) and the GPU model of gpu/ on the real kernels against the CPU model
 // (./gpu_model_emulated_check), each in two thread orders and under mpirun, and the benchmarks' programs on small
-// shapes.
+// shapes, the step's counts (make bench-emulated) included.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -14,6 +14,8 @@
 #include <thread>
 #include <vector>
 
+#include "model/config.h"
+#include "model/model.h"
 #include "test/kernel_emulator/cublasLt.h"
 #include "test/kernel_emulator/emulator.h"
 #include "test/kernel_emulator/planted_bugs.h"
@@ -300,4 +302,40 @@ TEST_CASE("kernel lab: every version of every dev/cuda program matches its CPU r
     REQUIRE(sscanf(r.out.c_str() + at, "lab: %d passed, %d failed", &passed, &failed) == 2);
     CHECK(failed == 0);
     CHECK(passed >= 22);  // 22 versions in 6 programs
+}
+
+// make bench-emulated's counts (test/count_step.cpp) on tiny: every region of the step, and AdamW's bytes its real
+// traffic, each byte once per launch: it reads the parameter, the gradient and both moments (16 bytes a parameter)
+// and its table of ranges (a few hundred bytes), and writes the parameter, both moments and the BF16 copy (14); the
+// gradient norm's first pass reads each gradient once (4 bytes).
+TEST_CASE("kernel emulator: make bench-emulated counts each kernel's bytes once") {
+    const CommandResult r = run("./count_step_emulated --config tiny --steps 1", "count_step_tiny.txt");
+    INFO(r.out);
+    REQUIRE(r.status == 0);
+    for (const char* region : {"zero grads, tokens in", "embedding", "attention forward", "router", "permute",
+                               "expert GEMMs", "shared experts", "head", "cross-entropy", "attention backward",
+                               "grad norm", "AdamW", "router bias"})
+        CHECK_MESSAGE(r.out.find("\n" + std::string(region) + " ") != std::string::npos, region);
+    Model host;
+    model_init(host, load_config("tiny"));
+    double P = 0.0;  // the values AdamW updates
+    for (const OptimizerRange& range : host.shard.ranges) P += (double)range.count;
+    const double table_bytes = 4096;
+    auto traffic = [&](const std::string& kernel, double* read, double* written) {
+        const size_t at = r.out.find("\n" + kernel + " ");
+        REQUIRE_MESSAGE(at != std::string::npos, kernel);
+        double launches = 0.0;
+        REQUIRE(sscanf(r.out.c_str() + at + kernel.size() + 1, "%lf %lf %lf", &launches, read, written) == 3);
+        CHECK(launches == 1.0);
+        *read *= 1e6;  // MB to bytes (printed to the byte)
+        *written *= 1e6;
+    };
+    double read = 0.0, written = 0.0;
+    traffic("gpu::adamw_kernel", &read, &written);
+    CHECK(written == doctest::Approx(14 * P).epsilon(1e-12));
+    CHECK(read >= 16 * P);
+    CHECK(read <= 16 * P + table_bytes);
+    traffic("gpu::grad_norm_partial_kernel", &read, &written);
+    CHECK(read >= 4 * P);
+    CHECK(read <= 4 * P + table_bytes);
 }

@@ -142,6 +142,7 @@ struct Checker {
     std::vector<unsigned char> touched;  // static bytes this launch used
     unsigned char* device = nullptr;     // DEVICE_BYTES of device memory
     GlobalGranule* granules = nullptr;   // one per GRANULE bytes of it
+    int64_t bytes_read = 0, bytes_written = 0;  // this launch's, each byte once (counts.h)
     std::map<size_t, size_t> free_ranges;
 };
 Checker c;
@@ -232,6 +233,8 @@ void global_access(const unsigned char* p, size_t bytes, bool write, const void*
     for (size_t i = offset / GRANULE; i <= (offset + bytes - 1) / GRANULE; i++) {
         GlobalGranule& g = c.granules[i];
         if (g.launch != c.launch) g = GlobalGranule{c.launch};
+        if (write && g.writer == 0) c.bytes_written += GRANULE;
+        if (!write && g.writer == 0 && g.reader == 0) c.bytes_read += GRANULE;
         const bool other_writer = g.writer != 0 && g.writer != me;
         if (other_writer || (write && g.reader != 0 && g.reader != me)) {
             const bool many = !other_writer && g.reader == MANY_BLOCKS;
@@ -352,6 +355,7 @@ void begin_launch(const void* kernel, unsigned char* dynamic_shared, size_t dyna
     c.touched.assign(c.static_bytes, 0);
     c.warp_syncs.assign((size_t)(threads + 31) / 32, 0);
     c.thread = -1;
+    c.bytes_read = c.bytes_written = 0;
     const char* check = getenv("EMULATOR_CHECK");
     c.active = !(check && std::string(check) == "0");
 }
@@ -451,6 +455,11 @@ const char* source_line(const void* return_address) {
         line = s ? demangled(s->mangled) + " (no line information: build with -g1)" : "an unknown place";
     }
     return lines.emplace(return_address, line).first->second.c_str();
+}
+
+void launch_bytes(int64_t* read, int64_t* written) {
+    *read = c.bytes_read;
+    *written = c.bytes_written;
 }
 
 const char* function_name(const void* function) {

@@ -25,6 +25,8 @@ void warp_synced(int warp);         // a __syncwarp of this warp opened
 // Throws unless the launch's static __shared__ variables and its dynamic shared memory fit the target's limit.
 void end_launch();
 void abandon_launch();  // the launch threw
+// The bytes of device memory the last launch read before writing them, and wrote, each byte once (counts.h).
+void launch_bytes(int64_t* read, int64_t* written);
 
 void async_issued(unsigned char* shared_dst, const void* global_src, const void* site);
 void async_landed(unsigned char* shared_dst);

@@ -35,6 +35,8 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include "counts.h"
+
 enum cublasStatus_t {
     CUBLAS_STATUS_SUCCESS = 0,
     CUBLAS_STATUS_NOT_INITIALIZED = 1,
@@ -308,6 +310,7 @@ inline cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cu
     emulated_cublaslt::Problem p;
     const cublasStatus_t status = emulated_cublaslt::problem(*desc, *a, *b, *c, *d, &p);
     if (status != CUBLAS_STATUS_SUCCESS) return status;
+    emulator::count_work(emulator::Work::heuristic, "cublasLtMatmulAlgoGetHeuristic");
     results[0] = cublasLtMatmulHeuristicResult_t{};
     for (int i = 0; i < 4; i++) results[0].algo.data[i] = pref->min_alignment[i];
     results[0].algo.data[4] = pref->max_workspace;
@@ -365,6 +368,11 @@ inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc
     memcpy(&al, alpha, sizeof al);
     memcpy(&be, beta, sizeof be);
     const bool ta = desc->op_a == CUBLAS_OP_T, tb = desc->op_b == CUBLAS_OP_T;
+    const uint64_t inputs = (p.m + p.n) * p.k * element_bytes + (fp8 ? (scale_a.floats() + scale_b.floats()) * 4 : 0);
+    emulator::count_work(emulator::Work::gemm, fp8 ? "cublasLtMatmul fp8" : element_bytes == 2 ? "cublasLtMatmul bf16"
+                                                                                                : "cublasLtMatmul fp32",
+                         (int64_t)(inputs + (be == 0.0f ? 0 : p.m * p.n * 4)), (int64_t)(p.m * p.n * 4),
+                         2.0 * (double)p.m * (double)p.n * (double)p.k);
     const int64_t lda = a->ld, ldb = b->ld, ldc = c->ld, ldd = d->ld;
     stand_in::launch(stream, [=] {
         emulated_cublaslt::multiply(p, al, be, ta, tb, A, lda, B, ldb, C, ldc, (float*)D, ldd, fp8, scale_a, scale_b);

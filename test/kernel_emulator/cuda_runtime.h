@@ -1,6 +1,6 @@
 // The kernel emulator's CUDA runtime (see emulator.h, stand_in.h): the part of the runtime API that gpu/, kernels/
 // and train.cu use, on host memory. Streams queue their work; events order it between streams but time nothing
-// (every region lasts 0 ms).
+// (every region lasts 0 ms). What the host asks of the device is counted (counts.h).
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -9,6 +9,8 @@
 #include <map>
 #include <tuple>
 
+#include "checker.h"
+#include "counts.h"
 #include "emulator.h"  // what kernel code sees of CUDA
 #include "stand_in.h"
 
@@ -21,9 +23,10 @@ enum cudaMemcpyKind {
     cudaMemcpyDefault = 4
 };
 typedef CUstream_st* cudaStream_t;
-struct CUevent_st {  // where the last record was made: a stream and its position
+struct CUevent_st {  // where the last record was made: a stream and its position, and the host's place (counts.h)
     CUstream_st* stream = nullptr;
     int64_t position = 0;
+    int64_t sequence = 0;
 };
 typedef CUevent_st* cudaEvent_t;
 constexpr unsigned cudaStreamNonBlocking = 1, cudaEventDisableTiming = 2;
@@ -83,6 +86,7 @@ inline cudaError_t cudaMalloc(T** p, size_t bytes) {
 // Waits for the device first (as the real cudaFree may), so queued work never touches freed memory.
 inline cudaError_t cudaFree(void* p) {
     if (!p) return cudaSuccess;
+    emulator::count_work(emulator::Work::host_wait, "cudaFree");
     stand_in::drain_all();
     stand_in::Memory& m = stand_in::memory();
     auto it = m.live.find((uintptr_t)p);
@@ -99,25 +103,39 @@ inline void stand_in_check_copy(void* dst, const void* src, size_t bytes, cudaMe
     if (kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice)
         stand_in::check_range(src, (int64_t)bytes, std::string(call) + " src");
 }
+// A copy's record: to the host, to the device, or within it.
+inline void stand_in_count_copy(size_t bytes, cudaMemcpyKind kind, const char* call) {
+    using emulator::Work;
+    const Work work = kind == cudaMemcpyDeviceToHost ? Work::copy_to_host
+                      : kind == cudaMemcpyHostToDevice ? Work::copy_to_device : Work::device_copy;
+    emulator::count_work(work, call, kind == cudaMemcpyHostToDevice ? 0 : (int64_t)bytes,
+                         kind == cudaMemcpyDeviceToHost ? 0 : (int64_t)bytes);
+}
 inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
                                    cudaStream_t stream = nullptr) {
     stand_in_check_copy(dst, src, bytes, kind, "cudaMemcpyAsync");
+    stand_in_count_copy(bytes, kind, "cudaMemcpyAsync");
     stand_in::launch(stream, [=] { memcpy(dst, src, bytes); });
     return cudaSuccess;
 }
 inline cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
     stand_in_check_copy(dst, src, bytes, kind, "cudaMemcpy");
+    emulator::count_work(emulator::Work::host_wait, "cudaMemcpy");
+    stand_in_count_copy(bytes, kind, "cudaMemcpy");
     stand_in::drain_blocking();
     memcpy(dst, src, bytes);
     return cudaSuccess;
 }
 inline cudaError_t cudaMemsetAsync(void* dst, int value, size_t bytes, cudaStream_t stream = nullptr) {
     stand_in::check_range(dst, (int64_t)bytes, "cudaMemsetAsync");
+    emulator::count_work(emulator::Work::memset, "cudaMemsetAsync", 0, (int64_t)bytes);
     stand_in::launch(stream, [=] { memset(dst, value, bytes); });
     return cudaSuccess;
 }
 inline cudaError_t cudaMemset(void* dst, int value, size_t bytes) {
     stand_in::check_range(dst, (int64_t)bytes, "cudaMemset");
+    emulator::count_work(emulator::Work::host_wait, "cudaMemset");
+    emulator::count_work(emulator::Work::memset, "cudaMemset", 0, (int64_t)bytes);
     stand_in::drain_blocking();
     memset(dst, value, bytes);
     return cudaSuccess;
@@ -128,6 +146,7 @@ inline cudaError_t cudaMemset2DAsync(void* dst, size_t pitch, int value, size_t 
                                      cudaStream_t stream = nullptr) {
     if (width == 0 || height == 0) return cudaSuccess;
     stand_in::check_range(dst, (int64_t)((height - 1) * pitch + width), "cudaMemset2DAsync");
+    emulator::count_work(emulator::Work::memset, "cudaMemset2DAsync", 0, (int64_t)(width * height));
     stand_in::launch(stream, [=] {
         for (size_t r = 0; r < height; r++) memset((char*)dst + r * pitch, value, width);
     });
@@ -151,12 +170,14 @@ inline cudaError_t cudaStreamDestroy(cudaStream_t s) {
     return cudaSuccess;
 }
 inline cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+    emulator::count_work(emulator::Work::host_wait, "cudaStreamSynchronize");
     stand_in::drain(s);
     return cudaSuccess;
 }
 // Runs the stream's queue, so its work is always complete when asked (never cudaErrorNotReady).
 inline cudaError_t cudaStreamQuery(cudaStream_t s) { return cudaStreamSynchronize(s); }
 inline cudaError_t cudaDeviceSynchronize() {
+    emulator::count_work(emulator::Work::host_wait, "cudaDeviceSynchronize");
     stand_in::drain_all();
     return cudaSuccess;
 }
@@ -172,7 +193,7 @@ inline cudaError_t cudaEventDestroy(cudaEvent_t e) {
 }
 inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr) {
     CUstream_st& q = stand_in::stream_or_default(s);
-    *e = CUevent_st{&q, q.done + (int64_t)q.pending.size()};
+    *e = CUevent_st{&q, q.done + (int64_t)q.pending.size(), emulator::next_sequence()++};
     return cudaSuccess;
 }
 // Work queued on s after this waits for the work queued on the event's stream before its record.
@@ -182,6 +203,7 @@ inline cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned =
     return cudaSuccess;
 }
 inline cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+    emulator::count_work(emulator::Work::host_wait, "cudaEventSynchronize");
     if (e->stream) stand_in::drain_until(*e->stream, e->position);
     return cudaSuccess;
 }
@@ -272,9 +294,15 @@ inline cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t* config, void (*k
     // converted to the parameter types now, as CUDA does
     const std::tuple<Params...> params(std::forward<Args>(args)...);
     const cudaLaunchConfig_t c = *config;
+    const int64_t record = emulator::count_work(
+        emulator::Work::kernel, emulator::counting() ? emulator::checker::function_name((const void*)kernel) : "");
     stand_in::launch(c.stream, [=] {
         emulator::run_grid(c.gridDim, c.blockDim, c.dynamicSmemBytes, [&] { std::apply(kernel, params); },
                            (const void*)kernel);
+        if (record >= 0) {
+            emulator::Record& r = emulator::records()[(size_t)record];
+            emulator::checker::launch_bytes(&r.bytes_read, &r.bytes_written);
+        }
     });
     return cudaSuccess;
 }

@@ -20,6 +20,7 @@
 
 #include <mpi.h>
 
+#include "counts.h"
 #include "cuda_runtime.h"
 
 enum ncclResult_t {
@@ -118,6 +119,8 @@ inline ncclResult_t add_transfer(bool send, const void* buf, size_t count, ncclD
     const size_t bytes = count * type_bytes(type);
     if (peer < 0 || peer >= comm->size || mpi_count(bytes) < 0) return ncclInvalidArgument;
     stand_in::check_range(buf, (int64_t)bytes, send ? "ncclSend buffer" : "ncclRecv buffer");
+    emulator::count_work(emulator::Work::comm, send ? "ncclSend" : "ncclRecv", send ? (int64_t)bytes : 0,
+                         send ? 0 : (int64_t)bytes);
     group().transfers.push_back(Transfer{send, const_cast<void*>(buf), bytes, peer, comm, stream});
     if (group().depth == 0) {  // outside a group: a group of its own
         std::vector<Transfer> one;
@@ -220,6 +223,8 @@ inline ncclResult_t ncclAlltoAll(const void* in, void* out, size_t count, ncclDa
     stand_in::check_range(in, (int64_t)(bytes * comm->size), "ncclAlltoAll input");
     stand_in::check_range(out, (int64_t)(bytes * comm->size), "ncclAlltoAll output");
     if (in == out) return ncclInvalidArgument;
+    emulator::count_work(emulator::Work::comm, "ncclAlltoAll", (int64_t)(bytes * comm->size),
+                         (int64_t)(bytes * comm->size));
     stand_in::launch(stream, [=] {
         if (comm->mpi == MPI_COMM_NULL) {
             memcpy(out, in, bytes);
@@ -237,6 +242,7 @@ inline ncclResult_t ncclAllReduce(const void* in, void* out, size_t count, ncclD
     if (emulated_nccl::mpi_count(count) < 0) return ncclInvalidArgument;
     stand_in::check_range(in, (int64_t)bytes, "ncclAllReduce input");
     stand_in::check_range(out, (int64_t)bytes, "ncclAllReduce output");
+    emulator::count_work(emulator::Work::comm, "ncclAllReduce", (int64_t)bytes, (int64_t)bytes);
     stand_in::launch(stream, [=] {
         if (comm->mpi == MPI_COMM_NULL) {
             if (in != out) memmove(out, in, bytes);
@@ -258,6 +264,7 @@ inline ncclResult_t ncclReduceScatter(const void* in, void* out, size_t count, n
     if (emulated_nccl::mpi_count(count) < 0) return ncclInvalidArgument;
     stand_in::check_range(in, (int64_t)(bytes * comm->size), "ncclReduceScatter input");
     stand_in::check_range(out, (int64_t)bytes, "ncclReduceScatter output");
+    emulator::count_work(emulator::Work::comm, "ncclReduceScatter", (int64_t)(bytes * comm->size), (int64_t)bytes);
     stand_in::launch(stream, [=] {
         std::vector<char> input((const char*)in, (const char*)in + bytes * comm->size);
         if (comm->mpi == MPI_COMM_NULL) {
@@ -276,6 +283,7 @@ inline ncclResult_t ncclAllGather(const void* in, void* out, size_t count, ncclD
     if (emulated_nccl::mpi_count(bytes) < 0) return ncclInvalidArgument;
     stand_in::check_range(in, (int64_t)bytes, "ncclAllGather input");
     stand_in::check_range(out, (int64_t)(bytes * comm->size), "ncclAllGather output");
+    emulator::count_work(emulator::Work::comm, "ncclAllGather", (int64_t)bytes, (int64_t)(bytes * comm->size));
     stand_in::launch(stream, [=] {
         std::vector<char> input((const char*)in, (const char*)in + bytes);
         if (comm->mpi == MPI_COMM_NULL) {
@@ -294,6 +302,8 @@ inline ncclResult_t ncclBroadcast(const void* in, void* out, size_t count, ncclD
     if (root < 0 || root >= comm->size || emulated_nccl::mpi_count(bytes) < 0) return ncclInvalidArgument;
     if (comm->rank == root) stand_in::check_range(in, (int64_t)bytes, "ncclBroadcast input");
     stand_in::check_range(out, (int64_t)bytes, "ncclBroadcast output");
+    emulator::count_work(emulator::Work::comm, "ncclBroadcast", comm->rank == root ? (int64_t)bytes : 0,
+                         (int64_t)bytes);
     stand_in::launch(stream, [=] {
         if (comm->rank == root && in != out) memmove(out, in, bytes);
         if (comm->mpi != MPI_COMM_NULL && MPI_Bcast(out, (int)bytes, MPI_BYTE, root, comm->mpi) != MPI_SUCCESS)
