@@ -16,6 +16,8 @@ PYTHON   ?= /usr/bin/python3
 MPI_CFLAGS = $(shell mpicxx --showme:compile 2>/dev/null)
 MPI_LIBS   = $(filter-out -lmpi_cxx,$(shell mpicxx --showme:link 2>/dev/null))
 THREADS  ?= $(shell nproc)
+# OpenMPI refuses root unless told; more ranks than cores need --oversubscribe
+MPIRUN   := mpirun --oversubscribe $(if $(filter 0,$(shell id -u)),--allow-run-as-root)
 
 CORE_SRC := $(wildcard model/*.cpp io/*.cpp comm/*.cpp trainer/*.cpp data/*.cpp) tools/plot.cpp
 CORE_OBJ := $(patsubst %.cpp,build/%.o,$(CORE_SRC))
@@ -158,13 +160,16 @@ bench_gpu_emulated: test/bench_gpu.cu $(EMULATED_OBJ) $(EMULATOR) $(CORE_OBJ) $(
 	$(CXX) $(EMULATOR_FLAGS) -x c++ test/bench_gpu.cu -x none $(EMULATED_OBJ) $(CORE_OBJ) -o $@ $(MPI_LIBS)
 
 # make bench-emulated: the GPU step's launches, products, host waits and bytes, counted (test/count_step.cpp)
-count_step_emulated: test/count_step.cpp $(EMULATED_OBJ) $(EMULATOR) $(CORE_OBJ) $(GPU_HEADERS)
-	$(CXX) $(EMULATOR_FLAGS) test/count_step.cpp $(EMULATED_OBJ) $(CORE_OBJ) -o $@ $(MPI_LIBS)
+count_step_emulated: test/count_step.cpp build/emulated/nccl_comm.o $(EMULATED_OBJ) $(EMULATOR) $(CORE_OBJ) \
+                     $(GPU_HEADERS)
+	$(CXX) $(EMULATOR_FLAGS) test/count_step.cpp build/emulated/nccl_comm.o $(EMULATED_OBJ) $(CORE_OBJ) -o $@ \
+	  $(MPI_LIBS)
 
 bench-emulated: deps
 	$(MAKE) count_step_emulated
-	./count_step_emulated --config small --dtype bf16
-	./count_step_emulated --config small --dtype fp8
+	./count_step_emulated --config small --dtype bf16 --steps 4
+	./count_step_emulated --config small --dtype fp8 --steps 4
+	STAND_IN_GPUS=2 $(MPIRUN) -np 2 ./count_step_emulated --config small --dtype bf16 --steps 4 --ep 2
 
 bench_comm_emulated: test/bench_comm.cu build/emulated/nccl_comm.o $(EMULATED_OBJ) $(EMULATOR) $(CORE_OBJ) $(HEADERS)
 	$(CXX) $(EMULATOR_FLAGS) $(MPI_CFLAGS) -DOMPI_SKIP_MPICXX=1 -x c++ test/bench_comm.cu -x none \

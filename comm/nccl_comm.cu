@@ -125,7 +125,7 @@ public:
 
     // in place: NCCL's reduce-scatter writes piece i at in + i * piece, its all-gather reads it from there
     void reduce_scatter_sum(float* data, int64_t piece, Group g) override {
-        if (piece == 0) return;
+        if (piece == 0 || group_size(g) == 1) return;
         const size_t bytes = (size_t)(piece * group_size(g)) * sizeof(float);
         on_device(data, bytes, data, bytes, [&](const void* in, void* out) {
             check_nccl(ncclReduceScatter(in, static_cast<float*>(out) + group_rank(g) * piece, piece, ncclFloat32,
@@ -134,7 +134,7 @@ public:
         });
     }
     void all_gather(float* data, int64_t piece, Group g) override {
-        if (piece == 0) return;
+        if (piece == 0 || group_size(g) == 1) return;
         const size_t bytes = (size_t)(piece * group_size(g)) * sizeof(float);
         on_device(data, bytes, data, bytes, [&](const void* in, void* out) {
             check_nccl(ncclAllGather(static_cast<const float*>(in) + group_rank(g) * piece, out, piece, ncclFloat32,
@@ -193,7 +193,8 @@ private:
         });
     }
     void reduce(void* data, int64_t n, ncclDataType_t type, size_t element_bytes, Group g) {
-        if (n == 0) return;  // every rank passes the same n (an empty buffer may be nullptr)
+        // every rank passes the same n (an empty buffer may be nullptr); over one rank the sum is the data
+        if (n == 0 || group_size(g) == 1) return;
         const size_t bytes = (size_t)n * element_bytes;
         on_device(data, bytes, data, bytes, [&](const void* in, void* out) {
             check_nccl(ncclAllReduce(in, out, n, type, ncclSum, nccl_group(g), stream_), "ncclAllReduce");

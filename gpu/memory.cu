@@ -25,6 +25,17 @@ static void* device_alloc(int64_t bytes, const char* what) {
     return p;
 }
 
+// Pinned host memory (cudaMallocHost): copies to and from it queue on the stream without waiting.
+static void* pinned_alloc(int64_t bytes, const char* what) {
+    void* p = nullptr;
+    if (cudaMallocHost(&p, (size_t)bytes) != cudaSuccess) {
+        (void)cudaGetLastError();
+        throw std::runtime_error("out of pinned host memory allocating " + std::to_string(bytes >> 20) + " MiB for " +
+                                 what);
+    }
+    return p;
+}
+
 static int64_t bytes_of(const std::function<void(Arena&)>& carve) {
     Arena counting;
     carve(counting);
@@ -306,6 +317,23 @@ static ExpertScratch carve_expert_scratch(Arena& ar, const Config& c, int ep_siz
     return s;
 }
 
+static BatchStaging carve_staging(Arena& ar, int64_t N) {
+    BatchStaging io;
+    io.inputs = ar.take<int32_t>(N);
+    io.targets = ar.take<int32_t>(N);
+    io.mtp_targets = ar.take<int32_t>(N);
+    io.input_rows = ar.take<int32_t>(3 * N + 1);
+    io.target_rows = ar.take<int32_t>(3 * N + 1);
+    io.losses = ar.take<float>(N);
+    io.mtp_losses = ar.take<float>(N);
+    return io;
+}
+
+BatchStaging batch_staging(const GpuModel& m) {
+    Arena ar{static_cast<char*>(m.host_io), 0};
+    return carve_staging(ar, (int64_t)m.max_B * m.T);
+}
+
 ExpertScratch expert_scratch_of(const GpuModel& m) {
     Arena ar{static_cast<char*>(m.expert_scratch), 0};
     return carve_expert_scratch(ar, m.config, m.comm->ep_size, m.expert_scratch_rows);
@@ -435,6 +463,13 @@ static void allocate(GpuModel& m, const Config& c, Comm& comm, Precision p, int 
     m.range_norms_device = reinterpret_cast<double*>(ranges + packed_ranges.size());
     m.norm_partials = m.range_norms_device + m.shard_ranges.ranges;
     gpu::matmul_create(m.matmul, m.stream, bf16 ? cast_elements(c, N, 0) : gpu::MatmulCasts{}, p == Precision::FP8);
+    const auto carve_host_io = [&](Arena& host) {
+        carve_staging(host, N);
+        m.balance_host = host.take<double>((int64_t)c.num_blocks() * B);
+    };
+    m.host_io = pinned_alloc(bytes_of(carve_host_io), "the batch's and the losses' copies");
+    Arena host{static_cast<char*>(m.host_io), 0};
+    carve_host_io(host);
     m.expert_counts.assign(c.num_blocks(), {});
     for (int l = 0; l < c.num_blocks(); l++)
         if (c.is_moe_layer(l)) {
@@ -485,6 +520,7 @@ void gpu_model_free(GpuModel& m) {
                     m.fp8_alloc, m.arena, m.scratch, m.expert_scratch, m.optimizer_tables})
         CUDA_CHECK(cudaFree(p));
     gpu::matmul_destroy(m.matmul);
+    if (m.host_io) CUDA_CHECK(cudaFreeHost(m.host_io));
     if (m.stream) CUDA_CHECK(cudaStreamDestroy(m.stream));
     m = GpuModel();
 }

@@ -72,7 +72,7 @@ void mla_backward(GpuModel& m, const BlockWeights& w, BlockWeights& g, const Gpu
     m.timer.mark("attention projections");
     gpu::matmul_backward(m.matmul, s.dc_kv_normed, g.kv_b, s.dkv, {a.c_kv_normed, a.c_kv_normed16},
                          weight_of(m, w.kv_b), N, kr, H * (dn + dv), false);
-    gpu::rmsnorm_backward(s.dc_kv, g.kv_a_norm, s.dc_kv_normed, a.c_kv, w.kv_a_norm, a.c_kv_rstd, N, kr, false,
+    gpu::rmsnorm_backward(s.dc_kv, g.kv_a_norm, s.dc_kv_normed, a.c_kv, w.kv_a_norm, a.c_kv_rstd, N, kr, nullptr,
                           s.rms, m.stream);
     gpu::copy_columns(s.dkv_a, kr + dr, s.dc_kv, kr, N, kr, m.stream);
     gpu::matmul_backward(m.matmul, dx, g.kv_a, s.dkv_a, x, weight_of(m, w.kv_a), N, d, kr + dr, false);
@@ -80,7 +80,7 @@ void mla_backward(GpuModel& m, const BlockWeights& w, BlockWeights& g, const Gpu
     if (qr > 0) {
         gpu::matmul_backward(m.matmul, s.dq_a_normed, g.q_b, s.dq, {a.q_a_normed, a.q_a_normed16}, weight_of(m, w.q_b),
                              N, qr, H * dqk, false);
-        gpu::rmsnorm_backward(s.dq_a, g.q_a_norm, s.dq_a_normed, a.q_a, w.q_a_norm, a.q_a_rstd, N, qr, false, s.rms,
+        gpu::rmsnorm_backward(s.dq_a, g.q_a_norm, s.dq_a_normed, a.q_a, w.q_a_norm, a.q_a_rstd, N, qr, nullptr, s.rms,
                               m.stream);
         gpu::matmul_backward(m.matmul, dx, g.q_a, s.dq_a, x, weight_of(m, w.q_a), N, d, qr, true);
     } else {

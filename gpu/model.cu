@@ -29,10 +29,10 @@ static NextNorm attention_norm(GpuModel& m, int layer) {
 }
 
 // h_mid = h_in + Attn(RMSNorm(h_in)); h_out = h_mid + FFN(RMSNorm(h_mid)); next = RMSNorm(h_out). The block's own
-// attention norm was computed by whoever wrote h_in. Returns the block's balance loss. h_out nullptr: only the
-// activations the backward reads (a recomputation).
-static double block_forward(GpuModel& m, int layer, const float* h_in, float* h_out, const NextNorm& next,
-                            bool training, bool with_loss) {
+// attention norm was computed by whoever wrote h_in. with_loss: a MoE block's balance loss is queued to the host
+// (balance_loss reads it). h_out nullptr: only the activations the backward reads (a recomputation).
+static void block_forward(GpuModel& m, int layer, const float* h_in, float* h_out, const NextNorm& next,
+                          bool training, bool with_loss) {
     const Config& c = m.config;
     const BlockWeights& w = m.w.blocks[layer];
     GpuBlockActs& a = block_acts(m, layer);
@@ -43,22 +43,20 @@ static double block_forward(GpuModel& m, int layer, const float* h_in, float* h_
     m.timer.mark("rmsnorm + residual");
     gpu::residual_rmsnorm_forward(a.h_mid, a.ffn_normed, a.ffn_normed16, a.ffn_rstd, h_in, a.attn_out, w.ffn_norm, N,
                                   d, c.rms_norm_eps, m.stream);
-    double balance = 0.0;
     if (c.is_moe_layer(layer)) {
-        moe_forward(m, w, a.moe, {a.ffn_normed, a.ffn_normed16}, a.ffn_out, with_loss);
+        moe_forward(m, w, a.moe, {a.ffn_normed, a.ffn_normed16}, a.ffn_out,
+                    with_loss ? m.balance_host + (int64_t)layer * m.max_B : nullptr);
         if (training)
             for (int e = 0; e < c.n_routed_experts; e++) m.expert_counts[layer][e] += a.moe.counts_host[e];
-        balance = a.moe.balance_loss;
     } else {
         m.timer.mark("dense FFN");
         ffn_forward(m, a.ffn_out, a.dense, {a.ffn_normed, a.ffn_normed16}, w.gate, w.up, w.down, N, d,
                     c.intermediate_size);
     }
-    if (!h_out) return balance;
+    if (!h_out) return;
     m.timer.mark("rmsnorm + residual");
     gpu::residual_rmsnorm_forward(h_out, next.out, next.out16, next.rstd, a.h_mid, a.ffn_out, next.weight, N, d,
                                   c.rms_norm_eps, m.stream);
-    return balance;
 }
 
 // The attention norm of block `layer` on its input h (for the blocks no earlier block feeds: the first, and MTP's).
@@ -96,15 +94,14 @@ static void block_backward(GpuModel& m, int layer, const float* h_in, const floa
         ffn_backward(m, s.dnormed, g.gate, g.up, g.down, dh_out, a.dense, {a.ffn_normed, a.ffn_normed16}, w.gate, w.up,
                      w.down, N, d, c.intermediate_size, false, s.ffn_da, s.ffn_dg, s.ffn_du);
     }
-    m.timer.mark("rmsnorm + residual");
-    CUDA_CHECK(cudaMemcpyAsync(s.dh_mid, dh_out, N * d * sizeof(float), cudaMemcpyDeviceToDevice, m.stream));
-    gpu::rmsnorm_backward(s.dh_mid, g.ffn_norm, s.dnormed, a.h_mid, w.ffn_norm, a.ffn_rstd, N, d, true, s.rms,
+    m.timer.mark("rmsnorm + residual");  // the residual's gradient flows past each norm: dh_mid = dh_out + ...
+    gpu::rmsnorm_backward(s.dh_mid, g.ffn_norm, s.dnormed, a.h_mid, w.ffn_norm, a.ffn_rstd, N, d, dh_out, s.rms,
                           m.stream);
-    CUDA_CHECK(cudaMemcpyAsync(dh_in, s.dh_mid, N * d * sizeof(float), cudaMemcpyDeviceToDevice, m.stream));
     m.timer.mark("attention projections");
     mla_backward(m, w, g, a.mla, {a.attn_normed, a.attn_normed16}, s.dh_mid, s.dnormed, s);
     m.timer.mark("rmsnorm + residual");
-    gpu::rmsnorm_backward(dh_in, g.attn_norm, s.dnormed, h_in, w.attn_norm, a.attn_rstd, N, d, true, s.rms, m.stream);
+    gpu::rmsnorm_backward(dh_in, g.attn_norm, s.dnormed, h_in, w.attn_norm, a.attn_rstd, N, d, s.dh_mid, s.rms,
+                          m.stream);
 }
 
 // x's rows from `first` on, x holding rows of `width` values (either copy may be absent)
@@ -173,21 +170,38 @@ static void head_backward(GpuModel& m, const Scratch& s, float* dnormed, const H
     }
 }
 
-// Sum of the first n per-row losses, in double, in row order (the CPU's order).
-static double sum_losses(GpuModel& m, int64_t n) {
-    std::vector<float> losses(n);
-    copy_sync(m, losses.data(), m.losses, n, cudaMemcpyDeviceToHost);
+// Sum of n per-row losses, in double, in row order (the CPU's order).
+static double sum_losses(const float* losses, int64_t n) {
     double total = 0.0;
-    for (float l : losses) total += l;
+    for (int64_t i = 0; i < n; i++) total += losses[i];
     return total;
 }
 
-// The n tokens at src grouped by token into rows (on the device) for the embedding's backward
-static void upload_token_rows(GpuModel& m, gpu::TokenRows& rows, const int32_t* src, int64_t n) {
-    std::vector<int32_t> packed(3 * n + 1);
+// n values from the host's pinned copy to the device, queued: the batch's way in (no wait)
+template <typename T>
+static void upload(GpuModel& m, T* device, const T* pinned, int64_t n) {
+    CUDA_CHECK(cudaMemcpyAsync(device, pinned, n * sizeof(T), cudaMemcpyHostToDevice, m.stream));
+}
+
+// The n tokens at src grouped by token into rows (on the device) for the embedding's backward, through `pinned`
+static void upload_token_rows(GpuModel& m, gpu::TokenRows& rows, const int32_t* src, int64_t n, int32_t* pinned) {
     rows.rows = n;
-    rows.distinct = gpu::token_rows_pack(src, n, packed.data());
-    copy_sync(m, rows.packed, packed.data(), (int64_t)packed.size(), cudaMemcpyHostToDevice);
+    rows.distinct = gpu::token_rows_pack(src, n, pinned);
+    upload(m, rows.packed, pinned, 3 * n + 1);
+}
+
+// The balance losses the forward queued, block by block in the CPU's order, once the stream is waited for
+static double balance_loss(const GpuModel& m) {
+    const Config& c = m.config;
+    double total = 0.0;
+    if (c.aux_loss_alpha <= 0) return total;
+    for (int l = 0; l < c.num_blocks(); l++) {
+        if (!c.is_moe_layer(l)) continue;
+        double block = 0.0;  // alpha sum_i f_i P_i, averaged over the B sequences
+        for (int b = 0; b < m.B; b++) block += c.aux_loss_alpha * m.balance_host[(int64_t)l * m.max_B + b] / m.B;
+        total += block;
+    }
+    return total;
 }
 
 LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* targets, int B, bool training) {
@@ -199,29 +213,33 @@ LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* t
     const int T = m.T;
     const int64_t N = (int64_t)B * T, d = c.hidden_size, L = c.num_hidden_layers;
     LossParts loss;
-    copy_sync(m, m.inputs, inputs, N, cudaMemcpyHostToDevice);
+    // the batch's tokens and token rows, and the losses, pass through pinned memory (BatchStaging), so the
+    // forward's one wait is at its end
+    const BatchStaging io = batch_staging(m);
+    std::copy(inputs, inputs + N, io.inputs);
+    upload(m, m.inputs, io.inputs, N);
     m.timer.mark("embedding");
     gpu::embedding_forward(m.residual[0], m.inputs, m.w.embed, N, d, m.stream);
     const NextNorm final_norm{m.w.final_norm, m.final_normed, m.final_normed16, m.final_rstd};
     block_input_norm(m, 0, m.residual[0]);
     for (int l = 0; l < L; l++) {
         const NextNorm next = l + 1 < L ? attention_norm(m, l + 1) : final_norm;
-        loss.balance += block_forward(m, l, m.residual[l], m.residual[l + 1], next, training, targets != nullptr);
+        block_forward(m, l, m.residual[l], m.residual[l + 1], next, training, targets != nullptr);
     }
     if (!targets) {  // the logits only, for gpu_model_logits_row
         if (keeps_logits(m)) head_forward(m, main_head(m, false));
         sync(m);
         return loss;
     }
-    upload_token_rows(m, m.input_rows, inputs, N);  // for a backward, sorted on the host while the GPU runs
-    copy_sync(m, m.targets, targets, N, cudaMemcpyHostToDevice);
+    upload_token_rows(m, m.input_rows, inputs, N, io.input_rows);  // for a backward, sorted while the GPU runs
+    std::copy(targets, targets + N, io.targets);
+    upload(m, m.targets, io.targets, N);
     head_forward(m, main_head(m, true));
-    if (c.num_nextn_predict_layers > 0) upload_token_rows(m, m.target_rows, targets, N);  // while the head runs
-    loss.main = sum_losses(m, N) / N;
+    CUDA_CHECK(cudaMemcpyAsync(io.losses, m.losses, N * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
     if (c.num_nextn_predict_layers > 0) {
-        std::vector<int32_t> mtp_targets(N);
-        for (int64_t t = 0; t < N; t++) mtp_targets[t] = (t % T == T - 1) ? -1 : targets[t + 1];
-        copy_sync(m, m.mtp_targets, mtp_targets.data(), N, cudaMemcpyHostToDevice);
+        upload_token_rows(m, m.target_rows, targets, N, io.target_rows);  // while the head runs
+        for (int64_t t = 0; t < N; t++) io.mtp_targets[t] = (t % T == T - 1) ? -1 : targets[t + 1];
+        upload(m, m.mtp_targets, io.mtp_targets, N);
         m.timer.mark("embedding");
         gpu::embedding_forward(m.next_embed, m.targets, m.w.embed, N, d, m.stream);
         m.timer.mark("rmsnorm + residual");
@@ -237,10 +255,14 @@ LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* t
                             d, false);
         block_input_norm(m, (int)L, m.mtp_in);
         const NextNorm mtp_norm{m.w.mtp_norm, m.mtp_normed, m.mtp_normed16, m.mtp_rstd};
-        loss.balance += block_forward(m, (int)L, m.mtp_in, m.mtp_out, mtp_norm, training, true);
+        block_forward(m, (int)L, m.mtp_in, m.mtp_out, mtp_norm, training, true);
         head_forward(m, mtp_head(m));
-        loss.mtp = sum_losses(m, N) / ((double)B * (T - 1));
+        CUDA_CHECK(cudaMemcpyAsync(io.mtp_losses, m.losses, N * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
     }
+    sync(m);
+    loss.main = sum_losses(io.losses, N) / N;
+    if (c.num_nextn_predict_layers > 0) loss.mtp = sum_losses(io.mtp_losses, N) / ((double)B * (T - 1));
+    loss.balance = balance_loss(m);
     loss.total = loss.main + c.mtp_loss_weight * loss.mtp + loss.balance;
     return loss;
 }
@@ -257,7 +279,7 @@ void gpu_model_backward(GpuModel& m, float loss_scale) {
         const float mtp_scale = loss_scale * c.mtp_loss_weight / ((float)B * (T - 1));
         head_backward(m, s, s.dmtp, mtp_head(m), mtp_scale);
         m.timer.mark("rmsnorm + residual");
-        gpu::rmsnorm_backward(s.dmtp_out, m.g.mtp_norm, s.dmtp, m.mtp_out, m.w.mtp_norm, m.mtp_rstd, N, d, false,
+        gpu::rmsnorm_backward(s.dmtp_out, m.g.mtp_norm, s.dmtp, m.mtp_out, m.w.mtp_norm, m.mtp_rstd, N, d, nullptr,
                               s.rms, m.stream);
         block_backward(m, (int)L, m.mtp_in, s.dmtp_out, s.dmtp, loss_scale, s);
         m.timer.mark("head");
@@ -267,15 +289,15 @@ void gpu_model_backward(GpuModel& m, float loss_scale) {
         m.timer.mark("rmsnorm + residual");
         gpu::copy_columns(s.dhalf, d, s.dconcat + d, 2 * d, N, d, m.stream);
         gpu::rmsnorm_backward(s.dfinal, m.g.mtp_hnorm, s.dhalf, m.final_normed, m.w.mtp_hnorm, m.hnorm_rstd, N, d,
-                              true, s.rms, m.stream);
+                              s.dfinal, s.rms, m.stream);
         gpu::copy_columns(s.dhalf, d, s.dconcat, 2 * d, N, d, m.stream);
-        gpu::rmsnorm_backward(s.dnext, m.g.mtp_enorm, s.dhalf, m.next_embed, m.w.mtp_enorm, m.enorm_rstd, N, d, false,
+        gpu::rmsnorm_backward(s.dnext, m.g.mtp_enorm, s.dhalf, m.next_embed, m.w.mtp_enorm, m.enorm_rstd, N, d, nullptr,
                               s.rms, m.stream);
         m.timer.mark("embedding");
         gpu::embedding_backward(m.g.embed, s.dnext, m.target_rows, d, m.stream);
     }
     m.timer.mark("rmsnorm + residual");
-    gpu::rmsnorm_backward(dh, m.g.final_norm, s.dfinal, m.residual[L], m.w.final_norm, m.final_rstd, N, d, false,
+    gpu::rmsnorm_backward(dh, m.g.final_norm, s.dfinal, m.residual[L], m.w.final_norm, m.final_rstd, N, d, nullptr,
                           s.rms, m.stream);
     for (int64_t l = L - 1; l >= 0; l--) {
         block_backward(m, (int)l, m.residual[l], dh, dh_prev, loss_scale, s);
@@ -283,7 +305,6 @@ void gpu_model_backward(GpuModel& m, float loss_scale) {
     }
     m.timer.mark("embedding");
     gpu::embedding_backward(m.g.embed, dh, m.input_rows, d, m.stream);
-    sync(m);
 }
 
 void gpu_model_logits_row(GpuModel& m, int64_t row, float* out) {
@@ -299,7 +320,7 @@ void gpu_model_zero_grads(GpuModel& m) {
 }
 
 void gpu_model_reduce_grads(GpuModel& m) {
-    sync(m);  // the Comm runs on a stream of its own
+    if (m.comm->world > 1) sync(m);  // the Comm runs on a stream of its own
     shard_reduce_grads(m.shard, m.grads, *m.comm);
 }
 
@@ -322,7 +343,7 @@ void gpu_model_adamw(GpuModel& m, AdamWState& opt, const OptimizerConfig& oc, fl
     m.timer.mark("AdamW");
     gpu::adamw_update(m.shard_ranges, m.params, m.params_bf16, m.grads, m.adam_m, m.adam_v, oc, lr, opt.step,
                       grad_multiplier, m.stream);
-    sync(m);
+    if (m.comm->world > 1) sync(m);
     shard_gather(m.shard, m.params, *m.comm);
     if (m.params_bf16)
         for (const OptimizerBucket& b : m.shard.buckets)
@@ -330,15 +351,16 @@ void gpu_model_adamw(GpuModel& m, AdamWState& opt, const OptimizerConfig& oc, fl
     refresh_fp8_weights(m);
 }
 
+// On the host's copy, then to the device without a wait: the copy's source changes again only at the next
+// update, after the next forward has waited for the stream.
 void gpu_model_update_router_bias(GpuModel& m, const std::vector<std::vector<int64_t>>& counts) {
     const Config& c = m.config;
-    std::vector<float> bias(c.n_routed_experts);
     for (int l = 0; l < c.num_blocks(); l++) {
         if (!c.is_moe_layer(l)) continue;
-        float* device_bias = m.w.blocks[l].router_bias;
-        copy_sync(m, bias.data(), device_bias, c.n_routed_experts, cudaMemcpyDeviceToHost);
+        std::vector<float>& bias = m.router_bias[l];
         router_bias_step(c, counts[l], bias.data());
-        copy_sync(m, device_bias, bias.data(), c.n_routed_experts, cudaMemcpyHostToDevice);
+        CUDA_CHECK(cudaMemcpyAsync(m.w.blocks[l].router_bias, bias.data(), bias.size() * sizeof(float),
+                                   cudaMemcpyHostToDevice, m.stream));
         std::fill(m.expert_counts[l].begin(), m.expert_counts[l].end(), 0);
     }
 }
@@ -352,6 +374,12 @@ void gpu_model_upload(GpuModel& m, const Model& host, const AdamWState& opt) {
     CUDA_CHECK(cudaMemcpy(m.adam_v, opt.v.data(), m.shard.moments * sizeof(float), cudaMemcpyHostToDevice));
     if (m.params_bf16) gpu::cast_to_bf16(m.params_bf16, m.params, m.table.total, m.stream);
     refresh_fp8_weights(m);
+    m.router_bias.assign(m.config.num_blocks(), {});
+    for (int l = 0; l < m.config.num_blocks(); l++)
+        if (m.config.is_moe_layer(l)) {
+            const float* bias = host.w.blocks[l].router_bias;
+            m.router_bias[l].assign(bias, bias + m.config.n_routed_experts);
+        }
     sync(m);
 }
 

@@ -90,9 +90,12 @@ struct GpuModel {
     void* expert_scratch = nullptr;  // the routed experts' backward buffers, grown with the largest layer
     int64_t expert_scratch_rows = 0;
     std::vector<std::vector<int64_t>> expert_counts;  // host, as Model::expert_counts
+    std::vector<std::vector<float>> router_bias;      // host copy of each MoE block's router bias (E), as on the device
     gpu::ShardRanges shard_ranges;     // the shard's ranges on the device (kernels/shard_ranges.h)
     void* optimizer_tables = nullptr;  // the allocation of shard_ranges' table and the two below
     double *range_norms_device = nullptr, *norm_partials = nullptr;  // each range's squared norm; chunk partials
+    void* host_io = nullptr;         // pinned host memory: BatchStaging, then balance_host
+    double* balance_host = nullptr;  // (num_blocks, max_B) each MoE block's balance loss per sequence, queued out
     RegionTimer timer;
 };
 
@@ -157,6 +160,13 @@ struct ExpertScratch {
     float *da, *dg, *du;              // (R, I)
 };
 Scratch scratch_of(const GpuModel& m);
+// The batch's way in and the losses' way out, in pinned host memory so that the copies queue without a wait:
+// tokens (N each), token rows (3N + 1 each, kernels/token_rows.h), the heads' per-token losses (N each).
+struct BatchStaging {
+    int32_t *inputs, *targets, *mtp_targets, *input_rows, *target_rows;
+    float *losses, *mtp_losses;
+};
+BatchStaging batch_staging(const GpuModel& m);
 ExpertScratch expert_scratch_of(const GpuModel& m);
 // Grows layer a's expert buffers (and the shared backward ones) to hold R rows.
 void ensure_expert_rows(GpuModel& m, GpuMoEActs& a, int64_t R);

@@ -99,19 +99,15 @@ static gpu::GemmInput expert_input(const GpuMoEActs& a, bool ep) {
     return {ep ? a.expert_in : a.rows_in, ep ? a.expert_in16 : a.rows_in16};
 }
 
-// alpha sum_i f_i P_i, averaged over the B sequences (one host copy of the B sequences' values)
-static double balance_loss(GpuModel& m, const GpuMoEActs& a, const Scratch& s) {
-    const Config& c = m.config;
+// Each sequence's sum_i f_i P_i (B values), queued to the host's `out` (the forward sums them after its wait)
+static void balance_loss(GpuModel& m, const GpuMoEActs& a, const Scratch& s, double* out) {
     m.timer.mark("router");
-    gpu::balance_loss(s.seq_balance, s.token_totals, s.seq_counts, a.scores, a.chosen, c, m.B, m.T, m.stream);
-    std::vector<double> per_sequence(m.B);
-    copy_sync(m, per_sequence.data(), s.seq_balance, m.B, cudaMemcpyDeviceToHost);
-    double loss = 0.0;
-    for (double v : per_sequence) loss += c.aux_loss_alpha * v / m.B;
-    return loss;
+    gpu::balance_loss(s.seq_balance, s.token_totals, s.seq_counts, a.scores, a.chosen, m.config, m.B, m.T, m.stream);
+    CUDA_CHECK(cudaMemcpyAsync(out, s.seq_balance, m.B * sizeof(double), cudaMemcpyDeviceToHost, m.stream));
 }
 
-void moe_forward(GpuModel& m, const BlockWeights& w, GpuMoEActs& a, gpu::GemmInput x, float* out, bool with_loss) {
+void moe_forward(GpuModel& m, const BlockWeights& w, GpuMoEActs& a, gpu::GemmInput x, float* out,
+                 double* balance_out) {
     const Config& c = m.config;
     const int64_t N = tokens(m), d = c.hidden_size, k = c.num_experts_per_tok, I = c.moe_intermediate_size;
     const int64_t S = (int64_t)c.n_shared_experts * I;
@@ -133,7 +129,7 @@ void moe_forward(GpuModel& m, const BlockWeights& w, GpuMoEActs& a, gpu::GemmInp
     if (S > 0) ffn_forward(m, out, a.shared, x, w.gate, w.up, w.down, N, d, S);
     m.timer.mark("permute");
     gpu::combine_forward(out, a.rows_out, a.gate_weights, a.row_of_assignment, N, (int)k, d, S > 0, m.stream);
-    a.balance_loss = with_loss && c.aux_loss_alpha > 0 ? balance_loss(m, a, s) : 0.0;
+    if (balance_out && c.aux_loss_alpha > 0) balance_loss(m, a, s, balance_out);
 }
 
 void moe_backward(GpuModel& m, const BlockWeights& w, BlockWeights& g, GpuMoEActs& a, gpu::GemmInput x,

@@ -24,7 +24,6 @@ struct GpuMoEActs {
     GpuSwigluActs shared;            // (N, n_shared * I)
     std::vector<int64_t> counts_host;  // (E) the plan's counts on the host
     DispatchPlan dispatch;             // what this rank sends, receives and computes
-    double balance_loss = 0.0;
     // The local experts' rows, R = dispatch.received() of them in expert order, in an allocation of their own that
     // grows when a step needs more (capacity expert_rows). EP > 1 only: expert_in, expert_in16, expert_out and the
     // permutation from arrival order to expert order and back.
@@ -38,8 +37,9 @@ struct GpuMoEActs {
 };
 
 // x (N, d) the normalised input -> out (N, d); a.counts_host holds this rank's tokens routed to each expert.
-// with_loss: compute the balance loss (a.balance_loss, else 0).
-void moe_forward(GpuModel& m, const BlockWeights& w, GpuMoEActs& a, gpu::GemmInput x, float* out, bool with_loss);
+// balance_out: the B sequences' balance loss terms are queued there (pinned host memory), or nullptr.
+void moe_forward(GpuModel& m, const BlockWeights& w, GpuMoEActs& a, gpu::GemmInput x, float* out,
+                 double* balance_out);
 // dout (N, d) -> dx (N, d) overwritten. balance_scale as model/moe.h's.
 void moe_backward(GpuModel& m, const BlockWeights& w, BlockWeights& g, GpuMoEActs& a, gpu::GemmInput x,
                   const float* dout, float* dx, float balance_scale, const Scratch& s);

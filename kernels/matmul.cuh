@@ -54,6 +54,11 @@ struct MatmulPlan {
 };
 // {operand type and scale modes, transa, transb, m, n, k, lda, ldb, ldd, align A, align B, align C/D}
 using MatmulKey = std::array<int64_t, 12>;
+// An algorithm the heuristic chose for a problem with the rows rounded up (matmul_plan), or none (found false)
+struct MatmulAlgo {
+    cublasLtMatmulAlgo_t algo{};
+    bool found = false;
+};
 
 // An FP8 product's scales: of A and of B, each per 1 x 128 tile (VEC128) or per 128 x 128 block (BLK128x128)
 struct Fp8Scales {
@@ -94,6 +99,7 @@ struct Matmul {  // one per caller stream
     bool fp8_enabled = false;                             // created for FP8 calls: matmul_reserve grows fp8 too
     int64_t fp8_refused = 0;                              // FP8 shapes cuBLASLt refused, run in BF16 instead
     std::map<MatmulKey, MatmulPlan> cache;
+    std::map<MatmulKey, MatmulAlgo> algos;  // by the key with the rows rounded up (matmul_plan)
 };
 
 // BF16 cast
@@ -121,6 +127,7 @@ inline void matmul_clear_cache(Matmul& mm) {
         CUBLAS_CHECK(cublasLtMatmulDescDestroy(p.desc));
     }
     mm.cache.clear();
+    mm.algos.clear();
 }
 
 // Frees what matmul_create allocated (also after a partial create); the Matmul is empty afterwards.
@@ -243,7 +250,8 @@ struct MatmulSite {
 };
 
 // One GEMM in column-major terms: D (m, n, ld ldd, FP32) (=|+=) op(A) (m, k) op(B) (k, n), A and B of `type`, stored
-// A: ta ? (k, m) : (m, k), B: tb ? (n, k) : (k, n), column-major with the given ld; FP8 with their scales.
+// A: ta ? (k, m) : (m, k), B: tb ? (n, k) : (k, n), column-major with the given ld; FP8 with their scales. The
+// activations' rows (the M of the row-major call, which changes with the routing) are n, or k in a weight gradient.
 struct MatmulProblem {
     GemmType type;
     bool ta, tb;
@@ -255,7 +263,57 @@ struct MatmulProblem {
     float* D;
     int64_t ldd;
     Fp8Scales scales;
+    bool rows_in_k = false;
 };
+
+// The problem's key with its rows rounded up to a power of two (at least 16), and any leading dimension that must
+// hold them: the problem the heuristic is asked for, so that one algorithm serves every row count of a size class.
+inline MatmulKey matmul_rows_class(MatmulKey key, const MatmulProblem& q) {
+    const int64_t rows = q.rows_in_k ? q.k : q.n;
+    int64_t rounded = 16;
+    while (rounded < rows) rounded *= 2;
+    key[q.rows_in_k ? 5 : 4] = rounded;
+    if (q.rows_in_k && q.ta) key[6] = std::max(key[6], rounded);  // A stored (k, m): lda holds the rows
+    if (q.rows_in_k != q.tb) key[7] = std::max(key[7], rounded);  // B stored (k, n) or (n, k): ldb holds them
+    return key;
+}
+
+// The column-major layouts of A, B and D for a problem's key (matmul_plan)
+inline void matmul_layouts(cudaDataType_t in_type, const MatmulKey& key, cublasLtMatrixLayout_t* a,
+                           cublasLtMatrixLayout_t* b, cublasLtMatrixLayout_t* d) {
+    const bool ta = key[1], tb = key[2];
+    const int64_t m = key[3], n = key[4], k = key[5];
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(a, in_type, ta ? k : m, ta ? m : k, key[6]));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(b, in_type, tb ? n : k, tb ? k : n, key[7]));
+    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(d, CUDA_R_32F, m, n, key[8]));
+}
+
+// The heuristic's one choice for the layouts a, b, d with p's descriptor, the workspace and the alignments of the
+// key's pointers. Not SUCCESS: the library's refusal (NOT_SUPPORTED: no algorithm).
+inline cublasStatus_t matmul_heuristic(Matmul& mm, const MatmulPlan& p, cublasLtMatrixLayout_t a,
+                                       cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t d, const MatmulKey& key,
+                                       cublasLtMatmulHeuristicResult_t* result) {
+    cublasLtMatmulPreference_t pref;
+    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const uint64_t workspace = mm.workspace_bytes;
+    const uint32_t align_a = (uint32_t)key[9], align_b = (uint32_t)key[10], align_d = (uint32_t)key[11];
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
+                                                      sizeof(workspace)));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
+                                                      sizeof(align_a)));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
+                                                      sizeof(align_b)));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d,
+                                                      sizeof(align_d)));
+    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
+                                                      sizeof(align_d)));
+    int found = 0;
+    cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(mm.handle, p.desc, a, b, d, d, pref, 1, result, &found);
+    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+    if (status == CUBLAS_STATUS_SUCCESS && (found == 0 || result->state != CUBLAS_STATUS_SUCCESS))
+        status = found == 0 ? CUBLAS_STATUS_NOT_SUPPORTED : result->state;
+    return status;
+}
 
 // The cached plan of a problem, made on first sight. No algorithm, or a failing heuristic, ends the program with the
 // problem reported. With fp8_optional an FP8 refusal instead returns found == false: cached, said once, run in BF16.
@@ -296,40 +354,40 @@ inline const MatmulPlan& matmul_plan(Matmul& mm, const MatmulSite& site, const M
         // the heuristic sees this problem's scales (null would mean "no scaling"); each call sets its own again
         set_scale_pointers(p.desc, q.scales);
     }
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, in_type, q.ta ? q.k : q.m, q.ta ? q.m : q.k, q.lda));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, in_type, q.tb ? q.n : q.k, q.tb ? q.k : q.n, q.ldb));
-    CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.d, CUDA_R_32F, q.m, q.n, q.ldd));
-    cublasLtMatmulPreference_t pref;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-    const uint64_t workspace = mm.workspace_bytes;
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
-                                                      sizeof(workspace)));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_a,
-                                                      sizeof(align_a)));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_b,
-                                                      sizeof(align_b)));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_d,
-                                                      sizeof(align_d)));
-    CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_d,
-                                                      sizeof(align_d)));
+    matmul_layouts(in_type, key, &p.a, &p.b, &p.d);
+    // The algorithm of the problem's size class (its rows rounded up: matmul_rows_class), if cuBLASLt takes it for
+    // this problem; else the heuristic's choice for this problem itself. Either is a function of the problem alone.
+    const MatmulKey rows_class = matmul_rows_class(key, q);
+    auto known = mm.algos.find(rows_class);
+    if (known == mm.algos.end()) {
+        cublasLtMatrixLayout_t a, b, d;
+        matmul_layouts(in_type, rows_class, &a, &b, &d);
+        cublasLtMatmulHeuristicResult_t result{};
+        const bool found = matmul_heuristic(mm, p, a, b, d, key, &result) == CUBLAS_STATUS_SUCCESS;
+        for (cublasLtMatrixLayout_t l : {a, b, d}) CUBLAS_CHECK(cublasLtMatrixLayoutDestroy(l));
+        known = mm.algos.emplace(rows_class, MatmulAlgo{result.algo, found}).first;
+    }
+    cublasLtMatmulHeuristicResult_t check{};
+    if (known->second.found &&
+        cublasLtMatmulAlgoCheck(mm.handle, p.desc, p.a, p.b, p.d, p.d, &known->second.algo, &check) ==
+            CUBLAS_STATUS_SUCCESS &&
+        check.workspaceSize <= mm.workspace_bytes) {
+        p.algo = known->second.algo;
+        p.found = true;
+        return mm.cache.emplace(key, p).first->second;
+    }
     cublasLtMatmulHeuristicResult_t result{};
-    int found = 0;
-    const cublasStatus_t status =
-        cublasLtMatmulAlgoGetHeuristic(mm.handle, p.desc, p.a, p.b, p.d, p.d, pref, 1, &result, &found);
-    CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
-    const bool none = status == CUBLAS_STATUS_NOT_SUPPORTED ||
-                      (status == CUBLAS_STATUS_SUCCESS && (found == 0 || result.state != CUBLAS_STATUS_SUCCESS));
+    const cublasStatus_t status = matmul_heuristic(mm, p, p.a, p.b, p.d, key, &result);
+    const bool none = status == CUBLAS_STATUS_NOT_SUPPORTED;
     // a refusal: no algorithm, or INVALID_VALUE, which the library may answer for an FP8 shape it does not take
     const bool refused = none || status == CUBLAS_STATUS_INVALID_VALUE;
     if (refused && fp8 && fp8_optional) {
         mm.fp8_refused++;
-        report("no FP8 algorithm", status == CUBLAS_STATUS_SUCCESS ? result.state : status,
-               "this product runs in BF16 (said once per shape)");
+        report("no FP8 algorithm", status, "this product runs in BF16 (said once per shape)");
         return mm.cache.emplace(key, p).first->second;
     }
-    if (none || status != CUBLAS_STATUS_SUCCESS) {
-        report(none ? "no algorithm" : "the heuristic failed", status == CUBLAS_STATUS_SUCCESS ? result.state : status,
-               "exiting");
+    if (status != CUBLAS_STATUS_SUCCESS) {
+        report(none ? "no algorithm" : "the heuristic failed", status, "exiting");
         exit(1);
     }
     p.algo = result.algo;
@@ -389,7 +447,7 @@ inline MatmulProblem gemm_dinp_problem(GemmType type, float* dinp, const void* d
 }
 inline MatmulProblem gemm_dW_problem(GemmType type, float* dW, const void* dout, const void* inp, int64_t M, int64_t K,
                                      int64_t N) {
-    return {type, false, true, K, N, M, inp, K, dout, N, dW, K, {}};
+    return {type, false, true, K, N, M, inp, K, dout, N, dW, K, {}, /*rows_in_k*/ true};
 }
 
 // The same three in FP8, "TN" on the copies stored with the summed dimension contiguous (docs/design.md §7.3).
@@ -406,7 +464,7 @@ inline MatmulProblem fp8_dW_problem(float* dW, const __nv_fp8_storage_t* dout_t,
                                     const __nv_fp8_storage_t* inp_t, const float* inp_t_scales, int64_t Mp, int64_t K,
                                     int64_t N) {
     const Fp8Scales scales{inp_t_scales, dout_t_scales, false, false};
-    return {GemmType::FP8, true, false, K, N, Mp, inp_t, Mp, dout_t, Mp, dW, K, scales};
+    return {GemmType::FP8, true, false, K, N, Mp, inp_t, Mp, dout_t, Mp, dW, K, scales, /*rows_in_k*/ true};
 }
 // Whether cuBLASLt takes an FP8 problem (an empty one trivially)
 inline bool fp8_takes(Matmul& mm, const MatmulSite& s, const MatmulProblem& q) {

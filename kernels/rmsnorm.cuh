@@ -3,7 +3,8 @@
 //             gets y in BF16 in the same pass: the copy the BF16 GEMMs read (GemmInput), with no cast kernel
 //   residual: the residual add fused with the norm after it: x = a + b is written out and normalised in one pass,
 //             by the same float add as the CPU's, so x is exact
-//   backward: dx_mc (=|+=) r_m dy_mc w_c - x_mc r_m^3 / C * sum_c' dy_mc' w_c' x_mc'
+//   backward: dx_mc = [add_mc +] r_m dy_mc w_c - x_mc r_m^3 / C * sum_c' dy_mc' w_c' x_mc'  (add: the residual's
+//             gradient, which the norm's is added to; it may be dx itself)
 //             dw_c += sum_m dy_mc x_mc r_m
 // dw needs no atomics: a thread per (chunk of RMSNORM_DW_ROWS rows, column) sums its rows in order into scratch
 // (chunks, C), then a thread per column sums the chunks in order. The chunking depends only on M, not on the GPU.
@@ -42,7 +43,7 @@ static __global__ void rmsnorm_forward_kernel(float* sum, float* out, __nv_bfloa
 
 // a thread block per row: dx
 static __global__ void rmsnorm_backward_dx_kernel(float* dinp, const float* dout, const float* inp, const float* w,
-                                           const float* rstd, int64_t C, bool accumulate) {
+                                           const float* rstd, int64_t C, const float* add) {
     const int64_t m = blockIdx.x;
     const float *x = inp + m * C, *dy = dout + m * C;
     const float r = rstd[m];
@@ -52,7 +53,7 @@ static __global__ void rmsnorm_backward_dx_kernel(float* dinp, const float* dout
     const float coef = r * r * r * dot / C;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
         const float g = r * dy[c] * w[c] - x[c] * coef;
-        dinp[m * C + c] = accumulate ? dinp[m * C + c] + g : g;
+        dinp[m * C + c] = add ? add[m * C + c] + g : g;
     }
 }
 
@@ -93,13 +94,14 @@ inline void residual_rmsnorm_forward(float* sum, float* out, __nv_bfloat16* out1
                   eps);
 }
 
-// dinp (M, C) (=|+=), dw (C) +=. scratch: rmsnorm_backward_scratch_floats(M, C) floats.
+// dinp (M, C) = [dinp_add +] the norm's input gradient (dinp_add: nullptr, or (M, C), dinp itself included),
+// dw (C) +=. scratch: rmsnorm_backward_scratch_floats(M, C) floats.
 inline void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
-                             const float* rstd, int64_t M, int64_t C, bool accumulate_dinp, float* scratch,
+                             const float* rstd, int64_t M, int64_t C, const float* dinp_add, float* scratch,
                              cudaStream_t stream) {
     if (M == 0) return;
     launch_kernel(rmsnorm_backward_dx_kernel, (unsigned)M, RMSNORM_THREADS, 0, stream, dinp, dout, inp, w, rstd, C,
-                  accumulate_dinp);
+                  dinp_add);
     const int64_t chunks = ceil_div(M, RMSNORM_DW_ROWS);
     const dim3 grid((unsigned)chunks, (unsigned)ceil_div(C, RMSNORM_THREADS));
     launch_kernel(rmsnorm_backward_dw_partial_kernel, grid, RMSNORM_THREADS, 0, stream, scratch, dout, inp, rstd, M, C);

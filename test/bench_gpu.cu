@@ -29,10 +29,11 @@
 //      one stream and spread over gpu::MATMUL_STREAMS (the model's setting): what running the small expert GEMMs
 //      concurrently gains. With --dtype fp8, the same table again with FP8 inputs (gpu::matmul_forward with the
 //      weight's E4M3 copies, the input quantized in 1 x 128 tiles: "quant ms"), the rate those GEMMs work with.
-//   2. the training step: 2 warm-up steps, then S timed ones of zero_grads, forward, backward, grad norm, AdamW
-//      (the trainer's step without data loading, one GPU, no NCCL): tokens/s, ms/step (wall clock), model TFLOP/s
-//      = tokens/s x model_flops_per_token(c, T) (Megatron-style: 6 x active params + causal attention) and MFU
-//      against the datasheet's dense BF16 peak (gpu_peak_flops) and against the measured GEMM ceiling.
+//   2. the training step: 2 warm-up steps, then S timed ones of zero_grads, forward, backward, grad norm, AdamW,
+//      router bias (the trainer's step without data loading, one GPU, no NCCL): tokens/s, ms/step (wall clock),
+//      model TFLOP/s = tokens/s x model_flops_per_token(c, T) (Megatron-style: 6 x active params + causal
+//      attention) and MFU against the datasheet's dense BF16 peak (gpu_peak_flops) and against the measured GEMM
+//      ceiling.
 //   3. one more step with the model's RegionTimer on: milliseconds per named region (CUDA events on the model's
 //      stream, so a region includes the host's gaps inside it, e.g. the expert-count sync in "permute"), sorted,
 //      and the attention kernels' share ("attention forward" + "attention backward"). The timer's events cost a
@@ -462,6 +463,8 @@ void bench_model(const Config& c, const Options& o, const cudaDeviceProp& prop, 
         if (timed_regions) m.timer.mark("grad norm");
         const double norm = gpu_model_grad_norm(m);
         gpu_model_adamw(m, opt, oc, oc.lr, clip_factor(oc, norm));
+        if (timed_regions) m.timer.mark("router bias");
+        gpu_model_update_router_bias(m, m.expert_counts);
         CUDA_CHECK(cudaStreamSynchronize(m.stream));
         return loss.total;
     };
@@ -566,7 +569,7 @@ std::vector<KernelResult> bench_kernels(const Config& c, const Options& o, cudaS
         // reads dy, x (N d each), w (d), rstd (N); writes dx (N d); dw (d) read and written. The implementation
         // reads dy and x twice (the dx pass, then the dw pass): at most ~60% of this count at full bandwidth.
         run("rmsnorm_backward", dims({N, d}), F * (3 * N * d + N + 3 * d), [&] {
-            gpu::rmsnorm_backward(dx.ptr, dw.ptr, dy.ptr, x.ptr, w.ptr, rstd.ptr, N, d, false, scratch.ptr, s);
+            gpu::rmsnorm_backward(dx.ptr, dw.ptr, dy.ptr, x.ptr, w.ptr, rstd.ptr, N, d, nullptr, scratch.ptr, s);
         });
         // reads a, b (N d each), w (d); writes the sum and the normalised rows (N d each), rstd (N): the blocks'
         // residual adds with the norm that follows (in BF16 mode with the copy too, as the model runs it)

@@ -1,13 +1,16 @@
 // make bench-emulated: what one training step asks of the GPU, counted on the kernel emulator. It runs the GPU
-// trainer's step (train.cu's loop on one rank: zero the gradients, forward, backward, reduce, grad norm, AdamW,
-// router bias) on the emulator and prints, per step: kernel launches by kernel, cuBLASLt products and heuristic
-// lookups, the host's waits for the device, copies and memsets, the bytes the hand-written kernels read and write
-// (each byte once per launch: the compulsory traffic, test/kernel_emulator/counts.h), and the same per region of
-// make bench's table. Counts, not times: they are the same on any machine, and on a GPU the step does the same work.
+// trainer's step (train.cu's loop body: zero the gradients, forward, backward, reduce, grad norm, the losses and
+// expert loads summed over the ranks, AdamW, router bias) on the emulator, with the real NCCL Comm over the
+// emulator's NCCL, and prints, per step: kernel launches by kernel, cuBLASLt products and heuristic lookups, the
+// host's waits for the device, copies and memsets, NCCL calls and their bytes, the bytes the hand-written kernels
+// read and write (each byte once per launch: the compulsory traffic, test/kernel_emulator/counts.h), and the same
+// per region of make bench's table. Counts, not times: they are the same on any machine, and on a GPU the step does
+// the same work.
 //   usage: ./count_step_emulated [--config NAME|PATH] [--batch B] [--seq T] [--steps S] [--dtype bf16|fp32|fp8]
-//                                [--recompute]
-// Weights from model_init_weights, tokens uniformly random (the router spreads the rows about evenly). One step
-// runs first uncounted, so the counts show the steady state, not the first step's setup.
+//                                [--recompute] [--ep E]
+//          STAND_IN_GPUS=N mpirun -np N ./count_step_emulated --ep E ...   (rank 0's counts)
+// Weights from model_init_weights, tokens uniformly random, each rank its own (the router spreads the rows about
+// evenly). One step runs first uncounted, so the counts show the steady state, not the first step's setup.
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -26,7 +29,7 @@ using emulator::Work;
 
 struct Options {
     std::string config = "small";
-    int B = 2, T = 64, steps = 2;
+    int B = 2, T = 64, steps = 2, ep = 1;
     Precision precision = Precision::BF16;
     ActivationLayout layout;
 };
@@ -34,7 +37,7 @@ struct Options {
 [[noreturn]] void usage(const std::string& problem) {
     fprintf(stderr,
             "count_step: %s\nusage: ./count_step_emulated [--config NAME|PATH] [--batch B] [--seq T] [--steps S] "
-            "[--dtype bf16|fp32|fp8] [--recompute]\n  defaults: small, B 2, T 64, S 2, bf16\n",
+            "[--dtype bf16|fp32|fp8] [--recompute] [--ep E]\n  defaults: small, B 2, T 64, S 2, bf16, EP 1\n",
             problem.c_str());
     exit(2);
 }
@@ -61,6 +64,7 @@ Options parse(int argc, char** argv) {
         else if (flag == "--batch") o.B = positive(flag, value);
         else if (flag == "--seq") o.T = positive(flag, value);
         else if (flag == "--steps") o.steps = positive(flag, value);
+        else if (flag == "--ep") o.ep = positive(flag, value);
         else if (flag == "--dtype" && (v == "bf16" || v == "fp32" || v == "fp8"))
             o.precision = v == "fp8" ? Precision::FP8 : v == "bf16" ? Precision::BF16 : Precision::FP32;
         else usage(flag == "--dtype" ? "--dtype is bf16, fp32 or fp8" : "unknown flag " + flag);
@@ -101,21 +105,23 @@ struct RegionTally {
 int main(int argc, char** argv) {
     const Options o = parse(argc, argv);
     const char* check = getenv("EMULATOR_CHECK");
-    if (check && std::string(check) == "0") usage("the kernels' bytes come from the hazard checker: unset EMULATOR_CHECK");
+    if (check && std::string(check) == "0")
+        usage("the kernels' bytes come from the hazard checker: unset EMULATOR_CHECK");
     try {
         const Config c = load_config(o.config);
         const int64_t N = (int64_t)o.B * o.T;
+        const std::unique_ptr<Comm> comm = make_nccl_comm(o.ep, "count_step");
         Model host;
-        model_init(host, c);
+        model_init(host, c, comm.get());
         model_release_grads(host);
         model_init_weights(host, 1234);
         AdamWState opt = adamw_state(host.shard);
         GpuModel m;
-        gpu_model_init(m, c, local_comm(), o.precision, o.B, o.T, o.layout);
+        gpu_model_init(m, c, *comm, o.precision, o.B, o.T, o.layout);
         gpu_model_upload(m, host, opt);
 
         std::vector<int32_t> inputs(N), targets(N);
-        Rng rng(1234);
+        Rng rng(1234 + (uint64_t)comm->rank);
         for (int64_t i = 0; i < N; i++) {
             inputs[i] = (int32_t)(rng.next_u64() % (uint64_t)c.vocab_size);
             targets[i] = (int32_t)(rng.next_u64() % (uint64_t)c.vocab_size);
@@ -124,11 +130,15 @@ int main(int argc, char** argv) {
         auto step = [&] {  // train.cu's step, one micro-batch, with make bench's region names around the model's
             m.timer.mark("zero grads, tokens in");
             gpu_model_zero_grads(m);
-            gpu_model_forward(m, inputs.data(), targets.data(), o.B, /*training*/ true);
+            const LossParts loss = gpu_model_forward(m, inputs.data(), targets.data(), o.B, /*training*/ true);
             gpu_model_backward(m, 1.0f);
             m.timer.mark("grad norm");
             gpu_model_reduce_grads(m);
             const double norm = gpu_model_grad_norm(m);
+            double losses[4] = {loss.total, loss.main, loss.mtp, loss.balance};  // as trainer/run.cpp's reduce_step
+            comm->all_reduce_sum(losses, 4, Group::World);
+            for (std::vector<int64_t>& counts : m.expert_counts)
+                comm->all_reduce_sum(counts.data(), (int64_t)counts.size(), Group::World);
             gpu_model_adamw(m, opt, oc, oc.lr, clip_factor(oc, norm));
             m.timer.mark("router bias");
             gpu_model_update_router_bias(m, m.expert_counts);
@@ -164,17 +174,22 @@ int main(int argc, char** argv) {
         }
         m.timer.enabled = false;
 
+        if (comm->rank != 0) {
+            gpu_model_free(m);
+            return 0;
+        }
         const double S = o.steps, MB = 1e6;
-        printf("count_step: the GPU step on the kernel emulator, config %s, %d x %d tokens, %s%s; per step, the mean "
-               "of %d after one uncounted\n\n",
+        printf("count_step: the GPU step on the kernel emulator, config %s, %d x %d tokens, %s%s, rank 0 of %d (EP %d "
+               "x DP %d); per step, the mean of %d after one uncounted\n\n",
                o.config.c_str(), o.B, o.T, o.precision == Precision::FP8 ? "fp8" : o.precision == Precision::BF16
                                                                                         ? "bf16" : "fp32",
-               o.layout.recompute ? ", --recompute" : "", o.steps);
+               o.layout.recompute ? ", --recompute" : "", comm->world, comm->ep_size, comm->dp_size, o.steps);
         const struct {
             Work kind;
             const char* what;
         } rows[] = {{Work::kernel, "kernel launches"},        {Work::gemm, "cuBLASLt products"},
-                    {Work::heuristic, "heuristic lookups"},   {Work::host_wait, "host waits for the device"},
+                    {Work::heuristic, "heuristic lookups"},   {Work::algo_check, "algorithm checks"},
+                    {Work::host_wait, "host waits for the device"},
                     {Work::copy_to_host, "copies to the host"}, {Work::copy_to_device, "copies to the device"},
                     {Work::device_copy, "device-to-device copies"}, {Work::memset, "memsets"},
                     {Work::comm, "NCCL calls"}};

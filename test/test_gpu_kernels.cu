@@ -128,7 +128,7 @@ static void test_rmsnorm(Rng& rng) {
         if (!tc.accumulate) d_dinp.poison();
         scratch.poison();
         gpu::rmsnorm_backward(d_dinp.ptr, d_dw.ptr, d_dout.ptr, d_inp.ptr, d_w.ptr, d_rstd.ptr, tc.M, tc.C,
-                              tc.accumulate, scratch.ptr, 0);
+                              tc.accumulate ? d_dinp.ptr : nullptr, scratch.ptr, 0);
         check("rmsnorm_backward dinp " + shape, d_dinp.get(), dinp, 1e-4);
         check("rmsnorm_backward dw += " + shape, d_dw.get(), dw, 1e-4);
     }

@@ -307,7 +307,9 @@ TEST_CASE("kernel lab: every version of every dev/cuda program matches its CPU r
 // make bench-emulated's counts (test/count_step.cpp) on tiny: every region of the step, and AdamW's bytes its real
 // traffic, each byte once per launch: it reads the parameter, the gradient and both moments (16 bytes a parameter)
 // and its table of ranges (a few hundred bytes), and writes the parameter, both moments and the BF16 copy (14); the
-// gradient norm's first pass reads each gradient once (4 bytes).
+// gradient norm's first pass reads each gradient once (4 bytes). At one rank the host waits for the device once
+// per MoE block (its expert counts), at the end of the forward (the losses), for the gradient norm, and at the end
+// of the counted step: no more.
 TEST_CASE("kernel emulator: make bench-emulated counts each kernel's bytes once") {
     const CommandResult r = run("./count_step_emulated --config tiny --steps 1", "count_step_tiny.txt");
     INFO(r.out);
@@ -318,6 +320,13 @@ TEST_CASE("kernel emulator: make bench-emulated counts each kernel's bytes once"
         CHECK_MESSAGE(r.out.find("\n" + std::string(region) + " ") != std::string::npos, region);
     Model host;
     model_init(host, load_config("tiny"));
+    int moe_blocks = 0;
+    for (int l = 0; l < host.config.num_blocks(); l++) moe_blocks += host.config.is_moe_layer(l);
+    const size_t waits_at = r.out.find("host waits for the device");
+    REQUIRE(waits_at != std::string::npos);
+    double waits = 0.0;
+    REQUIRE(sscanf(r.out.c_str() + waits_at, "host waits for the device %lf", &waits) == 1);
+    CHECK(waits <= moe_blocks + 3);
     double P = 0.0;  // the values AdamW updates
     for (const OptimizerRange& range : host.shard.ranges) P += (double)range.count;
     const double table_bytes = 4096;

@@ -174,7 +174,7 @@ static void run(int v, int block, Buffers& b, int64_t N, int64_t C) {
         gpu::launch_kernel(rmsnorm_dw_thread_per_column, (unsigned)gpu::ceil_div(C, block), block, 0, nullptr,
                            b.dw.ptr, b.dy.ptr, b.x.ptr, b.rstd.ptr, N, C);
     } else if (v == 2) {
-        gpu::rmsnorm_backward(b.dx.ptr, b.dw.ptr, b.dy.ptr, b.x.ptr, b.w.ptr, b.rstd.ptr, N, C, false, b.scratch.ptr,
+        gpu::rmsnorm_backward(b.dx.ptr, b.dw.ptr, b.dy.ptr, b.x.ptr, b.w.ptr, b.rstd.ptr, N, C, nullptr, b.scratch.ptr,
                               nullptr);
     } else if (v == 3) {
         gpu::launch_kernel(rmsnorm_backward_fused, fused_blocks, block, C * sizeof(float), nullptr, b.dx.ptr,

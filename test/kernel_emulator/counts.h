@@ -1,6 +1,7 @@
 // What a program asks of the emulated device, one record per piece of work: kernel launches (with the bytes of
-// device memory they read and write), cuBLASLt products and heuristic lookups, copies, memsets, NCCL calls, and the
-// host's waits for the device. Off unless counting() is set (test/count_step.cpp sets it around the steps it counts).
+// device memory they read and write), cuBLASLt products, heuristic lookups and algorithm checks, copies, memsets,
+// NCCL calls, and the host's waits for the device. Off unless counting() is set (test/count_step.cpp sets it
+// around the steps it counts).
 //   - A kernel's bytes are its compulsory traffic: each byte of device memory counts once per launch, read if the
 //     launch reads it before writing it, written if it writes it (the hazard checker's per-byte record; so counting
 //     needs EMULATOR_CHECK on). Atomics are not seen (they are unchecked).
@@ -14,7 +15,9 @@
 
 namespace emulator {
 
-enum class Work { kernel, gemm, heuristic, copy_to_host, copy_to_device, device_copy, memset, host_wait, comm };
+enum class Work {
+    kernel, gemm, heuristic, algo_check, copy_to_host, copy_to_device, device_copy, memset, host_wait, comm
+};
 
 struct Record {
     Work kind;

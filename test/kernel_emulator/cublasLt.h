@@ -320,6 +320,27 @@ inline cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t handle, cu
     return CUBLAS_STATUS_SUCCESS;
 }
 
+// Whether algo (from the heuristic, for another problem) serves this one: it does whenever the problem is one the
+// model takes, with the workspace the heuristic was told. The alignments the algorithm assumes are checked by
+// cublasLtMatmul against the pointers.
+inline cublasStatus_t cublasLtMatmulAlgoCheck(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
+                                              cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                              cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d,
+                                              const cublasLtMatmulAlgo_t* algo,
+                                              cublasLtMatmulHeuristicResult_t* result) {
+    if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
+    emulated_cublaslt::Problem p;
+    const cublasStatus_t status = emulated_cublaslt::problem(*desc, *a, *b, *c, *d, &p);
+    if (status != CUBLAS_STATUS_SUCCESS) return status;
+    emulator::count_work(emulator::Work::algo_check, "cublasLtMatmulAlgoCheck");
+    *result = cublasLtMatmulHeuristicResult_t{};
+    result->algo = *algo;
+    result->workspaceSize = algo->data[4];
+    result->state = CUBLAS_STATUS_SUCCESS;
+    result->wavesCount = 1.0f;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
 inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, const void* alpha,
                                      const void* A, cublasLtMatrixLayout_t a, const void* B, cublasLtMatrixLayout_t b,
                                      const void* beta, const void* C, cublasLtMatrixLayout_t c, void* D,

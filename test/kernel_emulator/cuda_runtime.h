@@ -97,6 +97,17 @@ inline cudaError_t cudaFree(void* p) {
     return cudaSuccess;
 }
 
+// Pinned host memory: plain host memory here (copies from and to it run in stream order either way).
+inline cudaError_t cudaMallocHost(void** p, size_t bytes) {
+    *p = malloc(bytes ? bytes : 1);
+    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+inline cudaError_t cudaFreeHost(void* p) {
+    stand_in::drain_all();  // as cudaFree: no queued copy outlives it
+    free(p);
+    return cudaSuccess;
+}
+
 inline void stand_in_check_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, const char* call) {
     if (kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice)
         stand_in::check_range(dst, (int64_t)bytes, std::string(call) + " dst");
