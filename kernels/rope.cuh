@@ -18,7 +18,8 @@
 
 namespace gpu {
 
-constexpr int ROPE_THREADS = 256;
+constexpr int ROPE_THREADS = 256;  // the table's
+constexpr int ROPE_ROW_THREADS = 64;  // per token and head
 
 // Element r < dr of R x, or of R^T x when inverse, for pairs (x[2i], x[2i+1]) and the table entry of pair i = r / 2,
 // (co, si) = (m cos a, m sin a): the expressions of model/mla.cpp's rope_rotate.
@@ -39,62 +40,66 @@ static __global__ void rope_table_kernel(float* cos_table, float* sin_table, Con
     }
 }
 
-// one thread per (n, h, e): e < dqk = dn + dr, and with v_heads also dqk <= e < dqk + dv for v's values
+// The kernels below take a thread block per token and head, grid (T, B, H) (per token, grid (T, B)): token
+// n = b T + t, at position t, with no division per element; the threads step along the row.
+
+// e < dqk = dn + dr, and with v_heads also dqk <= e < dqk + dv for v's values
 template <typename Out>
 static __global__ void rope_heads_forward_kernel(Out* q_heads, Out* k_heads, Out* v_heads, const float* q,
                                                  const float* kv, const float* kv_a, const float* cos_table,
-                                                 const float* sin_table, int64_t N, int64_t T, int64_t H, int64_t dn,
-                                                 int64_t dr, int64_t dv, int64_t kr) {
-    const int64_t dqk = dn + dr, width = dqk + (v_heads ? dv : 0), total = N * H * width;
-    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
-         idx += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t e = idx % width, nh = idx / width, n = nh / H, at = nh * dqk + e;
+                                                 const float* sin_table, int64_t T, int64_t H, int64_t dn, int64_t dr,
+                                                 int64_t dv, int64_t kr) {
+    const int64_t t = blockIdx.x, n = blockIdx.y * T + t, nh = n * H + blockIdx.z;
+    const int64_t dqk = dn + dr, width = dqk + (v_heads ? dv : 0);
+    const float *co = cos_table + t * (dr / 2), *si = sin_table + t * (dr / 2);
+    for (int64_t e = threadIdx.x; e < width; e += blockDim.x) {
+        const int64_t at = nh * dqk + e;
         if (e < dn) {
             store_as(q_heads + at, q[at]);  // q (N, H*dqk) and q_heads (N, H, dqk) have the same layout
             store_as(k_heads + at, kv[nh * (dn + dv) + e]);
         } else if (e < dqk) {
-            const int64_t r = e - dn, table = (n % T) * (dr / 2) + r / 2;
-            const float co = cos_table[table], si = sin_table[table];
-            store_as(q_heads + at, rope_rotate_element(q + nh * dqk + dn, r, co, si, false));
-            store_as(k_heads + at, rope_rotate_element(kv_a + n * (kr + dr) + kr, r, co, si, false));
+            const int64_t r = e - dn;
+            store_as(q_heads + at, rope_rotate_element(q + nh * dqk + dn, r, co[r / 2], si[r / 2], false));
+            store_as(k_heads + at, rope_rotate_element(kv_a + n * (kr + dr) + kr, r, co[r / 2], si[r / 2], false));
         } else {
             store_as(v_heads + nh * dv + (e - dqk), kv[nh * (dn + dv) + dn + (e - dqk)]);
         }
     }
 }
 
-// one thread per (n, h, e), e < dqk: dq, and the k_nope part of dkv
+// e < dqk: dq, and the k_nope part of dkv
 static __global__ void rope_heads_backward_q_kernel(float* dq, float* dkv, const float* dq_heads, const float* dk_heads,
-                                             const float* cos_table, const float* sin_table, int64_t N, int64_t T,
-                                             int64_t H, int64_t dn, int64_t dr, int64_t dv) {
-    const int64_t dqk = dn + dr, total = N * H * dqk;
-    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
-         idx += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t e = idx % dqk, nh = idx / dqk, n = nh / H;
+                                                    const float* cos_table, const float* sin_table, int64_t T,
+                                                    int64_t H, int64_t dn, int64_t dr, int64_t dv) {
+    const int64_t t = blockIdx.x, nh = (blockIdx.y * T + t) * H + blockIdx.z, dqk = dn + dr;
+    const float *co = cos_table + t * (dr / 2), *si = sin_table + t * (dr / 2);
+    for (int64_t e = threadIdx.x; e < dqk; e += blockDim.x) {
+        const int64_t at = nh * dqk + e;
         if (e < dn) {
-            dq[idx] = dq_heads[idx];
-            dkv[nh * (dn + dv) + e] = dk_heads[idx];
+            dq[at] = dq_heads[at];
+            dkv[nh * (dn + dv) + e] = dk_heads[at];
         } else {
-            const int64_t r = e - dn, table = (n % T) * (dr / 2) + r / 2;
-            dq[idx] = rope_rotate_element(dq_heads + nh * dqk + dn, r, cos_table[table], sin_table[table], true);
+            const int64_t r = e - dn;
+            dq[at] = rope_rotate_element(dq_heads + nh * dqk + dn, r, co[r / 2], si[r / 2], true);
         }
     }
 }
 
-// one thread per (n, r), r < dr: the shared rope key's gradient, summed over the heads in order (as the CPU)
+// per token, r < dr: the shared rope key's gradient, summed over the heads in order (as the CPU)
 static __global__ void rope_heads_backward_k_kernel(float* dkv_a, const float* dk_heads, const float* cos_table,
-                                             const float* sin_table, int64_t N, int64_t T, int64_t H, int64_t dn,
-                                             int64_t dr, int64_t kr) {
-    const int64_t dqk = dn + dr, total = N * dr;
-    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
-         idx += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t r = idx % dr, n = idx / dr, table = (n % T) * (dr / 2) + r / 2;
-        const float co = cos_table[table], si = sin_table[table];
+                                                    const float* sin_table, int64_t T, int64_t H, int64_t dn,
+                                                    int64_t dr, int64_t kr) {
+    const int64_t t = blockIdx.x, n = blockIdx.y * T + t, dqk = dn + dr;
+    for (int64_t r = threadIdx.x; r < dr; r += blockDim.x) {
+        const float co = cos_table[t * (dr / 2) + r / 2], si = sin_table[t * (dr / 2) + r / 2];
         float sum = 0.0f;
         for (int64_t h = 0; h < H; h++) sum += rope_rotate_element(dk_heads + (n * H + h) * dqk + dn, r, co, si, true);
         dkv_a[n * (kr + dr) + kr + r] = sum;
     }
 }
+
+// (T, B, H) for the N = B T tokens
+inline dim3 rope_grid(int64_t N, int64_t T, int64_t H) { return dim3((unsigned)T, (unsigned)(N / T), (unsigned)H); }
 
 // cos_table, sin_table (T, dr/2) for positions 0..T-1 of config c (dr = qk_rope_head_dim)
 inline void rope_table(float* cos_table, float* sin_table, const Config& c, int64_t T, cudaStream_t stream) {
@@ -109,10 +114,9 @@ inline void rope_table(float* cos_table, float* sin_table, const Config& c, int6
 inline void rope_heads_forward(float* q_heads, float* k_heads, const float* q, const float* kv, const float* kv_a,
                                const float* cos_table, const float* sin_table, int64_t N, int64_t T, int64_t H,
                                int64_t dn, int64_t dr, int64_t dv, int64_t kr, cudaStream_t stream) {
-    const int64_t n = N * H * (dn + dr);
-    if (n == 0) return;
-    launch_kernel(rope_heads_forward_kernel<float>, grid_stride_blocks(n, ROPE_THREADS), ROPE_THREADS, 0, stream,
-                  q_heads, k_heads, (float*)nullptr, q, kv, kv_a, cos_table, sin_table, N, T, H, dn, dr, dv, kr);
+    if (N * H == 0) return;
+    launch_kernel(rope_heads_forward_kernel<float>, rope_grid(N, T, H), ROPE_ROW_THREADS, 0, stream, q_heads, k_heads,
+                  (float*)nullptr, q, kv, kv_a, cos_table, sin_table, T, H, dn, dr, dv, kr);
 }
 
 // rope_heads_forward in BF16, plus v_heads (N, H, dv) = kv's v columns: the inputs of attention_forward_bf16.
@@ -120,10 +124,9 @@ inline void rope_heads_forward_bf16(__nv_bfloat16* q_heads, __nv_bfloat16* k_hea
                                     const float* q, const float* kv, const float* kv_a, const float* cos_table,
                                     const float* sin_table, int64_t N, int64_t T, int64_t H, int64_t dn, int64_t dr,
                                     int64_t dv, int64_t kr, cudaStream_t stream) {
-    const int64_t n = N * H * (dn + dr + dv);
-    if (n == 0) return;
-    launch_kernel(rope_heads_forward_kernel<__nv_bfloat16>, grid_stride_blocks(n, ROPE_THREADS), ROPE_THREADS, 0,
-                  stream, q_heads, k_heads, v_heads, q, kv, kv_a, cos_table, sin_table, N, T, H, dn, dr, dv, kr);
+    if (N * H == 0) return;
+    launch_kernel(rope_heads_forward_kernel<__nv_bfloat16>, rope_grid(N, T, H), ROPE_ROW_THREADS, 0, stream, q_heads,
+                  k_heads, v_heads, q, kv, kv_a, cos_table, sin_table, T, H, dn, dr, dv, kr);
 }
 
 // dq_heads, dk_heads (N, H, dqk) -> dq (N, H*dqk) overwritten, the k_nope columns of dkv (N, H*(dn+dv))
@@ -131,12 +134,11 @@ inline void rope_heads_forward_bf16(__nv_bfloat16* q_heads, __nv_bfloat16* k_hea
 inline void rope_heads_backward(float* dq, float* dkv, float* dkv_a, const float* dq_heads, const float* dk_heads,
                                 const float* cos_table, const float* sin_table, int64_t N, int64_t T, int64_t H,
                                 int64_t dn, int64_t dr, int64_t dv, int64_t kr, cudaStream_t stream) {
-    const int64_t nq = N * H * (dn + dr), nk = N * dr;
-    if (nq == 0) return;
-    launch_kernel(rope_heads_backward_q_kernel, grid_stride_blocks(nq, ROPE_THREADS), ROPE_THREADS, 0, stream, dq, dkv,
-                  dq_heads, dk_heads, cos_table, sin_table, N, T, H, dn, dr, dv);
-    launch_kernel(rope_heads_backward_k_kernel, grid_stride_blocks(nk, ROPE_THREADS), ROPE_THREADS, 0, stream, dkv_a,
-                  dk_heads, cos_table, sin_table, N, T, H, dn, dr, kr);
+    if (N * H == 0) return;
+    launch_kernel(rope_heads_backward_q_kernel, rope_grid(N, T, H), ROPE_ROW_THREADS, 0, stream, dq, dkv, dq_heads,
+                  dk_heads, cos_table, sin_table, T, H, dn, dr, dv);
+    launch_kernel(rope_heads_backward_k_kernel, rope_grid(N, T, 1), ROPE_ROW_THREADS, 0, stream, dkv_a, dk_heads,
+                  cos_table, sin_table, T, H, dn, dr, kr);
 }
 
 }  // namespace gpu
