@@ -20,6 +20,7 @@
 #include "kernels/matmul.cuh"
 #include "kernels/shard_ranges.h"
 #include "kernels/token_rows.h"
+#include "model/arena.h"
 #include "model/model.h"
 #include "model/optimizer.h"
 
@@ -174,6 +175,10 @@ void ensure_expert_rows(GpuModel& m, GpuMoEActs& a, int64_t R);
 gpu::GemmWeight weight_of(const GpuModel& m, const float* w);
 // FP8 mode: the E4M3 copies made again from the FP32 weights (after every change to them).
 void refresh_fp8_weights(GpuModel& m);
+// The E4M3 copies of every FP8 weight, by the weights' offsets, carved (params: the device weights, or nullptr to
+// count); the check that every width the FP8 layers sum over is a multiple of 16 (throws a line saying which).
+void carve_fp8_weights(Arena& ar, const ParamTable& table, const float* params, std::map<int64_t, Fp8Tensor>& weights);
+void check_fp8_widths(const Config& c);
 inline int64_t tokens(const GpuModel& m) { return (int64_t)m.B * m.T; }
 inline void sync(const GpuModel& m) { CUDA_CHECK(cudaStreamSynchronize(m.stream)); }
 // n values from src to dst on m.stream (kind: cudaMemcpyHostToDevice or DeviceToHost), waited for

@@ -1,0 +1,68 @@
+// The weights as the GEMMs read them (docs/design.md §6, §7.3): weight_of hands a GEMM its FP32 master weight with
+// the BF16 working copy (written by AdamW and at upload) and, in FP8 mode, the E4M3 copies of the blocks' linear
+// layers, W and W^T with their 128 x 128 block scales, which this file lays out and makes again after every change.
+#include "gpu/model.h"
+
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kernels/fp8.cuh"
+
+// FP8 mode's weights: the linear layers inside the blocks, as the CPU's Precision::FP8 (not the router mlp.gate).
+static bool fp8_linear(const ParamTensor& t) {
+    const std::string& n = t.name;
+    const bool in_block = n.find(".self_attn.") != std::string::npos || n.find(".mlp.") != std::string::npos;
+    return in_block && n.find("_proj") != std::string::npos;
+}
+
+void carve_fp8_weights(Arena& ar, const ParamTable& table, const float* params, std::map<int64_t, Fp8Tensor>& weights) {
+    for (const ParamTensor& t : table.tensors) {
+        if (!fp8_linear(t)) continue;
+        Fp8Tensor f;
+        f.w = params ? params + t.offset : nullptr;
+        f.batch = t.shape.size() == 3 ? t.shape[0] : 1;
+        f.rows = t.shape[t.shape.size() - 2];
+        f.cols = t.shape.back();
+        f.q = ar.take<__nv_fp8_storage_t>(t.numel);
+        f.qt = ar.take<__nv_fp8_storage_t>(t.numel);
+        f.scales = ar.take<float>(f.batch * gpu::fp8_blk128_scales(f.rows, f.cols));
+        f.scales_t = ar.take<float>(f.batch * gpu::fp8_blk128_scales(f.cols, f.rows));
+        weights[t.offset] = f;
+    }
+}
+
+void refresh_fp8_weights(GpuModel& m) {
+    for (auto& entry : m.fp8_weights) {
+        const Fp8Tensor& f = entry.second;
+        gpu::fp8_quantize_blocks(f.q, f.qt, f.scales, f.scales_t, f.w, f.batch, f.rows, f.cols, m.stream);
+    }
+}
+
+gpu::GemmWeight weight_of(const GpuModel& m, const float* w) {
+    const auto f = m.fp8_weights.find(w - m.params);
+    const gpu::Fp8Weight w8 = f == m.fp8_weights.end() ? gpu::Fp8Weight{}
+                                                       : gpu::Fp8Weight{f->second.q, f->second.qt, f->second.scales,
+                                                                        f->second.scales_t};
+    return gpu::GemmWeight(w, m.params_bf16 ? m.params_bf16 + (w - m.params) : nullptr, w8);
+}
+
+// FP8 GEMMs read their operands with leading dimensions that are multiples of 16 bytes: every width a linear layer
+// inside the blocks sums over (or that its weight's transpose has as rows).
+void check_fp8_widths(const Config& c) {
+    const int64_t H = c.num_attention_heads, dqk = c.qk_head_dim(), dn = c.qk_nope_head_dim, dv = c.v_head_dim;
+    const std::vector<std::pair<const char*, int64_t>> widths{
+        {"hidden_size", c.hidden_size}, {"q_lora_rank", c.q_lora_rank}, {"kv_lora_rank", c.kv_lora_rank},
+        {"kv_lora_rank + qk_rope_head_dim", (int64_t)c.kv_lora_rank + c.qk_rope_head_dim},
+        {"num_attention_heads x (qk_nope_head_dim + qk_rope_head_dim)", H * dqk},
+        {"num_attention_heads x (qk_nope_head_dim + v_head_dim)", H * (dn + dv)},
+        {"num_attention_heads x v_head_dim", H * dv}, {"intermediate_size", c.intermediate_size},
+        {"moe_intermediate_size", c.moe_intermediate_size},
+        {"n_shared_experts x moe_intermediate_size", (int64_t)c.n_shared_experts * c.moe_intermediate_size}};
+    for (const auto& [name, width] : widths)
+        if (width % 16 != 0)
+            throw std::runtime_error(
+                std::string("--dtype fp8 needs the linear layers' widths to be multiples of 16: ") + name + " is " +
+                std::to_string(width) + " (use --dtype bf16, or another config)");
+}
