@@ -15,6 +15,13 @@ struct GpuSwigluActs {
 
 // s.a or s.a16 = silu(s.g) * s.u, n values
 void swiglu(GpuModel& m, const GpuSwigluActs& s, int64_t n);
+// SwiGLU's input gradients from da (n values) into the (n) buffers dg and du, as the gate and up projections'
+// backward GEMMs read them: in the BF16 mode BF16 (in dg's and du's storage: the cast those GEMMs would make, fused),
+// else FP32 (what FP32 GEMMs read and FP8 ones quantize, as the CPU does).
+struct SwigluGrads {
+    gpu::GemmInput dg, du;
+};
+SwigluGrads swiglu_backward(GpuModel& m, const GpuSwigluActs& s, const float* da, float* dg, float* du, int64_t n);
 // x (M, d) -> out (M, d); W_gate, W_up (I, d), W_down (d, I)
 void ffn_forward(GpuModel& m, float* out, const GpuSwigluActs& s, gpu::GemmInput x, const float* w_gate,
                  const float* w_up, const float* w_down, int64_t M, int64_t d, int64_t I);

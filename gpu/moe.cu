@@ -85,11 +85,12 @@ static void experts_backward(GpuModel& m, const BlockWeights& w, BlockWeights& g
     m.timer.mark("expert GEMMs");
     gpu::grouped_matmul_backward(m.matmul, es.da, g.expert_down, dexpert_out, {a.expert_a, a.expert_a16},
                                  weight_of(m, w.expert_down), offsets, E_local, I, d);
-    gpu::swiglu_backward(es.dg, es.du, es.da, a.expert_g, a.expert_u, R * I, m.stream);
-    gpu::grouped_matmul_backward(m.matmul, dexpert_in, g.expert_gate, es.dg, expert_in, weight_of(m, w.expert_gate),
-                                 offsets, E_local, d, I);
+    const SwigluGrads grads = swiglu_backward(m, {a.expert_g, a.expert_u, a.expert_a, a.expert_a16}, es.da, es.dg,
+                                              es.du, R * I);
+    gpu::grouped_matmul_backward(m.matmul, dexpert_in, g.expert_gate, grads.dg, expert_in,
+                                 weight_of(m, w.expert_gate), offsets, E_local, d, I);
     // dexpert_in += du W_up: the grouped backward overwrites, so through dexpert_out's buffer (free now), then added
-    gpu::grouped_matmul_backward(m.matmul, dexpert_out, g.expert_up, es.du, expert_in, weight_of(m, w.expert_up),
+    gpu::grouped_matmul_backward(m.matmul, dexpert_out, g.expert_up, grads.du, expert_in, weight_of(m, w.expert_up),
                                  offsets, E_local, d, I);
     gpu::add(dexpert_in, dexpert_in, dexpert_out, R * d, m.stream);
 }

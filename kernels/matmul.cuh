@@ -729,7 +729,7 @@ inline void grouped_matmul_forward(Matmul& mm, float* out, GemmInput inp, const 
 
 // Per group g: dinp rows (=) dout rows @ W_g;  dW_g (N, K) += dout rows^T @ inp rows; offsets on the host. FP8 as
 // in grouped_matmul_forward: every group quantized before the fork, or the whole call in BF16.
-inline void grouped_matmul_backward(Matmul& mm, float* dinp, float* dW, const float* dout, GemmInput inp,
+inline void grouped_matmul_backward(Matmul& mm, float* dinp, float* dW, GemmInput dout, GemmInput inp,
                                     const GemmWeight& W, const int64_t* offsets, int64_t G, int64_t K, int64_t N) {
     if (G <= 0) return;
     const MatmulSite s{"grouped_matmul_backward", offsets[G] - offsets[0], K, N};
@@ -773,11 +773,12 @@ inline void grouped_matmul_backward(Matmul& mm, float* dinp, float* dW, const fl
             fp8_cols_of(inp, r0, M, K, x_t->values + input.t_values[g], x_t->scales + input.t_scales[g], mm.stream);
         }
     const __nv_bfloat16 *dout16 = nullptr, *inp16 = nullptr;
-    const float* inp32 = nullptr;
+    const float *dout32 = nullptr, *inp32 = nullptr;
     if (type == GemmType::BF16) {
-        dout16 = matmul_cast(mm, true, dout + first * N, rows * N, s, "dout");
+        dout16 = matmul_bf16_rows(mm, dout, first, N, rows * N, s, /*output_grad*/ true);
         inp16 = matmul_bf16_rows(mm, inp, first, K, rows * K, s);
     } else if (type == GemmType::FP32) {
+        dout32 = matmul_input_fp32(dout, s);
         inp32 = matmul_input_fp32(inp, s);
     }
     grouped_on_streams(mm, offsets, G, [&](int64_t g, int on) {
@@ -791,7 +792,7 @@ inline void grouped_matmul_backward(Matmul& mm, float* dinp, float* dW, const fl
             return;
         }
         const bool bf16 = type == GemmType::BF16;
-        const void* grad_g = bf16 ? (const void*)(dout16 + (r0 - first) * N) : (const void*)(dout + r0 * N);
+        const void* grad_g = bf16 ? (const void*)(dout16 + (r0 - first) * N) : (const void*)(dout32 + r0 * N);
         const void* x = bf16 ? (const void*)(inp16 + (r0 - first) * K) : (const void*)(inp32 + r0 * K);
         const void* w = bf16 ? (const void*)Wg.bf16 : (const void*)Wg.fp32;
         if (dinp) matmul_lt(mm, on, sg, gemm_dinp_problem(type, dinp + r0 * K, grad_g, w, M, K, N), false);
