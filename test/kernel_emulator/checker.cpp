@@ -232,9 +232,11 @@ void global_access(const unsigned char* p, size_t bytes, bool write, const void*
     const uint32_t me = (uint32_t)c.block + 1, at = (uint32_t)((uintptr_t)site - symbols().load_bias);
     for (size_t i = offset / GRANULE; i <= (offset + bytes - 1) / GRANULE; i++) {
         GlobalGranule& g = c.granules[i];
-        if (g.launch != c.launch) g = GlobalGranule{c.launch};
+        if (g.launch != c.launch) {  // the launch's first access to the byte: a read counts (counts.h)
+            g = GlobalGranule{c.launch};
+            if (!write) c.bytes_read += GRANULE;
+        }
         if (write && g.writer == 0) c.bytes_written += GRANULE;
-        if (!write && g.writer == 0 && g.reader == 0) c.bytes_read += GRANULE;
         const bool other_writer = g.writer != 0 && g.writer != me;
         if (other_writer || (write && g.reader != 0 && g.reader != me)) {
             const bool many = !other_writer && g.reader == MANY_BLOCKS;
