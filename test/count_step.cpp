@@ -166,10 +166,15 @@ int main(int argc, char** argv) {
                 if (!regions.count(marks[at].second)) region_order.push_back(marks[at].second);
                 RegionTally& region = regions[marks[at].second];
                 kinds[r.kind].add(r);
-                if (r.kind == Work::kernel) kernels[short_name(r.name)].add(r), region.kernels.add(r);
-                else if (r.kind == Work::gemm) calls[r.name].add(r), region.gemms.add(r);
-                else if (r.kind == Work::host_wait) calls[r.name].add(r), region.waits.add(r);
-                else calls[r.name].add(r), region.other.add(r);
+                if (r.kind == Work::kernel)
+                    kernels[short_name(r.name)].add(r);
+                else
+                    calls[r.name].add(r);
+                Tally& column = r.kind == Work::kernel      ? region.kernels
+                                : r.kind == Work::gemm      ? region.gemms
+                                : r.kind == Work::host_wait ? region.waits
+                                                            : region.other;
+                column.add(r);
             }
         }
         m.timer.enabled = false;

@@ -310,7 +310,7 @@ inline cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t* config, void (*k
     stand_in::launch(c.stream, [=] {
         emulator::run_grid(c.gridDim, c.blockDim, c.dynamicSmemBytes, [&] { std::apply(kernel, params); },
                            (const void*)kernel);
-        if (record >= 0) {
+        if (record >= 0 && (size_t)record < emulator::records().size()) {  // not cleared since
             emulator::Record& r = emulator::records()[(size_t)record];
             emulator::checker::launch_bytes(&r.bytes_read, &r.bytes_written);
         }
