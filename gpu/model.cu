@@ -30,7 +30,7 @@ static NextNorm attention_norm(GpuModel& m, int layer) {
 
 // h_mid = h_in + Attn(RMSNorm(h_in)); h_out = h_mid + FFN(RMSNorm(h_mid)); next = RMSNorm(h_out). The block's own
 // attention norm was computed by whoever wrote h_in. with_loss: a MoE block's balance loss is queued to the host
-// (balance_loss reads it). h_out nullptr: only the activations the backward reads (a recomputation).
+// (sum_balance_losses reads it). h_out nullptr: only the activations the backward reads (a recomputation).
 static void block_forward(GpuModel& m, int layer, const float* h_in, float* h_out, const NextNorm& next,
                           bool training, bool with_loss) {
     const Config& c = m.config;
@@ -191,7 +191,7 @@ static void upload_token_rows(GpuModel& m, gpu::TokenRows& rows, const int32_t* 
 }
 
 // The balance losses the forward queued, block by block in the CPU's order, once the stream is waited for
-static double balance_loss(const GpuModel& m) {
+static double sum_balance_losses(const GpuModel& m) {
     const Config& c = m.config;
     double total = 0.0;
     if (c.aux_loss_alpha <= 0) return total;
@@ -262,7 +262,7 @@ LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* t
     sync(m);
     loss.main = sum_losses(io.losses, N) / N;
     if (c.num_nextn_predict_layers > 0) loss.mtp = sum_losses(io.mtp_losses, N) / ((double)B * (T - 1));
-    loss.balance = balance_loss(m);
+    loss.balance = sum_balance_losses(m);
     loss.total = loss.main + c.mtp_loss_weight * loss.mtp + loss.balance;
     return loss;
 }
