@@ -8,9 +8,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <mutex>
 #include <sstream>
 #include <string>
 #include <sys/wait.h>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -93,15 +96,16 @@ struct Job {
     std::string out, err;
 };
 
-// mpirun as root on an oversubscribed machine; a 120 s timeout turns a hang into a failure.
-Job mpirun(int ranks, const std::string& args) {
-    const std::string cmd = "timeout 120 " + mpirun_command(ranks) + args + " > " + test_path("mpi_out.txt") +
-                            " 2> " + test_path("mpi_err.txt");
+// mpirun as root on an oversubscribed machine; a 120 s timeout turns a hang into a failure. Its output goes to
+// test_path(name + "_out.txt") and "_err.txt", so that jobs of other names can run at the same time.
+Job mpirun(int ranks, const std::string& args, const std::string& name = "mpi") {
+    const std::string out = test_path(name + "_out.txt"), err = test_path(name + "_err.txt");
+    const std::string cmd = "timeout 120 " + mpirun_command(ranks) + args + " > " + out + " 2> " + err;
     auto t0 = std::chrono::steady_clock::now();
     int rc = system(cmd.c_str());
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     int status = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
-    return {status, seconds, slurp(test_path("mpi_out.txt")), slurp(test_path("mpi_err.txt"))};
+    return {status, seconds, slurp(out), slurp(err)};
 }
 
 int count(const std::string& text, const std::string& what) {
@@ -250,62 +254,77 @@ TEST_CASE("ep: SIGTERM, or SIGUSR1 through mpirun, ends the run after a step wit
     system(("rm -rf " + ckpt + " " + log).c_str());
 }
 
+// The launches below are independent, so they run side by side (each refusal is a few seconds of mpirun starting).
 TEST_CASE("ep: bad layouts and launches are one error from rank 0 and a non-zero exit everywhere") {
-    Job undivided = mpirun(3, TRAIN + " --steps 2 --batch 1 --ep 2");
-    CHECK(undivided.status != 0);
-    CHECK(count(undivided.err, "does not divide the 3 ranks") == 1);
-    Job experts = mpirun(3, TRAIN + " --steps 2 --batch 1 --ep 3");
-    CHECK(experts.status != 0);
-    CHECK(count(experts.err, "does not divide n_routed_experts") == 1);
-    Job alone = mpirun(1, TRAIN + " --steps 2 --batch 1 --ep 2");
-    CHECK(alone.status != 0);
-    CHECK(count(alone.err, "does not divide the 1 ranks") == 1);
-    // two ranks started with other flags (mpirun's MPMD form: one program line per rank): another config, more
-    // steps (a hang before the flags were compared), a checkpoint directory (a hang: one rank probed it)
-    for (const std::string& other :
-         std::vector<std::string>{" --config tiny", " --steps 3", " --checkpoint-dir " + test_path("ep_other")}) {
-        Job mismatch = mpirun(1, TRAIN + " --steps 2 --batch 1 : -np 1 " + TRAIN + " --steps 2 --batch 1" + other);
-        CHECK(mismatch.status != 0);
-        CHECK(count(mismatch.err, "rank 1's flags or build differ from rank 0's") == 1);
-    }
-    // a directory's path is not compared (the probe below is), but an empty one is: only rank 0 would probe
-    Job empty_dir = mpirun(1, TRAIN + " --steps 2 --batch 1 --checkpoint-dir " + test_path("ep_dir") + " : -np 1 " +
-                                  TRAIN + " --steps 2 --batch 1 --checkpoint-dir ''");
-    CHECK(empty_dir.status != 0);
-    CHECK(count(empty_dir.err, "rank 1's flags or build differ from rank 0's") == 1);
-    // flags are parsed before MPI starts: a flag only rank 1 rejects is one line from rank 1, the same bad flag on
-    // every rank one line from rank 0 (the others wait before they speak, and mpirun ends them first)
-    Job rank1_flag = mpirun(1, TRAIN + " --steps 2 --batch 1 : -np 1 " + TRAIN + " --steps 2 --batch x");
-    CHECK(rank1_flag.status != 0);
-    CHECK(count(rank1_flag.err, "[rank 1] --batch needs an integer") == 1);
-    Job every_rank_flag = mpirun(2, TRAIN + " --steps 2 --batch x");
-    CHECK(every_rank_flag.status != 0);
-    CHECK(count(every_rank_flag.err, "--batch needs an integer") == 1);
-    // another --ep corrupted the all-to-all's buffers (MPI) or hung the first all-to-all (NCCL), before anything
-    // compared the flags: both Comms compare it first
+    const std::string dirs = test_path("ep_unshared");
     const std::string emulated = "env STAND_IN_GPUS=2 ./train_emulated --dtype fp32" + TRAIN.substr(TRAIN.find(' '));
-    for (const std::string& program : std::vector<std::string>{TRAIN, emulated}) {
-        Job ep_mismatch = mpirun(1, program + " --steps 2 --batch 1 : -np 1 " + program + " --steps 2 --batch 1 --ep 2");
-        CHECK(ep_mismatch.status != 0);
-        CHECK(count(ep_mismatch.err, "the ranks were given different --ep (1 to 2): start every rank with the same "
-                                     "flags") == 1);
-    }
+    // launch name -> {ranks, arguments}
+    const std::vector<std::tuple<std::string, int, std::string>> launches = {
+        {"undivided", 3, TRAIN + " --steps 2 --batch 1 --ep 2"},
+        {"experts", 3, TRAIN + " --steps 2 --batch 1 --ep 3"},
+        {"alone", 1, TRAIN + " --steps 2 --batch 1 --ep 2"},
+        // two ranks started with other flags (mpirun's MPMD form: one program line per rank): another config, more
+        // steps (a hang before the flags were compared), a checkpoint directory (a hang: one rank probed it)
+        {"other_config", 1, TRAIN + " --steps 2 --batch 1 : -np 1 " + TRAIN + " --steps 2 --batch 1 --config tiny"},
+        {"other_steps", 1, TRAIN + " --steps 2 --batch 1 : -np 1 " + TRAIN + " --steps 2 --batch 1 --steps 3"},
+        {"other_dir", 1, TRAIN + " --steps 2 --batch 1 : -np 1 " + TRAIN + " --steps 2 --batch 1 --checkpoint-dir " +
+                             test_path("ep_other")},
+        // a directory's path is not compared (the probe below is), but an empty one is: only rank 0 would probe
+        {"empty_dir", 1, TRAIN + " --steps 2 --batch 1 --checkpoint-dir " + test_path("ep_dir") + " : -np 1 " + TRAIN +
+                             " --steps 2 --batch 1 --checkpoint-dir ''"},
+        // flags are parsed before MPI starts: a flag only rank 1 rejects is one line from rank 1, the same bad flag
+        // on every rank one line from rank 0 (the others wait before they speak, and mpirun ends them first)
+        {"rank1_flag", 1, TRAIN + " --steps 2 --batch 1 : -np 1 " + TRAIN + " --steps 2 --batch x"},
+        {"every_rank_flag", 2, TRAIN + " --steps 2 --batch x"},
+        // another --ep corrupted the all-to-all's buffers (MPI) or hung the first all-to-all (NCCL), before
+        // anything compared the flags: both Comms compare it first
+        {"ep_mismatch_mpi", 1, TRAIN + " --steps 2 --batch 1 : -np 1 " + TRAIN + " --steps 2 --batch 1 --ep 2"},
+        {"ep_mismatch_nccl", 1, emulated + " --steps 2 --batch 1 : -np 1 " + emulated + " --steps 2 --batch 1 --ep 2"},
+        // the Slurm variables around mpirun's one rank (MPI daemons that srun started): a launch that works
+        {"under_mpirun", 1, "env SLURM_PROCID=0 SLURM_STEP_NUM_TASKS=2 " + TRAIN + " --steps 1 --batch 1"},
+        // ranks that do not see one checkpoint directory, as on nodes without a shared file system (here: two
+        // directories): found before training
+        {"unshared", 1, TRAIN + " --steps 2 --batch 1 --checkpoint-dir " + dirs + "/a : -np 1 " + TRAIN +
+                            " --steps 2 --batch 1 --checkpoint-dir " + dirs + "/b"},
+    };
+    std::map<std::string, Job> jobs;
+    std::vector<std::thread> running;
+    std::mutex guard;
+    for (const auto& [name, ranks, args] : launches)
+        running.emplace_back([&, name = name, ranks = ranks, args = args] {
+            Job job = mpirun(ranks, args, "ep_" + name);
+            std::lock_guard<std::mutex> lock(guard);
+            jobs[name] = job;
+        });
     // srun without a PMI plugin that MPI uses: each task alone in a world of one (Slurm's variables, no mpirun)
     const CommandResult lone =
         run_logged("env SLURM_PROCID=0 SLURM_STEP_NUM_TASKS=2 " + TRAIN + " --steps 2 --batch 1", "ep_lone.txt", 60);
+    for (std::thread& t : running) t.join();
+
+    const std::string differ = "rank 1's flags or build differ from rank 0's";
+    const std::vector<std::tuple<std::string, std::string>> refusals = {
+        {"undivided", "does not divide the 3 ranks"},
+        {"experts", "does not divide n_routed_experts"},
+        {"alone", "does not divide the 1 ranks"},
+        {"other_config", differ},
+        {"other_steps", differ},
+        {"other_dir", differ},
+        {"empty_dir", differ},
+        {"rank1_flag", "[rank 1] --batch needs an integer"},
+        {"every_rank_flag", "--batch needs an integer"},
+        {"ep_mismatch_mpi", "the ranks were given different --ep (1 to 2): start every rank with the same flags"},
+        {"ep_mismatch_nccl", "the ranks were given different --ep (1 to 2): start every rank with the same flags"},
+        {"unshared", "[rank 1] --checkpoint-dir " + dirs + "/b: this rank does not see the file rank 0 created there"},
+    };
+    for (const auto& [name, message] : refusals) {
+        const Job& job = jobs.at(name);
+        INFO(name << "\n" << job.err);
+        CHECK(job.status != 0);
+        CHECK(count(job.err, message) == 1);
+    }
+    CHECK(jobs.at("unshared").out.find("step") == std::string::npos);
     CHECK(lone.status == 2);
     CHECK(count(lone.out, "srun started 2 tasks, but MPI sees each of them alone: start them with srun --mpi=pmix") == 1);
-    // the same variables around mpirun's one rank (MPI daemons that srun started): a launch that works
-    Job under_mpirun = mpirun(1, "env SLURM_PROCID=0 SLURM_STEP_NUM_TASKS=2 " + TRAIN + " --steps 1 --batch 1");
-    CHECK(under_mpirun.status == 0);
-    // ranks that do not see one checkpoint directory, as on nodes without a shared file system (here: two
-    // directories): found before training
-    const std::string dirs = test_path("ep_unshared");
-    Job unshared = mpirun(1, TRAIN + " --steps 2 --batch 1 --checkpoint-dir " + dirs + "/a : -np 1 " + TRAIN +
-                                 " --steps 2 --batch 1 --checkpoint-dir " + dirs + "/b");
-    CHECK(unshared.status != 0);
-    CHECK(count(unshared.err, "[rank 1] --checkpoint-dir " + dirs + "/b: this rank does not see the file rank 0 "
-                              "created there") == 1);
-    CHECK(unshared.out.find("step") == std::string::npos);
+    CHECK(jobs.at("under_mpirun").status == 0);
     system(("rm -rf " + dirs).c_str());
 }
