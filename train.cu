@@ -15,14 +15,15 @@ static void print_device(const Run& run, int device, const cudaDeviceProp& prop,
     const TrainArgs& args = run.args;
     const Precision p = args.precision_or(Precision::BF16);
     const GpuMemoryPlan plan = gpu_memory_plan(run.config, run.comm->ep_size, run.comm->world, p, args.batch,
-                                               args.seq, ActivationLayout{args.recompute});
+                                               args.seq, ActivationLayout{args.recompute}, run.oc.moments);
     const double gib = 1024.0 * 1024.0 * 1024.0;
     printf("GPU %d: %s, %.1f GiB; GEMM inputs %s (FP32 accumulation)\n", device, prop.name, total / gib,
            p == Precision::FP8 ? "fp8 in the blocks' linear layers, bf16 elsewhere"
            : p == Precision::BF16 ? "bf16" : "fp32");
-    printf("memory plan per GPU: parameters %.2f GiB, gradients %.2f GiB, optimizer state %.2f GiB, activations "
+    printf("memory plan per GPU: parameters %.2f GiB, gradients %.2f GiB, optimizer state %.2f GiB%s, activations "
            "%.2f GiB%s, expert rows %.2f GiB, workspace %.2f GiB; free %.2f GiB before, %.2f GiB after\n",
-           plan.params / gib, plan.grads / gib, plan.optimizer / gib, plan.activations / gib,
+           plan.params / gib, plan.grads / gib, plan.optimizer / gib,
+           run.oc.moments == Moments::BF16 ? " (BF16 moments)" : "", plan.activations / gib,
            args.recompute ? " (--recompute: the blocks' inputs, one set per kind of block)" : "",
            plan.expert_rows / gib, plan.scratch / gib, free_before / gib, free_after / gib);
     if (run.peak_flops == 0.0)
@@ -41,7 +42,7 @@ int main(int argc, char** argv) {
         CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
         CUDA_CHECK(cudaMemGetInfo(&free_before, &total));
         gpu_model_init(model, r.config, *r.comm, r.args.precision_or(Precision::BF16), r.args.batch, r.args.seq,
-                       ActivationLayout{r.args.recompute});
+                       ActivationLayout{r.args.recompute}, r.oc.moments);
         r.on_end = [&] { gpu_model_free(model); };
         model_release_grads(r.model);  // the gradients live on the GPU only
     };

@@ -322,7 +322,7 @@ static int64_t optimizer_table_bytes(const ParamTable& table) {
 }
 
 GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, int world, Precision p, int B, int T,
-                              const ActivationLayout& layout) {
+                              const ActivationLayout& layout, Moments moments) {
     const ParamTable table = build_param_table(c, ep_size);
     const int64_t total = table.total, N = (int64_t)B * T;
     const int64_t R = N * c.num_experts_per_tok;  // the expected rows per rank: the buffers grow beyond it
@@ -337,7 +337,8 @@ GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, int world, Precision
         plan.fp8_weights = bytes_of([&](Arena& ar) { carve_fp8_weights(ar, table, nullptr, counted); });
     plan.params = total * 4 + (bf16 ? total * 2 : 0) + plan.fp8_weights;
     plan.grads = total * 4;
-    plan.optimizer = optimizer_shard(table, world, 0, world / ep_size, 0).moments * 8;
+    const int64_t moment_bytes = moments == Moments::BF16 ? 2 : 4;
+    plan.optimizer = optimizer_shard(table, world, 0, world / ep_size, 0).moments * 2 * moment_bytes;
     GpuModel counting;
     plan.activations = bytes_of([&](Arena& ar) { carve_activations(ar, counting, c, bf16, B, T, layout); });
     GpuMoEActs layer;
@@ -353,7 +354,7 @@ GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, int world, Precision
 
 // Everything gpu_model_init allocates, in the order of the memory plan.
 static void allocate(GpuModel& m, const Config& c, Comm& comm, Precision p, int B, int T,
-                     const ActivationLayout& layout, const GpuMemoryPlan& plan) {
+                     const ActivationLayout& layout, Moments moments, const GpuMemoryPlan& plan) {
     m.config = c;
     m.layout = layout;
     m.head_rows = head_chunk_rows(c, (int64_t)B * T, layout);
@@ -369,8 +370,13 @@ static void allocate(GpuModel& m, const Config& c, Comm& comm, Precision p, int 
     const bool bf16 = p != Precision::FP32;
     m.params = static_cast<float*>(device_alloc(total * 4, "the parameters"));
     m.grads = static_cast<float*>(device_alloc(total * 4, "the gradients"));
-    m.adam_m = static_cast<float*>(device_alloc(m.shard.moments * 4, "the AdamW moments"));
-    m.adam_v = static_cast<float*>(device_alloc(m.shard.moments * 4, "the AdamW moments"));
+    if (moments == Moments::BF16) {
+        m.adam_m16 = static_cast<__nv_bfloat16*>(device_alloc(m.shard.moments * 2, "the AdamW moments"));
+        m.adam_v16 = static_cast<__nv_bfloat16*>(device_alloc(m.shard.moments * 2, "the AdamW moments"));
+    } else {
+        m.adam_m = static_cast<float*>(device_alloc(m.shard.moments * 4, "the AdamW moments"));
+        m.adam_v = static_cast<float*>(device_alloc(m.shard.moments * 4, "the AdamW moments"));
+    }
     if (bf16) m.params_bf16 = static_cast<__nv_bfloat16*>(device_alloc(total * 2, "the BF16 weights"));
     if (p == Precision::FP8) {
         m.fp8_alloc = device_alloc(plan.fp8_weights, "the FP8 weights");
@@ -414,7 +420,7 @@ static void allocate(GpuModel& m, const Config& c, Comm& comm, Precision p, int 
 }
 
 void gpu_model_init(GpuModel& m, const Config& c, Comm& comm, Precision p, int B, int T,
-                    const ActivationLayout& layout) {
+                    const ActivationLayout& layout, Moments moments) {
     if (c.qk_rope_head_dim % 2 != 0)
         throw std::runtime_error("qk_rope_head_dim " + std::to_string(c.qk_rope_head_dim) +
                                  " is odd: RoPE rotates pairs");
@@ -424,21 +430,21 @@ void gpu_model_init(GpuModel& m, const Config& c, Comm& comm, Precision p, int B
         throw std::runtime_error("hidden_size " + std::to_string(c.hidden_size) +
                                  " is odd: with --dtype bf16 and --ep > 1 the expert rows travel as pairs of BF16 "
                                  "values (use an even hidden size, or --dtype fp32)");
-    const GpuMemoryPlan plan = gpu_memory_plan(c, comm.ep_size, comm.world, p, B, T, layout);
+    const GpuMemoryPlan plan = gpu_memory_plan(c, comm.ep_size, comm.world, p, B, T, layout, moments);
     size_t free_bytes = 0, total_bytes = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
     const int64_t reserve = 1ll << 30;  // the CUDA context, NCCL's and cuBLASLt's own buffers: not in the plan
     if (plan.total() + reserve > (int64_t)free_bytes) {
-        char msg[256];
+        char msg[320];
         snprintf(msg, sizeof msg,
                  "the model and a batch of %d x %d tokens need %.2f GiB of GPU memory (+1 GiB for CUDA and NCCL), "
-                 "%.2f GiB are free (lower --batch or --seq,%s or spread the experts with --ep)",
+                 "%.2f GiB are free (lower --batch or --seq,%s%s or spread the experts with --ep)",
                  B, T, plan.total() / 1073741824.0, free_bytes / 1073741824.0,
-                 layout.recompute ? "" : " add --recompute,");
+                 layout.recompute ? "" : " add --recompute,", moments == Moments::BF16 ? "" : " use --moments bf16,");
         throw std::runtime_error(msg);
     }
     try {
-        allocate(m, c, comm, p, B, T, layout, plan);
+        allocate(m, c, comm, p, B, T, layout, moments, plan);
     } catch (...) {
         gpu_model_free(m);  // what was allocated before the failure
         throw;
@@ -448,8 +454,9 @@ void gpu_model_init(GpuModel& m, const Config& c, Comm& comm, Precision p, int B
 void gpu_model_free(GpuModel& m) {
     m.timer.release();
     for (GpuBlockActs& a : m.blocks) CUDA_CHECK(cudaFree(a.moe.expert_alloc));
-    for (void* p : {(void*)m.params, (void*)m.grads, (void*)m.adam_m, (void*)m.adam_v, (void*)m.params_bf16,
-                    m.fp8_alloc, m.arena, m.scratch, m.expert_scratch, m.optimizer_tables})
+    for (void* p : {(void*)m.params, (void*)m.grads, (void*)m.adam_m, (void*)m.adam_v, (void*)m.adam_m16,
+                    (void*)m.adam_v16, (void*)m.params_bf16, m.fp8_alloc, m.arena, m.scratch, m.expert_scratch,
+                    m.optimizer_tables})
         CUDA_CHECK(cudaFree(p));
     gpu::matmul_destroy(m.matmul);
     if (m.host_io) CUDA_CHECK(cudaFreeHost(m.host_io));

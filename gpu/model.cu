@@ -339,10 +339,16 @@ double gpu_model_grad_norm(GpuModel& m) {
 // The update writes the BF16 copy of this rank's ranges; after the gather, the buckets that other ranks updated
 // too are cast again whole. The router bias is selection only, so its BF16 copy needs no refresh.
 void gpu_model_adamw(GpuModel& m, AdamWState& opt, const OptimizerConfig& oc, float lr, float grad_multiplier) {
+    if ((oc.moments == Moments::BF16) != (m.adam_m16 != nullptr))
+        throw std::runtime_error("internal error: AdamW's moments are not allocated in the precision asked for");
     opt.step++;
     m.timer.mark("AdamW");
-    gpu::adamw_update(m.shard_ranges, m.params, m.params_bf16, m.grads, m.adam_m, m.adam_v, oc, lr, opt.step,
-                      grad_multiplier, m.stream);
+    if (m.adam_m16)
+        gpu::adamw_update(m.shard_ranges, m.params, m.params_bf16, m.grads, m.adam_m16, m.adam_v16, oc, lr, opt.step,
+                          grad_multiplier, m.stream);
+    else
+        gpu::adamw_update(m.shard_ranges, m.params, m.params_bf16, m.grads, m.adam_m, m.adam_v, oc, lr, opt.step,
+                          grad_multiplier, m.stream);
     if (m.comm->world > 1) sync(m);
     shard_gather(m.shard, m.params, *m.comm);
     if (m.params_bf16)
@@ -365,13 +371,35 @@ void gpu_model_update_router_bias(GpuModel& m, const std::vector<std::vector<int
     }
 }
 
+// One moment to the device, FP32 or rounded to BF16 (the CPU's update reads it so rounded too), and back.
+static void upload_moments(float* fp32, __nv_bfloat16* bf16, const std::vector<float>& host) {
+    if (fp32) {
+        CUDA_CHECK(cudaMemcpy(fp32, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+        return;
+    }
+    std::vector<__nv_bfloat16> rounded(host.size());
+    for (size_t i = 0; i < host.size(); i++) rounded[i] = __float2bfloat16_rn(host[i]);
+    CUDA_CHECK(cudaMemcpy(bf16, rounded.data(), rounded.size() * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice));
+}
+static void download_moments(const GpuModel& m, const float* fp32, const __nv_bfloat16* bf16,
+                             std::vector<float>& host) {
+    host.resize(m.shard.moments);
+    if (fp32) {
+        CUDA_CHECK(cudaMemcpy(host.data(), fp32, host.size() * sizeof(float), cudaMemcpyDeviceToHost));
+        return;
+    }
+    std::vector<__nv_bfloat16> stored(host.size());
+    CUDA_CHECK(cudaMemcpy(stored.data(), bf16, stored.size() * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < host.size(); i++) host[i] = __bfloat162float(stored[i]);
+}
+
 void gpu_model_upload(GpuModel& m, const Model& host, const AdamWState& opt) {
     if (host.table.total != m.table.total || (int64_t)opt.m.size() != m.shard.moments ||
         (int64_t)opt.v.size() != m.shard.moments)
         throw std::runtime_error("internal error: the host's and the GPU's tables or optimizer shards differ");
     CUDA_CHECK(cudaMemcpy(m.params, host.params.data(), m.table.total * sizeof(float), cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(m.adam_m, opt.m.data(), m.shard.moments * sizeof(float), cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(m.adam_v, opt.v.data(), m.shard.moments * sizeof(float), cudaMemcpyHostToDevice));
+    upload_moments(m.adam_m, m.adam_m16, opt.m);
+    upload_moments(m.adam_v, m.adam_v16, opt.v);
     if (m.params_bf16) gpu::cast_to_bf16(m.params_bf16, m.params, m.table.total, m.stream);
     refresh_fp8_weights(m);
     m.router_bias.assign(m.config.num_blocks(), {});
@@ -386,10 +414,8 @@ void gpu_model_upload(GpuModel& m, const Model& host, const AdamWState& opt) {
 void gpu_model_download(const GpuModel& m, Model& host, AdamWState& opt) {
     sync(m);
     CUDA_CHECK(cudaMemcpy(host.params.data(), m.params, m.table.total * sizeof(float), cudaMemcpyDeviceToHost));
-    opt.m.resize(m.shard.moments);
-    opt.v.resize(m.shard.moments);
-    CUDA_CHECK(cudaMemcpy(opt.m.data(), m.adam_m, m.shard.moments * sizeof(float), cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemcpy(opt.v.data(), m.adam_v, m.shard.moments * sizeof(float), cudaMemcpyDeviceToHost));
+    download_moments(m, m.adam_m, m.adam_m16, opt.m);
+    download_moments(m, m.adam_v, m.adam_v16, opt.v);
 }
 
 std::vector<float> gpu_model_grads(const GpuModel& m) {

@@ -67,7 +67,8 @@ struct GpuModel {
     cudaStream_t stream = nullptr;
     gpu::Matmul matmul;
     float *params = nullptr, *grads = nullptr;   // table layout
-    float *adam_m = nullptr, *adam_v = nullptr;  // the shard's moments (OptimizerRange::moments)
+    float *adam_m = nullptr, *adam_v = nullptr;  // the shard's moments (OptimizerRange::moments), FP32
+    __nv_bfloat16 *adam_m16 = nullptr, *adam_v16 = nullptr;  // or, with Moments::BF16, in BF16
     __nv_bfloat16* params_bf16 = nullptr;        // BF16 and FP8: the working copy the GEMMs read
     void* fp8_alloc = nullptr;                   // FP8: the Fp8Tensors' copies
     std::map<int64_t, Fp8Tensor> fp8_weights;    // by the weight's offset in the parameter buffer
@@ -108,13 +109,13 @@ struct GpuMemoryPlan {
 };
 // world ranks, ep_size of them in an expert-parallel group (the optimizer's shard: model/optimizer.h).
 GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, int world, Precision p, int B, int T,
-                              const ActivationLayout& layout = {});
+                              const ActivationLayout& layout = {}, Moments moments = Moments::FP32);
 
 // Allocates everything for batches of up to B sequences of T tokens on the current device; throws
 // std::runtime_error (with the plan and the free memory) when it does not fit, or for a config the kernels do not
 // support.
 void gpu_model_init(GpuModel& m, const Config& c, Comm& comm, Precision p, int B, int T,
-                    const ActivationLayout& layout = {});
+                    const ActivationLayout& layout = {}, Moments moments = Moments::FP32);
 void gpu_model_free(GpuModel& m);
 // Host weights and this rank's moments (opt: adamw_state(m.shard)) -> device. The tables must match.
 void gpu_model_upload(GpuModel& m, const Model& host, const AdamWState& opt);

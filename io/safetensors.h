@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "io/files.h"
+#include "model/bf16.h"
 
 enum class DType { F32, F64, I32, I64, BF16 };
 
@@ -21,20 +22,6 @@ struct TensorView {  // a tensor to write: its bytes live elsewhere
     const void* data;
     DType source = dtype;  // of the bytes at data: the same, or F32 for a BF16 tensor (converted by bf16_from_f32)
 };
-
-// BF16 is the top half of an F32. To BF16: round to nearest, ties to even; NaN stays NaN.
-inline uint16_t bf16_from_f32(float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
-}
-inline float f32_from_bf16(uint16_t h) {
-    const uint32_t u = (uint32_t)h << 16;
-    float x;
-    memcpy(&x, &u, 4);
-    return x;
-}
 
 struct TensorInfo {  // a tensor found in a file
     DType dtype;

@@ -3,7 +3,8 @@
 //   m = b1 m + (1-b1) g;   v = b2 v + (1-b2) g^2
 //   p -= lr (m / (1-b1^t) / (sqrt(v / (1-b2^t)) + eps) + decay p)
 // One launch updates this rank's ranges (kernels/shard_ranges.h). With a working copy it also writes the new
-// value's BF16 rounding, in the same pass.
+// value's BF16 rounding, in the same pass. The moments are FP32 or BF16 (--moments bf16: m and v computed in FP32
+// from the stored values, used as they are, stored rounded), 16 or 12 bytes read and 14 or 10 written per value.
 // Norm: each range's sum of g^2 in double, in two fixed passes: a thread block per chunk of GRAD_NORM_CHUNK values
 // writes a partial, then a thread block per range sums its partials. (double)g * g is exact, so only the order of
 // the additions differs from the CPU.
@@ -33,10 +34,16 @@ __device__ inline int64_t range_of_piece(const int64_t* starts, int64_t R, int64
     return low;
 }
 
-// a thread block per piece of ADAMW_BLOCK_VALUES values of a range
-static __global__ void adamw_kernel(float* params, __nv_bfloat16* params16, const float* grads, float* m, float* v,
-                                    const int64_t* table, int64_t R, float lr, float beta1, float beta2, float eps,
-                                    float weight_decay, float bias1, float bias2, float grad_multiplier) {
+__device__ inline float moment_value(float x) { return x; }
+__device__ inline float moment_value(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ inline void store_moment(float& out, float x) { out = x; }
+__device__ inline void store_moment(__nv_bfloat16& out, float x) { out = __float2bfloat16_rn(x); }
+
+// a thread block per piece of ADAMW_BLOCK_VALUES values of a range; Moment: float or __nv_bfloat16
+template <typename Moment>
+__global__ void adamw_kernel(float* params, __nv_bfloat16* params16, const float* grads, Moment* m, Moment* v,
+                             const int64_t* table, int64_t R, float lr, float beta1, float beta2, float eps,
+                             float weight_decay, float bias1, float bias2, float grad_multiplier) {
     const int64_t *first = table, *count = table + R, *moments = table + 2 * R, *decays = table + 3 * R;
     const int64_t* blocks = table + 4 * R;
     const int64_t r = range_of_piece(blocks, R, blockIdx.x);
@@ -46,13 +53,13 @@ static __global__ void adamw_kernel(float* params, __nv_bfloat16* params16, cons
     float* p = params + first[r];
     __nv_bfloat16* p16 = params16 ? params16 + first[r] : nullptr;
     const float* gr = grads + first[r];
-    float *mr = m + moments[r], *vr = v + moments[r];
+    Moment *mr = m + moments[r], *vr = v + moments[r];
     for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
         const float g = gr[i] * grad_multiplier;
-        const float mi = beta1 * mr[i] + (1.0f - beta1) * g;
-        const float vi = beta2 * vr[i] + (1.0f - beta2) * g * g;
-        mr[i] = mi;
-        vr[i] = vi;
+        const float mi = beta1 * moment_value(mr[i]) + (1.0f - beta1) * g;
+        const float vi = beta2 * moment_value(vr[i]) + (1.0f - beta2) * g * g;
+        store_moment(mr[i], mi);
+        store_moment(vr[i], vi);
         const float m_hat = mi / bias1, v_hat = vi / bias2;
         const float updated = p[i] - lr * (m_hat / (sqrtf(v_hat) + eps) + decay * p[i]);
         p[i] = updated;
@@ -84,14 +91,16 @@ static __global__ void grad_norm_total_kernel(double* out, const double* partial
 }
 
 // One AdamW update of the shard's ranges. params, grads and params16 (the working copy, or nullptr) are whole
-// device buffers laid out by the parameter table; m and v hold the shard's moments alone. step: 1 for the first
-// update (AdamWState::step after its increment). The bias corrections are computed on the host, as the CPU does.
+// device buffers laid out by the parameter table; m and v (float or __nv_bfloat16) hold the shard's moments alone.
+// step: 1 for the first update (AdamWState::step after its increment). The bias corrections are computed on the
+// host, as the CPU does.
+template <typename Moment>
 inline void adamw_update(const ShardRanges& shard, float* params, __nv_bfloat16* params16, const float* grads,
-                         float* m, float* v, const OptimizerConfig& oc, float lr, int64_t step, float grad_multiplier,
+                         Moment* m, Moment* v, const OptimizerConfig& oc, float lr, int64_t step, float grad_multiplier,
                          cudaStream_t stream) {
     if (shard.blocks == 0) return;
     const float bias1 = 1.0f - powf(oc.beta1, (float)step), bias2 = 1.0f - powf(oc.beta2, (float)step);
-    launch_kernel(adamw_kernel, (unsigned)shard.blocks, ADAMW_THREADS, 0, stream, params, params16, grads, m, v,
+    launch_kernel(adamw_kernel<Moment>, (unsigned)shard.blocks, ADAMW_THREADS, 0, stream, params, params16, grads, m, v,
                   shard.table, shard.ranges, lr, oc.beta1, oc.beta2, oc.eps, oc.weight_decay, bias1, bias2,
                   grad_multiplier);
 }

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "model/bf16.h"
+
 float learning_rate(const OptimizerConfig& oc, int64_t step) {
     if (step < oc.warmup_steps) return oc.lr * (float)(step + 1) / oc.warmup_steps;
     const int64_t decay_steps = oc.decay_steps >= 0 ? oc.decay_steps : oc.total_steps - oc.warmup_steps;
@@ -94,15 +96,18 @@ void adamw_update(const OptimizerShard& shard, float* params, const float* grads
                   const OptimizerConfig& oc, float lr, float grad_multiplier) {
     s.step++;
     const float bias1 = 1.0f - powf(oc.beta1, (float)s.step), bias2 = 1.0f - powf(oc.beta2, (float)s.step);
+    const bool bf16 = oc.moments == Moments::BF16;
     for (const OptimizerRange& r : shard.ranges) {
         const float decay = r.weight_decay ? oc.weight_decay : 0.0f;
 #pragma omp parallel for schedule(static)
         for (int64_t k = 0; k < r.count; k++) {
             float &p = params[r.first + k], &m = s.m[r.moments + k], &v = s.v[r.moments + k];
             const float g = grads[r.first + k] * grad_multiplier;
-            m = oc.beta1 * m + (1.0f - oc.beta1) * g;
-            v = oc.beta2 * v + (1.0f - oc.beta2) * g * g;
-            const float m_hat = m / bias1, v_hat = v / bias2;
+            const float mi = oc.beta1 * (bf16 ? bf16_round(m) : m) + (1.0f - oc.beta1) * g;
+            const float vi = oc.beta2 * (bf16 ? bf16_round(v) : v) + (1.0f - oc.beta2) * g * g;
+            m = bf16 ? bf16_round(mi) : mi;
+            v = bf16 ? bf16_round(vi) : vi;
+            const float m_hat = mi / bias1, v_hat = vi / bias2;
             p -= lr * (m_hat / (sqrtf(v_hat) + oc.eps) + decay * p);
         }
     }

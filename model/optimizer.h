@@ -1,5 +1,7 @@
 // AdamW on the FP32 master weights, the learning-rate schedule and global-norm clipping (docs/design.md §1.4):
 //   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;  p -= lr (m/(1-b1^t) / (sqrt(v/(1-b2^t)) + eps) + wd p)
+// With BF16 moments (DeepSeek-V3's) m and v are computed in FP32 from the stored values, used as they are for this
+// step's update, and stored rounded to BF16: the values the GPU's BF16 buffers hold.
 // The schedule: linear warmup, the peak, then cosine decay to min_lr_ratio of the peak at the last step, over every
 // step after warmup or only the last decay_steps (warmup-stable-decay).
 // The optimizer shard (ZeRO-1, docs/design.md §8): the moments and the update's work are cut over the ranks that
@@ -11,6 +13,8 @@
 #include "comm/comm.h"
 #include "params.h"
 
+enum class Moments { FP32, BF16 };  // how m and v are stored
+
 struct OptimizerConfig {
     float lr = 3e-4f;  // peak
     float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
@@ -20,10 +24,12 @@ struct OptimizerConfig {
     int warmup_steps = 0;
     int total_steps = 1;
     int decay_steps = -1;  // the decay's steps, the last of the run; -1: every step after warmup
+    Moments moments = Moments::FP32;
 };
 
 struct AdamWState {
     std::vector<float> m, v;  // this rank's moments alone: OptimizerShard::moments values, at OptimizerRange::moments
+                              // (with BF16 moments, values a BF16 holds; FP32 ones from a checkpoint are rounded)
     int64_t step = 0;         // updates done so far
 };
 

@@ -7,7 +7,7 @@
 // per region of make bench's table. Counts, not times: they are the same on any machine, and on a GPU the step does
 // the same work.
 //   usage: ./count_step_emulated [--config NAME|PATH] [--batch B] [--seq T] [--steps S] [--dtype bf16|fp32|fp8]
-//                                [--recompute] [--ep E]
+//                                [--moments fp32|bf16] [--recompute] [--ep E]
 //          STAND_IN_GPUS=N mpirun -np N ./count_step_emulated --ep E ...   (rank 0's counts)
 // Weights from model_init_weights, tokens uniformly random, each rank its own (the router spreads the rows about
 // evenly). One step runs first uncounted, so the counts show the steady state, not the first step's setup.
@@ -32,12 +32,14 @@ struct Options {
     int B = 2, T = 64, steps = 2, ep = 1;
     Precision precision = Precision::BF16;
     ActivationLayout layout;
+    Moments moments = Moments::FP32;
 };
 
 [[noreturn]] void usage(const std::string& problem) {
     fprintf(stderr,
             "count_step: %s\nusage: ./count_step_emulated [--config NAME|PATH] [--batch B] [--seq T] [--steps S] "
-            "[--dtype bf16|fp32|fp8] [--recompute] [--ep E]\n  defaults: small, B 2, T 64, S 2, bf16, EP 1\n",
+            "[--dtype bf16|fp32|fp8] [--moments fp32|bf16] [--recompute] [--ep E]\n"
+            "  defaults: small, B 2, T 64, S 2, bf16, fp32 moments, EP 1\n",
             problem.c_str());
     exit(2);
 }
@@ -67,7 +69,11 @@ Options parse(int argc, char** argv) {
         else if (flag == "--ep") o.ep = positive(flag, value);
         else if (flag == "--dtype" && (v == "bf16" || v == "fp32" || v == "fp8"))
             o.precision = v == "fp8" ? Precision::FP8 : v == "bf16" ? Precision::BF16 : Precision::FP32;
-        else usage(flag == "--dtype" ? "--dtype is bf16, fp32 or fp8" : "unknown flag " + flag);
+        else if (flag == "--moments" && (v == "fp32" || v == "bf16"))
+            o.moments = v == "bf16" ? Moments::BF16 : Moments::FP32;
+        else if (flag == "--dtype" || flag == "--moments")
+            usage(flag == "--dtype" ? "--dtype is bf16, fp32 or fp8" : "--moments is fp32 or bf16");
+        else usage("unknown flag " + flag);
     }
     if (o.T < 2) usage("--seq must be at least 2");
     return o;
@@ -117,7 +123,7 @@ int main(int argc, char** argv) {
         model_init_weights(host, 1234);
         AdamWState opt = adamw_state(host.shard);
         GpuModel m;
-        gpu_model_init(m, c, *comm, o.precision, o.B, o.T, o.layout);
+        gpu_model_init(m, c, *comm, o.precision, o.B, o.T, o.layout, o.moments);
         gpu_model_upload(m, host, opt);
 
         std::vector<int32_t> inputs(N), targets(N);
@@ -127,6 +133,7 @@ int main(int argc, char** argv) {
             targets[i] = (int32_t)(rng.next_u64() % (uint64_t)c.vocab_size);
         }
         OptimizerConfig oc;
+        oc.moments = o.moments;
         auto step = [&] {  // train.cu's step, one micro-batch, with make bench's region names around the model's
             m.timer.mark("zero grads, tokens in");
             gpu_model_zero_grads(m);
@@ -184,11 +191,12 @@ int main(int argc, char** argv) {
             return 0;
         }
         const double S = o.steps, MB = 1e6;
-        printf("count_step: the GPU step on the kernel emulator, config %s, %d x %d tokens, %s%s, rank 0 of %d (EP %d "
-               "x DP %d); per step, the mean of %d after one uncounted\n\n",
+        printf("count_step: the GPU step on the kernel emulator, config %s, %d x %d tokens, %s%s%s, rank 0 of %d "
+               "(EP %d x DP %d); per step, the mean of %d after one uncounted\n\n",
                o.config.c_str(), o.B, o.T, o.precision == Precision::FP8 ? "fp8" : o.precision == Precision::BF16
                                                                                         ? "bf16" : "fp32",
-               o.layout.recompute ? ", --recompute" : "", comm->world, comm->ep_size, comm->dp_size, o.steps);
+               o.moments == Moments::BF16 ? ", BF16 moments" : "", o.layout.recompute ? ", --recompute" : "",
+               comm->world, comm->ep_size, comm->dp_size, o.steps);
         const struct {
             Work kind;
             const char* what;

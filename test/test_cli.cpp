@@ -264,7 +264,7 @@ TEST_CASE("cli: --describe prints the config and the parameter counts of docs/us
     CHECK(out.find("total_params 3058496\nactive_params 1534784\nmtp_params 833120\n") != std::string::npos);
 }
 
-TEST_CASE("cli: --plan for DeepSeek-V3 on 256 GPUs, with and without --recompute") {
+TEST_CASE("cli: --plan for DeepSeek-V3 on 256 GPUs, with and without --recompute or BF16 moments") {
     const CommandResult plan = run_logged(
         "./train_cpu --config deepseek-v3 --plan --gpus 256 --ep 64 --batch 1 --seq 4096 --grad-accum 16", "cli_plan.txt",
         60);
@@ -295,5 +295,13 @@ TEST_CASE("cli: --plan for DeepSeek-V3 on 256 GPUs, with and without --recompute
     CHECK(again.out.find("activations (--recompute) 15.5 GiB") != std::string::npos);
     CHECK(again.out.find("+ 8.668e+10 recomputed") != std::string::npos);
     CHECK(again.out.find("166 GB sent") != std::string::npos);
+    // BF16 moments: half the GPU's AdamW shard, 4 bytes x 2.66e9 values; the host and the checkpoint keep FP32
+    const CommandResult bf16 = run_logged("./train_cpu --config deepseek-v3 --plan --gpus 256 --ep 64 --batch 1 --seq "
+                                          "4096 --grad-accum 16 --moments bf16", "cli_plan_bf16_moments.txt", 60);
+    REQUIRE(bf16.status == 0);
+    CHECK(bf16.out.find("AdamW shard 9.9 GiB, activations 307.8 GiB, total 577.1 of 80 GiB") != std::string::npos);
+    CHECK(bf16.out.find("host memory per GPU: weights 103.7 GiB, AdamW shard 19.9 GiB; a checkpoint: 8.19 TB, 32 GB "
+                        "written by each rank") != std::string::npos);
+    expect_clean_failure("./train_cpu --config small --moments fp16", "--moments must be fp32 or bf16");
     expect_clean_failure("./train_cpu --config deepseek-v3 --plan --gpus 256 --ep 3", "--ep must divide --gpus");
 }

@@ -245,6 +245,27 @@ static void test_adamw(Rng& rng) {
             if (std::isnan(want16[i]) && std::isnan(got16[i])) want16[i] = got16[i] = 0.0f;  // poison left in place
         check("adamw BF16 copy = the new params rounded " + shape, got16, want16, 0);
 
+        // --moments bf16, from FP32 moments (as after a checkpoint of a run without it): both round them where read.
+        // The stored moments may differ by one BF16 step where the GPU's and the CPU's FP32 values fall on either
+        // side of a rounding boundary: 2^-8 of the largest.
+        OptimizerConfig oc16 = oc;
+        oc16.moments = Moments::BF16;
+        AdamWState state16{pack_moments(m0), pack_moments(v0), 6};
+        std::vector<float> params_b = params0;
+        DeviceArray<float> d_params_b(params0);
+        std::vector<__nv_bfloat16> m16(shard.moments), v16(shard.moments);
+        for (int64_t i = 0; i < shard.moments; i++) {
+            m16[i] = __float2bfloat16_rn(state16.m[i]);
+            v16[i] = __float2bfloat16_rn(state16.v[i]);
+        }
+        DeviceArray<__nv_bfloat16> d_m16(m16), d_v16(v16);
+        adamw_update(shard, params_b.data(), grads.data(), state16, oc16, lr, multiplier);
+        gpu::adamw_update(ranges, d_params_b.ptr, (__nv_bfloat16*)nullptr, d_grads.ptr, d_m16.ptr, d_v16.ptr, oc16, lr,
+                          state16.step, multiplier, 0);
+        check("adamw, BF16 moments: params " + shape, d_params_b.get(), params_b, 1e-6);
+        check("adamw, BF16 moments: m " + shape, widened(d_m16.get()), state16.m, 4e-3);
+        check("adamw, BF16 moments: v " + shape, widened(d_v16.get()), state16.v, 4e-3);
+
         // each range's squared norm (over several chunks where a range is longer than one)
         DeviceArray<double> d_norms(ranges.ranges), d_partials(std::max<int64_t>(1, ranges.chunks));
         d_norms.poison();

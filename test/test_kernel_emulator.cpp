@@ -305,46 +305,52 @@ TEST_CASE("kernel lab: every version of every dev/cuda program matches its CPU r
 }
 
 // make bench-emulated's counts (test/count_step.cpp) on tiny: every region of the step, and AdamW's bytes its real
-// traffic, each byte once per launch: it reads the parameter, the gradient and both moments (16 bytes a parameter)
-// and its table of ranges (a few hundred bytes), and writes the parameter, both moments and the BF16 copy (14); the
-// gradient norm's first pass reads each gradient once (4 bytes). At one rank the host waits for the device once
-// per MoE block (its expert counts), at the end of the forward (the losses), for the gradient norm, and at the end
-// of the counted step: no more.
+// traffic, each byte once per launch: it reads the parameter, the gradient and both moments (16 bytes a parameter,
+// 12 with BF16 moments) and its table of ranges (a few hundred bytes), and writes the parameter, both moments and
+// the BF16 copy (14, or 10); the gradient norm's first pass reads each gradient once (4 bytes). At one rank the host
+// waits for the device once per MoE block (its expert counts), at the end of the forward (the losses), for the
+// gradient norm, and at the end of the counted step: no more.
 TEST_CASE("kernel emulator: make bench-emulated counts each kernel's bytes once") {
-    const CommandResult r = run("./count_step_emulated --config tiny --steps 1", "count_step_tiny.txt");
-    INFO(r.out);
-    REQUIRE(r.status == 0);
-    for (const char* region : {"zero grads, tokens in", "embedding", "attention forward", "router", "permute",
-                               "expert GEMMs", "shared experts", "head", "cross-entropy", "attention backward",
-                               "grad norm", "AdamW", "router bias"})
-        CHECK_MESSAGE(r.out.find("\n" + std::string(region) + " ") != std::string::npos, region);
-    Model host;
-    model_init(host, load_config("tiny"));
-    int moe_blocks = 0;
-    for (int l = 0; l < host.config.num_blocks(); l++) moe_blocks += host.config.is_moe_layer(l);
-    const size_t waits_at = r.out.find("host waits for the device");
-    REQUIRE(waits_at != std::string::npos);
-    double waits = 0.0;
-    REQUIRE(sscanf(r.out.c_str() + waits_at, "host waits for the device %lf", &waits) == 1);
-    CHECK(waits <= moe_blocks + 3);
-    double P = 0.0;  // the values AdamW updates
-    for (const OptimizerRange& range : host.shard.ranges) P += (double)range.count;
-    const double table_bytes = 4096;
-    auto traffic = [&](const std::string& kernel, double* read, double* written) {
-        const size_t at = r.out.find("\n" + kernel + " ");
-        REQUIRE_MESSAGE(at != std::string::npos, kernel);
-        double launches = 0.0;
-        REQUIRE(sscanf(r.out.c_str() + at + kernel.size() + 1, "%lf %lf %lf", &launches, read, written) == 3);
-        CHECK(launches == 1.0);
-        *read *= 1e6;  // MB to bytes (printed to the byte)
-        *written *= 1e6;
-    };
-    double read = 0.0, written = 0.0;
-    traffic("gpu::adamw_kernel", &read, &written);
-    CHECK(written == doctest::Approx(14 * P).epsilon(1e-12));
-    CHECK(read >= 16 * P);
-    CHECK(read <= 16 * P + table_bytes);
-    traffic("gpu::grad_norm_partial_kernel", &read, &written);
-    CHECK(read >= 4 * P);
-    CHECK(read <= 4 * P + table_bytes);
+    for (const bool bf16_moments : {false, true}) {
+        CAPTURE(bf16_moments);
+        const std::string flags = bf16_moments ? " --moments bf16" : "";
+        const CommandResult r = run("./count_step_emulated --config tiny --steps 1" + flags,
+                                    bf16_moments ? "count_step_tiny_bf16_moments.txt" : "count_step_tiny.txt");
+        INFO(r.out);
+        REQUIRE(r.status == 0);
+        for (const char* region : {"zero grads, tokens in", "embedding", "attention forward", "router", "permute",
+                                   "expert GEMMs", "shared experts", "head", "cross-entropy", "attention backward",
+                                   "grad norm", "AdamW", "router bias"})
+            CHECK_MESSAGE(r.out.find("\n" + std::string(region) + " ") != std::string::npos, region);
+        Model host;
+        model_init(host, load_config("tiny"));
+        int moe_blocks = 0;
+        for (int l = 0; l < host.config.num_blocks(); l++) moe_blocks += host.config.is_moe_layer(l);
+        const size_t waits_at = r.out.find("host waits for the device");
+        REQUIRE(waits_at != std::string::npos);
+        double waits = 0.0;
+        REQUIRE(sscanf(r.out.c_str() + waits_at, "host waits for the device %lf", &waits) == 1);
+        CHECK(waits <= moe_blocks + 3);
+        double P = 0.0;  // the values AdamW updates
+        for (const OptimizerRange& range : host.shard.ranges) P += (double)range.count;
+        const double table_bytes = 4096;
+        auto traffic = [&](const std::string& kernel, double* read, double* written) {
+            const size_t at = r.out.find("\n" + kernel + " ");
+            REQUIRE_MESSAGE(at != std::string::npos, kernel);
+            double launches = 0.0;
+            REQUIRE(sscanf(r.out.c_str() + at + kernel.size() + 1, "%lf %lf %lf", &launches, read, written) == 3);
+            CHECK(launches == 1.0);
+            *read *= 1e6;  // MB to bytes (printed to the byte)
+            *written *= 1e6;
+        };
+        double read = 0.0, written = 0.0;
+        traffic(bf16_moments ? "gpu::adamw_kernel<__nv_bfloat16>" : "gpu::adamw_kernel<float>", &read, &written);
+        const double moment_bytes = bf16_moments ? 2 : 4;
+        CHECK(written == doctest::Approx((6 + 2 * moment_bytes) * P).epsilon(1e-12));
+        CHECK(read >= (8 + 2 * moment_bytes) * P);
+        CHECK(read <= (8 + 2 * moment_bytes) * P + table_bytes);
+        traffic("gpu::grad_norm_partial_kernel", &read, &written);
+        CHECK(read >= 4 * P);
+        CHECK(read <= 4 * P + table_bytes);
+    }
 }

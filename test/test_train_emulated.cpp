@@ -166,16 +166,19 @@ TEST_CASE("train_emulated --dtype fp32 follows train_cpu; checkpoints resume acr
                {"loss", "grad_norm", "val_loss"}, 3, 4, 1e-4);
     // train_cpu's step-2 checkpoint on the emulated GPU trainer and the other way round, with evaluations; the
     // emulated trainer's own without them (they must not touch the training); --grad-accum 2 of 2 sequences (the
-    // same global batch: the gradients accumulate over backward calls)
+    // same global batch: the gradients accumulate over backward calls); --moments bf16 (train_cpu's FP32 moments
+    // rounded where they are read)
     for (auto [from, to] : {std::pair<const char*, const char*>{"cpu", "c2e"}, {"fp32", "e2c"}, {"fp32", "e2e"},
-                            {"cpu", "accum_cpu"}, {"cpu", "accum_emu"}})
+                            {"cpu", "accum_cpu"}, {"cpu", "accum_emu"}, {"cpu", "moments_cpu"}, {"cpu", "moments_emu"}})
         copy_checkpoint(from, 2, to);
-    Job c2e, e2c, e2e, accum_cpu, accum_emu;
+    Job c2e, e2c, e2e, accum_cpu, accum_emu, moments_cpu, moments_emu;
     run_all({{&c2e, "c2e", train(EMU + " --dtype fp32 --resume", "c2e", VAL)},
              {&e2c, "e2c", train(CPU + " --resume", "e2c", VAL)},
              {&e2e, "e2e", train(EMU + " --dtype fp32 --resume", "e2e", "")},
              {&accum_cpu, "accum_cpu", train(CPU + " --resume --grad-accum 2", "accum_cpu", "", 2)},
-             {&accum_emu, "accum_emu", train(EMU + " --dtype fp32 --resume --grad-accum 2", "accum_emu", "", 2)}});
+             {&accum_emu, "accum_emu", train(EMU + " --dtype fp32 --resume --grad-accum 2", "accum_emu", "", 2)},
+             {&moments_emu, "moments_emu", train(EMU + " --dtype fp32 --resume --moments bf16", "moments_emu", "")},
+             {&moments_cpu, "moments_cpu", train(CPU + " --resume --moments bf16", "moments_cpu", "")}});
     for (const Job* j : {&c2e, &e2c, &e2e})
         CHECK(j->out.find("ckpt_00000002.safetensors at step 2") != std::string::npos);
     check_logs("train_cpu's step 2 resumed on train_emulated, steps 3-4", "c2e", "cpu",
@@ -184,6 +187,13 @@ TEST_CASE("train_emulated --dtype fp32 follows train_cpu; checkpoints resume acr
                {"loss", "grad_norm", "val_loss"}, 3, 4, 1e-6);
     check_logs("--grad-accum 2 --batch 2 from train_cpu's step 2, steps 3-4", "accum_emu", "accum_cpu",
                {"loss", "grad_norm"}, 3, 4, 1e-6);
+    check_logs("--moments bf16 from train_cpu's step 2, steps 3-4", "moments_emu", "moments_cpu",
+               {"loss", "grad_norm"}, 3, 4, 1e-6);
+    CHECK(moments_emu.out.find("(BF16 moments)") != std::string::npos);
+    // the step-3 update with rounded moments moved the weights otherwise: step 4's loss differs, within 1e-3
+    const double rounded = read_log(log_of("moments_cpu"), "loss").at(3), fp32 = read_log(log_of("cpu"), "loss").at(3);
+    CHECK(rounded != fp32);
+    CHECK_REL(rounded, fp32, 1e-3);
     const std::string last = slurp(checkpoint_of("fp32", 4));
     CHECK(last.size() > 100000);
     CHECK_MESSAGE(slurp(checkpoint_of("e2e", 4)) == last, "train_emulated resumed on itself: a different checkpoint");

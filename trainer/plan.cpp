@@ -51,7 +51,8 @@ void print_plan(const Config& c, const PlanInputs& p) {
     const int dp = p.gpus / p.ep;
     const double held = replicated_params + expert_params / p.ep;
     const double weight_bytes = held * (4 + 4 + 2);  // master, gradient, BF16 copy
-    const double optimizer_bytes = 8 * (replicated_params / p.gpus + expert_params / p.ep / dp);  // AdamW m and v
+    const double moment_values = replicated_params / p.gpus + expert_params / p.ep / dp;  // of m, and of v
+    const double optimizer_bytes = 2 * p.moment_bytes * moment_values;
     const double checkpoint_bytes = 12 * (replicated_params + expert_params) - 8 * frozen_params;
     const double d = c.hidden_size, H = c.num_attention_heads, T = p.seq;
     const double dqk = c.qk_head_dim(), dv = c.v_head_dim, I = c.moe_intermediate_size, k = c.num_experts_per_tok;
@@ -106,7 +107,7 @@ void print_plan(const Config& c, const PlanInputs& p) {
     // The host keeps a rank's FP32 weights and AdamW shard; each rank writes its owned ranges into a checkpoint.
     printf("host memory per GPU: weights %.1f GiB, AdamW shard %.1f GiB; a checkpoint: %.3g TB, %.3g GB written by "
            "each rank\n",
-           held * 4 / GiB, optimizer_bytes / GiB, checkpoint_bytes / 1e12, 1.5 * optimizer_bytes / 1e9);
+           held * 4 / GiB, 8 * moment_values / GiB, checkpoint_bytes / 1e12, 12 * moment_values / 1e9);
     printf("FLOPs per token: %.4g (6 x %.4g active parameters incl. MTP, + %.4g attention)", flops_per_token, active,
            attn_flops);
     if (p.recompute) printf(", + %.4g recomputed (the blocks' and heads' forward, not model FLOPs)", recomputed);

@@ -11,6 +11,7 @@ struct PlanInputs {
     double network_gbps = 40;     // GB/s per GPU to other nodes (400 Gb/s InfiniBand ~ 50 GB/s, ~80% achieved)
     double gpu_memory_gib = 80;
     bool recompute = false;       // --recompute: one activation set per kind of block kept, the forward run twice
+    int moment_bytes = 4;         // --moments: 4 (fp32) or 2 (bf16) bytes for each of AdamW's m and v on the GPU
 };
 
 void print_plan(const Config& c, const PlanInputs& p);

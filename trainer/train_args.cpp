@@ -31,6 +31,7 @@ static const char* USAGE =
     "  --min-lr-ratio X       the learning rate at the last step over the peak (0.1)\n"
     "  --weight-decay X       AdamW weight decay on matrices and embeddings (0.1)\n"
     "  --grad-clip X          global gradient-norm clip, 0 for none (1.0)\n"
+    "  --moments fp32|bf16    how AdamW's moments are stored: bf16 as DeepSeek-V3 trains, half their memory (fp32)\n"
     "  --seed S               initialisation and sampling seed (1337)\n"
     "  --eval-every N         validation loss every N steps and after the last (0: only after the last)\n"
     "  --eval-batches N       batches per validation (20)\n"
@@ -155,6 +156,7 @@ TrainArgs parse_train_args(int argc, char** argv, const char* program) {
         else if (!strcmp(flag, "--export-hf")) a.export_hf = v;
         else if (!strcmp(flag, "--export-dtype")) a.export_dtype = v;
         else if (!strcmp(flag, "--dtype")) a.dtype = v;
+        else if (!strcmp(flag, "--moments")) a.moments = v;
         else if (!strcmp(flag, "--plot")) a.plot = v;
         else if (!strcmp(flag, "--gpus")) a.plan_inputs.gpus = (int)parse_int(program, flag, v, 1, 1 << 20);
         else if (!strcmp(flag, "--gpus-per-node")) a.plan_inputs.gpus_per_node = (int)parse_int(program, flag, v, 1, 1024);
@@ -176,10 +178,12 @@ TrainArgs parse_train_args(int argc, char** argv, const char* program) {
     a.plan_inputs.seq = a.seq;
     a.plan_inputs.grad_accum = a.grad_accum;
     a.plan_inputs.recompute = a.recompute;
+    a.plan_inputs.moment_bytes = a.moments == "bf16" ? 2 : 4;
     if (a.plan && (a.plan_inputs.gpus % a.ep != 0)) bad(program, "--ep must divide --gpus");
     if (a.export_dtype != "bf16" && a.export_dtype != "f32") bad(program, "--export-dtype must be bf16 or f32");
     if (!a.dtype.empty() && a.dtype != "fp32" && a.dtype != "bf16" && a.dtype != "fp8")
         bad(program, "--dtype must be fp32, bf16 or fp8");
+    if (a.moments != "fp32" && a.moments != "bf16") bad(program, "--moments must be fp32 or bf16");
     if (!a.plot.empty() && a.log.empty()) bad(program, "--plot needs --log FILE (the plot is drawn from the log)");
     if (a.eval_only && a.val.empty()) bad(program, "--eval-only needs --val PATTERN");
     if (a.eval_only && !a.resume && a.init_from_hf.empty())

@@ -21,6 +21,7 @@ struct TrainArgs {
     float min_lr_ratio = 0.1f;      // --min-lr-ratio X the learning rate at the last step over the peak
     float weight_decay = 0.1f;      // --weight-decay X
     float grad_clip = 1.0f;         // --grad-clip X    (0: off)
+    std::string moments = "fp32";   // --moments fp32|bf16  how AdamW's m and v are stored
     unsigned long long seed = 1337; // --seed S
     int eval_every = 0;             // --eval-every N   (and always after the last step)
     int eval_batches = 20;          // --eval-batches N
