@@ -34,8 +34,11 @@ void ffn_backward(GpuModel& m, float* dx, float* dw_gate, float* dw_up, float* d
                   const float* w_down, int64_t M, int64_t d, int64_t I, bool accumulate_dx, float* da, float* dg,
                   float* du) {
     if (M == 0) return;
-    gpu::matmul_backward(m.matmul, da, dw_down, dout, {s.a, s.a16}, weight_of(m, w_down), M, I, d, false);
+    gpu::matmul_backward(m.matmul, da, dw_down, dout, {s.a, s.a16}, weight_of(m, w_down), M, I, d, false,
+                         grad_accumulates(m, dw_down));
     const SwigluGrads grads = swiglu_backward(m, s, da, dg, du, M * I);
-    gpu::matmul_backward(m.matmul, dx, dw_gate, grads.dg, x, weight_of(m, w_gate), M, d, I, accumulate_dx);
-    gpu::matmul_backward(m.matmul, dx, dw_up, grads.du, x, weight_of(m, w_up), M, d, I, true);
+    gpu::matmul_backward(m.matmul, dx, dw_gate, grads.dg, x, weight_of(m, w_gate), M, d, I, accumulate_dx,
+                         grad_accumulates(m, dw_gate));
+    gpu::matmul_backward(m.matmul, dx, dw_up, grads.du, x, weight_of(m, w_up), M, d, I, true,
+                         grad_accumulates(m, dw_up));
 }

@@ -53,7 +53,8 @@ void mla_backward(GpuModel& m, const BlockWeights& w, BlockWeights& g, const Gpu
     const Config& c = m.config;
     const int64_t N = tokens(m), d = c.hidden_size, H = c.num_attention_heads, dn = c.qk_nope_head_dim;
     const int64_t dr = c.qk_rope_head_dim, dv = c.v_head_dim, dqk = dn + dr, qr = c.q_lora_rank, kr = c.kv_lora_rank;
-    gpu::matmul_backward(m.matmul, s.d_o, g.o, dout, {a.o, a.o16}, weight_of(m, w.o), N, H * dv, d, false);
+    gpu::matmul_backward(m.matmul, s.d_o, g.o, dout, {a.o, a.o16}, weight_of(m, w.o), N, H * dv, d, false,
+                         grad_accumulates(m, g.o));
     m.timer.mark("attention backward");
     const float scale = attention_softmax_scale(c);
     if (a.q_heads16) {
@@ -71,19 +72,22 @@ void mla_backward(GpuModel& m, const BlockWeights& w, BlockWeights& g, const Gpu
     // keys and values back to the input
     m.timer.mark("attention projections");
     gpu::matmul_backward(m.matmul, s.dc_kv_normed, g.kv_b, s.dkv, {a.c_kv_normed, a.c_kv_normed16},
-                         weight_of(m, w.kv_b), N, kr, H * (dn + dv), false);
+                         weight_of(m, w.kv_b), N, kr, H * (dn + dv), false, grad_accumulates(m, g.kv_b));
     gpu::rmsnorm_backward(s.dc_kv, g.kv_a_norm, s.dc_kv_normed, a.c_kv, w.kv_a_norm, a.c_kv_rstd, N, kr, nullptr,
-                          s.rms, m.stream);
+                          s.rms, m.stream, grad_accumulates(m, g.kv_a_norm));
     gpu::copy_columns(s.dkv_a, kr + dr, s.dc_kv, kr, N, kr, m.stream);
-    gpu::matmul_backward(m.matmul, dx, g.kv_a, s.dkv_a, x, weight_of(m, w.kv_a), N, d, kr + dr, false);
+    gpu::matmul_backward(m.matmul, dx, g.kv_a, s.dkv_a, x, weight_of(m, w.kv_a), N, d, kr + dr, false,
+                         grad_accumulates(m, g.kv_a));
     // queries back to the input (accumulating into dx)
     if (qr > 0) {
         gpu::matmul_backward(m.matmul, s.dq_a_normed, g.q_b, s.dq, {a.q_a_normed, a.q_a_normed16}, weight_of(m, w.q_b),
-                             N, qr, H * dqk, false);
+                             N, qr, H * dqk, false, grad_accumulates(m, g.q_b));
         gpu::rmsnorm_backward(s.dq_a, g.q_a_norm, s.dq_a_normed, a.q_a, w.q_a_norm, a.q_a_rstd, N, qr, nullptr, s.rms,
-                              m.stream);
-        gpu::matmul_backward(m.matmul, dx, g.q_a, s.dq_a, x, weight_of(m, w.q_a), N, d, qr, true);
+                              m.stream, grad_accumulates(m, g.q_a_norm));
+        gpu::matmul_backward(m.matmul, dx, g.q_a, s.dq_a, x, weight_of(m, w.q_a), N, d, qr, true,
+                             grad_accumulates(m, g.q_a));
     } else {
-        gpu::matmul_backward(m.matmul, dx, g.q, s.dq, x, weight_of(m, w.q), N, d, H * dqk, true);
+        gpu::matmul_backward(m.matmul, dx, g.q, s.dq, x, weight_of(m, w.q), N, d, H * dqk, true,
+                             grad_accumulates(m, g.q));
     }
 }

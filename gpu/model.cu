@@ -96,12 +96,12 @@ static void block_backward(GpuModel& m, int layer, const float* h_in, const floa
     }
     m.timer.mark("rmsnorm + residual");  // the residual's gradient flows past each norm: dh_mid = dh_out + ...
     gpu::rmsnorm_backward(s.dh_mid, g.ffn_norm, s.dnormed, a.h_mid, w.ffn_norm, a.ffn_rstd, N, d, dh_out, s.rms,
-                          m.stream);
+                          m.stream, grad_accumulates(m, g.ffn_norm));
     m.timer.mark("attention projections");
     mla_backward(m, w, g, a.mla, {a.attn_normed, a.attn_normed16}, s.dh_mid, s.dnormed, s);
     m.timer.mark("rmsnorm + residual");
     gpu::rmsnorm_backward(dh_in, g.attn_norm, s.dnormed, h_in, w.attn_norm, a.attn_rstd, N, d, s.dh_mid, s.rms,
-                          m.stream);
+                          m.stream, grad_accumulates(m, g.attn_norm));
 }
 
 // x's rows from `first` on, x holding rows of `width` values (either copy may be absent)
@@ -149,7 +149,7 @@ static void head_forward(GpuModel& m, const Head& h) {
 }
 
 // Head h's backward, chunk by chunk: dlogits = scale (softmax(logits) - onehot(targets)), dnormed = dlogits W_head,
-// dW_head += dlogits^T normed. In BF16 mode the cross-entropy writes dlogits in BF16 only, for the head's GEMMs.
+// dW_head (=|+=) dlogits^T normed. In BF16 mode the cross-entropy writes dlogits in BF16 only, for the head's GEMMs.
 static void head_backward(GpuModel& m, const Scratch& s, float* dnormed, const Head& h, float scale) {
     const int64_t N = tokens(m), d = m.config.hidden_size, V = m.config.vocab_size;
     for (int64_t r0 = 0; r0 < N; r0 += m.head_rows) {
@@ -166,7 +166,7 @@ static void head_backward(GpuModel& m, const Scratch& s, float* dnormed, const H
                                                 m.stream);
         m.timer.mark("head");
         gpu::matmul_backward(m.matmul, dnormed + r0 * d, m.g.head, {s.dlogits, s.dlogits16}, rows_from(h.normed, r0, d),
-                             weight_of(m, m.w.head), rows, d, V, false);
+                             weight_of(m, m.w.head), rows, d, V, false, grad_accumulates(m, m.g.head));
     }
 }
 
@@ -267,6 +267,15 @@ LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* t
     return loss;
 }
 
+// dembed += dout at the rows' tokens. The step's first call zeroes the whole gradient first: the tokens the batch
+// lacks get nothing.
+static void embedding_backward(GpuModel& m, const float* dout, const gpu::TokenRows& rows) {
+    const int64_t d = m.config.hidden_size;
+    if (!grad_accumulates(m, m.g.embed))
+        CUDA_CHECK(cudaMemsetAsync(m.g.embed, 0, m.config.vocab_size * d * sizeof(float), m.stream));
+    gpu::embedding_backward(m.g.embed, dout, rows, d, m.stream);
+}
+
 void gpu_model_backward(GpuModel& m, float loss_scale) {
     const Config& c = m.config;
     const int B = m.B, T = m.T;
@@ -280,31 +289,34 @@ void gpu_model_backward(GpuModel& m, float loss_scale) {
         head_backward(m, s, s.dmtp, mtp_head(m), mtp_scale);
         m.timer.mark("rmsnorm + residual");
         gpu::rmsnorm_backward(s.dmtp_out, m.g.mtp_norm, s.dmtp, m.mtp_out, m.w.mtp_norm, m.mtp_rstd, N, d, nullptr,
-                              s.rms, m.stream);
+                              s.rms, m.stream, grad_accumulates(m, m.g.mtp_norm));
         block_backward(m, (int)L, m.mtp_in, s.dmtp_out, s.dmtp, loss_scale, s);
         m.timer.mark("head");
         gpu::matmul_backward(m.matmul, s.dconcat, m.g.mtp_eh_proj, s.dmtp, {m.mtp_concat, m.mtp_concat16},
-                             weight_of(m, m.w.mtp_eh_proj), N, 2 * d, d, false);
+                             weight_of(m, m.w.mtp_eh_proj), N, 2 * d, d, false, grad_accumulates(m, m.g.mtp_eh_proj));
         // split [d enorm_out | d hnorm_out]; the h half flows into the main model's final state
         m.timer.mark("rmsnorm + residual");
         gpu::copy_columns(s.dhalf, d, s.dconcat + d, 2 * d, N, d, m.stream);
         gpu::rmsnorm_backward(s.dfinal, m.g.mtp_hnorm, s.dhalf, m.final_normed, m.w.mtp_hnorm, m.hnorm_rstd, N, d,
-                              s.dfinal, s.rms, m.stream);
+                              s.dfinal, s.rms, m.stream, grad_accumulates(m, m.g.mtp_hnorm));
         gpu::copy_columns(s.dhalf, d, s.dconcat, 2 * d, N, d, m.stream);
         gpu::rmsnorm_backward(s.dnext, m.g.mtp_enorm, s.dhalf, m.next_embed, m.w.mtp_enorm, m.enorm_rstd, N, d, nullptr,
-                              s.rms, m.stream);
+                              s.rms, m.stream, grad_accumulates(m, m.g.mtp_enorm));
         m.timer.mark("embedding");
-        gpu::embedding_backward(m.g.embed, s.dnext, m.target_rows, d, m.stream);
+        embedding_backward(m, s.dnext, m.target_rows);
     }
     m.timer.mark("rmsnorm + residual");
     gpu::rmsnorm_backward(dh, m.g.final_norm, s.dfinal, m.residual[L], m.w.final_norm, m.final_rstd, N, d, nullptr,
-                          s.rms, m.stream);
+                          s.rms, m.stream, grad_accumulates(m, m.g.final_norm));
     for (int64_t l = L - 1; l >= 0; l--) {
         block_backward(m, (int)l, m.residual[l], dh, dh_prev, loss_scale, s);
         std::swap(dh, dh_prev);
     }
     m.timer.mark("embedding");
-    gpu::embedding_backward(m.g.embed, dh, m.input_rows, d, m.stream);
+    embedding_backward(m, dh, m.input_rows);
+    for (const ParamTensor& t : m.table.tensors)  // a trainable tensor nothing wrote has a zero gradient
+        if (t.trainable && !grad_accumulates(m, m.grads + t.offset))
+            CUDA_CHECK(cudaMemsetAsync(m.grads + t.offset, 0, t.numel * sizeof(float), m.stream));
 }
 
 void gpu_model_logits_row(GpuModel& m, int64_t row, float* out) {
@@ -315,9 +327,9 @@ void gpu_model_logits_row(GpuModel& m, int64_t row, float* out) {
     CUDA_CHECK(cudaMemcpy(out, logits + (row - r0) * V, V * sizeof(float), cudaMemcpyDeviceToHost));
 }
 
-void gpu_model_zero_grads(GpuModel& m) {
-    CUDA_CHECK(cudaMemsetAsync(m.grads, 0, m.table.total * sizeof(float), m.stream));
-}
+bool grad_accumulates(GpuModel& m, const float* grad) { return !m.grads_written.insert(grad).second; }
+
+void gpu_model_zero_grads(GpuModel& m) { m.grads_written.clear(); }
 
 void gpu_model_reduce_grads(GpuModel& m) {
     if (m.comm->world > 1) sync(m);  // the Comm runs on a stream of its own

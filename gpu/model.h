@@ -8,6 +8,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -73,6 +74,7 @@ struct GpuModel {
     void* fp8_alloc = nullptr;                   // FP8: the Fp8Tensors' copies
     std::map<int64_t, Fp8Tensor> fp8_weights;    // by the weight's offset in the parameter buffer
     ModelWeights w, g;                           // device pointers into params and grads
+    std::set<const float*> grads_written;        // the gradient tensors written since gpu_model_zero_grads
     int max_B = 0, T = 0, B = 0;                 // allocated batch; the last forward's B
     // activations, as model/model.h's ModelActs
     void* arena = nullptr;
@@ -126,6 +128,8 @@ void gpu_model_download(const GpuModel& m, Model& host, AdamWState& opt);
 LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* targets, int B, bool training);
 // The rest as the model_ functions of the same names (model/model.h).
 void gpu_model_backward(GpuModel& m, float loss_scale);
+// Zeroes no memory: the first product into each gradient tensor after it overwrites (grad_accumulates), and the
+// backward's end zeroes a trainable tensor nothing wrote.
 void gpu_model_zero_grads(GpuModel& m);
 void gpu_model_reduce_grads(GpuModel& m);
 double gpu_model_grad_norm(GpuModel& m);
@@ -174,6 +178,9 @@ ExpertScratch expert_scratch_of(const GpuModel& m);
 void ensure_expert_rows(GpuModel& m, GpuMoEActs& a, int64_t R);
 // Weight w (a pointer into m.params) with the copies its GEMMs read in m's precision.
 gpu::GemmWeight weight_of(const GpuModel& m, const float* w);
+// Whether a product into the gradient tensor grad (a pointer into m.grads) adds to it: false for the first since
+// gpu_model_zero_grads, which overwrites it.
+bool grad_accumulates(GpuModel& m, const float* grad);
 // FP8 mode: the E4M3 copies made again from the FP32 weights (after every change to them).
 void refresh_fp8_weights(GpuModel& m);
 // The E4M3 copies of every FP8 weight, by the weights' offsets, carved (params: the device weights, or nullptr to

@@ -2,7 +2,7 @@
 // y = x W^T with row-major activations x (M, K), y (M, N) and weights W (N, K), as model/ops.h:
 //   forward:   out  (M, N) (=|+=) inp  (M, K) @ W^T
 //   backward:  dinp (M, K) (=|+=) dout (M, N) @ W          (skipped when dinp is nullptr)
-//              dW   (N, K)  +=    dout^T (N, M) @ inp (M, K)
+//              dW   (N, K) (=|+=) dout^T (N, M) @ inp (M, K)
 // and the grouped versions for the routed experts: rows [offsets[g], offsets[g+1]) use weights g of W (G, N, K).
 // cuBLASLt is column-major, so each product is computed as its transpose on the buffers as they are (§7.2).
 // A call's precision is its weight's (GemmWeight): FP32, BF16 (inputs cast once by the caller, or here into the
@@ -593,10 +593,14 @@ inline void matmul_forward(Matmul& mm, float* out, GemmInput inp, const GemmWeig
     matmul_lt(mm, 0, s, gemm_forward_problem(type, out, x, w, M, K, N), accumulate);
 }
 
-// dinp (M, K) (=|+=) dout (M, N) @ W (skipped when dinp is nullptr); dW (N, K) += dout^T @ inp.
+// dinp (M, K) (=|+=) dout (M, N) @ W (skipped when dinp is nullptr); dW (N, K) (=|+=) dout^T @ inp (with M = 0,
+// = sets dW to zero).
 inline void matmul_backward(Matmul& mm, float* dinp, float* dW, GemmInput dout, GemmInput inp, const GemmWeight& W,
-                            int64_t M, int64_t K, int64_t N, bool accumulate_dinp) {
-    if (M == 0) return;
+                            int64_t M, int64_t K, int64_t N, bool accumulate_dinp, bool accumulate_dW = true) {
+    if (M == 0) {
+        if (!accumulate_dW) CUDA_CHECK(cudaMemsetAsync(dW, 0, N * K * sizeof(float), mm.stream));
+        return;
+    }
     const MatmulSite s{"matmul_backward", M, K, N};
     GemmType type = W.type();
     bool dinp_left = dinp != nullptr, dW_left = true;  // the products still to run
@@ -621,7 +625,7 @@ inline void matmul_backward(Matmul& mm, float* dinp, float* dW, GemmInput dout, 
         if (fp8_takes(mm, s, fp8)) {
             fp8_cols_of(dout, 0, M, N, gt.values, gt.scales, mm.stream);
             fp8_cols_of(inp, 0, M, K, xt.values, xt.scales, mm.stream);
-            matmul_lt(mm, 0, s, fp8, /*accumulate*/ true);
+            matmul_lt(mm, 0, s, fp8, accumulate_dW);
             dW_left = false;
         }
         type = GemmType::BF16;  // what is left, cuBLASLt refused in FP8
@@ -636,7 +640,7 @@ inline void matmul_backward(Matmul& mm, float* dinp, float* dW, GemmInput dout, 
     if (dW_left) {
         const void* x =
             bf16 ? (const void*)matmul_bf16_rows(mm, inp, 0, K, M * K, s) : (const void*)matmul_input_fp32(inp, s);
-        matmul_lt(mm, 0, s, gemm_dW_problem(type, dW, g, x, M, K, N), /*accumulate*/ true);
+        matmul_lt(mm, 0, s, gemm_dW_problem(type, dW, g, x, M, K, N), accumulate_dW);
     }
 }
 
@@ -727,13 +731,18 @@ inline void grouped_matmul_forward(Matmul& mm, float* out, GemmInput inp, const 
     });
 }
 
-// Per group g: dinp rows (=) dout rows @ W_g;  dW_g (N, K) += dout rows^T @ inp rows; offsets on the host. FP8 as
-// in grouped_matmul_forward: every group quantized before the fork, or the whole call in BF16.
+// Per group g: dinp rows (=) dout rows @ W_g;  dW_g (N, K) (=|+=) dout rows^T @ inp rows (=: an empty group's dW_g
+// set to zero); offsets on the host. FP8 as in grouped_matmul_forward: every group quantized before the fork, or the
+// whole call in BF16.
 inline void grouped_matmul_backward(Matmul& mm, float* dinp, float* dW, GemmInput dout, GemmInput inp,
-                                    const GemmWeight& W, const int64_t* offsets, int64_t G, int64_t K, int64_t N) {
+                                    const GemmWeight& W, const int64_t* offsets, int64_t G, int64_t K, int64_t N,
+                                    bool accumulate_dW = true) {
     if (G <= 0) return;
     const MatmulSite s{"grouped_matmul_backward", offsets[G] - offsets[0], K, N};
     const int64_t first = grouped_first_row(s, offsets, G), rows = offsets[G] - first;
+    for (int64_t g = 0; g < G && !accumulate_dW; g++)
+        if (offsets[g + 1] == offsets[g])
+            CUDA_CHECK(cudaMemsetAsync(dW + g * N * K, 0, N * K * sizeof(float), mm.stream));
     if (rows == 0) return;
     GemmType type = W.type();
     const bool fp8 = type == GemmType::FP8;
@@ -788,7 +797,7 @@ inline void grouped_matmul_backward(Matmul& mm, float* dinp, float* dW, GemmInpu
         float* dW_g = dW + g * N * K;
         if (type == GemmType::FP8) {
             if (dinp) fp8_row_matmul(mm, on, sg, fp8_dinp(g), false);
-            matmul_lt(mm, on, sg, fp8_dW(g), true);
+            matmul_lt(mm, on, sg, fp8_dW(g), accumulate_dW);
             return;
         }
         const bool bf16 = type == GemmType::BF16;
@@ -796,7 +805,7 @@ inline void grouped_matmul_backward(Matmul& mm, float* dinp, float* dW, GemmInpu
         const void* x = bf16 ? (const void*)(inp16 + (r0 - first) * K) : (const void*)(inp32 + r0 * K);
         const void* w = bf16 ? (const void*)Wg.bf16 : (const void*)Wg.fp32;
         if (dinp) matmul_lt(mm, on, sg, gemm_dinp_problem(type, dinp + r0 * K, grad_g, w, M, K, N), false);
-        matmul_lt(mm, on, sg, gemm_dW_problem(type, dW_g, grad_g, x, M, K, N), true);
+        matmul_lt(mm, on, sg, gemm_dW_problem(type, dW_g, grad_g, x, M, K, N), accumulate_dW);
     });
 }
 

@@ -5,7 +5,7 @@
 //             by the same float add as the CPU's, so x is exact
 //   backward: dx_mc = [add_mc +] r_m dy_mc w_c - x_mc r_m^3 / C * sum_c' dy_mc' w_c' x_mc'  (add: the residual's
 //             gradient, which the norm's is added to; it may be dx itself)
-//             dw_c += sum_m dy_mc x_mc r_m
+//             dw_c (=|+=) sum_m dy_mc x_mc r_m
 // dw needs no atomics: a thread per (chunk of RMSNORM_DW_ROWS rows, column) sums its rows in order into scratch
 // (chunks, C), then a thread per column sums the chunks in order. The chunking depends only on M, not on the GPU.
 #pragma once
@@ -68,13 +68,14 @@ static __global__ void rmsnorm_backward_dw_partial_kernel(float* partial, const 
     partial[chunk * C + c] = acc;
 }
 
-// one thread per column: dw += the chunks' partial sums, in chunk order
-static __global__ void rmsnorm_backward_dw_sum_kernel(float* dw, const float* partial, int64_t chunks, int64_t C) {
+// one thread per column: dw (=|+=) the chunks' partial sums, in chunk order
+static __global__ void rmsnorm_backward_dw_sum_kernel(float* dw, const float* partial, int64_t chunks, int64_t C,
+                                                      bool accumulate) {
     const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     float acc = 0.0f;
     for (int64_t k = 0; k < chunks; k++) acc += partial[k * C + c];
-    dw[c] += acc;
+    dw[c] = accumulate ? dw[c] + acc : acc;
 }
 
 // inp, out (M, C), w (C) -> out, rstd (M), and out16 (M, C) = out rounded to BF16 unless out16 is null
@@ -95,18 +96,21 @@ inline void residual_rmsnorm_forward(float* sum, float* out, __nv_bfloat16* out1
 }
 
 // dinp (M, C) = [dinp_add +] the norm's input gradient (dinp_add: nullptr, or (M, C), dinp itself included),
-// dw (C) +=. scratch: rmsnorm_backward_scratch_floats(M, C) floats.
+// dw (C) (=|+=) its gradient (with M = 0, = sets dw to zero). scratch: rmsnorm_backward_scratch_floats(M, C) floats.
 inline void rmsnorm_backward(float* dinp, float* dw, const float* dout, const float* inp, const float* w,
                              const float* rstd, int64_t M, int64_t C, const float* dinp_add, float* scratch,
-                             cudaStream_t stream) {
-    if (M == 0) return;
+                             cudaStream_t stream, bool accumulate_dw = true) {
+    if (M == 0) {
+        if (!accumulate_dw) CUDA_CHECK(cudaMemsetAsync(dw, 0, C * sizeof(float), stream));
+        return;
+    }
     launch_kernel(rmsnorm_backward_dx_kernel, (unsigned)M, RMSNORM_THREADS, 0, stream, dinp, dout, inp, w, rstd, C,
                   dinp_add);
     const int64_t chunks = ceil_div(M, RMSNORM_DW_ROWS);
     const dim3 grid((unsigned)chunks, (unsigned)ceil_div(C, RMSNORM_THREADS));
     launch_kernel(rmsnorm_backward_dw_partial_kernel, grid, RMSNORM_THREADS, 0, stream, scratch, dout, inp, rstd, M, C);
     launch_kernel(rmsnorm_backward_dw_sum_kernel, (unsigned)ceil_div(C, RMSNORM_THREADS), RMSNORM_THREADS, 0, stream,
-                  dw, scratch, chunks, C);
+                  dw, scratch, chunks, C, accumulate_dw);
 }
 
 }  // namespace gpu

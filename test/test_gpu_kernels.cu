@@ -92,6 +92,7 @@ static void test_rmsnorm(Rng& rng) {
             for (int64_t c = 0; c < tc.C; c++) inp[m * tc.C + c] *= row_scale;
         }
         std::vector<float> out(tc.M * tc.C), rstd(tc.M), dinp = randn(tc.M * tc.C, rng), dw = randn(tc.C, rng);
+        const std::vector<float> dw0 = dw;
         DeviceArray<float> d_inp(inp), d_w(w), d_dout(dout), d_out(out.size()), d_rstd(rstd.size()), d_dinp(dinp), d_dw(dw);
         DeviceArray<float> scratch(gpu::rmsnorm_backward_scratch_floats(tc.M, tc.C));
         rmsnorm_forward(out.data(), rstd.data(), inp.data(), w.data(), tc.M, tc.C, 1e-6f);
@@ -131,7 +132,18 @@ static void test_rmsnorm(Rng& rng) {
                               tc.accumulate ? d_dinp.ptr : nullptr, scratch.ptr, 0);
         check("rmsnorm_backward dinp " + shape, d_dinp.get(), dinp, 1e-4);
         check("rmsnorm_backward dw += " + shape, d_dw.get(), dw, 1e-4);
+        // dw = (the first contribution of a step): written without reading the NaNs there
+        d_dw.poison();
+        gpu::rmsnorm_backward(d_dinp.ptr, d_dw.ptr, d_dout.ptr, d_inp.ptr, d_w.ptr, d_rstd.ptr, tc.M, tc.C, nullptr,
+                              scratch.ptr, 0, /*accumulate_dw*/ false);
+        std::vector<float> dw_set = d_dw.get();
+        for (int64_t c = 0; c < tc.C; c++) dw_set[c] += dw0[c];
+        check("rmsnorm_backward dw = " + shape, dw_set, dw, 1e-4);
     }
+    DeviceArray<float> d_dw(7);  // no rows: dw = sets zeros
+    d_dw.poison();
+    gpu::rmsnorm_backward(nullptr, d_dw.ptr, nullptr, nullptr, nullptr, nullptr, 0, 7, nullptr, nullptr, 0, false);
+    check("rmsnorm_backward dw = with M=0", d_dw.get(), std::vector<float>(7, 0.0f), 0);
 }
 
 static void test_swiglu(Rng& rng) {

@@ -207,6 +207,12 @@ void matmul_test_dense(gpu::Matmul& mm, Rng& rng, int64_t M, int64_t K, int64_t 
     d_dW.set(dW0);
     gpu::matmul_backward(mm, nullptr, d_dW.ptr, d_dout.ptr, d_inp.ptr, {d_W.ptr, w16}, M, K, N, false);
     matmul_check("matmul_backward dW += (dinp nullptr) " + shape, bf16, d_dW.get(), ref.dW, ref_r.dW);
+
+    // dW = (a step's first contribution): the NaNs there never read; dW0 added on the host to compare
+    d_dW.poison();
+    gpu::matmul_backward(mm, nullptr, d_dW.ptr, d_dout.ptr, d_inp.ptr, {d_W.ptr, w16}, M, K, N, false,
+                         /*accumulate_dW*/ false);
+    matmul_check("matmul_backward dW = " + shape, bf16, matmul_plus(dW0, d_dW.get()), ref.dW, ref_r.dW);
 }
 
 // Groups of counts rows from row `first` on (the rows before it belong to no group and must stay untouched).
@@ -245,6 +251,10 @@ void matmul_test_grouped(gpu::Matmul& mm, Rng& rng, const std::vector<int64_t>& 
                                  N);
     matmul_check("grouped_matmul_backward dinp = " + shape, bf16, d_dinp.get(), ref.dinp, ref_r.dinp);
     matmul_check("grouped_matmul_backward dW += " + shape, bf16, d_dW.get(), ref.dW, ref_r.dW);
+    d_dW.poison();  // dW =: every group's written, an empty group's with zeros
+    gpu::grouped_matmul_backward(mm, d_dinp.ptr, d_dW.ptr, d_dout.ptr, d_inp.ptr, {d_W.ptr, w16}, offsets.data(), G, K,
+                                 N, /*accumulate_dW*/ false);
+    matmul_check("grouped_matmul_backward dW = " + shape, bf16, matmul_plus(dW0, d_dW.get()), ref.dW, ref_r.dW);
 }
 
 // A product cuBLASLt has no FP8 algorithm for runs in BF16 (said on stderr): with K = 200 and N = 72 the forward's
@@ -461,6 +471,13 @@ void test_matmul(Rng& rng) {
     for (Case tc : {odd, odd_unaligned, realistic, Case{1, 7, 3, 1}, Case{5, 1, 2, 0}, Case{5, 0, 3, 0},
                     Case{4, 6, 0, 0}})
         matmul_test_dense(mm, rng, tc.M, tc.K, tc.N, tc.offset, false);
+    {
+        DeviceArray<float> d_dW(3 * 5);  // no rows: dW = sets zeros
+        d_dW.poison();
+        const float* none = nullptr;
+        gpu::matmul_backward(mm, nullptr, d_dW.ptr, none, none, none, 0, 5, 3, false, /*accumulate_dW*/ false);
+        check("matmul_backward dW = with M=0", d_dW.get(), std::vector<float>(15, 0.0f), 0);
+    }
     matmul_test_grouped(mm, rng, {0, 1, 37, 0, 200, 5, 1, 64}, 129, 67, false);
     matmul_test_grouped(mm, rng, {130, 0, 3, 1}, 256, 96, false);
     matmul_test_grouped(mm, rng, {0, 0, 0}, 64, 32, false);
