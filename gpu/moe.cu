@@ -84,17 +84,15 @@ static void experts_backward(GpuModel& m, const BlockWeights& w, BlockWeights& g
     const int64_t E_local = (int64_t)a.dispatch.expert_counts.size(), R = a.dispatch.received();
     m.timer.mark("expert GEMMs");
     gpu::grouped_matmul_backward(m.matmul, es.da, g.expert_down, dexpert_out, {a.expert_a, a.expert_a16},
-                                 weight_of(m, w.expert_down), offsets, E_local, I, d,
+                                 weight_of(m, w.expert_down), offsets, E_local, I, d, false,
                                  grad_accumulates(m, g.expert_down));
     const SwigluGrads grads = swiglu_backward(m, {a.expert_g, a.expert_u, a.expert_a, a.expert_a16}, es.da, es.dg,
                                               es.du, R * I);
     gpu::grouped_matmul_backward(m.matmul, dexpert_in, g.expert_gate, grads.dg, expert_in,
-                                 weight_of(m, w.expert_gate), offsets, E_local, d, I,
+                                 weight_of(m, w.expert_gate), offsets, E_local, d, I, false,
                                  grad_accumulates(m, g.expert_gate));
-    // dexpert_in += du W_up: the grouped backward overwrites, so through dexpert_out's buffer (free now), then added
-    gpu::grouped_matmul_backward(m.matmul, dexpert_out, g.expert_up, grads.du, expert_in, weight_of(m, w.expert_up),
-                                 offsets, E_local, d, I, grad_accumulates(m, g.expert_up));
-    gpu::add(dexpert_in, dexpert_in, dexpert_out, R * d, m.stream);
+    gpu::grouped_matmul_backward(m.matmul, dexpert_in, g.expert_up, grads.du, expert_in, weight_of(m, w.expert_up),
+                                 offsets, E_local, d, I, /*accumulate_dinp*/ true, grad_accumulates(m, g.expert_up));
 }
 
 // The experts' input rows: at EP 1 the permuted rows themselves

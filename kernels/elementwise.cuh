@@ -1,5 +1,4 @@
-// Elementwise glue, FP32, grid-stride loops of one thread per value:
-//   add:           out = a + b  (n values; out may alias a or b)
+// Elementwise glue, FP32, a grid-stride loop of one thread per value:
 //   copy_columns:  dst[r * dst_ld + c] = src[r * src_ld + c] for r < rows, c < cols: a block of columns (the
 //                  callers offset the pointers; MLA's c_kv out of kv_a and its gradient back; MTP's [enorm | hnorm])
 #pragma once
@@ -11,11 +10,6 @@ namespace gpu {
 
 constexpr int ELEMENTWISE_THREADS = 256;
 
-static __global__ void add_kernel(float* out, const float* a, const float* b, int64_t n) {
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
-        out[i] = a[i] + b[i];
-}
-
 static __global__ void copy_columns_kernel(float* dst, int64_t dst_ld, const float* src, int64_t src_ld, int64_t rows,
                                            int64_t cols) {
     const int64_t n = rows * cols;
@@ -23,11 +17,6 @@ static __global__ void copy_columns_kernel(float* dst, int64_t dst_ld, const flo
         const int64_t r = i / cols, c = i % cols;
         dst[r * dst_ld + c] = src[r * src_ld + c];
     }
-}
-
-inline void add(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream) {
-    if (n == 0) return;
-    launch_kernel(add_kernel, grid_stride_blocks(n, ELEMENTWISE_THREADS), ELEMENTWISE_THREADS, 0, stream, out, a, b, n);
 }
 
 // dst and src point at the first copied column of row 0.

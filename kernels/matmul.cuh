@@ -731,12 +731,12 @@ inline void grouped_matmul_forward(Matmul& mm, float* out, GemmInput inp, const 
     });
 }
 
-// Per group g: dinp rows (=) dout rows @ W_g;  dW_g (N, K) (=|+=) dout rows^T @ inp rows (=: an empty group's dW_g
-// set to zero); offsets on the host. FP8 as in grouped_matmul_forward: every group quantized before the fork, or the
-// whole call in BF16.
+// Per group g: dinp rows (=|+=) dout rows @ W_g;  dW_g (N, K) (=|+=) dout rows^T @ inp rows (=: an empty group's
+// dW_g set to zero); offsets on the host. FP8 as in grouped_matmul_forward: every group quantized before the fork,
+// or the whole call in BF16.
 inline void grouped_matmul_backward(Matmul& mm, float* dinp, float* dW, GemmInput dout, GemmInput inp,
                                     const GemmWeight& W, const int64_t* offsets, int64_t G, int64_t K, int64_t N,
-                                    bool accumulate_dW = true) {
+                                    bool accumulate_dinp = false, bool accumulate_dW = true) {
     if (G <= 0) return;
     const MatmulSite s{"grouped_matmul_backward", offsets[G] - offsets[0], K, N};
     const int64_t first = grouped_first_row(s, offsets, G), rows = offsets[G] - first;
@@ -796,7 +796,7 @@ inline void grouped_matmul_backward(Matmul& mm, float* dinp, float* dW, GemmInpu
         const GemmWeight Wg = W.at(g, N, K);
         float* dW_g = dW + g * N * K;
         if (type == GemmType::FP8) {
-            if (dinp) fp8_row_matmul(mm, on, sg, fp8_dinp(g), false);
+            if (dinp) fp8_row_matmul(mm, on, sg, fp8_dinp(g), accumulate_dinp);
             matmul_lt(mm, on, sg, fp8_dW(g), accumulate_dW);
             return;
         }
@@ -804,7 +804,8 @@ inline void grouped_matmul_backward(Matmul& mm, float* dinp, float* dW, GemmInpu
         const void* grad_g = bf16 ? (const void*)(dout16 + (r0 - first) * N) : (const void*)(dout32 + r0 * N);
         const void* x = bf16 ? (const void*)(inp16 + (r0 - first) * K) : (const void*)(inp32 + r0 * K);
         const void* w = bf16 ? (const void*)Wg.bf16 : (const void*)Wg.fp32;
-        if (dinp) matmul_lt(mm, on, sg, gemm_dinp_problem(type, dinp + r0 * K, grad_g, w, M, K, N), false);
+        if (dinp)
+            matmul_lt(mm, on, sg, gemm_dinp_problem(type, dinp + r0 * K, grad_g, w, M, K, N), accumulate_dinp);
         matmul_lt(mm, on, sg, gemm_dW_problem(type, dW_g, grad_g, x, M, K, N), accumulate_dW);
     });
 }

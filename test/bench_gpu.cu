@@ -624,9 +624,6 @@ std::vector<KernelResult> bench_kernels(const Config& c, const Options& o, cudaS
             gpu::combine_backward(drows.ptr, dweights.ptr, x.ptr, rows.ptr, weights.ptr, row_of_assignment.ptr, N, (int)k,
                                   d, s);
         });
-        // reads rows, writes rows (N k d each): MoE backward's dexpert_in += dexpert_out
-        run("add (expert rows)", dims({R, d}), F * 3 * R * d,
-            [&] { gpu::add(drows.ptr, drows.ptr, rows.ptr, R * d, s); });
     }
     {  // token embedding (V, d)
         std::vector<int32_t> tokens_host(N), packed(3 * N + 1);

@@ -253,8 +253,14 @@ void matmul_test_grouped(gpu::Matmul& mm, Rng& rng, const std::vector<int64_t>& 
     matmul_check("grouped_matmul_backward dW += " + shape, bf16, d_dW.get(), ref.dW, ref_r.dW);
     d_dW.poison();  // dW =: every group's written, an empty group's with zeros
     gpu::grouped_matmul_backward(mm, d_dinp.ptr, d_dW.ptr, d_dout.ptr, d_inp.ptr, {d_W.ptr, w16}, offsets.data(), G, K,
-                                 N, /*accumulate_dW*/ false);
+                                 N, /*accumulate_dinp*/ false, /*accumulate_dW*/ false);
     matmul_check("grouped_matmul_backward dW = " + shape, bf16, matmul_plus(dW0, d_dW.get()), ref.dW, ref_r.dW);
+    const std::vector<float> dinp0 = randn(R * K, rng);  // dinp +=, the rows before the first group untouched
+    d_dinp.set(dinp0);
+    gpu::grouped_matmul_backward(mm, d_dinp.ptr, d_dW.ptr, d_dout.ptr, d_inp.ptr, {d_W.ptr, w16}, offsets.data(), G, K,
+                                 N, /*accumulate_dinp*/ true);
+    matmul_check("grouped_matmul_backward dinp += " + shape, bf16, d_dinp.get(), matmul_plus(dinp0, ref.dinp),
+                 matmul_plus(dinp0, ref_r.dinp));
 }
 
 // A product cuBLASLt has no FP8 algorithm for runs in BF16 (said on stderr): with K = 200 and N = 72 the forward's
