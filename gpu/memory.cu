@@ -365,6 +365,7 @@ static void allocate(GpuModel& m, const Config& c, Comm& comm, Precision p, int 
     m.max_B = m.B = B;
     m.T = T;
     CUDA_CHECK(cudaStreamCreate(&m.stream));
+    CUDA_CHECK(cudaEventCreateWithFlags(&m.counts_ready, cudaEventDisableTiming));
     m.timer.stream = m.stream;
     const int64_t total = m.table.total, N = (int64_t)B * T;
     const bool bf16 = p != Precision::FP32;
@@ -404,6 +405,7 @@ static void allocate(GpuModel& m, const Config& c, Comm& comm, Precision p, int 
     const auto carve_host_io = [&](Arena& host) {
         carve_staging(host, N);
         m.balance_host = host.take<double>((int64_t)c.num_blocks() * B);
+        m.counts_pinned = host.take<int64_t>(c.n_routed_experts);
     };
     m.host_io = device_alloc(bytes_of(carve_host_io), "the batch's and the losses' copies", /*pinned*/ true);
     Arena host{static_cast<char*>(m.host_io), 0};
@@ -460,6 +462,7 @@ void gpu_model_free(GpuModel& m) {
         CUDA_CHECK(cudaFree(p));
     gpu::matmul_destroy(m.matmul);
     if (m.host_io) CUDA_CHECK(cudaFreeHost(m.host_io));
+    if (m.counts_ready) CUDA_CHECK(cudaEventDestroy(m.counts_ready));
     if (m.stream) CUDA_CHECK(cudaStreamDestroy(m.stream));
     m = GpuModel();
 }

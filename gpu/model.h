@@ -98,8 +98,10 @@ struct GpuModel {
     gpu::ShardRanges shard_ranges;     // the shard's ranges on the device (kernels/shard_ranges.h)
     void* optimizer_tables = nullptr;  // the allocation of shard_ranges' table and the two below
     double *range_norms_device = nullptr, *norm_partials = nullptr;  // each range's squared norm; chunk partials
-    void* host_io = nullptr;         // pinned host memory: BatchStaging, then balance_host
+    void* host_io = nullptr;         // pinned host memory: BatchStaging, then balance_host and counts_pinned
     double* balance_host = nullptr;  // (num_blocks, max_B) each MoE block's balance loss per sequence, queued out
+    int64_t* counts_pinned = nullptr;    // (E) an MoE block's expert counts on their way to the host
+    cudaEvent_t counts_ready = nullptr;  // recorded after their copy: what the host waits for
     RegionTimer timer;
 };
 

@@ -9,8 +9,7 @@
 #include "kernels/router.cuh"
 #include "kernels/swiglu.cuh"
 
-// route: scores (N, E), chosen experts and gate weights (N, k), the expert plan, its counts on the host, the
-// dispatch plan; then the expert buffers hold R rows and, under EP, the permutation is on the device.
+// route: scores (N, E), chosen experts and gate weights (N, k), the expert plan; its counts queued to the host
 static void moe_route(GpuModel& m, const BlockWeights& w, GpuMoEActs& a, const float* x, const Scratch& s) {
     const Config& c = m.config;
     const int64_t N = tokens(m), d = c.hidden_size, E = c.n_routed_experts, k = c.num_experts_per_tok;
@@ -20,8 +19,17 @@ static void moe_route(GpuModel& m, const BlockWeights& w, GpuMoEActs& a, const f
     m.timer.mark("permute");
     gpu::build_expert_plan(a.counts, a.offsets, a.row_of_assignment, a.assignment_of_row, a.chosen, N * k, (int)E,
                            m.stream);
-    a.counts_host.resize(E);
-    copy_sync(m, a.counts_host.data(), a.counts, E, cudaMemcpyDeviceToHost);
+    CUDA_CHECK(cudaMemcpyAsync(m.counts_pinned, a.counts, E * sizeof(int64_t), cudaMemcpyDeviceToHost, m.stream));
+    CUDA_CHECK(cudaEventRecord(m.counts_ready, m.stream));
+}
+
+// The wait for the counts (work queued after them keeps the GPU busy through it), then the dispatch plan; then the
+// expert buffers hold R rows and, under EP, the permutation is on the device.
+static void moe_plan_rows(GpuModel& m, GpuMoEActs& a) {
+    const int64_t N = tokens(m), E = m.config.n_routed_experts, k = m.config.num_experts_per_tok;
+    m.timer.mark("permute");
+    CUDA_CHECK(cudaEventSynchronize(m.counts_ready));
+    a.counts_host.assign(m.counts_pinned, m.counts_pinned + E);
     int64_t assigned = 0;
     for (int64_t n : a.counts_host) assigned += n;
     if (assigned != N * k)  // router_select marks non-finite scores with expert -1, which no expert counts
@@ -115,6 +123,9 @@ void moe_forward(GpuModel& m, const BlockWeights& w, GpuMoEActs& a, gpu::GemmInp
     const bool ep = m.comm->ep_size > 1;
     const Scratch s = scratch_of(m);
     moe_route(m, w, a, x.fp32, s);
+    m.timer.mark("shared experts");  // queued before the wait for the counts: DeepSeek's overlap
+    if (S > 0) ffn_forward(m, out, a.shared, x, w.gate, w.up, w.down, N, d, S);
+    moe_plan_rows(m, a);
     float* expert_out = ep ? a.expert_out : a.rows_out;
     if (x.bf16) {  // the rows permuted and dispatched in BF16; expert_out is free to receive them
         gpu::permute_forward(a.rows_in16, x.bf16, a.assignment_of_row, N, (int)k, d, m.stream);
@@ -126,8 +137,6 @@ void moe_forward(GpuModel& m, const BlockWeights& w, GpuMoEActs& a, gpu::GemmInp
     experts_forward(m, w, a, expert_input(a, ep), expert_out);
     m.timer.mark("permute");
     if (ep) return_rows(m, a, expert_out, a.rows_out, expert_scratch_of(m).dexpert_in);
-    m.timer.mark("shared experts");
-    if (S > 0) ffn_forward(m, out, a.shared, x, w.gate, w.up, w.down, N, d, S);
     m.timer.mark("permute");
     gpu::combine_forward(out, a.rows_out, a.gate_weights, a.row_of_assignment, N, (int)k, d, S > 0, m.stream);
     if (balance_out && c.aux_loss_alpha > 0) balance_loss(m, a, s, balance_out);

@@ -167,6 +167,7 @@ void moe_forward(const Config& c, Precision p, const BlockWeights& w, MoEActs& a
     const int64_t S = (int64_t)c.n_shared_experts * I;
     const bool ep = comm.ep_size > 1;
     moe_route(c, w, a, x, N, comm);
+    if (S > 0) ffn_forward(p, out, a.shared, x, w.gate, w.up, w.down, N, d, S);  // first: the GPU's overlap
     permute_forward(a.rows_in, x, a.plan, N, k, d);
     a.expert_in.resize(ep ? a.dispatch.received() * d : 0);
     a.expert_out.resize(a.expert_in.size());
@@ -175,7 +176,6 @@ void moe_forward(const Config& c, Precision p, const BlockWeights& w, MoEActs& a
     if (ep) dispatch_rows(comm, a.dispatch, a.rows_in, expert_in, d);
     experts_forward(p, w, a, expert_in, expert_out, d, I);
     if (ep) return_rows(comm, a.dispatch, expert_out, a.rows_out, d);
-    if (S > 0) ffn_forward(p, out, a.shared, x, w.gate, w.up, w.down, N, d, S);
     combine_forward(out, a.rows_out, a.gate_weights, a.plan, N, k, d, S > 0);
     a.balance_loss = with_loss && c.aux_loss_alpha > 0 ? balance_loss(c, a.scores, a.chosen.data(), B, T) : 0.0;
 }
