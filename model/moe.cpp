@@ -167,7 +167,7 @@ void moe_forward(const Config& c, Precision p, const BlockWeights& w, MoEActs& a
     const int64_t S = (int64_t)c.n_shared_experts * I;
     const bool ep = comm.ep_size > 1;
     moe_route(c, w, a, x, N, comm);
-    if (S > 0) ffn_forward(p, out, a.shared, x, w.gate, w.up, w.down, N, d, S);  // first: the GPU's overlap
+    if (S > 0) ffn_forward(p, out, a.shared, x, w.gate, w.up, w.down, N, d, S);  // first, as the GPU queues them
     permute_forward(a.rows_in, x, a.plan, N, k, d);
     a.expert_in.resize(ep ? a.dispatch.received() * d : 0);
     a.expert_out.resize(a.expert_in.size());
