@@ -28,6 +28,7 @@
 #include "kernels/adamw.cuh"
 #include "kernels/attention.cuh"
 #include "kernels/cross_entropy.cuh"
+#include "kernels/elementwise.cuh"
 #include "kernels/embedding.cuh"
 #include "kernels/fp8.cuh"
 #include "kernels/matmul.cuh"
@@ -78,6 +79,23 @@ static void test_embedding(Rng& rng) {
         DeviceArray<int32_t> d_packed(packed);
         gpu::embedding_backward(d_dembed.ptr, d_dout.ptr, gpu::TokenRows{d_packed.ptr, tc.M, distinct}, tc.d, 0);
         check("embedding_backward dembed += " + shape, d_dembed.get(), dembed, 0);
+    }
+}
+
+// a block of columns out of wider rows into narrower ones (MLA's c_kv out of kv_a): many rows, more columns than
+// a thread block has threads; the columns around the block untouched
+static void test_copy_columns(Rng& rng) {
+    struct Case { int64_t rows, cols, src_ld, dst_ld, src_at, dst_at; };
+    for (Case tc : {Case{4099, 3, 7, 5, 2, 1}, Case{33, 600, 640, 601, 40, 1}, Case{1, 1, 1, 1, 0, 0}}) {
+        const std::string shape = fmt("(rows=%ld cols=%ld)", tc.rows, tc.cols);
+        const std::vector<float> src = randn(tc.rows * tc.src_ld, rng), dst0 = randn(tc.rows * tc.dst_ld, rng);
+        std::vector<float> want = dst0;
+        for (int64_t r = 0; r < tc.rows; r++)
+            for (int64_t c = 0; c < tc.cols; c++)
+                want[r * tc.dst_ld + tc.dst_at + c] = src[r * tc.src_ld + tc.src_at + c];
+        DeviceArray<float> d_src(src), d_dst(dst0);
+        gpu::copy_columns(d_dst.ptr + tc.dst_at, tc.dst_ld, d_src.ptr + tc.src_at, tc.src_ld, tc.rows, tc.cols, 0);
+        check("copy_columns " + shape, d_dst.get(), want, 0);
     }
 }
 
@@ -998,6 +1016,7 @@ static void test_attention(Rng& rng) {
 // Every kernel check above, in order (test_gpu, and the kernel emulator's test_gpu_emulated)
 void test_kernels(Rng& rng) {
     test_embedding(rng);
+    test_copy_columns(rng);
     test_rmsnorm(rng);
     test_swiglu(rng);
     test_cross_entropy(rng);
