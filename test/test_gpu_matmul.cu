@@ -41,6 +41,7 @@
 
 #include "kernels/fp8.cuh"
 #include "kernels/matmul.cuh"
+#include "model/bf16.h"
 #include "model/fp8.h"
 #include "model/ops.h"
 #include "test/gpu_check.cuh"
@@ -52,20 +53,9 @@ namespace {
 
 constexpr double MATMUL_FP32_TOL = 1e-5, MATMUL_BF16_ROUNDED_TOL = 1e-4, MATMUL_BF16_TOL = 1e-2, MATMUL_FP8_TOL = 1e-3;
 
-// Round to nearest even, on the bits: add 0x7FFF plus the lowest kept bit, then truncate. Right for every
-// non-NaN float (a carry out of the significand bumps the exponent; past the largest BF16 it gives Inf).
-uint16_t matmul_bf16_bits(float x) {
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    u += 0x7FFFu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
 std::vector<float> matmul_bf16_round(const std::vector<float>& v) {
     std::vector<float> r(v.size());
-    for (size_t i = 0; i < v.size(); i++) {
-        const uint32_t u = (uint32_t)matmul_bf16_bits(v[i]) << 16;
-        memcpy(&r[i], &u, sizeof u);
-    }
+    for (size_t i = 0; i < v.size(); i++) r[i] = bf16_round(v[i]);
     return r;
 }
 
@@ -455,7 +445,7 @@ void matmul_test_cast(Rng& rng) {
     for (int64_t i = 0; i < n; i++) {
         memcpy(&got[i], &got16[i], sizeof got[i]);
         const bool got_nan = (got[i] & 0x7F80u) == 0x7F80u && (got[i] & 0x007Fu) != 0;
-        want[i] = std::isnan(in[i]) ? (got_nan ? got[i] : (uint16_t)0x7FC0u) : matmul_bf16_bits(in[i]);
+        want[i] = std::isnan(in[i]) ? (got_nan ? got[i] : (uint16_t)0x7FC0u) : bf16_from_f32(in[i]);
     }
     check(fmt("cast_to_bf16 bits (n=%ld)", n), got, want, 0);
 }
