@@ -39,7 +39,8 @@ static bool bf16_attention(const Config& c, bool bf16) {
 }
 
 // Ampere or newer (the build's PTX is compute_80); the tensor-core attention's shared memory (99 KiB a block on
-// sm_86 and sm_89); for FP8, Hopper (cuBLASLt's block-scaled FP8 GEMMs are sm_90's).
+// sm_86 and sm_89); for FP8, Hopper and a cuBLASLt from 12.9 on (its block-scaled FP8 GEMMs are sm_90's and came in
+// 12.9).
 static void check_device(const Config& c, Precision p) {
     int device = 0;
     cudaDeviceProp prop;
@@ -52,6 +53,11 @@ static void check_device(const Config& c, Precision p) {
     if (p == Precision::FP8 && prop.major != 9)
         throw std::runtime_error("--dtype fp8 runs on cuBLASLt's 128-block scaled FP8 GEMMs, which Hopper GPUs " +
                                  std::string("(sm_90) have and this one (") + sm + ") does not: use --dtype bf16");
+    const size_t lt = cublasLtGetVersion();
+    if (p == Precision::FP8 && lt < 120900)
+        throw std::runtime_error("--dtype fp8 needs cuBLASLt 12.9 or newer (its 128-block scaled FP8 GEMMs) and " +
+                                 std::string("this process loaded ") + std::to_string(lt / 10000) + "." +
+                                 std::to_string(lt / 100 % 100) + ": use a newer CUDA toolkit, or --dtype bf16");
     if (c.n_routed_experts > gpu::ROUTER_MAX_EXPERTS)
         throw std::runtime_error("n_routed_experts " + std::to_string(c.n_routed_experts) + " is above the " +
                                  std::to_string(gpu::ROUTER_MAX_EXPERTS) +

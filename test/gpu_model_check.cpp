@@ -440,6 +440,13 @@ void check_device_refusals(const Config& tiny) {
     expect_throw("init: fp8 on a GPU other than Hopper is refused", "which Hopper GPUs", [&] {
         gpu_model_init(gm, fp8_widths, local_comm(), Precision::FP8, 1, 8);
     });
+    device = hopper;
+    stand_in::cublaslt_version() = 120801;  // 12.8.1: no block-scaled FP8
+    expect_throw("init: fp8 with a cuBLASLt before 12.9 is refused", "needs cuBLASLt 12.9 or newer", [&] {
+        gpu_model_init(gm, fp8_widths, local_comm(), Precision::FP8, 1, 8);
+    });
+    stand_in::cublaslt_version() = 130000;
+    device.major = 8, device.minor = 6, device.sharedMemPerBlockOptin = 99 << 10;
     // head dims 256 / 256: 2 x (64 x 264 x 2) x 2 + 512 bytes = 132 KiB a backward block
     expect_throw("init: tensor-core attention above the GPU's shared memory is refused", "needs 132 KiB",
                  [&] { gpu_model_init(gm, wide_heads, local_comm(), Precision::BF16, 1, 8); });

@@ -114,6 +114,15 @@ inline const char* cublasLtGetStatusName(cublasStatus_t s) {
 }
 inline const char* cublasLtGetStatusString(cublasStatus_t s) { return cublasLtGetStatusName(s); }
 
+namespace stand_in {
+// What cublasLtGetVersion reports (major * 10000 + minor * 100 + patch): CUDA 13.0's, unless a test says otherwise
+inline size_t& cublaslt_version() {
+    static size_t version = 130000;
+    return version;
+}
+}  // namespace stand_in
+inline size_t cublasLtGetVersion() { return stand_in::cublaslt_version(); }
+
 inline cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle) {
     *handle = new cublasLtContext;
     return CUBLAS_STATUS_SUCCESS;
