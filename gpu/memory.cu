@@ -343,8 +343,7 @@ GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, int world, Precision
         plan.fp8_weights = bytes_of([&](Arena& ar) { carve_fp8_weights(ar, table, nullptr, counted); });
     plan.params = total * 4 + (bf16 ? total * 2 : 0) + plan.fp8_weights;
     plan.grads = total * 4;
-    const int64_t moment_bytes = moments == Moments::BF16 ? 2 : 4;
-    plan.optimizer = optimizer_shard(table, world, 0, world / ep_size, 0).moments * 2 * moment_bytes;
+    plan.optimizer = optimizer_shard(table, world, 0, world / ep_size, 0).moments * 2 * moment_bytes(moments);
     GpuModel counting;
     plan.activations = bytes_of([&](Arena& ar) { carve_activations(ar, counting, c, bf16, B, T, layout); });
     GpuMoEActs layer;

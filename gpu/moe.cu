@@ -4,7 +4,6 @@
 
 #include <stdexcept>
 
-#include "kernels/elementwise.cuh"
 #include "kernels/permute.cuh"
 #include "kernels/router.cuh"
 #include "kernels/swiglu.cuh"

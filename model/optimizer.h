@@ -14,6 +14,7 @@
 #include "params.h"
 
 enum class Moments { FP32, BF16 };  // how m and v are stored
+inline int moment_bytes(Moments m) { return m == Moments::BF16 ? 2 : 4; }  // of one value of m, or of v
 
 struct OptimizerConfig {
     float lr = 3e-4f;  // peak

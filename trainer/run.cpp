@@ -170,7 +170,7 @@ static void setup_model_and_data(Run& r, const MakeModel& make_model) {
     r.oc.lr = args.lr;
     r.oc.weight_decay = args.weight_decay;
     r.oc.grad_clip = args.grad_clip;
-    r.oc.moments = args.moments == "bf16" ? Moments::BF16 : Moments::FP32;
+    r.oc.moments = args.moments;
     r.oc.warmup_steps = args.warmup;
     r.oc.total_steps = args.steps;
     r.oc.decay_steps = args.decay_steps;

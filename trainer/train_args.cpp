@@ -156,7 +156,10 @@ TrainArgs parse_train_args(int argc, char** argv, const char* program) {
         else if (!strcmp(flag, "--export-hf")) a.export_hf = v;
         else if (!strcmp(flag, "--export-dtype")) a.export_dtype = v;
         else if (!strcmp(flag, "--dtype")) a.dtype = v;
-        else if (!strcmp(flag, "--moments")) a.moments = v;
+        else if (!strcmp(flag, "--moments")) {
+            if (strcmp(v, "fp32") && strcmp(v, "bf16")) bad(program, "--moments must be fp32 or bf16");
+            a.moments = strcmp(v, "bf16") ? Moments::FP32 : Moments::BF16;
+        }
         else if (!strcmp(flag, "--plot")) a.plot = v;
         else if (!strcmp(flag, "--gpus")) a.plan_inputs.gpus = (int)parse_int(program, flag, v, 1, 1 << 20);
         else if (!strcmp(flag, "--gpus-per-node")) a.plan_inputs.gpus_per_node = (int)parse_int(program, flag, v, 1, 1024);
@@ -178,12 +181,11 @@ TrainArgs parse_train_args(int argc, char** argv, const char* program) {
     a.plan_inputs.seq = a.seq;
     a.plan_inputs.grad_accum = a.grad_accum;
     a.plan_inputs.recompute = a.recompute;
-    a.plan_inputs.moment_bytes = a.moments == "bf16" ? 2 : 4;
+    a.plan_inputs.moment_bytes = moment_bytes(a.moments);
     if (a.plan && (a.plan_inputs.gpus % a.ep != 0)) bad(program, "--ep must divide --gpus");
     if (a.export_dtype != "bf16" && a.export_dtype != "f32") bad(program, "--export-dtype must be bf16 or f32");
     if (!a.dtype.empty() && a.dtype != "fp32" && a.dtype != "bf16" && a.dtype != "fp8")
         bad(program, "--dtype must be fp32, bf16 or fp8");
-    if (a.moments != "fp32" && a.moments != "bf16") bad(program, "--moments must be fp32 or bf16");
     if (!a.plot.empty() && a.log.empty()) bad(program, "--plot needs --log FILE (the plot is drawn from the log)");
     if (a.eval_only && a.val.empty()) bad(program, "--eval-only needs --val PATTERN");
     if (a.eval_only && !a.resume && a.init_from_hf.empty())
