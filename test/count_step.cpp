@@ -71,8 +71,8 @@ Options parse(int argc, char** argv) {
             o.precision = v == "fp8" ? Precision::FP8 : v == "bf16" ? Precision::BF16 : Precision::FP32;
         else if (flag == "--moments" && (v == "fp32" || v == "bf16"))
             o.moments = v == "bf16" ? Moments::BF16 : Moments::FP32;
-        else if (flag == "--dtype" || flag == "--moments")
-            usage(flag == "--dtype" ? "--dtype is bf16, fp32 or fp8" : "--moments is fp32 or bf16");
+        else if (flag == "--dtype") usage("--dtype is bf16, fp32 or fp8");
+        else if (flag == "--moments") usage("--moments is fp32 or bf16");
         else usage("unknown flag " + flag);
     }
     if (o.T < 2) usage("--seq must be at least 2");
