@@ -178,7 +178,7 @@ static void carve_activations(Arena& ar, GpuModel& m, const Config& c, bool bf16
     m.target_rows.packed = ar.take<int32_t>(mtp * (3 * N + 1));
 }
 
-static Scratch carve_scratch(Arena& ar, const Config& c, bool bf16, int B, int T, int64_t head_rows) {
+static Scratch carve_scratch(Arena& ar, const Config& c, bool bf16, int B, int T) {
     const int64_t N = (int64_t)B * T, d = c.hidden_size, V = c.vocab_size, H = c.num_attention_heads;
     const int64_t dqk = c.qk_head_dim(), dn = c.qk_nope_head_dim, dv = c.v_head_dim, dr = c.qk_rope_head_dim;
     const int64_t qr = c.q_lora_rank, kr = c.kv_lora_rank, E = c.n_routed_experts, k = c.num_experts_per_tok;
@@ -187,8 +187,8 @@ static Scratch carve_scratch(Arena& ar, const Config& c, bool bf16, int B, int T
     const int64_t width = std::max<int64_t>(moe ? (int64_t)c.n_shared_experts * c.moe_intermediate_size : 0,
                                             c.first_k_dense_replace > 0 ? c.intermediate_size : 0);  // the widest FFN
     Scratch s;
-    s.dlogits = ar.take<float>((1 - b16) * head_rows * V);
-    s.dlogits16 = ar.take<__nv_bfloat16>(b16 * head_rows * V);
+    s.dlogits = ar.take<float>((1 - b16) * N * V);
+    s.dlogits16 = ar.take<__nv_bfloat16>(b16 * N * V);
     s.dfinal = ar.take<float>(N * d);
     s.dh = ar.take<float>(N * d);
     s.dh_prev = ar.take<float>(N * d);
@@ -227,7 +227,7 @@ static Scratch carve_scratch(Arena& ar, const Config& c, bool bf16, int B, int T
 
 Scratch scratch_of(const GpuModel& m) {
     Arena ar{static_cast<char*>(m.scratch), 0};
-    return carve_scratch(ar, m.config, m.precision != Precision::FP32, m.max_B, m.T, m.head_rows);
+    return carve_scratch(ar, m.config, m.precision != Precision::FP32, m.max_B, m.T);
 }
 
 // The routed experts' rows of one layer (R of them; EP > 1 only: the exchanged rows and the permutation)
@@ -351,7 +351,7 @@ GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, int world, Precision
         plan.expert_rows = (int64_t)moe_sets.size() *
                                bytes_of([&](Arena& ar) { carve_expert_rows(ar, c, bf16, ep_size, R, layer); }) +
                            bytes_of([&](Arena& ar) { carve_expert_scratch(ar, c, ep_size, R); });
-    plan.scratch = bytes_of([&](Arena& ar) { carve_scratch(ar, c, bf16, B, T, head_chunk_rows(c, N, layout)); }) +
+    plan.scratch = bytes_of([&](Arena& ar) { carve_scratch(ar, c, bf16, B, T); }) +
                    optimizer_table_bytes(table) +
                    gpu::matmul_memory_bytes(bf16 ? cast_elements(c, N, R) : gpu::MatmulCasts{}, p == Precision::FP8);
     return plan;
@@ -394,7 +394,7 @@ static void allocate(GpuModel& m, const Config& c, Comm& comm, Precision p, int 
     m.arena = device_alloc(plan.activations, "the activations");
     Arena ar{static_cast<char*>(m.arena), 0};
     carve_activations(ar, m, c, bf16, B, T, layout);
-    m.scratch = device_alloc(bytes_of([&](Arena& counting) { carve_scratch(counting, c, bf16, B, T, m.head_rows); }),
+    m.scratch = device_alloc(bytes_of([&](Arena& counting) { carve_scratch(counting, c, bf16, B, T); }),
                              "the backward's buffers");
     const std::vector<int64_t> packed_ranges = gpu::shard_ranges_pack(m.shard);
     const int64_t table_bytes = optimizer_table_bytes(m.table);

@@ -148,8 +148,9 @@ static void head_forward(GpuModel& m, const Head& h) {
     }
 }
 
-// Head h's backward, chunk by chunk: dlogits = scale (softmax(logits) - onehot(targets)), dnormed = dlogits W_head,
-// dW_head (=|+=) dlogits^T normed. In BF16 mode the cross-entropy writes dlogits in BF16 only, for the head's GEMMs.
+// Head h's backward: dlogits = scale (softmax(logits) - onehot(targets)) chunk by chunk, then for all N rows at once
+// dnormed = dlogits W_head and dW_head (=|+=) dlogits^T normed, so the head's gradient is read and written once.
+// In BF16 mode the cross-entropy writes dlogits in BF16 only, for the head's GEMMs.
 static void head_backward(GpuModel& m, const Scratch& s, float* dnormed, const Head& h, float scale) {
     const int64_t N = tokens(m), d = m.config.hidden_size, V = m.config.vocab_size;
     for (int64_t r0 = 0; r0 < N; r0 += m.head_rows) {
@@ -159,15 +160,15 @@ static void head_backward(GpuModel& m, const Scratch& s, float* dnormed, const H
         m.timer.label = nullptr;
         m.timer.mark("cross-entropy");
         if (s.dlogits16)
-            gpu::cross_entropy_forward_backward_bf16(m.losses + r0, s.dlogits16, logits, h.targets + r0, rows, V,
-                                                     scale, m.stream);
+            gpu::cross_entropy_forward_backward_bf16(m.losses + r0, s.dlogits16 + r0 * V, logits, h.targets + r0, rows,
+                                                     V, scale, m.stream);
         else
-            gpu::cross_entropy_forward_backward(m.losses + r0, s.dlogits, logits, h.targets + r0, rows, V, scale,
-                                                m.stream);
-        m.timer.mark("head");
-        gpu::matmul_backward(m.matmul, dnormed + r0 * d, m.g.head, {s.dlogits, s.dlogits16}, rows_from(h.normed, r0, d),
-                             weight_of(m, m.w.head), rows, d, V, false, grad_accumulates(m, m.g.head));
+            gpu::cross_entropy_forward_backward(m.losses + r0, s.dlogits + r0 * V, logits, h.targets + r0, rows, V,
+                                                scale, m.stream);
     }
+    m.timer.mark("head");
+    gpu::matmul_backward(m.matmul, dnormed, m.g.head, {s.dlogits, s.dlogits16}, h.normed, weight_of(m, m.w.head), N, d,
+                         V, false, grad_accumulates(m, m.g.head));
 }
 
 // Sum of n per-row losses, in double, in row order (the CPU's order).

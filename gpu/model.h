@@ -148,8 +148,8 @@ double gpu_peak_flops(const cudaDeviceProp& prop);
 // The backward's buffers and the forward's transient ones, carved from m.scratch on every use (gpu/memory.cu).
 // Names as the CPU's locals in model/*.cpp.
 struct Scratch {
-    float *dlogits, *dfinal, *dh, *dh_prev;                // (head_rows, V) (FP32 mode), (N, d) x3
-    __nv_bfloat16* dlogits16;                              // (head_rows, V) BF16: the head GEMMs' output gradient
+    float *dlogits, *dfinal, *dh, *dh_prev;                // (N, V) (FP32 mode), (N, d) x3
+    __nv_bfloat16* dlogits16;                              // (N, V) BF16: the head GEMMs' output gradient
     float *dmtp, *dmtp_out, *dconcat, *dhalf, *dnext;      // MTP: (N, d), (N, d), (N, 2d), (N, d), (N, d)
     float *dnormed, *dh_mid;                               // (N, d) per block
     float *d_o, *dq_heads, *dk_heads, *dkv, *dq, *dkv_a;   // MLA

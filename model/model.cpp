@@ -245,18 +245,18 @@ static double head_forward(Model& m, const Head& h) {
     return total;
 }
 
-// Head h's backward, chunk by chunk: dlogits = scale (softmax(logits) - onehot(targets));
-// dnormed (N, d) = dlogits W_head, overwritten; dW_head += dlogits^T normed.
+// Head h's backward: dlogits = scale (softmax(logits) - onehot(targets)) chunk by chunk, then for all N rows at once
+// dnormed (N, d) = dlogits W_head, overwritten, and dW_head += dlogits^T normed.
 static void head_backward(Model& m, const Head& h, float* dnormed, float scale) {
     const int64_t N = (int64_t)m.B * m.T, d = m.config.hidden_size, V = m.config.vocab_size;
     const int64_t chunk = head_chunk_rows(m.config, N, m.layout);
-    std::vector<float> dlogits(chunk * V);
+    std::vector<float> dlogits(N * V);
     for (int64_t r0 = 0; r0 < N; r0 += chunk) {
         const int64_t rows = std::min(chunk, N - r0);
         const float* logits = head_logits(m, h, r0, rows, /*compute*/ !keeps_logits(m));
-        cross_entropy_forward_backward(dlogits.data(), logits, h.targets + r0, rows, V, scale);
-        matmul_backward(dnormed + r0 * d, m.g.head, dlogits.data(), h.normed + r0 * d, m.w.head, rows, d, V, false);
+        cross_entropy_forward_backward(dlogits.data() + r0 * V, logits, h.targets + r0, rows, V, scale);
     }
+    matmul_backward(dnormed, m.g.head, dlogits.data(), h.normed, m.w.head, N, d, V, false);
 }
 
 void model_logits_row(Model& m, int64_t row, float* out) {

@@ -279,27 +279,29 @@ TEST_CASE("cli: --plan for DeepSeek-V3 on 256 GPUs, with and without --recompute
     CHECK(out.find("does NOT fit") != std::string::npos);  // 27.8B parameters x 10 bytes on one 80 GiB GPU
     // the AdamW moments of a ZeRO-1 shard: 8 bytes x (17.5e9 replicated / 256 GPUs + 665e9 in experts / 64 / 4)
     CHECK(out.find("AdamW shard 19.9 GiB") != std::string::npos);
-    CHECK(out.find("activations 307.8 GiB") != std::string::npos);  // FP32 (plan.cpp's per-token counts)
+    // FP32 (plan.cpp's per-token counts) and the head's BF16 output gradient, 2 x 4096 x 129280 bytes = 0.99 GiB
+    CHECK(out.find("activations 308.8 GiB") != std::string::npos);
     // the host: 27.8e9 FP32 weights = 103.7 GiB; a checkpoint, 12 bytes x 6.83e11 (the router biases' 58 x 256 without
     // moments), 1.5 x the AdamW shard's 21.3e9 bytes from each rank
     CHECK(out.find("host memory per GPU: weights 103.7 GiB, AdamW shard 19.9 GiB; a checkpoint: 8.19 TB, 32 GB written "
                    "by each rank") != std::string::npos);
     // --recompute: per token, the 62 blocks' inputs (62 x 7168) and one MLA + dense FFN and one MLA + MoE activation
     // set (142144 + 69632 + 142144 + 184576 values, plan.cpp's counts) kept instead of every block's, and one chunk
-    // of logits per head (2^26 / 129280 = 519 rows), FP32: 4 x (982912 x 4096 + 2 x 519 x 129280) = 15.5 GiB; the
+    // of logits per head (2^26 / 129280 = 519 rows), FP32: 4 x (982912 x 4096 + 2 x 519 x 129280) = 15.5 GiB, with
+    // the head's output gradient (every row) 16.5 GiB; the
     // forward of the blocks and heads again: (2.606e11 - 6 x (the MTP projection 2 x 7168^2 + norms)) / 3 = 8.668e10
     // FLOPs; and the recomputed forward's dispatch and return: 6 / 4 of the 111 GB
     const CommandResult again = run_logged("./train_cpu --config deepseek-v3 --plan --gpus 256 --ep 64 --batch 1 --seq "
                                            "4096 --grad-accum 16 --recompute", "cli_plan_recompute.txt", 60);
     REQUIRE(again.status == 0);
-    CHECK(again.out.find("activations (--recompute) 15.5 GiB") != std::string::npos);
+    CHECK(again.out.find("activations (--recompute) 16.5 GiB") != std::string::npos);
     CHECK(again.out.find("+ 8.668e+10 recomputed") != std::string::npos);
     CHECK(again.out.find("166 GB sent") != std::string::npos);
     // BF16 moments: half the GPU's AdamW shard, 4 bytes x 2.66e9 values; the host and the checkpoint keep FP32
     const CommandResult bf16 = run_logged("./train_cpu --config deepseek-v3 --plan --gpus 256 --ep 64 --batch 1 --seq "
                                           "4096 --grad-accum 16 --moments bf16", "cli_plan_bf16_moments.txt", 60);
     REQUIRE(bf16.status == 0);
-    CHECK(bf16.out.find("AdamW shard 9.9 GiB, activations 307.8 GiB, total 577.1 of 80 GiB") != std::string::npos);
+    CHECK(bf16.out.find("AdamW shard 9.9 GiB, activations 308.8 GiB, total 578.0 of 80 GiB") != std::string::npos);
     CHECK(bf16.out.find("host memory per GPU: weights 103.7 GiB, AdamW shard 19.9 GiB; a checkpoint: 8.19 TB, 32 GB "
                         "written by each rank") != std::string::npos);
     expect_clean_failure("./train_cpu --config small --moments fp16", "--moments must be fp32 or bf16");

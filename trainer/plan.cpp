@@ -70,9 +70,11 @@ void print_plan(const Config& c, const PlanInputs& p) {
         p.recompute ? c.num_blocks() * d + (dense_layers > 0) * (attn + dense_ffn) + (moe_layers > 0) * (attn + moe_ffn)
                     : dense_layers * (attn + dense_ffn) + moe_layers * (attn + moe_ffn);
     const double heads = c.num_nextn_predict_layers > 0 ? 2 : 1, tokens = (double)p.batch * T;
-    // the logits of the main head and MTP's: all of them, or with --recompute one chunk each
+    // the logits of the main head and MTP's (all of them, or with --recompute one chunk each), and their gradient
+    // (every row, BF16)
     const double logit_rows = p.recompute ? (double)head_chunk_rows(c, (int64_t)tokens, ActivationLayout{}) : tokens;
-    const double act_bytes = 4 * (kept_per_token * tokens + heads * logit_rows * c.vocab_size);
+    const double logit_bytes = 4 * heads * logit_rows * c.vocab_size + 2 * tokens * c.vocab_size;
+    const double act_bytes = 4 * kept_per_token * tokens + logit_bytes;
     const double active = active_params_with_mtp(c), attn_flops = attention_flops_per_token(c, p.seq);
     const double flops_per_token = model_flops_per_token(c, p.seq);
 
