@@ -410,7 +410,7 @@ static void allocate(GpuModel& m, const Config& c, Comm& comm, Precision p, int 
     const auto carve_host_io = [&](Arena& host) {
         carve_staging(host, N);
         m.balance_host = host.take<double>((int64_t)c.num_blocks() * B);
-        m.counts_pinned = host.take<int64_t>(c.n_routed_experts);
+        m.counts_pinned = host.take<int64_t>((int64_t)c.num_blocks() * c.n_routed_experts);
     };
     m.host_io = device_alloc(bytes_of(carve_host_io), "the batch's and the losses' copies", /*pinned*/ true);
     Arena host{static_cast<char*>(m.host_io), 0};

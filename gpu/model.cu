@@ -32,7 +32,7 @@ static NextNorm attention_norm(GpuModel& m, int layer) {
 // attention norm was computed by whoever wrote h_in. with_loss: a MoE block's balance loss is queued to the host
 // (sum_balance_losses reads it). h_out nullptr: only the activations the backward reads (a recomputation).
 static void block_forward(GpuModel& m, int layer, const float* h_in, float* h_out, const NextNorm& next,
-                          bool training, bool with_loss) {
+                          bool with_loss) {
     const Config& c = m.config;
     const BlockWeights& w = m.w.blocks[layer];
     GpuBlockActs& a = block_acts(m, layer);
@@ -45,9 +45,8 @@ static void block_forward(GpuModel& m, int layer, const float* h_in, float* h_ou
                                   d, c.rms_norm_eps, m.stream);
     if (c.is_moe_layer(layer)) {
         moe_forward(m, w, a.moe, {a.ffn_normed, a.ffn_normed16}, a.ffn_out,
+                    m.counts_pinned + (int64_t)layer * c.n_routed_experts,
                     with_loss ? m.balance_host + (int64_t)layer * m.max_B : nullptr);
-        if (training)
-            for (int e = 0; e < c.n_routed_experts; e++) m.expert_counts[layer][e] += a.moe.counts_host[e];
     } else {
         m.timer.mark("dense FFN");
         ffn_forward(m, a.ffn_out, a.dense, {a.ffn_normed, a.ffn_normed16}, w.gate, w.up, w.down, N, d,
@@ -68,13 +67,13 @@ static void block_input_norm(GpuModel& m, int layer, const float* h) {
 }
 
 // With recompute, block `layer`'s forward again from its input h_in when another block has used its activation set
-// since: the same kernels on the same values, so the same bits. Not training: the expert counts and the balance
-// loss were taken by the first forward.
+// since: the same kernels on the same values, so the same bits. The balance loss and the expert counts were taken
+// from the first forward.
 static void restore_block_acts(GpuModel& m, int layer, const float* h_in) {
     if (m.set_layer[m.block_set[layer]] == layer) return;
     m.timer.label = "recompute";
     block_input_norm(m, layer, h_in);
-    block_forward(m, layer, h_in, nullptr, NextNorm{}, /*training*/ false, /*with_loss*/ false);
+    block_forward(m, layer, h_in, nullptr, NextNorm{}, /*with_loss*/ false);
     m.timer.label = nullptr;
 }
 
@@ -205,6 +204,20 @@ static double sum_balance_losses(const GpuModel& m) {
     return total;
 }
 
+// After the forward's wait: the expert counts of its first `blocks` blocks, checked, and when training added to the
+// step's loads.
+static void take_expert_counts(GpuModel& m, int blocks, bool training) {
+    const Config& c = m.config;
+    const int64_t E = c.n_routed_experts;
+    for (int l = 0; l < blocks; l++) {
+        if (!c.is_moe_layer(l)) continue;
+        const int64_t* counts = m.counts_pinned + l * E;
+        check_expert_counts({counts, counts + E}, tokens(m) * c.num_experts_per_tok);
+        if (training)
+            for (int64_t e = 0; e < E; e++) m.expert_counts[l][e] += counts[e];
+    }
+}
+
 LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* targets, int B, bool training) {
     if (B < 1 || B > m.max_B)
         throw std::runtime_error("internal error: a batch of " + std::to_string(B) + " sequences, allocated for " +
@@ -225,11 +238,12 @@ LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* t
     block_input_norm(m, 0, m.residual[0]);
     for (int l = 0; l < L; l++) {
         const NextNorm next = l + 1 < L ? attention_norm(m, l + 1) : final_norm;
-        block_forward(m, l, m.residual[l], m.residual[l + 1], next, training, targets != nullptr);
+        block_forward(m, l, m.residual[l], m.residual[l + 1], next, targets != nullptr);
     }
     if (!targets) {  // the logits only, for gpu_model_logits_row
         if (keeps_logits(m)) head_forward(m, main_head(m, false));
         sync(m);
+        take_expert_counts(m, (int)L, training);
         return loss;
     }
     upload_token_rows(m, m.input_rows, inputs, N, io.input_rows);  // for a backward, sorted while the GPU runs
@@ -256,11 +270,12 @@ LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* t
                             d, false);
         block_input_norm(m, (int)L, m.mtp_in);
         const NextNorm mtp_norm{m.w.mtp_norm, m.mtp_normed, m.mtp_normed16, m.mtp_rstd};
-        block_forward(m, (int)L, m.mtp_in, m.mtp_out, mtp_norm, training, true);
+        block_forward(m, (int)L, m.mtp_in, m.mtp_out, mtp_norm, true);
         head_forward(m, mtp_head(m));
         CUDA_CHECK(cudaMemcpyAsync(io.mtp_losses, m.losses, N * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
     }
     sync(m);
+    take_expert_counts(m, c.num_blocks(), training);
     loss.main = sum_losses(io.losses, N) / N;
     if (c.num_nextn_predict_layers > 0) loss.mtp = sum_losses(io.mtp_losses, N) / ((double)B * (T - 1));
     loss.balance = sum_balance_losses(m);

@@ -100,8 +100,8 @@ struct GpuModel {
     double *range_norms_device = nullptr, *norm_partials = nullptr;  // each range's squared norm; chunk partials
     void* host_io = nullptr;         // pinned host memory: BatchStaging, then balance_host and counts_pinned
     double* balance_host = nullptr;  // (num_blocks, max_B) each MoE block's balance loss per sequence, queued out
-    int64_t* counts_pinned = nullptr;    // (E) an MoE block's expert counts on their way to the host
-    cudaEvent_t counts_ready = nullptr;  // recorded after their copy: what the host waits for
+    int64_t* counts_pinned = nullptr;    // (num_blocks, E) each MoE block's expert counts, queued out
+    cudaEvent_t counts_ready = nullptr;  // recorded after a block's copy: what the dispatch plan waits for (EP > 1)
     RegionTimer timer;
 };
 

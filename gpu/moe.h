@@ -22,7 +22,6 @@ struct GpuMoEActs {
     __nv_bfloat16* rows_in16;        // (N*k, d) the same in BF16 (BF16 mode)
     float* rows_out;                 // (N*k, d) the experts' outputs for them, in plan order
     GpuSwigluActs shared;            // (N, n_shared * I)
-    std::vector<int64_t> counts_host;  // (E) the plan's counts on the host
     DispatchPlan dispatch;             // what this rank sends, receives and computes
     // The local experts' rows, R = dispatch.received() of them in expert order, in an allocation of their own that
     // grows when a step needs more (capacity expert_rows). EP > 1 only: expert_in, expert_in16, expert_out and the
@@ -36,10 +35,12 @@ struct GpuMoEActs {
     void* expert_alloc = nullptr;
 };
 
-// x (N, d) the normalised input -> out (N, d); a.counts_host holds this rank's tokens routed to each expert.
-// balance_out: the B sequences' balance loss terms are queued there (pinned host memory), or nullptr.
-void moe_forward(GpuModel& m, const BlockWeights& w, GpuMoEActs& a, gpu::GemmInput x, float* out,
+// x (N, d) the normalised input -> out (N, d). counts_out: this rank's tokens routed to each expert (E) are queued
+// there (pinned host memory); balance_out: the B sequences' balance loss terms, or nullptr.
+void moe_forward(GpuModel& m, const BlockWeights& w, GpuMoEActs& a, gpu::GemmInput x, float* out, int64_t* counts_out,
                  double* balance_out);
+// Throws when an MoE block's expert counts do not add up to its assignments (non-finite router scores).
+void check_expert_counts(const std::vector<int64_t>& counts, int64_t assignments);
 // dout (N, d) -> dx (N, d) overwritten. balance_scale as model/moe.h's.
 void moe_backward(GpuModel& m, const BlockWeights& w, BlockWeights& g, GpuMoEActs& a, gpu::GemmInput x,
                   const float* dout, float* dx, float balance_scale, const Scratch& s);

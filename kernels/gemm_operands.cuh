@@ -23,7 +23,7 @@ struct MatmulCasts {
     int64_t inputs = 0, output_grads = 0, fp8_inputs = 0, fp8_tails = 0;
 };
 
-enum class GemmType { FP32, BF16, FP8 };
+enum class GemmType { FP32, TF32, BF16, FP8 };
 
 // A GEMM's input (M, K) or output gradient (M, N): its FP32 rows and, in BF16 mode, the BF16 copy its caller may
 // keep, laid out alike. The call reads that copy instead of casting. fp32 is nullptr for an operand written only in
@@ -47,15 +47,26 @@ struct Fp8Weight {
 };
 
 // A linear layer's weight W (N, K), or a stack (G, N, K): the FP32 master, the working copy (BF16 and FP8 modes) and
-// the E4M3 copies (FP8 mode). The most compact copy present decides the precision: FP8, else BF16, else FP32.
+// the E4M3 copies (FP8 mode). The most compact copy present decides the precision: FP8, else BF16, else FP32, or
+// TF32 for an FP32 weight made by tf32_inputs: FP32 operands that the tensor cores round to TF32 (10-bit mantissa).
 struct GemmWeight {
     const float* fp32;
     const __nv_bfloat16* bf16;
     Fp8Weight fp8;
+    bool tf32 = false;
     GemmWeight(const float* w, const __nv_bfloat16* w16 = nullptr, Fp8Weight w8 = {}) : fp32(w), bf16(w16), fp8(w8) {}
-    GemmType type() const { return fp8.q ? GemmType::FP8 : bf16 ? GemmType::BF16 : GemmType::FP32; }
+    static GemmWeight tf32_inputs(const float* w) {
+        GemmWeight g(w);
+        g.tf32 = true;
+        return g;
+    }
+    GemmType type() const {
+        return fp8.q ? GemmType::FP8 : bf16 ? GemmType::BF16 : tf32 ? GemmType::TF32 : GemmType::FP32;
+    }
     GemmWeight at(int64_t g, int64_t N, int64_t K) const {
-        return GemmWeight(fp32 + g * N * K, bf16 ? bf16 + g * N * K : nullptr, fp8.at(g, N, K));
+        GemmWeight w(fp32 + g * N * K, bf16 ? bf16 + g * N * K : nullptr, fp8.at(g, N, K));
+        w.tf32 = tf32;
+        return w;
     }
 };
 

@@ -5,10 +5,11 @@
 //              dW   (N, K) (=|+=) dout^T (N, M) @ inp (M, K)
 // and the grouped versions for the routed experts: rows [offsets[g], offsets[g+1]) use weights g of W (G, N, K).
 // cuBLASLt is column-major, so each product is computed as its transpose on the buffers as they are (§7.2).
-// A call's precision is its weight's (GemmWeight): FP32, BF16 (inputs cast once by the caller, or here into the
-// Matmul's cast buffers) or FP8 with DeepSeek-V3's scales (operands quantized here, §7.3); accumulation and outputs
-// are FP32. The heuristic's choice is cached per problem (§7.5). A grouped call is one cuBLASLt call per group,
-// spread over the Matmul's streams, so the group sizes come from the host (§7.6).
+// A call's precision is its weight's (GemmWeight): FP32, TF32 (FP32 operands rounded by the tensor cores), BF16
+// (inputs cast once by the caller, or here into the Matmul's cast buffers) or FP8 with DeepSeek-V3's scales
+// (operands quantized here, §7.3); accumulation and outputs are FP32. The heuristic's choice is cached per problem
+// (§7.5). A grouped call is one cuBLASLt call per group, spread over the Matmul's streams, so the group sizes come
+// from the host (§7.6).
 // Every cuBLASLt call is checked; a failed multiply reports the whole problem (site, shapes, layouts, alignments).
 #pragma once
 #include <algorithm>
@@ -326,7 +327,10 @@ inline const MatmulPlan& matmul_plan(Matmul& mm, const MatmulSite& site, const M
     const MatmulKey key{kind, q.ta, q.tb, q.m, q.n, q.k, q.lda, q.ldb, q.ldd, align_a, align_b, align_d};
     auto it = mm.cache.find(key);
     if (it != mm.cache.end()) return it->second;
-    const char* type_name = fp8 ? "FP8" : q.type == GemmType::BF16 ? "BF16" : "FP32";
+    const char* type_name = fp8                         ? "FP8"
+                            : q.type == GemmType::BF16 ? "BF16"
+                            : q.type == GemmType::TF32 ? "TF32"
+                                                       : "FP32";
     auto report = [&](const char* what, cublasStatus_t status, const char* consequence) {  // the whole problem
         fprintf(stderr,
                 "cuBLASLt: %s (%s) for %s (M=%ld K=%ld N=%ld, %s inputs): column-major m=%ld n=%ld k=%ld op(A)=%c "
@@ -339,7 +343,8 @@ inline const MatmulPlan& matmul_plan(Matmul& mm, const MatmulSite& site, const M
     const cudaDataType_t in_type = fp8 ? CUDA_R_8F_E4M3 : q.type == GemmType::BF16 ? CUDA_R_16BF : CUDA_R_32F;
     const cublasOperation_t op_a = q.ta ? CUBLAS_OP_T : CUBLAS_OP_N, op_b = q.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
     MatmulPlan p;
-    CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasComputeType_t compute = q.type == GemmType::TF32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
     CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
     if (fp8) {  // per-tile scales; FAST_ACCUM stays off (its default): the sums are promoted to FP32 as they go
@@ -715,7 +720,7 @@ inline void grouped_matmul_forward(Matmul& mm, float* out, GemmInput inp, const 
             fp8_split_rows_of(inp, offsets[g], offsets[g + 1] - offsets[g], K, q->values + place.row_values[g],
                               q->scales + place.row_scales[g], mm.stream);
     const __nv_bfloat16* inp16 = type == GemmType::BF16 ? matmul_bf16_rows(mm, inp, first, K, rows * K, s) : nullptr;
-    const float* inp32 = type == GemmType::FP32 ? matmul_input_fp32(inp, s) : nullptr;
+    const float* inp32 = type == GemmType::FP32 || type == GemmType::TF32 ? matmul_input_fp32(inp, s) : nullptr;
     grouped_on_streams(mm, offsets, G, [&](int64_t g, int on) {
         const int64_t r0 = offsets[g], M = offsets[g + 1] - r0;
         const MatmulSite sg{"grouped_matmul_forward (one group)", M, K, N};
@@ -786,7 +791,7 @@ inline void grouped_matmul_backward(Matmul& mm, float* dinp, float* dW, GemmInpu
     if (type == GemmType::BF16) {
         dout16 = matmul_bf16_rows(mm, dout, first, N, rows * N, s, /*output_grad*/ true);
         inp16 = matmul_bf16_rows(mm, inp, first, K, rows * K, s);
-    } else if (type == GemmType::FP32) {
+    } else if (type == GemmType::FP32 || type == GemmType::TF32) {
         dout32 = matmul_input_fp32(dout, s);
         inp32 = matmul_input_fp32(inp, s);
     }

@@ -24,6 +24,11 @@
 //             1e-2 leaves a factor ~2 over that and over the one-product worst case, and is still two orders
 //             below what a layout or transposition mistake gives (an error ~1). BF16 is run only on shapes with
 //             thousands of outputs (with a handful of outputs the maxima are not a few std).
+//   TF32 against the CPU in FP32: 4e-3. The tensor cores round each FP32 operand to TF32 (10-bit mantissa): to
+//             nearest, u = 2^-11, or by truncation, relative error in (-2^-10, 0]. To nearest, the BF16 argument
+//             above with u = 2^-11 gives ~0.82 u 1.35 ~ 5.4e-4. Truncation shrinks every product by 2^-10 on average
+//             (a bias that adds, ~1e-3 of max |y|) plus a random part of about the same size: ~1.5e-3. 4e-3 leaves
+//             a factor ~2.5 over that and is far below a wrong operand or layout (~1).
 //   FP8 against the CPU's FP8 linear layer (model/fp8.h linear_forward / linear_backward): 1e-3. Both multiply the
 //             same E4M3 values and scales (the quantization is the CPU's, bit for bit: test_fp8), so what differs is
 //             the summation: the CPU's FP32 sums of q * scale rounded to FP32 (2^-24 each), and on a GPU the tensor
@@ -40,6 +45,7 @@
 #include <cuda_bf16.h>
 
 #include "kernels/fp8.cuh"
+#include "kernels/grouped_gemm.cuh"
 #include "kernels/matmul.cuh"
 #include "model/bf16.h"
 #include "model/fp8.h"
@@ -51,7 +57,8 @@ void test_matmul_fp8(Rng& rng);
 
 namespace {
 
-constexpr double MATMUL_FP32_TOL = 1e-5, MATMUL_BF16_ROUNDED_TOL = 1e-4, MATMUL_BF16_TOL = 1e-2, MATMUL_FP8_TOL = 1e-3;
+constexpr double MATMUL_FP32_TOL = 1e-5, MATMUL_BF16_ROUNDED_TOL = 1e-4, MATMUL_BF16_TOL = 1e-2, MATMUL_FP8_TOL = 1e-3,
+                 MATMUL_TF32_TOL = 4e-3;
 
 std::vector<float> matmul_bf16_round(const std::vector<float>& v) {
     std::vector<float> r(v.size());
@@ -205,6 +212,24 @@ void matmul_test_dense(gpu::Matmul& mm, Rng& rng, int64_t M, int64_t K, int64_t 
     matmul_check("matmul_backward dW = " + shape, bf16, matmul_plus(dW0, d_dW.get()), ref.dW, ref_r.dW);
 }
 
+// TF32 (GemmWeight::tf32_inputs, the router's products) at the router's shape in a small model: out =, dinp +=,
+// dW =, against the CPU in FP32 (see the top for the tolerance).
+void matmul_test_tf32(gpu::Matmul& mm, Rng& rng) {
+    const int64_t M = 512, K = 1024, N = 64;
+    const std::string shape = fmt("(tf32 M=%ld K=%ld N=%ld)", M, K, N);
+    const std::vector<float> inp = randn(M * K, rng), W = randn(N * K, rng), dout = randn(M * N, rng);
+    const std::vector<float> dinp0 = randn(M * K, rng);
+    const MatmulRef ref = matmul_cpu(inp, W, dout, std::vector<float>(N * K, 0.0f), {0, M}, K, N);
+    DeviceArray<float> d_inp(inp), d_W(W), d_dout(dout), d_out(M * N), d_dinp(dinp0), d_dW(N * K);
+    const gpu::GemmWeight weight = gpu::GemmWeight::tf32_inputs(d_W.ptr);
+    gpu::matmul_forward(mm, d_out.ptr, d_inp.ptr, weight, M, K, N, false);
+    check("matmul_forward out = " + shape, d_out.get(), ref.out, MATMUL_TF32_TOL);
+    gpu::matmul_backward(mm, d_dinp.ptr, d_dW.ptr, d_dout.ptr, d_inp.ptr, weight, M, K, N, true,
+                         /*accumulate_dW*/ false);
+    check("matmul_backward dinp += " + shape, d_dinp.get(), matmul_plus(dinp0, ref.dinp), MATMUL_TF32_TOL);
+    check("matmul_backward dW = " + shape, d_dW.get(), ref.dW, MATMUL_TF32_TOL);
+}
+
 // Groups of counts rows from row `first` on (the rows before it belong to no group and must stay untouched).
 void matmul_test_grouped(gpu::Matmul& mm, Rng& rng, const std::vector<int64_t>& counts, int64_t K, int64_t N,
                          bool bf16, int64_t first = 0) {
@@ -251,6 +276,39 @@ void matmul_test_grouped(gpu::Matmul& mm, Rng& rng, const std::vector<int64_t>& 
                                  N, /*accumulate_dinp*/ true);
     matmul_check("grouped_matmul_backward dinp += " + shape, bf16, d_dinp.get(), matmul_plus(dinp0, ref.dinp),
                  matmul_plus(dinp0, ref_r.dinp));
+}
+
+// kernels/grouped_gemm.cuh, the routed experts' BF16 products on the device's offsets, against the CPU as the
+// BF16 cuBLASLt calls are (matmul_check): out =, dinp = and +=, dW = (an empty group's zeros) and +=. Widths that
+// leave partial tiles and k steps; groups of 0, 1 and many rows, one over several row tiles.
+void matmul_test_grouped_device(Rng& rng, const std::vector<int64_t>& counts, int64_t K, int64_t N) {
+    const int G = (int)counts.size();
+    std::vector<int64_t> offsets{0};
+    for (int64_t c : counts) offsets.push_back(offsets.back() + c);
+    const int64_t R = offsets.back();
+    const std::string shape = fmt("(device offsets, %d groups, %ld rows, K=%ld N=%ld)", G, R, K, N);
+    const std::vector<float> inp = randn(R * K, rng), W = randn(G * N * K, rng), dout = randn(R * N, rng);
+    const std::vector<float> dW0 = randn(G * N * K, rng), dinp0 = randn(R * K, rng);
+    const MatmulRef ref = matmul_cpu(inp, W, dout, dW0, offsets, K, N);
+    const MatmulRef ref_r =
+        matmul_cpu(matmul_bf16_round(inp), matmul_bf16_round(W), matmul_bf16_round(dout), dW0, offsets, K, N);
+    DeviceArray<float> d_inp(inp), d_W(W), d_dout(dout), d_out(R * N), d_dinp(R * K), d_dW(G * N * K);
+    MatmulW16 inp16(d_inp.ptr, inp.size(), 0), W16(d_W.ptr, W.size(), 0), dout16(d_dout.ptr, dout.size(), 0);
+    DeviceArray<int64_t> d_offsets(offsets);
+
+    gpu::grouped_gemm_forward(d_out.ptr, inp16.w.ptr, W16.w.ptr, d_offsets.ptr, G, R, K, N, 0);
+    matmul_check("grouped_gemm_forward out = " + shape, true, d_out.get(), ref.out, ref_r.out);
+    gpu::grouped_gemm_dinp(d_dinp.ptr, dout16.w.ptr, W16.w.ptr, d_offsets.ptr, G, R, K, N, false, 0);
+    matmul_check("grouped_gemm_dinp dinp = " + shape, true, d_dinp.get(), ref.dinp, ref_r.dinp);
+    d_dinp.set(dinp0);
+    gpu::grouped_gemm_dinp(d_dinp.ptr, dout16.w.ptr, W16.w.ptr, d_offsets.ptr, G, R, K, N, true, 0);
+    matmul_check("grouped_gemm_dinp dinp += " + shape, true, d_dinp.get(), matmul_plus(dinp0, ref.dinp),
+                 matmul_plus(dinp0, ref_r.dinp));
+    gpu::grouped_gemm_dW(d_dW.ptr, dout16.w.ptr, inp16.w.ptr, d_offsets.ptr, G, K, N, false, 0);  // over NaN
+    matmul_check("grouped_gemm_dW dW = " + shape, true, matmul_plus(dW0, d_dW.get()), ref.dW, ref_r.dW);
+    d_dW.set(dW0);
+    gpu::grouped_gemm_dW(d_dW.ptr, dout16.w.ptr, inp16.w.ptr, d_offsets.ptr, G, K, N, true, 0);
+    matmul_check("grouped_gemm_dW dW += " + shape, true, d_dW.get(), ref.dW, ref_r.dW);
 }
 
 // A product cuBLASLt has no FP8 algorithm for runs in BF16 (said on stderr): with K = 200 and N = 72 the forward's
@@ -479,6 +537,7 @@ void test_matmul(Rng& rng) {
     matmul_test_grouped(mm, rng, {0, 0, 0}, 64, 32, false);
     matmul_test_grouped(mm, rng, {3, 0, 40}, 129, 67, false, 5);
     matmul_test_streams(mm, rng, gpu::GemmType::FP32);
+    matmul_test_tf32(mm, rng);
     gpu::matmul_destroy(mm);
 
     // the largest casts below until the reserve: the first grouped case's inp and dout (308 rows)
@@ -493,6 +552,8 @@ void test_matmul(Rng& rng) {
     matmul_test_streams(mm, rng, gpu::GemmType::BF16);
     matmul_test_kept_input(mm, rng);
     gpu::matmul_destroy(mm);
+    matmul_test_grouped_device(rng, {0, 1, 37, 0, 200, 5, 1, 64}, 136, 72);
+    matmul_test_grouped_device(rng, {130, 0, 3}, 64, 200);
 }
 
 // FP8 (run last by test_gpu, on Hopper only). Full 128-blocks first, then the summed dimensions that are multiples of

@@ -330,7 +330,9 @@ TEST_CASE("kernel emulator: make bench-emulated counts each kernel's bytes once"
         REQUIRE(waits_at != std::string::npos);
         double waits = 0.0;
         REQUIRE(sscanf(r.out.c_str() + waits_at, "host waits for the device %lf", &waits) == 1);
-        CHECK(waits <= moe_blocks + 3);
+        // BF16 at one rank: the forward's end, the gradient norm, and count_step's own wait at the step's end; none
+        // for the expert counts (the experts' GEMMs read their offsets on the device)
+        CHECK(waits == 3);
         double P = 0.0;  // the values AdamW updates
         for (const OptimizerRange& range : host.shard.ranges) P += (double)range.count;
         const double table_bytes = 4096;
@@ -352,5 +354,42 @@ TEST_CASE("kernel emulator: make bench-emulated counts each kernel's bytes once"
         traffic("gpu::grad_norm_partial_kernel", &read, &written);
         CHECK(read >= 4 * P);
         CHECK(read <= 4 * P + table_bytes);
+        // BF16 mode: the router's three products per MoE block in TF32, and no GEMM left in FP32
+        const size_t tf32_at = r.out.find("\ncublasLtMatmul tf32 ");
+        REQUIRE(tf32_at != std::string::npos);
+        double tf32_calls = 0.0;
+        REQUIRE(sscanf(r.out.c_str() + tf32_at, "\ncublasLtMatmul tf32 %lf", &tf32_calls) == 1);
+        CHECK(tf32_calls == 3 * moe_blocks);
+        CHECK(r.out.find("\ncublasLtMatmul fp32 ") == std::string::npos);
     }
+}
+
+// CUBLAS_COMPUTE_32F_FAST_TF32: each FP32 operand rounded to TF32 (a 10-bit mantissa), to nearest with ties away
+// from zero; CUBLAS_COMPUTE_32F: FP32 as stored. TF32 with BF16 operands is not a mode the library has.
+TEST_CASE("kernel emulator: the cuBLASLt model rounds the operands of TF32 products") {
+    using namespace emulated_cublaslt;
+    CHECK(tf32_round(1.0f + 0x1p-12f) == 1.0f);                  // under half a TF32 ulp (2^-11 at 1)
+    CHECK(tf32_round(1.0f + 3 * 0x1p-12f) == 1.0f + 0x1p-10f);   // over half
+    CHECK(tf32_round(1.0f + 0x1p-11f) == 1.0f + 0x1p-10f);       // a tie, away from zero
+    CHECK(tf32_round(-1.0f - 0x1p-11f) == -1.0f - 0x1p-10f);
+    CHECK(tf32_round(0x1p-136f) == 0x1p-136f);  // the smallest TF32 subnormal (bit 13 of the FP32 one)
+    CHECK(tf32_round(0x1p-140f) == 0.0f);       // under half of it
+    CHECK(std::isinf(tf32_round(INFINITY)));
+    CHECK(std::isnan(tf32_round(NAN)));
+    // D (1, 1) = A (1, 2) B (2, 1): (1 + 2^-12) + (1 + 2^-11)
+    const float A[2] = {1.0f + 0x1p-12f, 1.0f + 0x1p-11f}, B[2] = {1.0f, 1.0f};
+    const cublasLtMatrixLayoutOpaque_t a{CUDA_R_32F, 1, 2, 1}, b{CUDA_R_32F, 2, 1, 2}, d{CUDA_R_32F, 1, 1, 1};
+    for (const bool tf32 : {false, true}) {
+        const cublasLtMatmulDescOpaque_t desc{tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F};
+        Problem p;
+        REQUIRE(problem(desc, a, b, d, d, &p) == CUBLAS_STATUS_SUCCESS);
+        CHECK(p.tf32 == tf32);
+        float D = 0.0f;
+        multiply(p, 1.0f, 0.0f, false, false, A, 1, B, 2, nullptr, 1, &D, 1, false, Scales{}, Scales{});
+        CHECK(D == (tf32 ? 2.0f + 0x1p-10f : 2.0f + 3 * 0x1p-12f));
+    }
+    const cublasLtMatmulDescOpaque_t desc{CUBLAS_COMPUTE_32F_FAST_TF32, CUDA_R_32F};
+    const cublasLtMatrixLayoutOpaque_t a16{CUDA_R_16BF, 1, 2, 1}, b16{CUDA_R_16BF, 2, 1, 2};
+    Problem p;
+    CHECK(problem(desc, a16, b16, d, d, &p) == CUBLAS_STATUS_NOT_SUPPORTED);
 }

@@ -1,22 +1,22 @@
-// Grouped expert GEMM (the trainer runs one cuBLASLt call per group, kernels/matmul.cuh, with the group sizes on
-// the host). Here one launch takes all G groups and reads their offsets from device memory, so no host sync:
+// Grouped expert GEMM: one launch takes all G groups and reads their offsets from device memory, so no host sync
+// (the trainer's BF16 experts at EP 1: kernels/grouped_gemm.cuh; elsewhere one cuBLASLt call per group):
 //   x (M, K), W (G, N, K), offsets (G+1) -> out (M, N):  out[r] = x[r] W_g^T  for offsets[g] <= r < offsets[g+1]
 // The tiled versions cut each group's rows into tiles; a block finds its (group, tile) by walking the G counts,
 // out of a grid of ceil(M / tile rows) + G row slots, the most tiles any split of M rows into G groups can give.
 // The versions: a thread per output; FP32 tiles in shared memory; BF16 tiles on the tensor cores (mma.sync), and
-// the same with cp.async loads of the next k step overlapping the products of this one.
+// the trainer's: the same with cp.async loads of the next k step overlapping the products of this one.
 #include <cuda_bf16.h>
 
 #include "common.h"
-#include "kernels/async_copy.cuh"
 #include "kernels/common.cuh"
+#include "kernels/grouped_gemm.cuh"
 #include "kernels/mma_sync.cuh"
 
 const std::vector<const char*> VERSIONS = {
     "naive: a thread per output, its group by binary search over the offsets",
     "FP32 tiles in shared memory (32 or 64 square, k steps of 32), 256 threads of 2x2 or 4x4 outputs",
     "BF16 on the tensor cores: mma.sync m16n8k16, a warp per 16 rows x 64 columns, ldmatrix from shared memory",
-    "as 3, the tiles double-buffered: cp.async fetches the next k step while this one multiplies",
+    "the trainer's (kernels/grouped_gemm.cuh): as 3 with 4 warps, double-buffered: cp.async fetches the next k step",
 };
 
 using bf16 = __nv_bfloat16;
@@ -114,7 +114,7 @@ __global__ void grouped_gemm_tiled(float* out, const float* x, const float* W, c
         }
 }
 
-// ---- versions 3 and 4 ----------------------------------------------------------------------------------------
+// ---- version 3 (version 4 is kernels/grouped_gemm.cuh) ---------------------------------------------------------
 // A block has WARPS warps and a tile of 16 WARPS rows x 64 columns; warp w owns rows 16w..16w+15, as eight 16 x 8
 // accumulator tiles (the layout of kernels/mma_sync.cuh). Each k step of 32 stages the block's rows of x and the
 // tile's 64 rows of W_g (out = x W^T: W's rows are the B operand's columns) in shared memory, BF16, rows padded from
@@ -123,17 +123,14 @@ __global__ void grouped_gemm_tiled(float* out, const float* x, const float* W, c
 constexpr int MMA_BN = 64, MMA_BK = 32, MMA_LD = MMA_BK + 8;
 
 // dst (rows x MMA_LD) = columns k0..k0+31 of the rows of src (row stride K; those from `valid` on are zeros), in
-// 16-byte pieces (K a multiple of 8): plain loads, or cp.async copies the caller commits and waits for.
-template <bool ASYNC>
+// 16-byte pieces (K a multiple of 8)
 __device__ inline void load_bf16_tile(bf16* dst, const bf16* src, int rows, int64_t valid, int64_t K, int64_t k0) {
     constexpr int PIECES = MMA_BK / 8;  // a row's pieces
     for (int i = threadIdx.x; i < rows * PIECES; i += blockDim.x) {
         const int r = i / PIECES, c = i % PIECES * 8;
         bf16* d = dst + r * MMA_LD + c;
         if (r < valid && k0 + c < K) {
-            const bf16* s = src + r * K + k0 + c;
-            if constexpr (ASYNC) gpu::cp_async_16(d, s);
-            else *reinterpret_cast<uint4*>(d) = *reinterpret_cast<const uint4*>(s);
+            *reinterpret_cast<uint4*>(d) = *reinterpret_cast<const uint4*>(src + r * K + k0 + c);
         } else {
             *reinterpret_cast<uint4*>(d) = uint4{0, 0, 0, 0};
         }
@@ -189,43 +186,11 @@ __global__ void grouped_gemm_mma(float* out, const bf16* x, const bf16* W, const
     const bf16* Wn = W + ((int64_t)g * N + n0) * K;
     float acc[8][4] = {};
     for (int64_t k0 = 0; k0 < K; k0 += MMA_BK) {
-        load_bf16_tile<false>(xs, x + m0 * K, BM, m_end - m0, K, k0);
-        load_bf16_tile<false>(ws, Wn, MMA_BN, N - n0, K, k0);
+        load_bf16_tile(xs, x + m0 * K, BM, m_end - m0, K, k0);
+        load_bf16_tile(ws, Wn, MMA_BN, N - n0, K, k0);
         __syncthreads();
         warp_mma_step(acc, xs, ws);
         __syncthreads();
-    }
-    store_warp_tile(out, acc, m0, m_end, n0, N);
-}
-
-// Version 4: two stages; step kt multiplies stage kt % 2 while the copies of step kt + 1 land in the other one.
-// Every iteration commits a group (the last an empty one), so "all but the newest group landed" is this step's.
-template <int WARPS>
-__global__ void grouped_gemm_mma_pipelined(float* out, const bf16* x, const bf16* W, const int64_t* offsets, int G,
-                                           int64_t N, int64_t K) {
-    constexpr int BM = 16 * WARPS, STAGE = (BM + MMA_BN) * MMA_LD;
-    bf16* smem = gpu::dynamic_shared<bf16>();
-    int g;
-    int64_t m0, m_end;
-    if (!schedule_tile(offsets, G, BM, blockIdx.y, g, m0, m_end)) return;
-    const int64_t n0 = (int64_t)blockIdx.x * MMA_BN, steps = (K + MMA_BK - 1) / MMA_BK;
-    const bf16 *xm = x + m0 * K, *Wn = W + ((int64_t)g * N + n0) * K;
-    auto load_step = [&](int64_t kt) {
-        bf16* stage = smem + kt % 2 * STAGE;
-        load_bf16_tile<true>(stage, xm, BM, m_end - m0, K, kt * MMA_BK);
-        load_bf16_tile<true>(stage + BM * MMA_LD, Wn, MMA_BN, N - n0, K, kt * MMA_BK);
-    };
-    float acc[8][4] = {};
-    load_step(0);
-    gpu::cp_async_commit();
-    for (int64_t kt = 0; kt < steps; kt++) {
-        if (kt + 1 < steps) load_step(kt + 1);  // into the stage step kt - 1 read: free after its closing sync
-        gpu::cp_async_commit();
-        gpu::cp_async_wait<1>();
-        __syncthreads();  // every thread's copies of step kt have landed
-        const bf16* stage = smem + kt % 2 * STAGE;
-        warp_mma_step(acc, stage, stage + BM * MMA_LD);
-        __syncthreads();  // every warp is done with this stage before step kt + 2's copies overwrite it
     }
     store_warp_tile(out, acc, m0, m_end, n0, N);
 }
@@ -305,17 +270,20 @@ static void run(int v, int config, Buffers& b, const Problem& p) {
         gpu::launch_kernel(config == 32 ? grouped_gemm_tiled<32> : grouped_gemm_tiled<64>, grid, TILED_THREADS, 0,
                            nullptr, b.out.ptr, b.x.ptr, b.W.ptr, b.offsets.ptr, p.G, N, K);
     } else {
-        if (K % 8 != 0) {
-            fprintf(stderr, "versions 3 and 4 take K a multiple of 8 (16-byte pieces), K = %lld\n", (long long)K);
+        if (K % 8 != 0 || N % 8 != 0) {
+            fprintf(stderr, "versions 3 and 4 take K and N multiples of 8 (16-byte pieces), K = %lld N = %lld\n",
+                    (long long)K, (long long)N);
             exit(1);
         }
-        const int rows = 16 * config, stages = v == 3 ? 1 : 2;
+        if (v == 4) {
+            gpu::grouped_gemm_forward(b.out.ptr, b.x16.ptr, b.W16.ptr, b.offsets.ptr, p.G, M, K, N, nullptr);
+            return;
+        }
+        const int rows = 16 * config;
         const dim3 grid((unsigned)gpu::ceil_div(N, MMA_BN), (unsigned)(gpu::ceil_div(M, rows) + p.G));
-        const size_t shared = (size_t)stages * (rows + MMA_BN) * MMA_LD * sizeof(bf16);
-        auto kernel = v == 3 ? (config == 4 ? grouped_gemm_mma<4> : grouped_gemm_mma<8>)
-                             : (config == 4 ? grouped_gemm_mma_pipelined<4> : grouped_gemm_mma_pipelined<8>);
-        gpu::launch_kernel(kernel, grid, 32 * config, shared, nullptr, b.out.ptr, b.x16.ptr, b.W16.ptr,
-                           b.offsets.ptr, p.G, N, K);
+        const size_t shared = (size_t)(rows + MMA_BN) * MMA_LD * sizeof(bf16);
+        gpu::launch_kernel(config == 4 ? grouped_gemm_mma<4> : grouped_gemm_mma<8>, grid, 32 * config, shared, nullptr,
+                           b.out.ptr, b.x16.ptr, b.W16.ptr, b.offsets.ptr, p.G, N, K);
     }
 }
 
@@ -323,7 +291,8 @@ static void run(int v, int config, Buffers& b, const Problem& p) {
 static std::vector<int> configs(int v) {
     if (v == 1) return {128, 256, 512, 1024};
     if (v == 2) return {32, 64};
-    return {4, 8};
+    if (v == 3) return {4, 8};
+    return {gpu::GG_WARPS};
 }
 
 static std::string config_name(int v, int config) {

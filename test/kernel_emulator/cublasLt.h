@@ -9,9 +9,11 @@
 // Products in double, rounded once to FP32 (the library's FP32 accumulation differs only by roundoff). It is queued
 // on the stream like a kernel and runs when the stream does.
 // Supported, as matmul.cuh uses them: A and B both CUDA_R_32F, both CUDA_R_16BF or both CUDA_R_8F_E4M3, C and D
-// CUDA_R_32F, compute CUBLAS_COMPUTE_32F with CUDA_R_32F scales; anything else is CUBLAS_STATUS_NOT_SUPPORTED in the
-// heuristic. E4M3 follows the FP8 rules of the documentation for Hopper: A transposed and B not ("TN"), k a multiple
-// of 16 and m and n multiples of 4 (the block-scaled modes), leading dimensions multiples of 16 bytes and pointers,
+// CUDA_R_32F, compute CUBLAS_COMPUTE_32F with CUDA_R_32F scales, or CUBLAS_COMPUTE_32F_FAST_TF32 with CUDA_R_32F
+// inputs, which are rounded to TF32 (10-bit mantissa, to nearest, ties away from zero, as PTX's cvt.rna.tf32.f32;
+// the library may truncate instead); anything else is CUBLAS_STATUS_NOT_SUPPORTED in the heuristic.
+// E4M3 follows the FP8 rules of the documentation for Hopper: A transposed and B not ("TN"), k a multiple of 16 and
+// m and n multiples of 4 (the block-scaled modes), leading dimensions multiples of 16 bytes and pointers,
 // scale pointers included, 16-byte aligned (else NOT_SUPPORTED, INVALID_VALUE for a leading dimension, which the
 // library may answer either way, or a contract violation for a pointer), and the block scaling modes DeepSeek's
 // recipe needs: each of A and B scaled per 1 x 128 tile (CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F) or per 128 x 128
@@ -44,7 +46,7 @@ enum cublasStatus_t {
     CUBLAS_STATUS_NOT_SUPPORTED = 15,
 };
 enum cudaDataType_t { CUDA_R_32F = 0, CUDA_R_16BF = 14, CUDA_R_8F_E4M3 = 28 };
-enum cublasComputeType_t { CUBLAS_COMPUTE_32F = 68 };
+enum cublasComputeType_t { CUBLAS_COMPUTE_32F = 68, CUBLAS_COMPUTE_32F_FAST_TF32 = 77 };
 enum cublasOperation_t { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 };
 enum cublasLtMatmulDescAttributes_t {
     CUBLASLT_MATMUL_DESC_TRANSA = 3,
@@ -206,6 +208,7 @@ namespace emulated_cublaslt {
 struct Problem {
     uint64_t m, n, k;
     cudaDataType_t type;
+    bool tf32;  // FP32 inputs rounded to TF32
 };
 inline bool block_mode(int32_t mode) {
     return mode == CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F || mode == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
@@ -213,7 +216,8 @@ inline bool block_mode(int32_t mode) {
 inline cublasStatus_t problem(const cublasLtMatmulDescOpaque_t& desc, const cublasLtMatrixLayoutOpaque_t& a,
                               const cublasLtMatrixLayoutOpaque_t& b, const cublasLtMatrixLayoutOpaque_t& c,
                               const cublasLtMatrixLayoutOpaque_t& d, Problem* p) {
-    if (desc.compute != CUBLAS_COMPUTE_32F || desc.scale != CUDA_R_32F || a.type != b.type ||
+    const bool tf32 = desc.compute == CUBLAS_COMPUTE_32F_FAST_TF32 && a.type == CUDA_R_32F;
+    if ((desc.compute != CUBLAS_COMPUTE_32F && !tf32) || desc.scale != CUDA_R_32F || a.type != b.type ||
         (a.type != CUDA_R_32F && a.type != CUDA_R_16BF && a.type != CUDA_R_8F_E4M3) || c.type != CUDA_R_32F ||
         d.type != CUDA_R_32F)
         return CUBLAS_STATUS_NOT_SUPPORTED;
@@ -234,7 +238,7 @@ inline cublasStatus_t problem(const cublasLtMatmulDescOpaque_t& desc, const cubl
                               (tb ? b.rows : b.cols) == n && c.rows == m && c.cols == n && c.ld == d.ld;
     const bool lds_fit = a.ld >= (int64_t)a.rows && b.ld >= (int64_t)b.rows && d.ld >= (int64_t)d.rows;
     if (!shapes_agree || !lds_fit) return CUBLAS_STATUS_INVALID_VALUE;
-    *p = Problem{m, n, k, a.type};
+    *p = Problem{m, n, k, a.type, tf32};
     return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -251,12 +255,23 @@ inline void check_alignment(const void* p, uint64_t promised, const char* operan
                             std::to_string(promised) + " bytes the heuristic was told");
 }
 
-// Element (i, j) of a stored column-major matrix, as a double (E4M3 without its scale).
-EMULATOR_UNCHECKED inline double element(const void* p, cudaDataType_t type, int64_t ld, uint64_t i, uint64_t j) {
+// x rounded to TF32: its low 13 mantissa bits dropped, to nearest, ties away from zero (Inf and NaN kept).
+inline float tf32_round(float x) {
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    if ((bits & 0x7f800000u) != 0x7f800000u) bits = (bits + 0x1000u) & ~0x1fffu;
+    memcpy(&x, &bits, sizeof x);
+    return x;
+}
+
+// Element (i, j) of a stored column-major matrix, as a double (E4M3 without its scale; FP32 rounded to TF32 if tf32).
+EMULATOR_UNCHECKED inline double element(const void* p, cudaDataType_t type, int64_t ld, uint64_t i, uint64_t j,
+                                         bool tf32 = false) {
     const int64_t at = (int64_t)i + (int64_t)j * ld;
     if (type == CUDA_R_8F_E4M3) return stand_in_e4m3_value(((const __nv_fp8_storage_t*)p)[at]);
     if (type == CUDA_R_16BF) return (double)__bfloat162float(((const __nv_bfloat16*)p)[at]);
-    return (double)((const float*)p)[at];
+    const float x = ((const float*)p)[at];
+    return (double)(tf32 ? tf32_round(x) : x);
 }
 
 // An FP8 operand's scales: the scale of element (outer index i, summed index l) of op(A) (outer m) or op(B)^T
@@ -286,11 +301,11 @@ EMULATOR_UNCHECKED inline void multiply(const Problem& p, float al, float be, bo
     double *opa = a_rows.data(), *opb = b_rows.data();
     for (uint64_t i = 0; i < p.m; i++)
         for (uint64_t l = 0; l < p.k; l++)
-            opa[i * p.k + l] = (ta ? element(A, p.type, lda, l, i) : element(A, p.type, lda, i, l)) *
+            opa[i * p.k + l] = (ta ? element(A, p.type, lda, l, i, p.tf32) : element(A, p.type, lda, i, l, p.tf32)) *
                                (fp8 ? scale_a.of(i, l) : 1.0);
     for (uint64_t j = 0; j < p.n; j++)
         for (uint64_t l = 0; l < p.k; l++)
-            opb[j * p.k + l] = (tb ? element(B, p.type, ldb, j, l) : element(B, p.type, ldb, l, j)) *
+            opb[j * p.k + l] = (tb ? element(B, p.type, ldb, j, l, p.tf32) : element(B, p.type, ldb, l, j, p.tf32)) *
                                (fp8 ? scale_b.of(j, l) : 1.0);
     for (uint64_t j = 0; j < p.n; j++)
         for (uint64_t i = 0; i < p.m; i++) {
@@ -399,8 +414,11 @@ inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc
     memcpy(&be, beta, sizeof be);
     const bool ta = desc->op_a == CUBLAS_OP_T, tb = desc->op_b == CUBLAS_OP_T;
     const uint64_t inputs = (p.m + p.n) * p.k * element_bytes + (fp8 ? (scale_a.floats() + scale_b.floats()) * 4 : 0);
-    emulator::count_work(emulator::Work::gemm, fp8 ? "cublasLtMatmul fp8" : element_bytes == 2 ? "cublasLtMatmul bf16"
-                                                                                                : "cublasLtMatmul fp32",
+    const char* call = fp8 ? "cublasLtMatmul fp8"
+                       : element_bytes == 2 ? "cublasLtMatmul bf16"
+                       : p.tf32             ? "cublasLtMatmul tf32"
+                                            : "cublasLtMatmul fp32";
+    emulator::count_work(emulator::Work::gemm, call,
                          (int64_t)(inputs + (be == 0.0f ? 0 : p.m * p.n * 4)), (int64_t)(p.m * p.n * 4),
                          2.0 * (double)p.m * (double)p.n * (double)p.k);
     const int64_t lda = a->ld, ldb = b->ld, ldc = c->ld, ldd = d->ld;
