@@ -64,6 +64,7 @@ int main(int argc, char** argv) {
     try {
         for (int64_t step = run.state.step; step < run.args.steps; step++) {
             Step s = begin_step(run, step);  // every micro-step's batch, read and checked on every rank
+            const int64_t fp8_in_bf16 = model.matmul.fp8_in_bf16;  // FP8 products run in BF16 so far
             gpu_model_zero_grads(model);
             for (int micro = 0; micro < run.args.grad_accum; micro++) {
                 s.add(gpu_model_forward(model, s.inputs_of(micro), s.targets_of(micro), B, /*training*/ true));
@@ -71,6 +72,7 @@ int main(int argc, char** argv) {
             }
             gpu_model_reduce_grads(model);  // over the ranks that share each tensor
             s.grad_norm = gpu_model_grad_norm(model);
+            s.fp8_in_bf16 = (double)(model.matmul.fp8_in_bf16 - fp8_in_bf16);
             reduce_step(run, s, model.expert_counts);  // losses and expert loads over the ranks, checked finite
             s.lr = learning_rate(run.oc, step);
             gpu_model_adamw(model, run.opt, run.oc, s.lr, clip_factor(run.oc, s.grad_norm));

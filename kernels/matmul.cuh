@@ -99,6 +99,7 @@ struct Matmul {  // one per caller stream
     int64_t fp8_tails_capacity = 0;
     bool fp8_enabled = false;                             // created for FP8 calls: matmul_reserve grows fp8 too
     int64_t fp8_refused = 0;                              // FP8 shapes cuBLASLt refused, run in BF16 instead
+    int64_t fp8_in_bf16 = 0;                              // FP8 products run in BF16, every call (the step log's)
     std::map<MatmulKey, MatmulPlan> cache;
     std::map<MatmulKey, MatmulAlgo> algos;  // by the key with the rows rounded up (matmul_plan)
 };
@@ -591,6 +592,7 @@ inline void matmul_forward(Matmul& mm, float* out, GemmInput inp, const GemmWeig
             return;
         }
         type = GemmType::BF16;
+        mm.fp8_in_bf16++;
     }
     const void* x = type == GemmType::BF16 ? (const void*)matmul_bf16_rows(mm, inp, 0, K, M * K, s)
                                            : (const void*)matmul_input_fp32(inp, s);
@@ -634,6 +636,7 @@ inline void matmul_backward(Matmul& mm, float* dinp, float* dW, GemmInput dout, 
             dW_left = false;
         }
         type = GemmType::BF16;  // what is left, cuBLASLt refused in FP8
+        mm.fp8_in_bf16 += dinp_left + dW_left;
     }
     if (!dinp_left && !dW_left) return;
     const bool bf16 = type == GemmType::BF16;
@@ -647,6 +650,13 @@ inline void matmul_backward(Matmul& mm, float* dinp, float* dW, GemmInput dout, 
             bf16 ? (const void*)matmul_bf16_rows(mm, inp, 0, K, M * K, s) : (const void*)matmul_input_fp32(inp, s);
         matmul_lt(mm, 0, s, gemm_dW_problem(type, dW, g, x, M, K, N), accumulate_dW);
     }
+}
+
+// The groups with rows: one product each
+inline int64_t grouped_products(const int64_t* offsets, int64_t G) {
+    int64_t n = 0;
+    for (int64_t g = 0; g < G; g++) n += offsets[g + 1] > offsets[g];
+    return n;
 }
 
 // Checks the host offsets (G+1 entries, nonnegative, nondecreasing) and returns the first row.
@@ -715,6 +725,7 @@ inline void grouped_matmul_forward(Matmul& mm, float* out, GemmInput inp, const 
     for (int64_t g = 0; g < G && type == GemmType::FP8; g++)
         if (!fp8_takes(mm, {"grouped_matmul_forward (one group)", offsets[g + 1] - offsets[g], K, N}, fp8_problem(g)))
             type = GemmType::BF16;
+    if (W.type() == GemmType::FP8 && type == GemmType::BF16) mm.fp8_in_bf16 += grouped_products(offsets, G);
     if (type == GemmType::FP8)
         for (int64_t g = 0; g < G; g++)
             fp8_split_rows_of(inp, offsets[g], offsets[g + 1] - offsets[g], K, q->values + place.row_values[g],
@@ -776,6 +787,7 @@ inline void grouped_matmul_backward(Matmul& mm, float* dinp, float* dW, GemmInpu
         const MatmulSite sg{"grouped_matmul_backward (one group)", offsets[g + 1] - offsets[g], K, N};
         if ((dinp && !fp8_takes(mm, sg, fp8_dinp(g))) || !fp8_takes(mm, sg, fp8_dW(g))) type = GemmType::BF16;
     }
+    if (fp8 && type == GemmType::BF16) mm.fp8_in_bf16 += grouped_products(offsets, G) * (dinp ? 2 : 1);
     if (type == GemmType::FP8)
         for (int64_t g = 0; g < G; g++) {
             const int64_t r0 = offsets[g], M = offsets[g + 1] - r0;

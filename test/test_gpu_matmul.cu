@@ -572,5 +572,7 @@ void test_matmul_fp8(Rng& rng) {
     matmul_test_fp8_fallback(mm, rng);
     // counted once per shape: the forward's and the input gradient's (the grouped calls' first groups are the same)
     check("FP8 shapes refused (K=200 N=72: 2)", std::vector<double>{(double)mm.fp8_refused}, {2.0}, 0);
+    // every product run in BF16: the dense out and dinp, the grouped out (2 groups), dinp and dW (2 groups each)
+    check("FP8 products run in BF16 (K=200 N=72: 8)", std::vector<double>{(double)mm.fp8_in_bf16}, {8.0}, 0);
     gpu::matmul_destroy(mm);
 }

@@ -329,7 +329,10 @@ static std::string load_imbalance_json(const Config& c, const std::vector<std::v
 
 void reduce_step(Run& r, Step& s, std::vector<std::vector<int64_t>>& expert_counts) {
     Comm& comm = *r.comm;
-    comm.all_reduce_sum(s.loss, 4, Group::World);
+    double sums[5] = {s.loss[0], s.loss[1], s.loss[2], s.loss[3], s.fp8_in_bf16};
+    comm.all_reduce_sum(sums, 5, Group::World);
+    std::copy(sums, sums + 4, s.loss);
+    s.fp8_in_bf16 = sums[4];
     if (!std::isfinite(s.loss[0]))
         halt_all(comm, "the loss became " + std::to_string(s.loss[0]) + " at step " + std::to_string(s.step) +
                            " (try a lower --lr)");
@@ -394,6 +397,7 @@ void log_step(Run& r, const Step& s) {
     if (!std::isnan(mfu)) printf(" | MFU %.1f%%", 100 * mfu);
     printf(" | eta %s", format_eta(eta).c_str());
     if (!std::isnan(s.val_loss)) printf(" | val %.4f", s.val_loss);
+    if (s.fp8_in_bf16 > 0) printf(" | %.0f FP8 products in BF16", s.fp8_in_bf16);
     printf("\n");
     fflush(stdout);
     if (!r.log) return;
@@ -404,6 +408,7 @@ void log_step(Run& r, const Step& s) {
             s.load_imbalance.c_str());
     if (!std::isnan(mfu)) fprintf(r.log, ", \"mfu\": %.3f", mfu);
     if (!std::isnan(s.val_loss)) fprintf(r.log, ", \"val_loss\": %.6f", s.val_loss);
+    if (s.fp8_in_bf16 > 0) fprintf(r.log, ", \"fp8_in_bf16\": %.0f", s.fp8_in_bf16);
     fprintf(r.log, "}\n");
     fflush(r.log);
 }

@@ -73,6 +73,7 @@ struct Step {
     std::vector<int32_t> inputs, targets;  // every micro-step's batch, B*T tokens each
     double loss[4] = {0, 0, 0, 0};         // total, main, MTP, balance: this rank's, then the global means
     double grad_norm = 0, seconds = 0, val_loss = NAN;
+    double fp8_in_bf16 = 0;  // FP8 products cuBLASLt refused, run in BF16: this rank's, then every rank's
     float lr = 0;
     std::string load_imbalance;
     std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
@@ -97,8 +98,8 @@ int eval_only(Run& r, const ModelCalls& calls);
 void start_training(Run& r);
 // The step's batches, read and checked on every rank, and its clock.
 Step begin_step(Run& r, int64_t step);
-// After the backward and the gradient norm (s.grad_norm): the losses and expert loads summed over the ranks (counts
-// in place), the load imbalance; a loss or gradient norm that is not finite ends the job.
+// After the backward and the gradient norm (s.grad_norm): the losses, FP8 fallbacks and expert loads summed over the
+// ranks (counts in place), the load imbalance; a loss or gradient norm that is not finite ends the job.
 void reduce_step(Run& r, Step& s, std::vector<std::vector<int64_t>>& expert_counts);
 bool eval_due(const Run& r, int64_t step);
 // The mean main-head loss over the validation batches of every rank.
