@@ -238,8 +238,9 @@ static void carve_expert_rows(Arena& ar, const Config& c, bool bf16, int ep_size
     a.expert_a = ar.take<float>((1 - b16) * R * I);
     a.expert_in = ar.take<float>((1 - b16) * ep * R * d);
     a.expert_out = ar.take<float>(ep * R * d);
-    a.recv_to_expert = ar.take<int64_t>(ep * R);
-    a.expert_to_recv = ar.take<int64_t>(ep * R);
+    a.recv_to_expert = ar.take<int64_t>(ep * (2 * R + c.n_routed_experts / ep_size + 1));  // with the two below
+    a.expert_to_recv = a.recv_to_expert + ep * R;
+    a.local_offsets = a.expert_to_recv + ep * R;
     a.expert_in16 = ar.take<__nv_bfloat16>(b16 * ep * R * d);
     a.expert_a16 = ar.take<__nv_bfloat16>(b16 * R * I);
 }

@@ -1,9 +1,10 @@
 // The MoE layer on the GPU, forward and backward (model/moe.cpp phase for phase). The Comm (NCCL) runs on a stream
 // of its own and returns when complete, so the model's stream is synchronised before an exchange reads its rows.
-// At EP 1 in BF16 mode the routed experts' GEMMs read the expert offsets on the device (kernels/grouped_gemm.cuh),
-// and nothing waits for the expert counts; otherwise the host waits for them once per layer (the dispatch plan).
+// In BF16 mode the routed experts' GEMMs read the expert offsets on the device (kernels/grouped_gemm.cuh), and at
+// EP 1 nothing waits for the expert counts; otherwise the host waits for them once per layer (the dispatch plan).
 #include "gpu/model.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "kernels/grouped_gemm.cuh"
@@ -32,10 +33,10 @@ static void moe_route(GpuModel& m, const BlockWeights& w, GpuMoEActs& a, const f
     CUDA_CHECK(cudaEventRecord(m.counts_ready, m.stream));
 }
 
-// Whether the routed experts' GEMMs take the expert offsets from the device, with no wait for the counts: at EP 1
-// in BF16 mode, the widths multiples of 8 (kernels/grouped_gemm.cuh)
-static bool offsets_on_device(const GpuModel& m) {
-    return m.comm->ep_size == 1 && m.precision == Precision::BF16 &&
+// Whether the routed experts' GEMMs are kernels/grouped_gemm.cuh's on the expert offsets in device memory: in BF16
+// mode, the widths multiples of 8. At EP 1 nothing then waits for the counts.
+static bool experts_grouped_on_device(const GpuModel& m) {
+    return m.precision == Precision::BF16 &&
            gpu::grouped_gemm_takes(m.config.hidden_size, m.config.moe_intermediate_size);
 }
 
@@ -49,7 +50,7 @@ void check_expert_counts(const std::vector<int64_t>& counts, int64_t assignments
 }
 
 // The wait for the counts (work queued after them keeps the GPU busy through it), then the dispatch plan; then the
-// expert buffers hold R rows and, under EP, the permutation is on the device.
+// expert buffers hold R rows and, under EP, the permutation and the local experts' offsets are on the device.
 static void moe_plan_rows(GpuModel& m, GpuMoEActs& a, const int64_t* counts) {
     const int64_t N = tokens(m), E = m.config.n_routed_experts, k = m.config.num_experts_per_tok;
     m.timer.mark("permute");
@@ -61,11 +62,15 @@ static void moe_plan_rows(GpuModel& m, GpuMoEActs& a, const int64_t* counts) {
     m.timer.mark("permute");
     const int64_t R = a.dispatch.received();
     ensure_expert_rows(m, a, R);
-    if (m.comm->ep_size > 1) {
-        std::vector<int64_t> expert_to_recv(R);
-        for (int64_t r = 0; r < R; r++) expert_to_recv[a.dispatch.expert_row_of_recv[r]] = r;
-        copy_sync(m, a.recv_to_expert, a.dispatch.expert_row_of_recv.data(), R, cudaMemcpyHostToDevice);
-        copy_sync(m, a.expert_to_recv, expert_to_recv.data(), R, cudaMemcpyHostToDevice);
+    if (m.comm->ep_size > 1) {  // recv_to_expert, expert_to_recv and local_offsets, as carved for capacity rows
+        const std::vector<int64_t>& recv_to_expert = a.dispatch.expert_row_of_recv;
+        const std::vector<int64_t>& offsets = a.dispatch.expert_offsets;
+        const int64_t capacity = a.expert_rows;
+        std::vector<int64_t> tables(2 * capacity + offsets.size());
+        std::copy(recv_to_expert.begin(), recv_to_expert.end(), tables.begin());
+        for (int64_t r = 0; r < R; r++) tables[capacity + recv_to_expert[r]] = r;
+        std::copy(offsets.begin(), offsets.end(), tables.begin() + 2 * capacity);
+        copy_sync(m, a.recv_to_expert, tables.data(), (int64_t)tables.size(), cudaMemcpyHostToDevice);
     }
 }
 
@@ -93,16 +98,19 @@ static void return_rows(GpuModel& m, const GpuMoEActs& a, const float* expert_ro
     m.comm->all_to_all_v(leaving, a.dispatch.recv_rows.data(), rows, a.dispatch.send_rows.data(), d);
 }
 
-// The local experts' rows as G groups of R rows: the expert plan's offsets on the device (offsets_on_device), or the
-// dispatch plan's on the host
+// The local experts' rows as G groups of R rows, their offsets on the device (experts_grouped_on_device: the expert
+// plan's at EP 1, the dispatch plan's uploaded under EP) or on the host (the dispatch plan's)
 struct ExpertGroups {
     const int64_t *host, *device;  // (G + 1), one of them
     int64_t G, R;
 };
 static ExpertGroups expert_groups(const GpuModel& m, const GpuMoEActs& a) {
-    if (offsets_on_device(m))
-        return {nullptr, a.offsets, m.config.n_routed_experts, tokens(m) * m.config.num_experts_per_tok};
-    return {a.dispatch.expert_offsets.data(), nullptr, (int64_t)a.dispatch.expert_counts.size(), a.dispatch.received()};
+    const Config& c = m.config;
+    if (m.comm->ep_size == 1 && experts_grouped_on_device(m))
+        return {nullptr, a.offsets, c.n_routed_experts, tokens(m) * c.num_experts_per_tok};
+    const int64_t G = (int64_t)a.dispatch.expert_counts.size(), R = a.dispatch.received();
+    if (experts_grouped_on_device(m)) return {nullptr, a.local_offsets, G, R};
+    return {a.dispatch.expert_offsets.data(), nullptr, G, R};
 }
 
 // out (R, N) = inp (R, K) @ W_e^T on each expert e's rows: one BF16 grouped kernel, or one cuBLASLt call per expert
@@ -180,7 +188,7 @@ void moe_forward(GpuModel& m, const BlockWeights& w, GpuMoEActs& a, gpu::GemmInp
     moe_route(m, w, a, x.fp32, s, counts_out);
     m.timer.mark("shared experts");  // queued before the wait for the counts: DeepSeek's overlap
     if (S > 0) ffn_forward(m, out, a.shared, x, w.gate, w.up, w.down, N, d, S);
-    if (!offsets_on_device(m)) moe_plan_rows(m, a, counts_out);
+    if (m.comm->ep_size > 1 || !experts_grouped_on_device(m)) moe_plan_rows(m, a, counts_out);
     m.timer.mark("permute");
     float* expert_out = ep ? a.expert_out : a.rows_out;
     if (x.bf16) {  // the rows permuted and dispatched in BF16; expert_out is free to receive them

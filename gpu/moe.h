@@ -24,13 +24,14 @@ struct GpuMoEActs {
     GpuSwigluActs shared;            // (N, n_shared * I)
     DispatchPlan dispatch;             // what this rank sends, receives and computes
     // The local experts' rows, R = dispatch.received() of them in expert order, in an allocation of their own that
-    // grows when a step needs more (capacity expert_rows). EP > 1 only: expert_in, expert_in16, expert_out and the
-    // permutation from arrival order to expert order and back.
+    // grows when a step needs more (capacity expert_rows). EP > 1 only: expert_in, expert_in16, expert_out, the
+    // permutation from arrival order to expert order and back, and the local experts' offsets (one upload).
     float *expert_in, *expert_out;                          // (R, d) (expert_in: FP32 mode)
     __nv_bfloat16* expert_in16;                             // (R, d) BF16 mode
     float *expert_g, *expert_u, *expert_a;                  // (R, I) (expert_a: FP32 mode)
     __nv_bfloat16* expert_a16;                              // (R, I) BF16 mode
-    int64_t *recv_to_expert, *expert_to_recv;               // (R)
+    int64_t *recv_to_expert, *expert_to_recv;               // (R) each
+    int64_t* local_offsets;                                 // (E / EP + 1) the local experts' rows in R
     int64_t expert_rows = 0;
     void* expert_alloc = nullptr;
 };

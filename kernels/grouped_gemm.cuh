@@ -4,11 +4,11 @@
 //   forward  out  (R, N) = inp (R, K) @ W_g^T
 //   dinp     dinp (R, K) (=|+=) dout (R, N) @ W_g
 //   dW       dW_g (N, K) (=|+=) dout_g^T @ inp_g     (an empty group: dW_g = 0, or unchanged with +=)
-// One kernel makes all three: C (m x n) (=|+=) A (m x k) B (k x n) in 64 x 64 tiles of C, 4 warps of 16 rows on the
-// tensor cores (mma.sync m16n8k16), k steps of 32 double-buffered with cp.async (dev/cuda/grouped_gemm.cu's
-// version 4, generalised). A and B are read with k contiguous, or transposed (m or n contiguous) through
-// ldmatrix .trans. Forward and dinp: the groups split C's rows, and a block finds its (group, row tile) by walking
-// the counts. dW: the groups split the summed rows, each group its own C.
+// Each is C (m x n) (=|+=) A (m x k) B (k x n) in 64 x 64 tiles of C, 4 warps of 16 rows on the tensor cores
+// (mma.sync m16n8k16), k steps of 32 double-buffered with cp.async (dev/cuda/grouped_gemm.cu's version 4,
+// generalised), A and B read with k contiguous or transposed (m or n contiguous) through ldmatrix .trans.
+// Forward and dinp (one kernel): the groups split C's rows, and a block finds its (group, row tile) by walking the
+// counts. dW (another): the groups split the summed rows, each group its own C.
 // Every width a multiple of 8 and every pointer 16-byte aligned (cp.async moves 16-byte pieces): grouped_gemm_takes.
 #pragma once
 #include <cstdint>

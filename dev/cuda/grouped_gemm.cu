@@ -1,5 +1,5 @@
 // Grouped expert GEMM: one launch takes all G groups and reads their offsets from device memory, so no host sync
-// (the trainer's BF16 experts at EP 1: kernels/grouped_gemm.cuh; elsewhere one cuBLASLt call per group):
+// (the trainer's BF16 experts: kernels/grouped_gemm.cuh; in FP32 and FP8 it makes one cuBLASLt call per group):
 //   x (M, K), W (G, N, K), offsets (G+1) -> out (M, N):  out[r] = x[r] W_g^T  for offsets[g] <= r < offsets[g+1]
 // The tiled versions cut each group's rows into tiles; a block finds its (group, tile) by walking the G counts,
 // out of a grid of ceil(M / tile rows) + G row slots, the most tiles any split of M rows into G groups can give.
