@@ -10,7 +10,6 @@
 #include "common.h"
 #include "kernels/common.cuh"
 #include "kernels/grouped_gemm.cuh"
-#include "kernels/mma_sync.cuh"
 
 const std::vector<const char*> VERSIONS = {
     "naive: a thread per output, its group by binary search over the offsets",
@@ -119,16 +118,16 @@ __global__ void grouped_gemm_tiled(float* out, const float* x, const float* W, c
 // accumulator tiles (the layout of kernels/mma_sync.cuh). Each k step of 32 stages the block's rows of x and the
 // tile's 64 rows of W_g (out = x W^T: W's rows are the B operand's columns) in shared memory, BF16, rows padded from
 // 32 to 40 values: 80 bytes apart, the 8 rows one ldmatrix phase reads fall in 8 different 16-byte bank groups.
+// The products and the store are the trainer's (gpu::gg_mma_step, gpu::gg_store); what version 4 adds is the
+// second stage and cp.async.
 
-constexpr int MMA_BN = 64, MMA_BK = 32, MMA_LD = MMA_BK + 8;
-
-// dst (rows x MMA_LD) = columns k0..k0+31 of the rows of src (row stride K; those from `valid` on are zeros), in
+// dst (rows x GG_LD_K) = columns k0..k0+31 of the rows of src (row stride K; those from `valid` on are zeros), in
 // 16-byte pieces (K a multiple of 8)
 __device__ inline void load_bf16_tile(bf16* dst, const bf16* src, int rows, int64_t valid, int64_t K, int64_t k0) {
-    constexpr int PIECES = MMA_BK / 8;  // a row's pieces
+    constexpr int PIECES = gpu::GG_BK / 8;  // a row's pieces
     for (int i = threadIdx.x; i < rows * PIECES; i += blockDim.x) {
         const int r = i / PIECES, c = i % PIECES * 8;
-        bf16* d = dst + r * MMA_LD + c;
+        bf16* d = dst + r * gpu::GG_LD_K + c;
         if (r < valid && k0 + c < K) {
             *reinterpret_cast<uint4*>(d) = *reinterpret_cast<const uint4*>(src + r * K + k0 + c);
         } else {
@@ -137,62 +136,27 @@ __device__ inline void load_bf16_tile(bf16* dst, const bf16* src, int rows, int6
     }
 }
 
-// acc += the warp's 16 rows of xs times the 64 rows of ws (transposed), over one k step of 32: two k16 slices.
-// ldmatrix_x4 takes one row address a lane: lanes 0-15 give rows 0-15 at column 0 and lanes 16-31 the same rows at
-// column 8 for the A fragment (its four 8 x 8 quarters); for B, lanes 8q..8q+7 give the eight rows of quarter q:
-// W rows 8n.. (q = 0, 1) and 8n+8.. (q = 2, 3), at columns 0 (q even) and 8 (q odd): the fragments of tiles n, n+1.
-__device__ inline void warp_mma_step(float (&acc)[8][4], const bf16* xs, const bf16* ws) {
-    const int lane = threadIdx.x % 32, r0 = threadIdx.x / 32 * 16;
-#pragma unroll
-    for (int kk = 0; kk < MMA_BK; kk += 16) {
-        uint32_t a[4];
-        gpu::ldmatrix_x4(a, xs + (r0 + lane % 16) * MMA_LD + kk + lane / 16 * 8);
-#pragma unroll
-        for (int n = 0; n < 8; n += 2) {
-            uint32_t b[4];
-            gpu::ldmatrix_x4(b, ws + (8 * n + lane / 16 * 8 + lane % 8) * MMA_LD + kk + lane / 8 % 2 * 8);
-            const uint32_t b_lo[2] = {b[0], b[1]}, b_hi[2] = {b[2], b[3]};
-            gpu::mma_bf16_16816(acc[n], a, b_lo);
-            gpu::mma_bf16_16816(acc[n + 1], a, b_hi);
-        }
-    }
-}
-
-// The warp's accumulators to out: lane (g, t) = (lane / 4, lane % 4) holds rows g and g + 8 of each 16 x 8 tile,
-// columns 2t and 2t + 1.
-__device__ inline void store_warp_tile(float* out, const float (&acc)[8][4], int64_t m0, int64_t m_end, int64_t n0,
-                                       int64_t N) {
-    const int lane = threadIdx.x % 32;
-    const int64_t row = m0 + threadIdx.x / 32 * 16 + lane / 4;
-#pragma unroll
-    for (int n = 0; n < 8; n++)
-        for (int e = 0; e < 4; e++) {
-            const int64_t r = row + e / 2 * 8, c = n0 + 8 * n + 2 * (lane % 4) + e % 2;
-            if (r < m_end && c < N) out[r * N + c] = acc[n][e];
-        }
-}
-
-// Version 3: load, sync, multiply, sync, for each k step. Dynamic shared memory: (16 WARPS + 64) x MMA_LD BF16.
+// Version 3: load, sync, multiply, sync, for each k step. Dynamic shared memory: (16 WARPS + 64) x GG_LD_K BF16.
 template <int WARPS>
 __global__ void grouped_gemm_mma(float* out, const bf16* x, const bf16* W, const int64_t* offsets, int G, int64_t N,
                                  int64_t K) {
     constexpr int BM = 16 * WARPS;
     bf16* xs = gpu::dynamic_shared<bf16>();
-    bf16* ws = xs + BM * MMA_LD;
+    bf16* ws = xs + BM * gpu::GG_LD_K;
     int g;
     int64_t m0, m_end;
     if (!schedule_tile(offsets, G, BM, blockIdx.y, g, m0, m_end)) return;
-    const int64_t n0 = (int64_t)blockIdx.x * MMA_BN;
+    const int64_t n0 = (int64_t)blockIdx.x * gpu::GG_BN;
     const bf16* Wn = W + ((int64_t)g * N + n0) * K;
     float acc[8][4] = {};
-    for (int64_t k0 = 0; k0 < K; k0 += MMA_BK) {
+    for (int64_t k0 = 0; k0 < K; k0 += gpu::GG_BK) {
         load_bf16_tile(xs, x + m0 * K, BM, m_end - m0, K, k0);
-        load_bf16_tile(ws, Wn, MMA_BN, N - n0, K, k0);
+        load_bf16_tile(ws, Wn, gpu::GG_BN, N - n0, K, k0);
         __syncthreads();
-        warp_mma_step(acc, xs, ws);
+        gpu::gg_mma_step<false, false>(acc, xs, ws);
         __syncthreads();
     }
-    store_warp_tile(out, acc, m0, m_end, n0, N);
+    gpu::gg_store(out, N, acc, m0, m_end, n0, N, false);
 }
 
 // ---- the problem, the CPU reference, the checks ----------------------------------------------------------------
@@ -280,8 +244,8 @@ static void run(int v, int config, Buffers& b, const Problem& p) {
             return;
         }
         const int rows = 16 * config;
-        const dim3 grid((unsigned)gpu::ceil_div(N, MMA_BN), (unsigned)(gpu::ceil_div(M, rows) + p.G));
-        const size_t shared = (size_t)(rows + MMA_BN) * MMA_LD * sizeof(bf16);
+        const dim3 grid((unsigned)gpu::ceil_div(N, gpu::GG_BN), (unsigned)(gpu::ceil_div(M, rows) + p.G));
+        const size_t shared = (size_t)(rows + gpu::GG_BN) * gpu::GG_LD_K * sizeof(bf16);
         gpu::launch_kernel(config == 4 ? grouped_gemm_mma<4> : grouped_gemm_mma<8>, grid, 32 * config, shared, nullptr,
                            b.out.ptr, b.x16.ptr, b.W16.ptr, b.offsets.ptr, p.G, N, K);
     }
@@ -298,7 +262,7 @@ static std::vector<int> configs(int v) {
 static std::string config_name(int v, int config) {
     if (v == 1) return fmt("block %d", config);
     if (v == 2) return fmt("tile %dx%d", config, config);
-    return fmt("%d warps, tile %dx%d", config, 16 * config, MMA_BN);
+    return fmt("%d warps, tile %dx%d", config, 16 * config, gpu::GG_BN);
 }
 
 // FP32 (1, 2): tol 1e-5, sums of K = 1024 products in another order than the double reference: ~sqrt(K) u of the
