@@ -44,6 +44,9 @@ public:
     // Over the world: root's bytes to everyone.
     virtual void broadcast(void* data, int64_t bytes, int root) = 0;
     virtual void barrier() = 0;
+    // The collectives that follow wait, on the device, for the work queued so far on this CUDA stream (what the
+    // caller's device buffers need), so the host need not wait for it. False: this Comm cannot; the caller waits.
+    virtual bool follow_stream(void* cuda_stream) { return false; }
     // Prints "PROGRAM: [rank r] message" once, from this rank, and ends the whole job with a non-zero status.
     [[noreturn]] virtual void abort(const std::string& message) = 0;
 

@@ -1,5 +1,5 @@
 // The NCCL Comm for the GPU trainer: every collective runs on the Comm's stream and is complete when the call
-// returns. Device buffers are used as they are; host buffers (the trainer's flags and losses, the tests' tensors)
+// returns; follow_stream makes that stream wait for the caller's on the device, with an event. Device buffers are used as they are; host buffers (the trainer's flags and losses, the tests' tensors)
 // are staged through a device buffer, freed after a transfer over STAGE_KEEP_BYTES. MPI only bootstraps: rank,
 // world, the ranks on this host (each takes its own GPU), the NCCL id, and ending the job on failure. NCCL's
 // asynchronous errors are watched while a collective runs, so a dead peer ends the job. The all-to-all-v is
@@ -80,6 +80,7 @@ public:
                   "CUDA toolkit, update the driver");
         }
         check_cuda(cudaStreamCreate(&stream_), "cudaStreamCreate");
+        check_cuda(cudaEventCreateWithFlags(&followed_, cudaEventDisableTiming), "cudaEventCreateWithFlags");
         ncclUniqueId id;
         if (rank == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
         if (use_mpi_) {
@@ -106,8 +107,15 @@ public:
         ncclCommDestroy(ep_comm_);
         ncclCommDestroy(dp_comm_);
         ncclCommDestroy(world_comm_);
+        cudaEventDestroy(followed_);
         cudaStreamDestroy(stream_);
         if (use_mpi_) MPI_Finalize();
+    }
+
+    bool follow_stream(void* cuda_stream) override {
+        check_cuda(cudaEventRecord(followed_, static_cast<cudaStream_t>(cuda_stream)), "cudaEventRecord");
+        check_cuda(cudaStreamWaitEvent(stream_, followed_, 0), "cudaStreamWaitEvent");
+        return true;
     }
 
     void all_reduce_sum(float* data, int64_t n, Group g) override { reduce(data, n, ncclFloat32, sizeof(float), g); }
@@ -301,6 +309,7 @@ private:
     const char* program_;
     bool use_mpi_;
     cudaStream_t stream_ = nullptr;
+    cudaEvent_t followed_ = nullptr;  // recorded on the stream follow_stream names
     char* stage_ = nullptr;  // device staging buffer for host-memory arguments
     size_t stage_bytes_ = 0;
     ncclComm_t world_comm_ = nullptr, ep_comm_ = nullptr, dp_comm_ = nullptr;

@@ -348,7 +348,7 @@ bool grad_accumulates(GpuModel& m, const float* grad) { return !m.grads_written.
 void gpu_model_zero_grads(GpuModel& m) { m.grads_written.clear(); }
 
 void gpu_model_reduce_grads(GpuModel& m) {
-    if (m.comm->world > 1) sync(m);  // the Comm runs on a stream of its own
+    comm_follows(m);
     shard_reduce_grads(m.shard, m.grads, *m.comm);
 }
 
@@ -377,7 +377,7 @@ void gpu_model_adamw(GpuModel& m, AdamWState& opt, const OptimizerConfig& oc, fl
     else
         gpu::adamw_update(m.shard_ranges, m.params, m.params_bf16, m.grads, m.adam_m, m.adam_v, oc, lr, opt.step,
                           grad_multiplier, m.stream);
-    if (m.comm->world > 1) sync(m);
+    comm_follows(m);
     shard_gather(m.shard, m.params, *m.comm);
     if (m.params_bf16)
         for (const OptimizerBucket& b : m.shard.buckets)

@@ -191,6 +191,11 @@ void carve_fp8_weights(Arena& ar, const ParamTable& table, const float* params, 
 void check_fp8_widths(const Config& c);
 inline int64_t tokens(const GpuModel& m) { return (int64_t)m.B * m.T; }
 inline void sync(const GpuModel& m) { CUDA_CHECK(cudaStreamSynchronize(m.stream)); }
+// Before a collective on the model's device buffers: the Comm's stream follows the model's on the device (NCCL), or
+// the host waits for it (a Comm that reads the memory itself, as the tests' MPI Comm on the emulator)
+inline void comm_follows(const GpuModel& m) {
+    if (m.comm->world > 1 && !m.comm->follow_stream(m.stream)) sync(m);
+}
 // n values from src to dst on m.stream (kind: cudaMemcpyHostToDevice or DeviceToHost), waited for
 template <typename T>
 void copy_sync(const GpuModel& m, T* dst, const T* src, int64_t n, cudaMemcpyKind kind) {

@@ -1,5 +1,5 @@
 // The MoE layer on the GPU, forward and backward (model/moe.cpp phase for phase). The Comm (NCCL) runs on a stream
-// of its own and returns when complete, so the model's stream is synchronised before an exchange reads its rows.
+// of its own and returns when complete; before an exchange it follows the model's stream on the device.
 // In BF16 mode the routed experts' GEMMs read the expert offsets on the device (kernels/grouped_gemm.cuh), and at
 // EP 1 nothing waits for the expert counts; otherwise the host waits for them once per layer (the dispatch plan).
 #include "gpu/model.h"
@@ -81,7 +81,7 @@ template <typename T>
 static void dispatch_rows(GpuModel& m, const GpuMoEActs& a, const T* rows, T* expert_rows, T* arrived) {
     const int64_t d = m.config.hidden_size, R = a.dispatch.received();
     m.timer.mark("all-to-all");
-    sync(m);
+    comm_follows(m);
     m.comm->all_to_all_v(reinterpret_cast<const float*>(rows), a.dispatch.send_rows.data(),
                          reinterpret_cast<float*>(arrived), a.dispatch.recv_rows.data(),
                          d * (int64_t)sizeof(T) / (int64_t)sizeof(float));
@@ -94,7 +94,7 @@ static void return_rows(GpuModel& m, const GpuMoEActs& a, const float* expert_ro
     const int64_t d = m.config.hidden_size, R = a.dispatch.received();
     gpu::permute_forward(leaving, expert_rows, a.recv_to_expert, R, 1, d, m.stream);
     m.timer.mark("all-to-all");
-    sync(m);
+    comm_follows(m);
     m.comm->all_to_all_v(leaving, a.dispatch.recv_rows.data(), rows, a.dispatch.send_rows.data(), d);
 }
 
