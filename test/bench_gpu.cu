@@ -26,8 +26,9 @@
 //      FP32 activation operand to BF16 first, as every GEMM of the model does: "fwd" (the cast included) is what
 //      the model gets, "GEMM" subtracts that cast's time (measured alone) and is the tensor-core ceiling. Then the
 //      gate projections of all 64 experts (768 rows each) in one gpu::grouped_matmul_forward, with its groups on
-//      one stream and spread over gpu::MATMUL_STREAMS (the model's setting): what running the small expert GEMMs
-//      concurrently gains. With --dtype fp8, the same table again with FP8 inputs (gpu::matmul_forward with the
+//      one stream and spread over gpu::MATMUL_STREAMS: what running the small expert GEMMs concurrently gains; and
+//      in BF16 the same in one launch of kernels/grouped_gemm.cuh on offsets in device memory, the cast included (the
+//      model's BF16 experts). With --dtype fp8, the same table again with FP8 inputs (gpu::matmul_forward with the
 //      weight's E4M3 copies, the input quantized in 1 x 128 tiles: "quant ms"), the rate those GEMMs work with.
 //   2. the training step: 2 warm-up steps, then S timed ones of zero_grads, forward, backward, grad norm, AdamW,
 //      router bias (the trainer's step without data loading, one GPU, no NCCL): tokens/s, ms/step (wall clock),
@@ -76,6 +77,7 @@
 #include "kernels/elementwise.cuh"
 #include "kernels/embedding.cuh"
 #include "kernels/fp8.cuh"
+#include "kernels/grouped_gemm.cuh"
 #include "kernels/matmul.cuh"
 #include "kernels/permute.cuh"
 #include "kernels/rmsnorm.cuh"
@@ -406,11 +408,27 @@ double measure_gemms(const Config& c, const Options& o, cudaStream_t stream) {
             snprintf(what, sizeof what, "%ld experts, %d stream%s", (long)E, streams, streams > 1 ? "s" : "");
             gemm_row(what, experts.M, experts.K, experts.N, ms, experts_convert_ms);
         }
+        if (!fp8 && gpu::grouped_gemm_takes(experts.K, experts.N)) {  // the model's BF16 experts
+            DeviceArray<int64_t> device_offsets(E + 1);
+            device_offsets.upload(offsets);
+            const double ms = time_ms(
+                stream,
+                [&] {
+                    gpu::cast_to_bf16(inp16.ptr, inp.ptr, experts.M * experts.K, stream);
+                    gpu::grouped_gemm_forward(out.ptr, inp16.ptr, W16.ptr, device_offsets.ptr, (int)E, experts.M,
+                                              experts.K, experts.N, stream);
+                },
+                o.iters, o.trials);
+            char what[64];
+            snprintf(what, sizeof what, "%ld experts, grouped", (long)E);
+            gemm_row(what, experts.M, experts.K, experts.N, ms, experts_convert_ms);
+        }
     }
     printf("fwd = gpu::matmul_forward (the FP32 input cast to BF16, or quantized to E4M3 in 1 x 128 tiles, then the "
            "cuBLASLt GEMM, as in the model); GEMM = fwd minus the cast or quantization.\nexperts: "
            "gpu::grouped_matmul_forward over %ld experts of %ld rows each, the groups on one stream, then spread over "
-           "%d (the model's setting); in FP8 one quantization per expert\n",
+           "%d; in FP8 one quantization per expert. grouped: the model's BF16 experts, kernels/grouped_gemm.cuh in one "
+           "launch\n",
            (long)E, (long)expert_rows, gpu::MATMUL_STREAMS);
     gpu::matmul_destroy(mm);
     return best;
