@@ -268,6 +268,7 @@ TEST_CASE("checkpoint: --async-checkpoint writes the synchronous bytes, on 1 ran
         CHECK(file_exists(checkpoint_path(failing, 1)));
         CHECK(!file_exists(checkpoint_path(failing, 2)));
         CHECK(!file_exists(checkpoint_path(failing, 3)));
+        CHECK(system(("ls -a " + failing + " | grep -q tmp").c_str()) != 0);  // the failed write's file removed
     }
     system(("rm -rf " + dir).c_str());
 }

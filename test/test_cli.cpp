@@ -105,6 +105,16 @@ TEST_CASE("cli: missing or foreign files are one-line errors") {
     // data too short for the batch is said before the batch's activations (tens of GB here) are allocated (the
     // default data's shard holds 67590 tokens, far fewer than these 64 million)
     expect_clean_failure("./train_cpu --config small" + DATA + " --batch 1000000 --seq 64", "fewer than B*T*world+1");
+    // a checkpoint directory no file can be created in (/proc, even as root), found at start on one rank too: no
+    // step is trained first
+    const std::string log = test_path("cli_unwritable.jsonl");
+    remove(log.c_str());
+    expect_clean_failure("./train_cpu --config small --steps 2 --batch 2 --seq 32 --log " + log +
+                             " --checkpoint-dir /proc" + DATA,
+                         "cannot write /proc/");
+    std::stringstream logged;
+    logged << std::ifstream(log).rdbuf();
+    CHECK(logged.str().find("\"step\"") == std::string::npos);
 }
 
 TEST_CASE("cli: --dtype bf16 is refused by the CPU trainer, an unknown --dtype by every trainer") {

@@ -35,10 +35,11 @@ static std::pair<int, int64_t> first_rank_with(Comm& comm, int64_t mine) {
 
 // A check every rank makes at the same point: if any rank failed, the first of them prints its reason once and
 // every rank exits 1, so the job neither hangs nor repeats the message N times.
-static void agree_or_exit(const Run& r, const std::string& error) {
+static void agree_or_exit(const Run& r, const std::string& error, const std::function<void()>& clean_up = nullptr) {
     Comm& comm = *r.comm;
     const int failed = first_rank_with(comm, !error.empty()).first;
     if (failed < 0) return;
+    if (clean_up) clean_up();
     if (failed == comm.rank)
         fprintf(stderr, "%s: %s%s\n", r.program,
                 comm.world > 1 ? ("[rank " + std::to_string(failed) + "] ").c_str() : "", error.c_str());
@@ -141,8 +142,9 @@ static void resolve_config(Run& r) {
         if (args.eval_only && args.resume && r.resume_from.empty())
             throw std::runtime_error("--eval-only --resume: there is no checkpoint in " + args.checkpoint_dir);
     });
-    // nodes without a shared file system: the same --checkpoint-dir, but not the same directory
-    if (!args.checkpoint_dir.empty() && !args.eval_only && !args.describe && comm.world > 1)
+    // a directory no rank can write to, or (nodes without a shared file system) one the ranks do not share, found
+    // before any step
+    if (!args.checkpoint_dir.empty() && !args.eval_only && !args.describe)
         agree_or_exit(r, checkpoint_check_dir(args.checkpoint_dir, comm));
     // ranks whose listings of --checkpoint-dir differ (a shared file system's cache) would resume from other steps
     agree_on(r, config_to_json(r.config) + " resuming " + r.resume_from, "config or newest checkpoint differ");
@@ -425,9 +427,12 @@ static std::string write_checkpoint_part(const CheckpointWrite& w, bool injected
 }
 
 // Once every rank has written its part of w (error: this rank's failure, if any): the checkpoint renamed into
-// place and the old ones pruned. If a part failed, the first such rank names the reason and the job ends.
+// place and the old ones pruned. If a part failed, the first such rank names the reason, rank 0 removes the
+// temporary file (a full disk stays no fuller) and the job ends.
 static void commit_checkpoint(Run& r, const CheckpointWrite& w, const std::string& error) {
-    agree_or_exit(r, error);
+    agree_or_exit(r, error, [&] {
+        if (r.comm->rank == 0) remove(w.temporary.c_str());
+    });
     checkpoint_commit(w, *r.comm);
     if (r.args.keep_checkpoints > 0 && r.comm->rank == 0)
         checkpoint_prune(r.args.checkpoint_dir, r.args.keep_checkpoints, w.step);
