@@ -292,6 +292,11 @@ void checkpoint_load(const std::string& path, Model& m, AdamWState& opt, TrainSt
                      opt.v.data() + range.moments);
     }
     st.step = parse_integer(r, "step", path);
+    long long named = 0;  // a checkpoint's name says its step too: the two must agree
+    if (sscanf(path.substr(path.find_last_of('/') + 1).c_str(), "ckpt_%lld.safetensors", &named) == 1 &&
+        named != st.step)
+        throw std::runtime_error(path + ": its metadata says step " + std::to_string(st.step) +
+                                 ", its name step " + std::to_string(named) + " (an altered or renamed file)");
     opt.step = parse_integer(r, "optimizer_step", path);
     st.data_shard = parse_integer(r, "data_shard", path);
     st.data_position = parse_integer(r, "data_position", path);
