@@ -1,9 +1,13 @@
-// safetensors reader and writer.
+// safetensors reader and writer. The reader holds a file to the format's rules, as the official package does: a
+// header of at most 100 MiB naming each tensor once, whose data_offsets cover the data section exactly (no hole, no
+// overlap, nothing after the last tensor). Every refusal is one line naming the file.
 #include "io/safetensors.h"
 
 #include <algorithm>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <stdexcept>
+#include <tuple>
 
 using nlohmann::json;
 
@@ -124,13 +128,21 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
     data_start_ = 8 + header_len;
     const uint64_t data_size = file_size - data_start_;
     json header;
+    std::set<std::string> names;
+    std::string twice;  // a name the header gives twice (the parser would keep the last one silently)
     try {
-        header = json::parse(text);
+        header = json::parse(text, [&](int depth, json::parse_event_t event, json& parsed) {
+            if (event == json::parse_event_t::key && depth == 1 && !names.insert(parsed.get<std::string>()).second &&
+                twice.empty())
+                twice = parsed.get<std::string>();
+            return true;
+        });
     } catch (const json::exception& e) {
         fail(std::string("malformed header JSON (") + e.what() + ")");
     }
     if (!header.is_object()) fail("header is not a JSON object");
-    std::vector<std::pair<uint64_t, uint64_t>> ranges;
+    if (!twice.empty()) fail("the header names '" + twice + "' twice");
+    std::vector<std::tuple<uint64_t, uint64_t, std::string>> ranges;
     for (auto it = header.begin(); it != header.end(); ++it) {
         const std::string& name = it.key();
         const json& v = it.value();
@@ -168,12 +180,22 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
         if (info.end - info.begin != bytes)
             fail("tensor '" + name + "' shape " + shape_string(info.shape) + " does not match its " +
                  std::to_string(info.end - info.begin) + " bytes");
-        ranges.push_back({info.begin, info.end});
+        ranges.push_back({info.begin, info.end, name});
         tensors_[name] = info;
     }
+    // As the format requires: the tensors' bytes cover the data section exactly, one after another.
     std::sort(ranges.begin(), ranges.end());
-    for (size_t i = 1; i < ranges.size(); i++)
-        if (ranges[i].first < ranges[i - 1].second) fail("tensors have overlapping data_offsets");
+    uint64_t covered = 0;
+    for (const auto& [begin, end, name] : ranges) {
+        if (begin < covered) fail("tensors have overlapping data_offsets (tensor '" + name + "')");
+        if (begin > covered)
+            fail("bytes " + std::to_string(covered) + ".." + std::to_string(begin) +
+                 " of the data belong to no tensor (a hole before tensor '" + name + "')");
+        covered = end;
+    }
+    if (covered != data_size)
+        fail(std::to_string(data_size - covered) + " bytes after the last tensor's data (the data section must end "
+             "where the header says)");
 }
 
 SafetensorsReader::~SafetensorsReader() {
