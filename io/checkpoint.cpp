@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <dirent.h>
@@ -291,6 +292,14 @@ void checkpoint_load(const std::string& path, Model& m, AdamWState& opt, TrainSt
         r.read_range("optimizer.v." + t.name, DType::F32, whole_shape(t, comm.ep_size), first, range.count,
                      opt.v.data() + range.moments);
     }
+    if (const std::string bad = first_non_finite(m.table, m.params.data()); !bad.empty())
+        throw std::runtime_error(path + ": " + bad + " is NaN or inf (a damaged checkpoint)");
+    for (const OptimizerRange& range : m.shard.ranges)
+        for (const std::vector<float>* moment : {&opt.m, &opt.v})
+            for (int64_t i = 0; i < range.count; i++)
+                if (!std::isfinite((*moment)[range.moments + i]))
+                    throw std::runtime_error(path + ": the AdamW moments of tensor '" +
+                                             m.table.tensors[range.tensor].name + "' hold NaN or inf");
     st.step = parse_integer(r, "step", path);
     long long named = 0;  // a checkpoint's name says its step too: the two must agree
     if (sscanf(path.substr(path.find_last_of('/') + 1).c_str(), "ckpt_%lld.safetensors", &named) == 1 &&

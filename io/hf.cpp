@@ -172,4 +172,6 @@ void import_hf(Model& m, const std::string& dir) {
         job.second->read(t.name, DType::BF16, t.shape, half.data());
         for (int64_t i = 0; i < t.numel; i++) dst[i] = f32_from_bf16(half[i]);
     }
+    if (const std::string bad = first_non_finite(m.table, m.params.data()); !bad.empty())
+        throw std::runtime_error(source + ": " + bad + " is NaN or inf");
 }

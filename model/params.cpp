@@ -1,6 +1,7 @@
 // Builds the parameter table in a fixed order and maps it onto a buffer.
 #include "params.h"
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
@@ -79,6 +80,14 @@ ParamTable build_param_table(const Config& c, int ep_size) {
     add("model.norm.weight", {d}).model = &ModelWeights::final_norm;
     add("lm_head.weight", {c.vocab_size, d}).model = &ModelWeights::head;
     return table;
+}
+
+std::string first_non_finite(const ParamTable& table, const float* values) {
+    for (const ParamTensor& t : table.tensors)
+        for (int64_t i = 0; i < t.numel; i++)
+            if (!std::isfinite(values[t.offset + i]))
+                return "tensor '" + t.name + "' (element " + std::to_string(i) + ")";
+    return "";
 }
 
 // Pointers of tensors the config does not have stay nullptr.

@@ -70,3 +70,7 @@ struct ParamTable {
 ParamTable build_param_table(const Config& c, int ep_size = 1);
 
 ModelWeights map_weights(const Config& c, const ParamTable& table, float* buffer);
+
+// The first tensor of the table whose values (at its offset in `values`) hold a NaN or an inf, as "tensor 'NAME'
+// (element I)", or "" when all are finite.
+std::string first_non_finite(const ParamTable& table, const float* values);

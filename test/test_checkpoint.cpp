@@ -2,6 +2,7 @@
 // N steps in one run give the same bits as N/2 steps, a resume from the checkpoint, and N/2 more.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -154,6 +155,26 @@ TEST_CASE("checkpoint: metadata numbers that are not plain digits, out of range,
         const std::string quoted = std::string("'") + key + "'";
         CHECK_THROWS_WITH_AS(checkpoint_load(path, m2, opt2, st2), doctest::Contains(quoted.c_str()), std::runtime_error);
     }
+    // a NaN in a tensor the optimizer never sees (the router's correction bias), and an inf in a moment
+    const ParamTensor& bias = *std::find_if(m.table.tensors.begin(), m.table.tensors.end(),
+                                            [](const ParamTensor& t) { return !t.trainable; });
+    REQUIRE(!bias.trainable);
+    for (const bool in_moment : {false, true}) {
+        Model damaged;
+        model_init(damaged, load_config("tiny"));
+        AdamWState damaged_opt = adamw_state(damaged.shard);
+        if (in_moment) damaged_opt.v[3] = INFINITY;
+        else damaged.params[bias.offset + 1] = NAN;
+        checkpoint_save(dir, damaged, damaged_opt, st);
+        Model m2;
+        model_init(m2, load_config("tiny"));
+        AdamWState opt2;
+        TrainState st2;
+        const std::string expected = in_moment ? "moments of tensor" : "'" + bias.name + "' (element 1) is NaN";
+        CHECK_THROWS_WITH_AS(checkpoint_load(path, m2, opt2, st2), doctest::Contains(expected.c_str()),
+                             std::runtime_error);
+    }
+    checkpoint_save(dir, m, opt, st);
     write_with("step", "65536");  // a plain number, but not the step the file's name says
     {
         Model m2;

@@ -118,6 +118,23 @@ TEST_CASE("hf: F32 export then import is bit-identical, and the next training st
     remove_dir(dir);
 }
 
+// A NaN or inf anywhere, the router's correction bias included, is refused naming the tensor: it would train on
+// (the bias only selects experts) and be exported as it is.
+TEST_CASE("hf: weights that hold NaN or inf are refused at import") {
+    std::string dir = temp_dir();
+    for (const bool in_bias : {true, false}) {
+        Model m = tiny_model(21);
+        const std::string name =
+            in_bias ? "model.layers.1.mlp.gate.e_score_correction_bias" : "model.layers.0.self_attn.o_proj.weight";
+        m.params[m.table.at(name).offset + 2] = in_bias ? NAN : -INFINITY;
+        export_hf(m, dir + "/bad", ExportDType::F32);
+        Model m2 = tiny_model(22);
+        const std::string expected = "tensor '" + name + "' (element 2) is NaN or inf";
+        CHECK_THROWS_WITH_AS(import_hf(m2, dir + "/bad"), doctest::Contains(expected.c_str()), std::runtime_error);
+    }
+    remove_dir(dir);
+}
+
 TEST_CASE("hf: BF16 export rounds to nearest even; the router bias stays F32") {
     std::string dir = temp_dir();
     Model m = tiny_model(12);
