@@ -94,8 +94,8 @@ static const ConfigKey config_keys[] = {
 
 // Keys read apart (a fixed value or an object), and Hugging Face keys training does not need (metadata, inference).
 static bool is_other_known_key(const std::string& k) {
-    static const char* keys[] = {"rope_scaling", "hidden_act", "tie_word_embeddings", "moe_layer_freq",
-        "scoring_func", "topk_method",
+    static const char* keys[] = {"rope_scaling", "rope_parameters", "hidden_act", "tie_word_embeddings",
+        "moe_layer_freq", "scoring_func", "topk_method",
         "architectures", "auto_map", "model_type", "torch_dtype", "transformers_version",
         "bos_token_id", "eos_token_id", "pad_token_id", "use_cache", "attention_bias", "attention_dropout",
         "pretraining_tp", "ep_size", "num_key_value_heads", "seq_aux", "quantization_config", "_name_or_path",
@@ -117,6 +117,23 @@ static float get_float(const json& j, const char* key, float fallback) {
     float v = j[key].get<float>();
     if (!std::isfinite(v)) throw std::runtime_error(std::string("'") + key + "' is not a finite float");
     return v;
+}
+
+// YaRN's settings from a rope_scaling (transformers 4) or rope_parameters (transformers 5) object whose type is yarn
+static void read_yarn(const json& rs, Config& c) {
+    c.yarn_factor = get_float(rs, "factor", 1.0f);
+    c.yarn_original_max_position = get_int(rs, "original_max_position_embeddings", 4096);
+    c.yarn_beta_fast = get_float(rs, "beta_fast", 32.0f);
+    c.yarn_beta_slow = get_float(rs, "beta_slow", 1.0f);
+    c.yarn_mscale = get_float(rs, "mscale", 1.0f);
+    c.yarn_mscale_all_dim = get_float(rs, "mscale_all_dim", 0.0f);
+}
+
+// An object's rope type ("type" in transformers 4's rope_scaling, "rope_type" in 5), "default" when it has none
+static std::string rope_type(const json& rs) {
+    const json& t = rs.contains("rope_type") ? rs["rope_type"] : rs.contains("type") ? rs["type"] : json("default");
+    if (!t.is_string()) throw std::runtime_error("the rope type must be a string");
+    return t.get<std::string>();
 }
 
 static bool notes_on = true;
@@ -154,15 +171,27 @@ Config parse_config_json(const std::string& text, const std::string& source) {
         if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
             const json& rs = j["rope_scaling"];
             if (!rs.is_object()) throw std::runtime_error("'rope_scaling' must be an object or null");
-            std::string type = rs.value("type", rs.value("rope_type", std::string("")));
-            if (type != "yarn") throw std::runtime_error("rope_scaling type '" + type + "' is not supported (only yarn)");
-            c.yarn_factor = get_float(rs, "factor", 1.0f);
-            c.yarn_original_max_position = get_int(rs, "original_max_position_embeddings", 4096);
-            c.yarn_beta_fast = get_float(rs, "beta_fast", 32.0f);
-            c.yarn_beta_slow = get_float(rs, "beta_slow", 1.0f);
-            c.yarn_mscale = get_float(rs, "mscale", 1.0f);
-            c.yarn_mscale_all_dim = get_float(rs, "mscale_all_dim", 0.0f);
+            const std::string type = rope_type(rs);
+            if (type != "yarn")
+                throw std::runtime_error("rope_scaling type '" + type + "' is not supported (only yarn)");
+            read_yarn(rs, c);
         }
+        // transformers 5 keeps rope_theta and the scaling in rope_parameters
+        if (j.contains("rope_parameters") && !j["rope_parameters"].is_null()) {
+            const json& rp = j["rope_parameters"];
+            if (!rp.is_object()) throw std::runtime_error("'rope_parameters' must be an object or null");
+            const float theta = get_float(rp, "rope_theta", c.rope_theta);
+            if (j.contains("rope_theta") && theta != c.rope_theta)
+                throw std::runtime_error("rope_theta " + std::to_string(c.rope_theta) + " and rope_parameters' " +
+                                         std::to_string(theta) + " differ");
+            c.rope_theta = theta;
+            const std::string type = rope_type(rp);
+            if (type == "yarn") read_yarn(rp, c);
+            else if (type != "default")
+                throw std::runtime_error("rope_parameters type '" + type + "' is not supported (default or yarn)");
+        }
+        if (j.contains("rope_interleave") && j["rope_interleave"] != true)
+            throw std::runtime_error("rope_interleave must be true (moe.cu's RoPE rotates DeepSeek's interleaved pairs)");
         // Keys that must have the one value this trainer implements.
         if (j.contains("hidden_act") && j["hidden_act"] != "silu")
             throw std::runtime_error("hidden_act must be \"silu\" (SwiGLU experts)");

@@ -188,6 +188,9 @@ TEST_CASE("config: invalid values throw naming the key") {
     rejects(tiny_with("tie_word_embeddings", 1), "tie_word_embeddings");
     rejects(tiny_with("rope_scaling", json{{"type", "linear"}, {"factor", 2.0}}), "rope_scaling");
     rejects(tiny_with("rope_scaling", json{{"type", "yarn"}, {"factor", 0.5}}), "factor");
+    rejects(tiny_with("rope_parameters", json{{"rope_type", "linear"}, {"factor", 2.0}}), "rope_parameters type");
+    rejects(tiny_with("rope_parameters", json{{"rope_theta", 50000.0}}), "rope_theta");  // tiny says 10000 at the top
+    rejects(tiny_with("rope_interleave", false), "rope_interleave must be true");
     rejects(R"({"hidden_size": 64,)", "malformed JSON");
     rejects("[1, 2, 3]", "JSON object");
     rejects("42", "JSON object");
@@ -199,6 +202,35 @@ TEST_CASE("config: invalid values throw naming the key") {
     c.topk_group = 2;  // default n_group is 1
     CHECK_THROWS_WITH_AS(validate_config(c), doctest::Contains("topk_group"), std::runtime_error);
     CHECK_NOTHROW(validate_config(Config()));
+}
+
+// transformers 5 writes rope_theta and the YaRN settings inside rope_parameters, and rope_interleave: both are read,
+// never ignored with a note.
+TEST_CASE("config: transformers 5's rope_parameters and rope_interleave") {
+    json j = json::parse(config_to_json(load_config("tiny")));
+    j.erase("rope_theta");
+    j.erase("rope_scaling");
+    j["rope_interleave"] = true;
+    j["rope_parameters"] = {{"rope_theta", 50000.0}, {"rope_type", "default"}};
+    std::string notes;
+    Config c;
+    notes = capture_stderr([&] { c = parse_config_json(j.dump(), "t5.json"); });
+    CHECK(c.rope_theta == 50000.0f);
+    CHECK(c.yarn_factor == 1.0f);
+    CHECK_MESSAGE(notes.find("rope_") == std::string::npos, notes);
+    j["rope_parameters"] = {{"rope_theta", 10000.0}, {"rope_type", "yarn"}, {"factor", 40.0},
+                            {"original_max_position_embeddings", 4096}, {"beta_fast", 32.0}, {"beta_slow", 1.0},
+                            {"mscale", 1.0}, {"mscale_all_dim", 1.0}};
+    j["max_position_embeddings"] = 163840;
+    c = parse_config_json(j.dump(), "t5.json");
+    const Config v3 = load_config("deepseek-v3");
+    CHECK(c.rope_theta == 10000.0f);
+    CHECK(c.yarn_factor == v3.yarn_factor);
+    CHECK(c.yarn_original_max_position == v3.yarn_original_max_position);
+    CHECK(c.yarn_beta_fast == v3.yarn_beta_fast);
+    CHECK(c.yarn_beta_slow == v3.yarn_beta_slow);
+    CHECK(c.yarn_mscale == v3.yarn_mscale);
+    CHECK(c.yarn_mscale_all_dim == v3.yarn_mscale_all_dim);
 }
 
 TEST_CASE("config: sizes beyond moe.cu's bounds are refused before anything is allocated") {
