@@ -3,6 +3,7 @@
 // Export writes it with safetensors_write; import checks it against the files' headers, then reads it.
 #include "io/hf.h"
 
+#include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -136,13 +137,26 @@ void import_hf(Model& m, const std::string& dir) {
     std::set<std::string> known;
     for (const HFTensor& t : need) known.insert(t.name);
     for (const HFTensor& t : mtp_copies(m)) known.insert(t.name);  // accepted and ignored
-    std::string stray;  // the first tensor of the checkpoint that this model does not have
-    for (const auto& kv : where)
-        if (!known.count(kv.first)) { stray = kv.first; break; }
+    std::string stray;  // the first tensor of the checkpoint that this model does not have (an empty one aside:
+    for (const auto& kv : where)  // transformers saves n_shared_experts 0 as shared experts of width 0)
+        if (!known.count(kv.first) && readers.at(kv.second)->info(kv.first).numel() > 0) {
+            stray = kv.first;
+            break;
+        }
+    // transformers' default config declares an MTP layer its model does not have: with none of its tensors in the
+    // checkpoint, the MTP block keeps its initialisation, said once
+    const std::string mtp_prefix = "model.layers." + std::to_string(m.config.num_hidden_layers) + ".";
+    bool mtp_absent = m.config.num_nextn_predict_layers > 0;
+    for (const HFTensor& t : need)
+        if (t.name.rfind(mtp_prefix, 0) == 0 && where.count(t.name)) mtp_absent = false;
+    if (mtp_absent)
+        fprintf(stderr, "%s: note: no weights of the MTP block (layer %d): it starts from its initialisation\n",
+                source.c_str(), m.config.num_hidden_layers);
     const std::string hint = " (another architecture, or a config.json that does not match the weights?)";
     std::vector<std::pair<const HFTensor*, const SafetensorsReader*>> jobs;
     for (const HFTensor& t : need) {
         if (t.offset < 0) continue;  // another EP rank's expert: it may be there, this rank does not read it
+        if (mtp_absent && t.name.rfind(mtp_prefix, 0) == 0) continue;
         auto it = where.find(t.name);
         if (it == where.end())
             throw std::runtime_error(source + ": tensor '" + t.name + "' is missing" +

@@ -19,6 +19,7 @@ void export_hf(const Model& m, const std::string& dir, ExportDType dtype);
 Config hf_config(const std::string& dir);
 
 // Loads DIR/model.safetensors, or else the files of DIR/model.safetensors.index.json, into m (built from a config
-// of the checkpoint's shapes); F32 or BF16. Every tensor is checked (present, shape, dtype, none unexpected) before
-// any data is read, so only an I/O error can leave m partly loaded. Under EP a rank reads only its experts.
+// of the checkpoint's shapes); F32 or BF16. Every tensor is checked (present, shape, dtype, none unexpected but empty
+// ones) before any data is read, so only an I/O error or a NaN can leave m partly loaded. A checkpoint without any
+// MTP tensor leaves the MTP block as it is (a note says so). Under EP a rank reads only its experts.
 void import_hf(Model& m, const std::string& dir);

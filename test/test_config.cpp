@@ -32,26 +32,6 @@ std::string read_file(const std::string& path) {
     return ss.str();
 }
 
-// Everything fn writes to stderr (fd 2), through a temporary file.
-std::string capture_stderr(const std::function<void()>& fn) {
-    char name[] = "/tmp/moe_test_config_XXXXXX";
-    int fd = mkstemp(name);
-    REQUIRE(fd >= 0);
-    fflush(stderr);
-    int saved = dup(2);
-    dup2(fd, 2);
-    try {
-        fn();
-    } catch (...) {
-        fflush(stderr), dup2(saved, 2), close(saved), close(fd), unlink(name);
-        throw;
-    }
-    fflush(stderr), dup2(saved, 2), close(saved), close(fd);
-    std::string text = read_file(name);
-    unlink(name);
-    return text;
-}
-
 void check_same_config(const Config& a, const Config& b) {
 #define SAME(field) CHECK_MESSAGE(a.field == b.field, #field)
     SAME(vocab_size); SAME(hidden_size); SAME(intermediate_size); SAME(moe_intermediate_size);

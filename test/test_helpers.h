@@ -10,11 +10,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <system_error>
 #include <sys/wait.h>
+#include <unistd.h>
 #include <vector>
 
 #include "model/model.h"
@@ -75,6 +77,26 @@ inline std::string slurp(const std::string& path) {
     std::stringstream ss;
     ss << f.rdbuf();
     return ss.str();
+}
+
+// Everything fn writes to stderr (fd 2), through a temporary file.
+inline std::string capture_stderr(const std::function<void()>& fn) {
+    char name[] = "/tmp/moe_test_stderr_XXXXXX";
+    int fd = mkstemp(name);
+    REQUIRE(fd >= 0);
+    fflush(stderr);
+    int saved = dup(2);
+    dup2(fd, 2);
+    try {
+        fn();
+    } catch (...) {
+        fflush(stderr), dup2(saved, 2), close(saved), close(fd), unlink(name);
+        throw;
+    }
+    fflush(stderr), dup2(saved, 2), close(saved), close(fd);
+    std::string text = slurp(name);
+    unlink(name);
+    return text;
 }
 
 // The start of a command line that runs a program on `ranks` MPI ranks: as root, oversubscribed (this VM's 2 cores

@@ -118,6 +118,46 @@ TEST_CASE("hf: F32 export then import is bit-identical, and the next training st
     remove_dir(dir);
 }
 
+// transformers' default config declares an MTP layer that its model does not have, so its checkpoints hold none of
+// the MTP block's tensors: the block keeps its initialisation, with a note. With n_shared_experts 0 it saves shared
+// experts of width 0: those empty tensors are passed over.
+TEST_CASE("hf: a checkpoint without the MTP block's tensors, or with empty shared experts, loads") {
+    std::string dir = temp_dir();
+    Model src = tiny_model(31);
+    export_hf(src, dir + "/full", ExportDType::F32);
+    const std::string mtp = "model.layers." + std::to_string(src.config.num_hidden_layers) + ".";
+    edited_copy(dir + "/full", dir + "/no_mtp", [&](std::vector<RawTensor>& ts) {
+        ts.erase(std::remove_if(ts.begin(), ts.end(), [&](const RawTensor& t) { return t.name.rfind(mtp, 0) == 0; }),
+                 ts.end());
+    });
+    Model m = tiny_model(32);
+    const std::vector<float> before = m.params;
+    const std::string notes = capture_stderr([&] { import_hf(m, dir + "/no_mtp"); });
+    CHECK(notes.find("no weights of the MTP block") != std::string::npos);
+    for (const ParamTensor& t : m.table.tensors) {
+        CAPTURE(t.name);
+        const std::vector<float>& want = t.name.rfind(mtp, 0) == 0 ? before : src.params;
+        CHECK(std::equal(m.params.begin() + t.offset, m.params.begin() + t.offset + t.numel, want.begin() + t.offset));
+    }
+
+    Config c = src.config;
+    c.n_shared_experts = 0;
+    Model plain;
+    model_init(plain, c);
+    randomize_for_test(plain, 33);
+    export_hf(plain, dir + "/plain", ExportDType::F32);
+    const std::string shared = "model.layers.1.mlp.shared_experts.";
+    edited_copy(dir + "/plain", dir + "/empty_shared", [&](std::vector<RawTensor>& ts) {
+        for (const char* proj : {"gate_proj", "up_proj", "down_proj"})
+            ts.push_back({shared + proj + ".weight", DType::F32, {0, c.hidden_size}, ""});
+    });
+    Model m2;
+    model_init(m2, c);
+    import_hf(m2, dir + "/empty_shared");
+    CHECK(same_bits(m2.params, plain.params));
+    remove_dir(dir);
+}
+
 // A NaN or inf anywhere, the router's correction bias included, is refused naming the tensor: it would train on
 // (the bias only selects experts) and be exported as it is.
 TEST_CASE("hf: weights that hold NaN or inf are refused at import") {
