@@ -5,12 +5,23 @@
 
 #include <stdexcept>
 
+// Throws when a shard holds a token outside the vocabulary (vocab_size 0: no check).
+static void check_tokens(const std::string& file, const std::vector<uint32_t>& tokens, uint32_t vocab_size) {
+    if (vocab_size == 0) return;
+    uint32_t max = 0;
+    for (uint32_t t : tokens) max = t > max ? t : max;
+    if (max >= vocab_size)
+        throw std::runtime_error(file + " holds token " + std::to_string(max) + " but the model's vocab_size is " +
+                                 std::to_string(vocab_size) + " (wrong --config for this data? --vocab N overrides it)");
+}
+
 static std::string base_name(const std::string& path) {
     size_t slash = path.find_last_of('/');
     return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
-DataLoader::DataLoader(const std::string& pattern, int B, int T, int rank, int world, uint32_t vocab_size)
+DataLoader::DataLoader(const std::string& pattern, int B, int T, int rank, int world, uint32_t vocab_size,
+                       int64_t check_at_start)
     : vocab_size_(vocab_size) {
     if (B <= 0 || T <= 0) throw std::runtime_error("DataLoader: batch " + std::to_string(B) + " and sequence " +
                                                    std::to_string(T) + " must be positive");
@@ -30,6 +41,8 @@ DataLoader::DataLoader(const std::string& pattern, int B, int T, int rank, int w
         total_tokens_ += n;
     }
     load_shard(0);
+    if (total_tokens_ <= check_at_start)
+        for (size_t i = 1; i < files_.size(); i++) check_tokens(files_[i], read_shard(files_[i]), vocab_size_);
 }
 
 void DataLoader::load_shard(int64_t shard) {
@@ -41,13 +54,7 @@ void DataLoader::load_shard(int64_t shard) {
     if ((int64_t)tokens.size() != shard_sizes_[shard])
         throw std::runtime_error(file + ": changed size while training (" + std::to_string(shard_sizes_[shard]) +
                                  " tokens, now " + std::to_string(tokens.size()) + ")");
-    if (vocab_size_ > 0) {
-        uint32_t max = 0;
-        for (uint32_t t : tokens) max = t > max ? t : max;
-        if (max >= vocab_size_)
-            throw std::runtime_error(file + " holds token " + std::to_string(max) + " but the model's vocab_size is " +
-                                     std::to_string(vocab_size_) + " (wrong --config for this data? --vocab N overrides it)");
-    }
+    check_tokens(file, tokens, vocab_size_);
     tokens_ = std::move(tokens);
     loaded_ = shard;
 }

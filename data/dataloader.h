@@ -2,7 +2,9 @@
 // shard, rank r takes the B*T+1 tokens from p + r*B*T (targets: inputs shifted by one), then p += B*T*world. When
 // the next step would pass the shard's end (p + B*T*world + 1 > its tokens), the next shard starts at p = 0,
 // wrapping. So N ranks of batch B/N see the rows of 1 rank of batch B. One shard is in memory, its tokens checked
-// against the vocabulary when read. The state (shard, position, file name and size) goes into checkpoints.
+// against the vocabulary when read, and data of at most check_at_start tokens in all has every shard checked at
+// start, so a bad token in a later shard stops the run before it trains. The state (shard, position, file name and
+// size) goes into checkpoints.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -15,11 +17,16 @@ struct DataLoaderState {
     int64_t tokens = 0;    // that shard's token count; checked with file
 };
 
+// Data up to this many tokens (1 GiB of shards at most) is checked whole at start.
+constexpr int64_t DATA_CHECKED_AT_START = int64_t(1) << 28;
+
 class DataLoader {
 public:
     // Reads every shard's header and loads the first. Throws if no file matches, a header or file size is bad, a
-    // shard holds fewer than B*T*world+1 tokens, or (vocab_size > 0) a loaded shard holds a token >= vocab_size.
-    DataLoader(const std::string& pattern, int B, int T, int rank, int world, uint32_t vocab_size = 0);
+    // shard holds fewer than B*T*world+1 tokens, or (vocab_size > 0) a loaded shard holds a token >= vocab_size, as
+    // does any shard when the data holds at most check_at_start tokens.
+    DataLoader(const std::string& pattern, int B, int T, int rank, int world, uint32_t vocab_size = 0,
+               int64_t check_at_start = DATA_CHECKED_AT_START);
     // B*T each; targets[i] is the token after inputs[i]. May read the next shard, and throw its errors.
     void next_batch(int32_t* inputs, int32_t* targets);
     void reset();  // first shard, position 0

@@ -307,15 +307,15 @@ TEST_CASE("data: loader state names the shard's file and size") {
     CHECK(s.tokens == 500);
 }
 
-TEST_CASE("data: loader constructor reads only headers; a shard's tokens are checked against the vocabulary when loaded") {
+TEST_CASE("data: over check_at_start tokens the loader reads only headers, and a shard's tokens are checked when loaded") {
     TempDir dir;
     write_shard(dir.file("s_000000.bin"), counting_tokens(200, 0), 1);
     std::vector<uint32_t> bad = counting_tokens(200, 300);
     bad[150] = 5000;
     write_shard(dir.file("s_000001.bin"), bad, 1);
     const int B = 2, T = 10;
-    // the whole of s_000001.bin would fail the check: construction must not have read it
-    DataLoader loader(dir.file("s_*.bin"), B, T, 0, 1, 1000);
+    // the whole of s_000001.bin would fail the check: construction must not have read it (400 tokens > 300)
+    DataLoader loader(dir.file("s_*.bin"), B, T, 0, 1, 1000, 300);
     std::vector<int32_t> x(B * T), y(B * T);
     for (int step = 0; step < 9; step++) loader.next_batch(x.data(), y.data());  // (200-1)/20 = 9 batches of shard 0
     CHECK(loader.state().shard == 1);
@@ -336,6 +336,10 @@ TEST_CASE("data: loader constructor reads only headers; a shard's tokens are che
     CHECK_NOTHROW(DataLoader(dir.file("s_000001.bin"), B, T, 0, 1, 5001));
     CHECK(read_shard_header(dir.file("s_000001.bin")).tokens == 200);
     CHECK(read_shard_header(dir.file("s_000001.bin")).version == 1);
+    // within check_at_start (the default, 2^28 tokens) every shard is checked at construction
+    CHECK_THROWS_WITH_AS(DataLoader(dir.file("s_*.bin"), B, T, 0, 1, 1000),
+                         doctest::Contains("s_000001.bin holds token 5000"), std::runtime_error);
+    CHECK_NOTHROW(DataLoader(dir.file("s_*.bin"), B, T, 0, 1, 1000, 399));  // 400 tokens: one over
 }
 
 TEST_CASE("data: batches_per_pass reads every shard once with no token twice, for several ranks") {
