@@ -1,9 +1,10 @@
-// The NCCL Comm for the GPU trainer: every collective runs on the Comm's stream and is complete when the call
-// returns; follow_stream makes that stream wait for the caller's on the device, with an event. Device buffers are used as they are; host buffers (the trainer's flags and losses, the tests' tensors)
-// are staged through a device buffer, freed after a transfer over STAGE_KEEP_BYTES. MPI only bootstraps: rank,
-// world, the ranks on this host (each takes its own GPU), the NCCL id, and ending the job on failure. NCCL's
-// asynchronous errors are watched while a collective runs, so a dead peer ends the job. The all-to-all-v is
-// ncclSend/ncclRecv pairs in one group (docs/design.md §2). Without mpirun it is one rank on GPU 0, through NCCL.
+// The NCCL Comm for the GPU trainer: every collective runs on the Comm's stream and is complete when the call returns;
+// follow_stream makes that stream wait for the caller's on the device, with an event. Device buffers are used as they
+// are; host buffers (the trainer's flags and losses, the tests' tensors) are staged through a device buffer, freed
+// after a transfer over STAGE_KEEP_BYTES. MPI only bootstraps: rank, world, the ranks on this host (each takes its own
+// GPU), the NCCL id, and ending the job on failure. NCCL's asynchronous errors are watched while a collective runs, so
+// a dead peer ends the job. The all-to-all-v is ncclSend/ncclRecv pairs in one group (docs/design.md §2). Without
+// mpirun it is one rank on GPU 0, through NCCL.
 #include <cuda_runtime.h>
 #include <mpi.h>
 #include <nccl.h>

@@ -12,7 +12,8 @@ static void check_tokens(const std::string& file, const std::vector<uint32_t>& t
     for (uint32_t t : tokens) max = t > max ? t : max;
     if (max >= vocab_size)
         throw std::runtime_error(file + " holds token " + std::to_string(max) + " but the model's vocab_size is " +
-                                 std::to_string(vocab_size) + " (wrong --config for this data? --vocab N overrides it)");
+                                 std::to_string(vocab_size) +
+                                 " (wrong --config for this data? --vocab N overrides it)");
 }
 
 static std::string base_name(const std::string& path) {

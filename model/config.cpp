@@ -191,7 +191,8 @@ Config parse_config_json(const std::string& text, const std::string& source) {
                 throw std::runtime_error("rope_parameters type '" + type + "' is not supported (default or yarn)");
         }
         if (j.contains("rope_interleave") && j["rope_interleave"] != true)
-            throw std::runtime_error("rope_interleave must be true (moe.cu's RoPE rotates DeepSeek's interleaved pairs)");
+            throw std::runtime_error(
+                "rope_interleave must be true (moe.cu's RoPE rotates DeepSeek's interleaved pairs)");
         // Keys that must have the one value this trainer implements.
         if (j.contains("hidden_act") && j["hidden_act"] != "silu")
             throw std::runtime_error("hidden_act must be \"silu\" (SwiGLU experts)");

@@ -119,7 +119,7 @@ TEST_CASE("checkpoint: save and load restore weights, AdamW moments, step, data 
     system(("rm -rf " + dir).c_str());
 }
 
-TEST_CASE("checkpoint: metadata numbers that are not plain digits, out of range, or not the step of the name are refused") {
+TEST_CASE("checkpoint: metadata numbers not plain digits, out of range, or not the name's step are refused") {
     std::string dir = make_temp_dir();
     Model m;
     model_init(m, load_config("tiny"));
@@ -181,8 +181,8 @@ TEST_CASE("checkpoint: metadata numbers that are not plain digits, out of range,
         model_init(m2, load_config("tiny"));
         AdamWState opt2;
         TrainState st2;
-        CHECK_THROWS_WITH_AS(checkpoint_load(path, m2, opt2, st2), doctest::Contains("says step 65536, its name step 3"),
-                             std::runtime_error);
+        CHECK_THROWS_WITH_AS(checkpoint_load(path, m2, opt2, st2),
+                             doctest::Contains("says step 65536, its name step 3"), std::runtime_error);
     }
     write_with("rng_state", "18446744073709551615");  // the one metadata number that takes all 64 bits
     checkpoint_load(path, m, opt, st);

@@ -307,7 +307,7 @@ TEST_CASE("data: loader state names the shard's file and size") {
     CHECK(s.tokens == 500);
 }
 
-TEST_CASE("data: over check_at_start tokens the loader reads only headers, and a shard's tokens are checked when loaded") {
+TEST_CASE("data: over check_at_start tokens the loader reads headers only; a shard's tokens are checked when read") {
     TempDir dir;
     write_shard(dir.file("s_000000.bin"), counting_tokens(200, 0), 1);
     std::vector<uint32_t> bad = counting_tokens(200, 300);

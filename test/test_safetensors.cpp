@@ -277,7 +277,8 @@ TEST_CASE("safetensors: every malformed header is rejected with a clear one-line
         {"overlapping", "{\"a\": {" + f32_4 + ", \"data_offsets\": [0, 16]}, \"b\": {" + f32_4 +
          ", \"data_offsets\": [8, 24]}}", 24, -1, "overlapping data_offsets"},
         {"a hole between tensors", "{\"a\": {" + f32_4 + ", \"data_offsets\": [0, 16]}, \"b\": {" + f32_4 +
-         ", \"data_offsets\": [20, 36]}}", 36, -1, "bytes 16..20 of the data belong to no tensor (a hole before tensor 'b')"},
+         ", \"data_offsets\": [20, 36]}}", 36, -1,
+         "bytes 16..20 of the data belong to no tensor (a hole before tensor 'b')"},
         {"data not from byte 0", "{\"a\": {" + f32_4 + ", \"data_offsets\": [4, 20]}}", 20, -1,
          "bytes 0..4 of the data belong to no tensor"},
         {"bytes after the data", "{\"a\": {" + f32_4 + ", \"data_offsets\": [0, 16]}}", 7016, -1,
