@@ -13,6 +13,7 @@
 
 #include "data/shards.h"
 #include "test/test_helpers.h"
+#include "trainer/outliers.h"
 
 // Trains `small` on the default data for `steps` steps with the extra flags; returns the first step's main loss and
 // the final validation loss (NaN when absent).
@@ -41,6 +42,21 @@ static Curve train_small(const std::string& name, int steps, const std::string& 
         if (std::isnan(curve.first_loss) && at != std::string::npos) curve.first_loss = atof(line.c_str() + at + 13);
     }
     return curve;
+}
+
+// The trainers report a loss or gradient norm OUTLIER_Z deviations above the last OUTLIER_WINDOW steps' mean.
+TEST_CASE("learning: the outlier detector scores a spike against the values before it") {
+    OutlierDetector d;
+    for (int i = 0; i < OUTLIER_WINDOW; i++) CHECK(std::isnan(d.update(i % 2 ? 1.25 : 1.0).z));  // filling
+    const OutlierDetector::Score spike = d.update(1.875);  // mean 1.125, deviation 0.125: 6 deviations above
+    CHECK(spike.mean == doctest::Approx(1.125));
+    CHECK(spike.deviation == doctest::Approx(0.125));
+    CHECK(spike.z == doctest::Approx(6.0));
+    CHECK(spike.z > OUTLIER_Z);
+    CHECK(d.update(1.25).z < OUTLIER_Z);  // an ordinary value after it (the spike widened the window's deviation)
+    OutlierDetector flat;  // a series without deviation scores nothing, roundoff included
+    for (int i = 0; i < OUTLIER_WINDOW; i++) flat.update(0.1);
+    CHECK(std::isnan(flat.update(0.3).z));
 }
 
 TEST_CASE("learning: small on the default data falls well below the unigram entropy") {

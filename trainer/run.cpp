@@ -401,6 +401,18 @@ void log_step(Run& r, const Step& s) {
     if (!std::isnan(s.val_loss)) printf(" | val %.4f", s.val_loss);
     if (s.fp8_in_bf16 > 0) printf(" | %.0f FP8 products in BF16", s.fp8_in_bf16);
     printf("\n");
+    struct Series {
+        const char* name;
+        double value;
+        OutlierDetector& detector;
+    };
+    for (const Series& x : {Series{"loss", loss[0], r.loss_outliers}, Series{"gradient norm", s.grad_norm,
+                                                                            r.norm_outliers}}) {
+        const OutlierDetector::Score z = x.detector.update(x.value);
+        if (z.z > OUTLIER_Z)
+            printf("step %lld: the %s %.4g is %.1f standard deviations above the last %d steps' mean (%.4g +- %.2g)\n",
+                   (long long)s.step + 1, x.name, x.value, z.z, OUTLIER_WINDOW, z.mean, z.deviation);
+    }
     fflush(stdout);
     if (!r.log) return;
     fprintf(r.log,

@@ -22,6 +22,7 @@
 #include "model/model.h"
 #include "model/optimizer.h"
 #include "model/rng.h"
+#include "trainer/outliers.h"
 #include "trainer/train_args.h"
 
 using MakeComm = std::unique_ptr<Comm> (*)(int ep_size, const char* program);
@@ -55,6 +56,7 @@ struct Run {
     Tokenizer tokenizer;
     FILE* log = nullptr;
     double peak_flops = 0.0;        // one device's dense peak for MFU, 0 when unknown (the CPU)
+    OutlierDetector loss_outliers, norm_outliers;  // spikes of the loss and the gradient norm (rank 0)
     std::function<void()> on_end;  // frees the model's resources before the ranks' transport goes
     int64_t first_step = 0;
     double train_seconds = 0.0;  // the steps after the first of this process (the first pays for warm-up)
