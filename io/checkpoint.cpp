@@ -261,7 +261,20 @@ static void check_format(const SafetensorsReader& r, const std::string& path) {
 Config checkpoint_config(const std::string& path) {
     SafetensorsReader r(path);
     check_format(r, path);
-    return parse_config_json(r.metadata_value("config"), path);
+    const Config c = parse_config_json(r.metadata_value("config"), path);
+    // every tensor the config makes, and its moments, present with its shape in F32: checked on the header, before
+    // a model of that config is allocated
+    for (const ParamTensor& t : build_param_table(c).tensors)
+        for (const std::string& name : {t.name, "optimizer.m." + t.name, "optimizer.v." + t.name}) {
+            if (name != t.name && !t.trainable) continue;
+            if (!r.has(name)) throw std::runtime_error(path + ": tensor '" + name + "' is missing");
+            const TensorInfo& info = r.info(name);
+            if (info.dtype != DType::F32 || info.shape != t.shape)
+                throw std::runtime_error(path + ": tensor '" + name + "' is " + dtype_name(info.dtype) + " " +
+                                         shape_string(info.shape) + ", its config makes F32 " +
+                                         shape_string(t.shape));
+        }
+    return c;
 }
 
 // A metadata value of decimal digits only, at most max

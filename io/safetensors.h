@@ -32,6 +32,7 @@ struct TensorInfo {  // a tensor found in a file
 
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);  // as in the header: "F32", "BF16", ...
+std::string shape_string(const std::vector<int64_t>& shape);  // as the messages write it: [a, b, ...]
 
 // Where each of `tensors` starts in the data section when they are laid out back to back in their order (the first
 // at 0), then where the last ends: tensors.size() + 1 byte offsets.

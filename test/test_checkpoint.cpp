@@ -191,6 +191,43 @@ TEST_CASE("checkpoint: metadata numbers not plain digits, out of range, or not t
     system(("rm -rf " + dir).c_str());
 }
 
+// A header whose tensors disagree with the config it carries is refused by checkpoint_config, before a model of that
+// config is allocated: a shape changed (same bytes), a moment renamed away.
+TEST_CASE("checkpoint: tensors are checked against the checkpoint's config on its header alone") {
+    std::string dir = make_temp_dir();
+    Model m;
+    model_init(m, load_config("tiny"));
+    AdamWState opt = adamw_state(m.shard);
+    TrainState st;
+    st.step = 1;
+    checkpoint_save(dir, m, opt, st);
+    const std::string path = checkpoint_path(dir, 1), good = slurp(path);
+    uint64_t header_bytes = 0;
+    memcpy(&header_bytes, good.data(), 8);
+    auto write_edited = [&](const std::function<void(nlohmann::json&)>& edit) {
+        nlohmann::json header = nlohmann::json::parse(good.substr(8, header_bytes));
+        edit(header);
+        std::string text = header.dump();
+        text.resize((text.size() + 7) / 8 * 8, ' ');
+        const uint64_t length = text.size();
+        std::ofstream(path, std::ios::binary) << std::string((const char*)&length, 8) << text
+                                              << good.substr(8 + header_bytes);
+    };
+    CHECK_NOTHROW(checkpoint_config(path));
+    const int64_t d = m.config.hidden_size;
+    write_edited([&](nlohmann::json& h) { h["model.norm.weight"]["shape"] = {2, d / 2}; });
+    const std::string reshaped = "'model.norm.weight' is F32 [2, " + std::to_string(d / 2) + "], its config makes F32 [" +
+                                 std::to_string(d) + "]";
+    CHECK_THROWS_WITH_AS(checkpoint_config(path), doctest::Contains(reshaped.c_str()), std::runtime_error);
+    write_edited([&](nlohmann::json& h) {
+        h["optimizer.m.renamed"] = h["optimizer.m.model.norm.weight"];
+        h.erase("optimizer.m.model.norm.weight");
+    });
+    CHECK_THROWS_WITH_AS(checkpoint_config(path), doctest::Contains("'optimizer.m.model.norm.weight' is missing"),
+                         std::runtime_error);
+    system(("rm -rf " + dir).c_str());
+}
+
 TEST_CASE("checkpoint: --keep-checkpoints keeps the newest N up to the one written, and nothing else is touched") {
     const std::string dir = make_temp_dir();
     for (const char* name : {"ckpt_00000002.safetensors", "ckpt_00000010.safetensors", "ckpt_00000004.safetensors",
