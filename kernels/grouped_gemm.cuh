@@ -81,6 +81,26 @@ __device__ inline void gg_store(float* C, int64_t ldc, const float (&acc)[8][4],
         }
 }
 
+// acc += the block's k steps: load(stage, s) queues step s's two tiles into a stage (2 x GG_TILE values of dynamic
+// shared memory) with cp.async, step s + 1's landing while step s multiplies. Every iteration commits a group (the
+// last an empty one), so "all but the newest group landed" is this step's.
+template <bool A_T, bool B_T, typename Load>
+__device__ inline void gg_steps(float (&acc)[8][4], int64_t steps, Load&& load) {
+    __nv_bfloat16* smem = dynamic_shared<__nv_bfloat16>();
+    if (steps == 0) return;
+    load(smem, 0);
+    cp_async_commit();
+    for (int64_t s = 0; s < steps; s++) {
+        if (s + 1 < steps) load(smem + (s + 1) % 2 * 2 * GG_TILE, s + 1);  // the stage step s - 1 read, now free
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();  // every thread's copies of step s have landed
+        const __nv_bfloat16* stage = smem + s % 2 * 2 * GG_TILE;
+        gg_mma_step<A_T, B_T>(acc, stage, stage + GG_TILE);
+        __syncthreads();  // every warp is done with this stage before step s + 2's copies overwrite it
+    }
+}
+
 // Block `slot`'s tile when every group's rows are cut into tiles of GG_BM, the groups in order: its group g and
 // rows [m0, m_end); false past the last tile.
 __device__ inline bool gg_row_tile(const int64_t* offsets, int G, int64_t slot, int& g, int64_t& m0, int64_t& m_end) {
@@ -103,32 +123,19 @@ template <bool B_T>
 __global__ void grouped_gemm_rows_kernel(float* C, const __nv_bfloat16* A, const __nv_bfloat16* W,
                                          const int64_t* offsets, int G, int64_t n_cols, int64_t k_sum,
                                          bool accumulate) {
-    __nv_bfloat16* smem = dynamic_shared<__nv_bfloat16>();
     int g;
     int64_t m0, m_end;
     if (!gg_row_tile(offsets, G, blockIdx.y, g, m0, m_end)) return;
-    const int64_t n0 = (int64_t)blockIdx.x * GG_BN, steps = (k_sum + GG_BK - 1) / GG_BK;
+    const int64_t n0 = (int64_t)blockIdx.x * GG_BN;
     const __nv_bfloat16* Wg = W + (int64_t)g * n_cols * k_sum;
-    auto load_step = [&](int64_t s) {
-        __nv_bfloat16* stage = smem + s % 2 * 2 * GG_TILE;
+    float acc[8][4] = {};
+    gg_steps<false, B_T>(acc, (k_sum + GG_BK - 1) / GG_BK, [&](__nv_bfloat16* stage, int64_t s) {
         const int64_t k0 = s * GG_BK;
         gg_load_tile<GG_BM, GG_BK>(stage, GG_LD_K, A + m0 * k_sum + k0, k_sum, m_end - m0, k_sum - k0);
         if (B_T) gg_load_tile<GG_BK, GG_BN>(stage + GG_TILE, GG_LD_MN, Wg + k0 * n_cols + n0, n_cols, k_sum - k0,
                                             n_cols - n0);
         else gg_load_tile<GG_BN, GG_BK>(stage + GG_TILE, GG_LD_K, Wg + n0 * k_sum + k0, k_sum, n_cols - n0, k_sum - k0);
-    };
-    float acc[8][4] = {};
-    load_step(0);
-    cp_async_commit();
-    for (int64_t s = 0; s < steps; s++) {
-        if (s + 1 < steps) load_step(s + 1);  // into the stage step s - 1 read: free after its closing sync
-        cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();  // every thread's copies of step s have landed
-        const __nv_bfloat16* stage = smem + s % 2 * 2 * GG_TILE;
-        gg_mma_step<false, B_T>(acc, stage, stage + GG_TILE);
-        __syncthreads();  // every warp is done with this stage before step s + 2's copies overwrite it
-    }
+    });
     gg_store(C, n_cols, acc, m0, m_end, n0, n_cols, accumulate);
 }
 
@@ -136,31 +143,15 @@ __global__ void grouped_gemm_rows_kernel(float* C, const __nv_bfloat16* A, const
 // rows: A = dout (R, N) read transposed, B = inp (R, K).
 static __global__ void grouped_gemm_dW_kernel(float* dW, const __nv_bfloat16* dout, const __nv_bfloat16* inp,
                                        const int64_t* offsets, int64_t N, int64_t K, bool accumulate) {
-    __nv_bfloat16* smem = dynamic_shared<__nv_bfloat16>();
     const int64_t g = blockIdx.z, r0 = offsets[g], rows = offsets[g + 1] - r0;
     const int64_t i0 = (int64_t)blockIdx.y * GG_BM, j0 = (int64_t)blockIdx.x * GG_BN;
-    const int64_t steps = (rows + GG_BK - 1) / GG_BK;
-    auto load_step = [&](int64_t s) {
-        __nv_bfloat16* stage = smem + s % 2 * 2 * GG_TILE;
+    float acc[8][4] = {};
+    gg_steps<true, true>(acc, (rows + GG_BK - 1) / GG_BK, [&](__nv_bfloat16* stage, int64_t s) {
         const int64_t r = r0 + s * GG_BK;
         gg_load_tile<GG_BK, GG_BM>(stage, GG_LD_MN, dout + r * N + i0, N, rows - s * GG_BK, N - i0);
         gg_load_tile<GG_BK, GG_BN>(stage + GG_TILE, GG_LD_MN, inp + r * K + j0, K, rows - s * GG_BK, K - j0);
-    };
-    float acc[8][4] = {};
-    if (steps > 0) {
-        load_step(0);
-        cp_async_commit();
-    }
-    for (int64_t s = 0; s < steps; s++) {
-        if (s + 1 < steps) load_step(s + 1);
-        cp_async_commit();
-        cp_async_wait<1>();
-        __syncthreads();
-        const __nv_bfloat16* stage = smem + s % 2 * 2 * GG_TILE;
-        gg_mma_step<true, true>(acc, stage, stage + GG_TILE);
-        __syncthreads();
-    }
-    if (steps > 0 || !accumulate) gg_store(dW + g * N * K, K, acc, i0, N, j0, K, accumulate);
+    });
+    if (rows > 0 || !accumulate) gg_store(dW + g * N * K, K, acc, i0, N, j0, K, accumulate);
 }
 
 // Whether the grouped kernels take widths K and N: multiples of 8. Their pointers must be 16-byte aligned too, as
