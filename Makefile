@@ -7,6 +7,7 @@
 #   make bench-cpu  train_cpu against the PyTorch reference on this CPU    make bench-io  HF export/import speed
 #   make bench-emulated  what the GPU step launches, waits for and moves, counted on the kernel emulator
 #   make lab        the kernel lab dev/cuda/ (its README)
+#   make fuzz       libFuzzer on every file reader, FUZZ_SECONDS each (fuzz/README.md)
 
 CXX      ?= g++
 CXXFLAGS ?= -O3 -march=native -std=c++17 -fopenmp -Wall -Wextra -Wno-unused-parameter -I.
@@ -25,14 +26,14 @@ TEST_SRC := $(filter-out test/bench_cpu.cpp test/ep_check.cpp test/bench_io.cpp 
               test/count_step.cpp,\
               $(wildcard test/*.cpp))
 TEST_OBJ := $(patsubst %.cpp,build/%.o,$(TEST_SRC))
-HEADERS  := $(wildcard model/*.h io/*.h data/*.h comm/*.h tools/*.h trainer/*.h kernels/*.cuh kernels/*.h)
+HEADERS  := $(wildcard model/*.h io/*.h data/*.h comm/*.h tools/*.h trainer/*.h kernels/*.cuh kernels/*.h fuzz/*.h)
 GPU_SRC  := $(wildcard gpu/*.cu)
 GPU_HEADERS := $(HEADERS) $(wildcard gpu/*.h)
 # what the programs checking the GPU model share (test_gpu and the emulated builds)
 GPU_TEST_HEADERS := test/gpu_check.cuh test/device_array.h test/random_model.h test/recompute_check.h
 EMULATOR_OBJ := build/test/kernel_emulator/emulator.o build/test/kernel_emulator/checker.o
 
-.PHONY: all deps deps-run data run test test-gpu bench-cpu bench-io bench-comm bench bench-emulated lab clean
+.PHONY: all deps deps-run data run test test-gpu bench-cpu bench-io bench-comm bench bench-emulated lab fuzz clean
 
 all: train_cpu prepare_data plot test_cpu ep_check test_gpu_emulated gpu_model_emulated_check train_emulated \
      bench_gpu_emulated bench_comm_emulated count_step_emulated
@@ -54,7 +55,7 @@ prepare_data: build/tools/prepare_data.o $(CORE_OBJ)
 plot: build/tools/plot_main.o $(CORE_OBJ)
 	$(CXX) $(CXXFLAGS) $^ -o $@ $(MPI_LIBS)
 
-test_cpu: $(TEST_OBJ) $(CORE_OBJ) $(EMULATOR_OBJ) build/emulated/planted_bugs.o
+test_cpu: $(TEST_OBJ) $(CORE_OBJ) $(EMULATOR_OBJ) build/emulated/planted_bugs.o build/fuzz/fuzz_targets.o
 	$(CXX) $(CXXFLAGS) $^ -o $@ $(MPI_LIBS)
 
 ep_check: build/test/ep_check.o $(CORE_OBJ)
@@ -225,6 +226,23 @@ bench: bench_gpu
 	./bench_gpu
 
 # ---- the kernel lab --------------------------------------------------------------------------------------------
+# ---- fuzzing (fuzz/README.md): the file readers under libFuzzer, AddressSanitizer and UBSan, built by clang ----
+FUZZ_CXX     ?= clang++
+FUZZ_FLAGS   := -g -O1 -std=c++17 -I. -fsanitize=address,undefined -fno-sanitize-recover=undefined -Wno-unknown-pragmas
+FUZZ_SECONDS ?= 60
+FUZZ_OBJ     := $(patsubst %.cpp,build/fuzz_clang/%.o,$(CORE_SRC) fuzz/fuzz_targets.cpp fuzz/libfuzzer_main.cpp)
+build/fuzz_clang/%.o: %.cpp $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CXX) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link $(MPI_CFLAGS) -DOMPI_SKIP_MPICXX=1 -c $< -o $@
+build/fuzz_clang/moe_fuzz: $(FUZZ_OBJ)
+	$(FUZZ_CXX) $(FUZZ_FLAGS) -fsanitize=fuzzer $^ -o $@ $(MPI_LIBS)
+build/write_seeds: build/fuzz/write_seeds.o build/fuzz/fuzz_targets.o $(CORE_OBJ)
+	$(CXX) $(CXXFLAGS) $^ -o $@ $(MPI_LIBS)
+fuzz:
+	@./tools/install_deps.sh fuzz
+	$(MAKE) -j$(THREADS) build/fuzz_clang/moe_fuzz build/write_seeds
+	tools/fuzz.sh
+
 lab:
 	$(MAKE) -C dev/cuda
 lab-gpu:

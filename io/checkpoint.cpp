@@ -13,10 +13,22 @@
 #include <stdexcept>
 #include <unistd.h>
 
+#define XXH_INLINE_ALL  // header only: nothing to link
+#ifdef __AVX512F__
+#define XXH_VECTOR XXH_AVX2  // GCC 12 warns falsely inside its AVX-512 path; AVX2 outruns the disk as well
+#endif
+#include <xxhash.h>
+
 #include "io/files.h"
 #include "io/safetensors.h"
 
 static const char* FORMAT = "moe.cu checkpoint";
+static const char* VERSION = "2";  // 2: with checksums
+// The metadata "checksums": XXH3-64 hashes in hex, space-separated. The first is the header's (the 8-byte length
+// and the JSON, this value's digits read as '0'), then one per CHECKSUM_CHUNK bytes of the data section.
+static const char* CHECKSUMS_KEY = "\"checksums\":\"";
+constexpr uint64_t CHECKSUM_CHUNK = 16 << 20;
+constexpr int HASH_DIGITS = 16;
 
 std::string checkpoint_path(const std::string& dir, int64_t step) {
     char name[64];
@@ -42,6 +54,12 @@ static std::map<long long, std::string> checkpoints_in(const std::string& dir) {
 std::string checkpoint_find_latest(const std::string& dir) {
     const std::map<long long, std::string> found = checkpoints_in(dir);
     return found.empty() ? "" : found.rbegin()->second;
+}
+
+std::vector<std::string> checkpoints_newest_first(const std::string& dir) {
+    std::vector<std::string> paths;
+    for (const auto& [step, path] : checkpoints_in(dir)) paths.insert(paths.begin(), path);
+    return paths;
 }
 
 void checkpoint_prune(const std::string& dir, int keep, int64_t written) {
@@ -91,11 +109,51 @@ static FileLayout file_layout(const ParamTable& table, int ep_size) {
     return f;
 }
 
+static uint64_t checksum_chunks(uint64_t data_bytes) { return (data_bytes + CHECKSUM_CHUNK - 1) / CHECKSUM_CHUNK; }
+
+// The "checksums" value as the header is first written: one hash for the header and one per data chunk, all zeros
+static std::string checksums_placeholder(uint64_t data_bytes) {
+    std::string zeros;
+    for (uint64_t i = 0; i <= checksum_chunks(data_bytes); i++) zeros += (i ? " " : "") + std::string(HASH_DIGITS, '0');
+    return zeros;
+}
+
+static std::string hex(uint64_t hash) {
+    char text[HASH_DIGITS + 1];
+    snprintf(text, sizeof(text), "%016llx", (unsigned long long)hash);
+    return text;
+}
+
+// Where the "checksums" value starts in a header, or npos
+static size_t checksums_at(const std::string& header) {
+    const size_t key = header.find(CHECKSUMS_KEY);
+    return key == std::string::npos ? key : key + strlen(CHECKSUMS_KEY);
+}
+
+// The hash of data chunk `chunk` of the file fd whose data section starts at `data` and holds data_bytes
+static bool hash_chunk(int fd, uint64_t data, uint64_t data_bytes, uint64_t chunk, std::vector<char>& buffer,
+                       uint64_t* hash) {
+    const uint64_t begin = chunk * CHECKSUM_CHUNK, n = std::min(CHECKSUM_CHUNK, data_bytes - begin);
+    if (buffer.size() < n) buffer.resize(n);
+    for (uint64_t done = 0; done < n;) {
+        const ssize_t got = pread(fd, buffer.data() + done, n - done, (off_t)(data + begin + done));
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) {
+            if (got == 0) errno = EIO;
+            return false;
+        }
+        done += got;
+    }
+    *hash = XXH3_64bits(buffer.data(), n);
+    return true;
+}
+
 static std::map<std::string, std::string> checkpoint_metadata(const Model& m, const AdamWState& opt,
                                                               const TrainState& st) {
     return {
         {"format", FORMAT},
-        {"version", "1"},
+        {"version", VERSION},
+        {"checksums", checksums_placeholder(file_layout(m.table, m.comm->ep_size).bytes)},
         {"config", config_to_json(m.config)},
         {"step", std::to_string(st.step)},
         {"optimizer_step", std::to_string(opt.step)},
@@ -154,7 +212,9 @@ CheckpointWrite checkpoint_begin(const std::string& dir, const Model& m, const A
     // share the directory then find no file rather than a stale one.
     int64_t shared[2] = {0, 0};
     if (comm.rank == 0) {
-        const std::string header = safetensors_header(layout.views, checkpoint_metadata(m, opt, st));
+        std::string header = safetensors_header(layout.views, checkpoint_metadata(m, opt, st));
+        w.checksums_at = checksums_at(header);
+        header.replace(w.checksums_at, HASH_DIGITS, hex(XXH3_64bits(header.data(), header.size())));
         shared[0] = (int64_t)header.size();
         shared[1] = unique_id();
         w.temporary = temporary_path(w.path, shared[1]);
@@ -172,7 +232,9 @@ CheckpointWrite checkpoint_begin(const std::string& dir, const Model& m, const A
     }
     comm.broadcast(shared, sizeof(shared), 0);  // once the file exists
     w.temporary = temporary_path(w.path, shared[1]);
-    const uint64_t data = (uint64_t)shared[0];
+    w.data = (uint64_t)shared[0];
+    w.data_bytes = layout.bytes;
+    const uint64_t data = w.data;
     auto add = [&](uint64_t begin, const ParamTensor& t, int64_t first, const float* values, int64_t count) {
         w.parts.push_back({data + begin + 4 * (uint64_t)(first_in_whole(t, comm) + first), values, count});
     };
@@ -218,8 +280,84 @@ void checkpoint_write_part(const CheckpointWrite& w) {
 
 void checkpoint_commit(const CheckpointWrite& w, Comm& comm) {
     comm.barrier();  // every part is written
-    if (comm.rank == 0) rename_durably(w.temporary, w.path);
+    // the data chunks' hashes, chunk c from rank c % world, read back from the file; the last value counts failures
+    const uint64_t chunks = checksum_chunks(w.data_bytes);
+    std::vector<int64_t> hashes(chunks + 1, 0);
+    const int fd = open(w.temporary.c_str(), O_RDONLY);
+    std::vector<char> buffer;
+    for (uint64_t c = comm.rank; c < chunks && fd >= 0 && !hashes[chunks]; c += comm.world)
+        hashes[chunks] = !hash_chunk(fd, w.data, w.data_bytes, c, buffer, (uint64_t*)&hashes[c]);
+    const int err = fd < 0 || hashes[chunks] ? errno : 0;
+    if (fd < 0) hashes[chunks] = 1;
+    else close(fd);
+    comm.all_reduce_sum(hashes.data(), (int64_t)hashes.size(), Group::World);
+    if (hashes[chunks] != 0) {
+        comm.barrier();  // every rank is done reading
+        if (comm.rank == 0) remove(w.temporary.c_str());
+        throw std::runtime_error("cannot read back " + w.temporary + " to checksum it" +
+                                 (err ? std::string(": ") + strerror(err) : " (on another rank)"));
+    }
+    if (comm.rank == 0) {
+        std::string text;
+        for (uint64_t c = 0; c < chunks; c++) text += " " + hex((uint64_t)hashes[c]);
+        const int out = open(w.temporary.c_str(), O_WRONLY);
+        const bool ok = out >= 0 && write_at(out, w.checksums_at + HASH_DIGITS, text.data(), text.size()) &&
+                        fsync(out) == 0;
+        const int write_err = errno;
+        if (out >= 0) close(out);
+        if (!ok) {
+            remove(w.temporary.c_str());
+            throw std::runtime_error("cannot write " + w.temporary + ": " + strerror(write_err));
+        }
+        rename_durably(w.temporary, w.path);
+    }
     comm.barrier();  // and the checkpoint is there for every rank
+}
+
+std::string checkpoint_verify(const std::string& path, int part, int parts) {
+    try {
+        SafetensorsReader check(path);  // the file's structure: a header that parses, data covered exactly
+    } catch (const std::exception& e) {
+        return e.what();
+    }
+    const int fd = open(path.c_str(), O_RDONLY);
+    if (fd < 0) return "cannot open " + path + ": " + strerror(errno);
+    const uint64_t file_bytes = (uint64_t)lseek(fd, 0, SEEK_END);
+    uint64_t header_bytes = 0;
+    std::string header(8, '\0'), error;
+    if (pread(fd, &header[0], 8, 0) == 8) memcpy(&header_bytes, header.data(), 8);
+    header.resize(8 + header_bytes);  // the reader has bounded it
+    const uint64_t data = header.size(), data_bytes = file_bytes - data, chunks = checksum_chunks(data_bytes);
+    const bool read = pread(fd, &header[8], header_bytes, 8) == (ssize_t)header_bytes;
+    const size_t at = checksums_at(header);
+    if (!read)
+        error = std::string("cannot read: ") + strerror(errno);
+    else if (at == std::string::npos)
+        error = "it has no checksums (written by a moe.cu older than checkpoint version " + std::string(VERSION) + ")";
+    std::vector<uint64_t> hashes;  // the header's, then the chunks'
+    for (uint64_t i = 0; error.empty() && i <= chunks; i++) {
+        const size_t digits = at + i * (HASH_DIGITS + 1);
+        const std::string stored = header.substr(digits, HASH_DIGITS);
+        const char after = digits + HASH_DIGITS < header.size() ? header[digits + HASH_DIGITS] : 0;
+        if (stored.size() != HASH_DIGITS || stored.find_first_not_of("0123456789abcdef") != std::string::npos ||
+            after != (i < chunks ? ' ' : '"'))
+            error = "its checksums do not cover its " + std::to_string(data_bytes) + " data bytes";
+        hashes.push_back(strtoull(stored.c_str(), nullptr, 16));
+        std::fill(header.begin() + digits, header.begin() + digits + stored.size(), '0');  // as it was hashed
+    }
+    if (error.empty() && hashes[0] != XXH3_64bits(header.data(), header.size()))
+        error = "its header does not match its checksum (an altered file)";
+    std::vector<char> buffer;
+    uint64_t hash = 0;
+    for (uint64_t c = part; error.empty() && c < chunks; c += parts) {
+        if (!hash_chunk(fd, data, data_bytes, c, buffer, &hash)) error = std::string("cannot read: ") + strerror(errno);
+        else if (hash != hashes[c + 1])
+            error = "data bytes " + std::to_string(c * CHECKSUM_CHUNK) + " to " +
+                    std::to_string(std::min(data_bytes, (c + 1) * CHECKSUM_CHUNK)) +
+                    " do not match their checksum (a damaged file)";
+    }
+    close(fd);
+    return error.empty() ? "" : path + ": " + error;
 }
 
 std::string checkpoint_check_dir(const std::string& dir, Comm& comm) {
@@ -254,7 +392,7 @@ static void check_format(const SafetensorsReader& r, const std::string& path) {
     auto it = r.metadata().find("format");
     if (it == r.metadata().end() || it->second != FORMAT)
         throw std::runtime_error(path + ": not a moe.cu checkpoint (no format metadata)");
-    if (r.metadata_value("version") != "1")
+    if (r.metadata_value("version") != VERSION)
         throw std::runtime_error(path + ": checkpoint version " + r.metadata_value("version") + " is not supported");
 }
 

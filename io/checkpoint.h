@@ -1,7 +1,8 @@
 // Training checkpoints (docs/design.md §9): DIR/ckpt_STEP.safetensors, every parameter whole under its table name,
 // the AdamW moments as optimizer.m.NAME and optimizer.v.NAME, and the config, step, data position and RNG in the
 // metadata. Every rank writes its owned ranges into the one file, which does not depend on the layout, and a rename
-// commits it. The directory must be one file system for all ranks.
+// commits it. The directory must be one file system for all ranks. The header holds XXH3-64 checksums of itself and
+// of every 16 MiB of the data: a resume checks them before it reads anything else.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -23,6 +24,8 @@ struct TrainState {
 std::string checkpoint_path(const std::string& dir, int64_t step);
 // Path of the checkpoint with the highest step in dir, or "" when there is none.
 std::string checkpoint_find_latest(const std::string& dir);
+// Every checkpoint in dir, the highest step first.
+std::vector<std::string> checkpoints_newest_first(const std::string& dir);
 // Removes all but the newest `keep` checkpoints in dir up to step `written` (the one just written; later ones belong
 // to another run and stay, as do other files). One that cannot go is named on stderr: the new one is safe already.
 void checkpoint_prune(const std::string& dir, int keep, int64_t written);
@@ -34,6 +37,8 @@ void checkpoint_save(const std::string& dir, const Model& m, const AdamWState& o
 struct CheckpointWrite {
     int64_t step = 0;
     std::string path, temporary;  // the checkpoint, and the file it is written as until the rename
+    uint64_t data = 0, data_bytes = 0;  // where the data section starts in the file, and its size
+    uint64_t checksums_at = 0;          // rank 0: where the header's "checksums" value starts
     struct Part {
         uint64_t offset;  // in the file
         const float* values;
@@ -49,8 +54,12 @@ CheckpointWrite checkpoint_begin(const std::string& dir, const Model& m, const A
                                  bool copies);
 // This rank's part, on any thread: written into the temporary file and synced. Throws naming the file.
 void checkpoint_write_part(const CheckpointWrite& w);
-// Collective, once every rank's part is written: rank 0 renames the temporary file to the checkpoint.
+// Collective, once every rank's part is written: the ranks hash the data back from the file, rank 0 writes the
+// hashes into the header and renames the temporary file to the checkpoint. Throws on every rank if a read fails.
 void checkpoint_commit(const CheckpointWrite& w, Comm& comm);
+// The file's header and its data chunks c with c % parts == part checked against the checksums it holds (the ranks
+// of a job share the reading). Returns what is wrong, naming the file, or "".
+std::string checkpoint_verify(const std::string& path, int part = 0, int parts = 1);
 // Collective, before training: rank 0 creates dir and a probe file, which every rank must see, so ranks that do not
 // share the directory fail at the start. Returns this rank's error, or "".
 std::string checkpoint_check_dir(const std::string& dir, Comm& comm);

@@ -152,7 +152,7 @@ Config parse_config_json(const std::string& text, const std::string& source) {
     json j;
     try {
         j = json::parse(text);
-    } catch (const json::parse_error& e) {
+    } catch (const json::exception& e) {  // a syntax error, or a number too large for a double
         throw std::runtime_error(source + ": malformed JSON (" + e.what() + ")");
     }
     if (!j.is_object()) throw std::runtime_error(source + ": the config must be a JSON object");

@@ -119,6 +119,68 @@ TEST_CASE("checkpoint: save and load restore weights, AdamW moments, step, data 
     system(("rm -rf " + dir).c_str());
 }
 
+// The checksums: a saved checkpoint verifies in one part or shared out; a changed data byte is found by the part that
+// reads its chunk alone, a changed metadata value, a cut or a longer file by every part. --resume passes over the
+// damaged checkpoints, naming each, and goes on from the newest intact one to the straight run's bits.
+TEST_CASE("checkpoint: checksums find damage anywhere, and --resume falls back to the newest intact checkpoint") {
+    const std::string dir = make_temp_dir();
+    Model m;
+    model_init(m, load_config("small"));  // 47 MB: 3 chunks of 16 MiB
+    AdamWState opt = adamw_state(m.shard);
+    TrainState st;
+    st.step = 2;
+    checkpoint_save(dir, m, opt, st);
+    const std::string path = checkpoint_path(dir, 2), good = slurp(path);
+    uint64_t header_bytes = 0;
+    memcpy(&header_bytes, good.data(), 8);
+    CHECK(checkpoint_verify(path) == "");
+    for (int part = 0; part < 3; part++) CHECK(checkpoint_verify(path, part, 3) == "");
+    auto write = [&](const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; };
+    std::string changed = good;
+    changed[8 + header_bytes + (16 << 20) + 5] ^= 1;  // in the second chunk
+    write(changed);
+    CHECK(checkpoint_verify(path, 0, 2) == "");
+    CHECK(checkpoint_verify(path, 1, 2) == path + ": data bytes 16777216 to 33554432 do not match their checksum "
+                                               "(a damaged file)");
+    changed = good;
+    const size_t step_at = changed.find("\"step\":\"2\"");
+    REQUIRE(step_at < 8 + header_bytes);
+    changed[step_at + 8] = '3';
+    write(changed);
+    CHECK(checkpoint_verify(path, 1, 2) == path + ": its header does not match its checksum (an altered file)");
+    for (const std::string& resized : {good.substr(0, good.size() - 4), good + std::string(16 << 20, '\0')}) {
+        write(resized);
+        CHECK(checkpoint_verify(path, 1, 2).find(path + ": ") == 0);
+    }
+    for (const char* checksums : {"\"checksum_\"", "\"checksums\":\"x"}) {  // gone, or not a hash
+        write(std::string(good).replace(good.find("\"checksums\""), strlen(checksums), checksums));
+        CHECK(checkpoint_verify(path) != "");
+    }
+
+    // three checkpoints of a 4-step run: the newest damaged, the one before altered
+    const std::string common = "./train_cpu --config tiny --vocab 1024 --data 'data/default/train_*.bin' --batch 1 "
+                               "--seq 16 --lr 1e-2 --checkpoint-dir ";
+    REQUIRE(run(common + dir + "/straight --steps 4") == 0);
+    REQUIRE(run(common + dir + "/split --steps 4 --checkpoint-every 1") == 0);
+    REQUIRE(remove(checkpoint_path(dir + "/split", 4).c_str()) == 0);
+    const std::string third = checkpoint_path(dir + "/split", 3), second = checkpoint_path(dir + "/split", 2);
+    std::string bytes = slurp(third);
+    bytes[bytes.size() - 1] ^= 1;
+    std::ofstream(third, std::ios::binary) << bytes;
+    bytes = slurp(second);
+    bytes[bytes.find("\"data_position\":\"") + 17] ^= 1;
+    std::ofstream(second, std::ios::binary) << bytes;
+    CHECK(system((common + dir + "/split --steps 4 --resume > /dev/null 2> " + dir + "/err.txt").c_str()) == 0);
+    const std::string err = slurp(dir + "/err.txt");
+    CHECK(err.find(third + ": data bytes 0 to") != std::string::npos);
+    CHECK(err.find(second + ": its header does not match its checksum (an altered file): passed over") !=
+          std::string::npos);
+    CHECK(err.find("resuming from " + checkpoint_path(dir + "/split", 1) + ", the newest intact checkpoint") !=
+          std::string::npos);
+    CHECK(slurp(checkpoint_path(dir + "/split", 4)) == slurp(checkpoint_path(dir + "/straight", 4)));
+    system(("rm -rf " + dir).c_str());
+}
+
 // A header that disagrees with itself or with the file's name is refused: metadata numbers that are not plain digits
 // or out of range, a step other than the name's, and (by checkpoint_config, on the header alone, before a model of
 // that config is allocated) a tensor whose shape differs from the one its config makes, or a missing moment.
@@ -318,5 +380,62 @@ TEST_CASE("checkpoint: --async-checkpoint writes the synchronous bytes, on 1 ran
         CHECK(!file_exists(checkpoint_path(failing, 3)));
         CHECK(system(("ls -a " + failing + " | grep -q tmp").c_str()) != 0);  // the failed write's file removed
     }
+    system(("rm -rf " + dir).c_str());
+}
+
+// Crash consistency: one training run lived as many processes, each killed with SIGKILL (no handler runs) at a
+// chosen point and resumed by the next, half of the kills aimed inside a checkpoint write (as soon as its temporary
+// file appears, plus 0 to 20 ms). Every resume must find an intact checkpoint, and every run that reaches its end
+// must write the uninterrupted run's final checkpoint, byte for byte.
+TEST_CASE("checkpoint: a run killed with SIGKILL at 24 points, half aimed inside checkpoint writes, resumes to the same bits") {
+    const std::string dir = make_temp_dir();
+    const std::string common = "./train_cpu --config small --data 'data/default/train_*.bin' --steps 8 --batch 1 "
+                               "--seq 16 --checkpoint-every 1 --resume --checkpoint-dir ";
+    REQUIRE(run(common + dir + "/straight") == 0);
+    const std::string straight = slurp(checkpoint_path(dir + "/straight", 8));
+    const std::string killed = dir + "/killed";
+    auto writing = [&] {  // a temporary checkpoint file exists
+        for (const auto& entry : std::filesystem::directory_iterator(killed))
+            if (entry.path().string().find(".safetensors.tmp.") != std::string::npos) return true;
+        return false;
+    };
+    Rng rng(11);
+    int kills = 0, kills_in_writes = 0, completed = 0;
+    while (kills < 24) {
+        std::filesystem::create_directories(killed);
+        const pid_t pid = fork();
+        REQUIRE(pid >= 0);
+        if (pid == 0) {
+            execl("/bin/sh", "sh", "-c", ("exec " + common + killed + " > /dev/null 2> " + dir + "/err").c_str(),
+                  (char*)nullptr);
+            _exit(127);
+        }
+        const bool aim_at_write = kills % 2 == 0;
+        const double delay_ms = aim_at_write ? 20 * rng.uniform() : 50 + 500 * rng.uniform();
+        int status = 0;
+        bool exited = false;
+        auto exited_now = [&] { return exited = exited || waitpid(pid, &status, WNOHANG) == pid; };
+        while (aim_at_write && !exited_now() && !writing()) usleep(200);
+        usleep((useconds_t)(1000 * delay_ms));
+        if (!exited_now()) {
+            kill(pid, SIGKILL);
+            REQUIRE(waitpid(pid, &status, 0) == pid);
+            kills++;
+            kills_in_writes += writing();
+            const std::string latest = checkpoint_find_latest(killed);
+            if (!latest.empty()) CHECK(checkpoint_verify(latest) == "");
+            continue;
+        }
+        INFO("resume stderr: " << slurp(dir + "/err"));
+        REQUIRE((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+        CHECK(slurp(dir + "/err").find("passed over") == std::string::npos);
+        CHECK(slurp(checkpoint_path(killed, 8)) == straight);
+        completed++;
+        std::filesystem::remove_all(killed);  // the next kills start a new run
+    }
+    REQUIRE(run(common + killed) == 0);  // the last run, to its end
+    CHECK(slurp(checkpoint_path(killed, 8)) == straight);
+    MESSAGE(kills << " kills, " << kills_in_writes << " inside a checkpoint write; " << completed + 1 << " runs ended");
+    CHECK(kills_in_writes >= 6);
     system(("rm -rf " + dir).c_str());
 }

@@ -113,6 +113,31 @@ static bool fault_requested(const Comm& comm, int64_t step, const char* kind) {
            !strcmp(requested, kind);
 }
 
+// The newest checkpoint in --checkpoint-dir whose checksums hold (the ranks share the reading), or "" when there is
+// none. A damaged one is named and passed over; when every one is damaged the job ends with the last one's fault.
+static std::string newest_intact_checkpoint(Run& r) {
+    Comm& comm = *r.comm;
+    const std::vector<std::string> found = checkpoints_newest_first(r.args.checkpoint_dir);
+    std::string listing;
+    for (const std::string& path : found) listing += path.substr(path.find_last_of('/') + 1) + "\n";
+    agree_on(r, listing, "checkpoints in --checkpoint-dir differ");  // a shared file system's cache
+    for (size_t i = 0; i < found.size(); i++) {
+        std::string error = checkpoint_verify(found[i], comm.rank, comm.world);
+        if (i + 1 == found.size()) {  // nothing older to fall back on
+            if (!error.empty() && i > 0) error += "; no checkpoint in " + r.args.checkpoint_dir + " is intact";
+            agree_or_exit(r, error);
+        }
+        const int damaged = first_rank_with(comm, !error.empty()).first;
+        if (damaged < 0) {
+            if (i > 0 && comm.rank == 0)
+                fprintf(stderr, "%s: resuming from %s, the newest intact checkpoint\n", r.program, found[i].c_str());
+            return found[i];
+        }
+        if (damaged == comm.rank) fprintf(stderr, "%s: %s: passed over\n", r.program, error.c_str());
+    }
+    return "";
+}
+
 // The config from the checkpoint when resuming, from the Hugging Face directory, else from --config, and the
 // same on every rank (the same flags, config, build and newest checkpoint, compared through fingerprints).
 static void resolve_config(Run& r) {
@@ -122,8 +147,8 @@ static void resolve_config(Run& r) {
     // first: ranks given another --ep, --steps, ... would take other layouts or steps, and hang or corrupt the
     // collectives
     agree_on(r, r.flags + " built " __DATE__ " " __TIME__, "flags or build differ");
+    if (args.resume) r.resume_from = newest_intact_checkpoint(r);
     agree(r, [&] {
-        r.resume_from = args.resume ? checkpoint_find_latest(args.checkpoint_dir) : "";
         r.config = !r.resume_from.empty()        ? checkpoint_config(r.resume_from)
                    : !args.init_from_hf.empty() ? hf_config(args.init_from_hf)
                                                 : parse_config_file(args.config);
