@@ -75,8 +75,10 @@ int main(int argc, char** argv) {
             s.fp8_in_bf16 = (double)(model.matmul.fp8_in_bf16 - fp8_in_bf16);
             reduce_step(run, s, model.expert_counts);  // losses and expert loads over the ranks, checked finite
             s.lr = learning_rate(run.oc, step);
-            gpu_model_adamw(model, run.opt, run.oc, s.lr, clip_factor(run.oc, s.grad_norm));
-            gpu_model_update_router_bias(model, model.expert_counts);
+            if (!s.skip_update) {  // --skip-spikes: an outlier step changes nothing
+                gpu_model_adamw(model, run.opt, run.oc, s.lr, clip_factor(run.oc, s.grad_norm));
+                gpu_model_update_router_bias(model, model.expert_counts);
+            }
             s.seconds = s.elapsed();  // the step's time, without the evaluation
             if (eval_due(run, step)) s.val_loss = evaluate(run, calls);
             log_step(run, s);

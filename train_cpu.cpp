@@ -42,8 +42,10 @@ int main(int argc, char** argv) {
             s.grad_norm = model_grad_norm(model);
             reduce_step(run, s, model.expert_counts);  // losses and expert loads over the ranks, checked finite
             s.lr = learning_rate(run.oc, step);
-            model_adamw(model, run.opt, run.oc, s.lr, clip_factor(run.oc, s.grad_norm));
-            model_update_router_bias(model, model.expert_counts);
+            if (!s.skip_update) {  // --skip-spikes: an outlier step changes nothing
+                model_adamw(model, run.opt, run.oc, s.lr, clip_factor(run.oc, s.grad_norm));
+                model_update_router_bias(model, model.expert_counts);
+            }
             s.seconds = s.elapsed();  // the step's time, without the evaluation
             if (eval_due(run, step)) s.val_loss = evaluate(run, calls);
             log_step(run, s);

@@ -4,6 +4,7 @@
 // (200 steps reach 4.44 against 5.76, 2026-12-03; 400 steps of `make run` reach 4.22; see docs/usage.md.)
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -12,6 +13,7 @@
 #include <string>
 
 #include "data/shards.h"
+#include "io/checkpoint.h"
 #include "test/test_helpers.h"
 #include "trainer/outliers.h"
 
@@ -57,6 +59,53 @@ TEST_CASE("learning: the outlier detector scores a spike against the values befo
     OutlierDetector flat;  // a series without deviation scores nothing, roundoff included
     for (int i = 0; i < OUTLIER_WINDOW; i++) flat.update(0.1);
     CHECK(std::isnan(flat.update(0.3).z));
+}
+
+TEST_CASE("learning: the detector reports a rise of the loss's window mean above its lowest") {
+    OutlierDetector d;
+    for (int i = 0; i < 2 * OUTLIER_WINDOW; i++) CHECK(!(d.update(i % 2 ? 3.25 : 3.0).rise > 0));  // steady
+    double rise = 0;
+    for (int i = 0; i < 45; i++) rise = d.update(6.0).rise;  // 45 of the last 128 at 6: the mean rose by 0.97
+    CHECK(rise == doctest::Approx(45 * (6.0 - 3.125) / OUTLIER_WINDOW - 2.875 / OUTLIER_WINDOW));
+    CHECK(rise < DIVERGENCE_NATS);
+    CHECK(d.update(6.0).rise > DIVERGENCE_NATS);
+}
+
+// A tiny model memorizes one 16-token sequence for 300 steps, then meets random tokens. Step 301's loss is a spike:
+// with --skip-spikes 5 its update is skipped (the checkpoints before and after it hold the same tensors) and the
+// log says so; 40 steps of random tokens later the loss's rise is reported as a divergence.
+TEST_CASE("learning: --skip-spikes skips a spike's update; a sustained rise of the loss is reported") {
+    std::vector<uint32_t> tokens;
+    for (int i = 0; i <= 300 * 16; i++) tokens.push_back(1 + i % 16);  // with step 300's last target
+    Rng rng(5);
+    while (tokens.size() < 341 * 16 + 1) tokens.push_back((uint32_t)(rng.uniform() * 64));
+    const std::string shard = test_path("spike.bin"), ckpt = test_path("spike_ckpt"), log = test_path("spike.jsonl");
+    write_shard(shard, tokens, 1);
+    const std::string common = "./train_cpu --config tiny --batch 1 --seq 16 --lr 1e-2 --data " + shard;
+    const std::string out = test_path("spike.out");
+    REQUIRE(system((common + " --steps 301 --skip-spikes 5 --checkpoint-dir " + ckpt + " --checkpoint-every 300 " +
+                    "--log " + log + " > " + out + " 2>&1").c_str()) == 0);
+    const std::string printed = slurp(out), logged = slurp(log);
+    INFO(printed);
+    CHECK(printed.find("step 301: the loss ") != std::string::npos);
+    CHECK(printed.find("its update is skipped (--skip-spikes)") != std::string::npos);
+    CHECK(logged.find("\"step\": 301, ") != std::string::npos);
+    CHECK(logged.find("\"skipped\": true") > logged.find("\"step\": 301, "));
+    CHECK(std::count(logged.begin(), logged.end(), '\n') == 301);
+    Model before, after;
+    for (const auto& [model, step] : {std::pair<Model*, int>{&before, 300}, {&after, 301}}) {
+        model_init(*model, checkpoint_config(checkpoint_path(ckpt, step)));
+        AdamWState opt;
+        TrainState st;
+        checkpoint_load(checkpoint_path(ckpt, step), *model, opt, st);
+    }
+    CHECK(before.params == after.params);
+
+    REQUIRE(system((common + " --steps 341 > " + out + " 2>&1").c_str()) == 0);
+    const std::string plain = slurp(out);
+    CHECK(plain.find("step 301: the loss ") != std::string::npos);
+    CHECK(plain.find("skipped") == std::string::npos);
+    CHECK(plain.find("the loss is diverging") != std::string::npos);
 }
 
 TEST_CASE("learning: small on the default data falls well below the unigram entropy") {

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <stdexcept>
+#include <tuple>
 #include <utility>
 
 #include "data/shards.h"
@@ -369,6 +370,12 @@ void reduce_step(Run& r, Step& s, std::vector<std::vector<int64_t>>& expert_coun
     if (!std::isfinite(s.grad_norm))
         halt_all(comm, "the gradient norm became " + std::to_string(s.grad_norm) + " at step " +
                            std::to_string(s.step) + " (try a lower --lr)");
+    // every rank scores the same values alike; the skip is agreed all the same: the replicas must never part
+    s.loss_score = r.loss_outliers.update(s.loss[0]);
+    s.norm_score = r.norm_outliers.update(s.grad_norm);
+    const double skip_z = r.args.skip_spikes;
+    if (skip_z > 0)
+        s.skip_update = first_rank_with(comm, s.loss_score.z > skip_z || s.norm_score.z > skip_z).first >= 0;
 }
 
 bool eval_due(const Run& r, int64_t step) {
@@ -426,17 +433,18 @@ void log_step(Run& r, const Step& s) {
     if (!std::isnan(s.val_loss)) printf(" | val %.4f", s.val_loss);
     if (s.fp8_in_bf16 > 0) printf(" | %.0f FP8 products in BF16", s.fp8_in_bf16);
     printf("\n");
-    struct Series {
-        const char* name;
-        double value;
-        OutlierDetector& detector;
-    };
-    for (const Series& x : {Series{"loss", loss[0], r.loss_outliers}, Series{"gradient norm", s.grad_norm,
-                                                                            r.norm_outliers}}) {
-        const OutlierDetector::Score z = x.detector.update(x.value);
-        if (z.z > OUTLIER_Z)
-            printf("step %lld: the %s %.4g is %.1f standard deviations above the last %d steps' mean (%.4g +- %.2g)\n",
-                   (long long)s.step + 1, x.name, x.value, z.z, OUTLIER_WINDOW, z.mean, z.deviation);
+    const double spike_z = r.args.skip_spikes > 0 ? std::fmin(r.args.skip_spikes, OUTLIER_Z) : OUTLIER_Z;
+    for (const auto& [name, value, score] : {std::tuple{"loss", loss[0], s.loss_score},
+                                             std::tuple{"gradient norm", s.grad_norm, s.norm_score}})
+        if (score.z > spike_z)
+            printf("step %lld: the %s %.4g is %.1f standard deviations above the last %d steps' mean "
+                   "(%.4g +- %.2g)%s\n", (long long)s.step + 1, name, value, score.z, OUTLIER_WINDOW, score.mean, score.deviation,
+                   s.skip_update ? "; its update is skipped (--skip-spikes)" : "");
+    if (s.loss_score.rise > DIVERGENCE_NATS && s.step >= r.divergence_noted + OUTLIER_WINDOW) {
+        printf("step %lld: the loss is diverging: its mean over the last %d steps, %.4g, is %.2f above the lowest "
+               "such mean of this run (try a lower --lr)\n", (long long)s.step + 1, OUTLIER_WINDOW,
+               s.loss_score.mean, s.loss_score.rise);
+        r.divergence_noted = s.step;
     }
     fflush(stdout);
     if (!r.log) return;
@@ -448,6 +456,7 @@ void log_step(Run& r, const Step& s) {
     if (!std::isnan(mfu)) fprintf(r.log, ", \"mfu\": %.3f", mfu);
     if (!std::isnan(s.val_loss)) fprintf(r.log, ", \"val_loss\": %.6f", s.val_loss);
     if (s.fp8_in_bf16 > 0) fprintf(r.log, ", \"fp8_in_bf16\": %.0f", s.fp8_in_bf16);
+    if (s.skip_update) fprintf(r.log, ", \"skipped\": true");
     fprintf(r.log, "}\n");
     fflush(r.log);
 }

@@ -56,7 +56,8 @@ struct Run {
     Tokenizer tokenizer;
     FILE* log = nullptr;
     double peak_flops = 0.0;        // one device's dense peak for MFU, 0 when unknown (the CPU)
-    OutlierDetector loss_outliers, norm_outliers;  // spikes of the loss and the gradient norm (rank 0)
+    OutlierDetector loss_outliers, norm_outliers;  // spikes of the loss and the gradient norm
+    int64_t divergence_noted = -OUTLIER_WINDOW;     // the last step whose loss's rise was reported
     std::function<void()> on_end;  // frees the model's resources before the ranks' transport goes
     int64_t first_step = 0;
     double train_seconds = 0.0;  // the steps after the first of this process (the first pays for warm-up)
@@ -76,6 +77,8 @@ struct Step {
     double loss[4] = {0, 0, 0, 0};         // total, main, MTP, balance: this rank's, then the global means
     double grad_norm = 0, seconds = 0, val_loss = NAN;
     double fp8_in_bf16 = 0;  // FP8 products cuBLASLt refused, run in BF16: this rank's, then every rank's
+    OutlierDetector::Score loss_score, norm_score;  // against the steps before (reduce_step)
+    bool skip_update = false;                       // --skip-spikes: the step is an outlier, its update skipped
     float lr = 0;
     std::string load_imbalance;
     std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();

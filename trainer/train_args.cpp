@@ -31,6 +31,8 @@ static const char* USAGE =
     "  --min-lr-ratio X       the learning rate at the last step over the peak (0.1)\n"
     "  --weight-decay X       AdamW weight decay on matrices and embeddings (0.1)\n"
     "  --grad-clip X          global gradient-norm clip, 0 for none (1.0)\n"
+    "  --skip-spikes Z        no update on a step whose loss or gradient norm is Z standard deviations above the last\n"
+    "                         128 steps' mean (0: report such steps only) (0)\n"
     "  --moments fp32|bf16    how AdamW's moments are stored: bf16 as DeepSeek-V3 trains, half their memory (fp32)\n"
     "  --seed S               initialisation and sampling seed (1337)\n"
     "  --eval-every N         validation loss every N steps and after the last (0: only after the last)\n"
@@ -139,6 +141,7 @@ TrainArgs parse_train_args(int argc, char** argv, const char* program) {
         else if (!strcmp(flag, "--min-lr-ratio")) a.min_lr_ratio = parse_float(program, flag, v, 0.0, 1.0);
         else if (!strcmp(flag, "--weight-decay")) a.weight_decay = parse_float(program, flag, v, 0.0, 10.0);
         else if (!strcmp(flag, "--grad-clip")) a.grad_clip = parse_float(program, flag, v, 0.0, 1e6);
+        else if (!strcmp(flag, "--skip-spikes")) a.skip_spikes = parse_float(program, flag, v, 0.0, 1e6);
         else if (!strcmp(flag, "--seed")) a.seed = (unsigned long long)parse_int(program, flag, v, 0, 1LL << 62);
         else if (!strcmp(flag, "--eval-every")) a.eval_every = (int)parse_int(program, flag, v, 0, BIG);
         else if (!strcmp(flag, "--eval-batches")) a.eval_batches = (int)parse_int(program, flag, v, 1, BIG);

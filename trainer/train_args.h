@@ -22,6 +22,7 @@ struct TrainArgs {
     float min_lr_ratio = 0.1f;      // --min-lr-ratio X the learning rate at the last step over the peak
     float weight_decay = 0.1f;      // --weight-decay X
     float grad_clip = 1.0f;         // --grad-clip X    (0: off)
+    float skip_spikes = 0.0f;       // --skip-spikes Z  no update on a step Z deviations above its past (0: off)
     Moments moments = Moments::FP32;  // --moments fp32|bf16  how AdamW's m and v are stored
     unsigned long long seed = 1337; // --seed S
     int eval_every = 0;             // --eval-every N   (and always after the last step)
