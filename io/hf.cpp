@@ -95,6 +95,11 @@ Config hf_config(const std::string& dir) {
         if (t != "deepseek_v3" && t != "deepseek_v2")
             throw std::runtime_error(path + ": model_type " + t.dump() + " is not deepseek_v3 (or deepseek_v2)");
     }
+    // a config alone may take DeepSeek-V3's router instead (a note says so); weights trained with another may not
+    for (const auto& [key, value] : {std::pair{"scoring_func", "sigmoid"}, std::pair{"topk_method", "noaux_tc"}})
+        if (j.is_object() && j.contains(key) && j[key] != value)
+            throw std::runtime_error(path + ": " + key + " " + j[key].dump() + ": weights trained with it need " +
+                                     "another router than moe.cu's (" + key + " \"" + value + "\")");
     return parse_config_json(text, path);  // reports malformed JSON and bad values
 }
 

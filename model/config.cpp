@@ -96,7 +96,7 @@ static const ConfigKey config_keys[] = {
 static bool is_other_known_key(const std::string& k) {
     static const char* keys[] = {"rope_scaling", "rope_parameters", "hidden_act", "tie_word_embeddings",
         "moe_layer_freq", "scoring_func", "topk_method",
-        "architectures", "auto_map", "model_type", "torch_dtype", "transformers_version",
+        "architectures", "auto_map", "model_type", "torch_dtype", "dtype", "transformers_version", "qk_head_dim",
         "bos_token_id", "eos_token_id", "pad_token_id", "use_cache", "attention_bias", "attention_dropout",
         "pretraining_tp", "ep_size", "num_key_value_heads", "seq_aux", "quantization_config", "_name_or_path",
         "head_dim", "rope_interleave", "initializer_factor", "output_router_logits", "router_aux_loss_coef"};
@@ -190,6 +190,9 @@ Config parse_config_json(const std::string& text, const std::string& source) {
             else if (type != "default")
                 throw std::runtime_error("rope_parameters type '" + type + "' is not supported (default or yarn)");
         }
+        if (j.contains("qk_head_dim") && j["qk_head_dim"] != c.qk_nope_head_dim + c.qk_rope_head_dim)
+            throw std::runtime_error("qk_head_dim " + j["qk_head_dim"].dump() + " is not qk_nope_head_dim + " +
+                                     "qk_rope_head_dim = " + std::to_string(c.qk_nope_head_dim + c.qk_rope_head_dim));
         if (j.contains("rope_interleave") && j["rope_interleave"] != true)
             throw std::runtime_error(
                 "rope_interleave must be true (moe.cu's RoPE rotates DeepSeek's interleaved pairs)");

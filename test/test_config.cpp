@@ -171,6 +171,7 @@ TEST_CASE("config: invalid values throw naming the key") {
     rejects(tiny_with("rope_parameters", json{{"rope_type", "linear"}, {"factor", 2.0}}), "rope_parameters type");
     rejects(tiny_with("rope_parameters", json{{"rope_theta", 50000.0}}), "rope_theta");  // tiny says 10000 at the top
     rejects(tiny_with("rope_interleave", false), "rope_interleave must be true");
+    rejects(tiny_with("qk_head_dim", 8), "qk_head_dim 8 is not qk_nope_head_dim + qk_rope_head_dim");
     rejects(R"({"hidden_size": 64,)", "malformed JSON");
     rejects("[1, 2, 3]", "JSON object");
     rejects("42", "JSON object");
@@ -184,20 +185,22 @@ TEST_CASE("config: invalid values throw naming the key") {
     CHECK_NOTHROW(validate_config(Config()));
 }
 
-// transformers 5 writes rope_theta and the YaRN settings inside rope_parameters, and rope_interleave: both are read,
-// never ignored with a note.
+// transformers 5 writes rope_theta and the YaRN settings inside rope_parameters, rope_interleave, qk_head_dim and
+// dtype: each is read or checked, none ignored with a note.
 TEST_CASE("config: transformers 5's rope_parameters and rope_interleave") {
     json j = json::parse(config_to_json(load_config("tiny")));
     j.erase("rope_theta");
     j.erase("rope_scaling");
     j["rope_interleave"] = true;
     j["rope_parameters"] = {{"rope_theta", 50000.0}, {"rope_type", "default"}};
+    j["qk_head_dim"] = j["qk_nope_head_dim"].get<int>() + j["qk_rope_head_dim"].get<int>();  // as transformers 5 writes
+    j["dtype"] = "float32";
     std::string notes;
     Config c;
     notes = capture_stderr([&] { c = parse_config_json(j.dump(), "t5.json"); });
     CHECK(c.rope_theta == 50000.0f);
     CHECK(c.yarn_factor == 1.0f);
-    CHECK_MESSAGE(notes.find("rope_") == std::string::npos, notes);
+    CHECK_MESSAGE(notes.empty(), notes);
     j["rope_parameters"] = {{"rope_theta", 10000.0}, {"rope_type", "yarn"}, {"factor", 40.0},
                             {"original_max_position_embeddings", 4096}, {"beta_fast", 32.0}, {"beta_slow", 1.0},
                             {"mscale", 1.0}, {"mscale_all_dim", 1.0}};

@@ -409,7 +409,7 @@ TEST_CASE("hf: bad checkpoints give one-line errors naming the tensor and file, 
         fails(dir + "/noq", "tensor 'model.layers.0.self_attn.q_a_proj.weight' is missing",
               "the checkpoint has 'model.layers.0.self_attn.q_proj.weight' instead");
     }
-    SUBCASE("no weights, a missing config.json, another model_type") {
+    SUBCASE("no weights, a missing config.json, another model_type or router") {
         REQUIRE(system(("mkdir -p " + dir + "/empty").c_str()) == 0);
         fails(dir + "/empty", dir + "/empty", "neither model.safetensors nor model.safetensors.index.json");
         CHECK_THROWS_WITH_AS(hf_config(dir + "/empty"), doctest::Contains((dir + "/empty/config.json").c_str()), std::runtime_error);
@@ -417,6 +417,10 @@ TEST_CASE("hf: bad checkpoints give one-line errors naming the tensor and file, 
         CHECK_THROWS_WITH_AS(hf_config(dir + "/empty"), doctest::Contains("model_type \"llama\""), std::runtime_error);
         spit(dir + "/empty/config.json", "{\"model_type\": \"deepseek_v3\", \"hidden_size\": ");
         CHECK_THROWS_WITH_AS(hf_config(dir + "/empty"), doctest::Contains("malformed JSON"), std::runtime_error);
+        // DeepSeek-V2's weights were trained with its softmax router: importing them under V3's would mislead
+        REQUIRE(system(("cp test/data/deepseek-v2-lite-config.json " + dir + "/empty/config.json").c_str()) == 0);
+        CHECK_THROWS_WITH_AS(hf_config(dir + "/empty"), doctest::Contains("scoring_func \"softmax\""),
+                             std::runtime_error);
     }
     SUBCASE("an index that points at a missing file, or at a file without the tensor") {
         const std::string d = dir + "/index";
