@@ -36,17 +36,22 @@ std::string checkpoint_path(const std::string& dir, int64_t step) {
     return dir + name;
 }
 
-// The checkpoints in dir by step, oldest first; a temporary file (ckpt_STEP.safetensors.tmp.ID) is not one.
+// The step a checkpoint's file name says (ckpt_STEP.safetensors), or -1 for another name (a temporary file,
+// ckpt_STEP.safetensors.tmp.ID, included)
+static long long step_in_name(const std::string& path) {
+    long long step;
+    char tail[32];
+    const std::string name = path.substr(path.find_last_of('/') + 1);
+    return sscanf(name.c_str(), "ckpt_%lld.%31s", &step, tail) == 2 && std::string(tail) == "safetensors" ? step : -1;
+}
+
+// The checkpoints in dir by step, oldest first.
 static std::map<long long, std::string> checkpoints_in(const std::string& dir) {
     std::map<long long, std::string> found;
     DIR* d = opendir(dir.c_str());
     if (!d) return found;
-    while (dirent* e = readdir(d)) {
-        long long step;
-        char tail[32];
-        if (sscanf(e->d_name, "ckpt_%lld.%31s", &step, tail) == 2 && std::string(tail) == "safetensors")
-            found[step] = dir + "/" + e->d_name;
-    }
+    while (dirent* e = readdir(d))
+        if (step_in_name(e->d_name) >= 0) found[step_in_name(e->d_name)] = dir + "/" + e->d_name;
     closedir(d);
     return found;
 }
@@ -452,9 +457,8 @@ void checkpoint_load(const std::string& path, Model& m, AdamWState& opt, TrainSt
                     throw std::runtime_error(path + ": the AdamW moments of tensor '" +
                                              m.table.tensors[range.tensor].name + "' hold NaN or inf");
     st.step = parse_integer(r, "step", path);
-    long long named = 0;  // a checkpoint's name says its step too: the two must agree
-    if (sscanf(path.substr(path.find_last_of('/') + 1).c_str(), "ckpt_%lld.safetensors", &named) == 1 &&
-        named != st.step)
+    const long long named = step_in_name(path);  // a checkpoint's name says its step too: the two must agree
+    if (named >= 0 && named != st.step)
         throw std::runtime_error(path + ": its metadata says step " + std::to_string(st.step) +
                                  ", its name step " + std::to_string(named) + " (an altered or renamed file)");
     opt.step = parse_integer(r, "optimizer_step", path);
