@@ -320,12 +320,21 @@ void ensure_expert_rows(GpuModel& m, GpuMoEActs& a, int64_t R) {
     gpu::matmul_reserve(m.matmul, cast_elements(c, (int64_t)m.max_B * m.T, R));
 }
 
+// The router biases (the tensors outside the optimizer): an offset and the values of each, in bytes
+static int64_t bias_table_bytes(const ParamTable& table) {
+    int64_t bytes = 0;
+    for (const ParamTensor& t : table.tensors)
+        if (!t.trainable) bytes += 8 + 4 * t.numel;
+    return bytes;
+}
+
 // The device tables of the shard's AdamW and norm: its packed ranges (6 R + 2 int64), each range's squared norm and
 // the norm's chunk partials. Bounded alike on every rank: at most two ranges per tensor (a piece's and a tail's).
+// Then the router biases' table.
 static int64_t optimizer_table_bytes(const ParamTable& table) {
     const int64_t ranges = 2 * (int64_t)table.tensors.size();
     const int64_t chunks = (table.total + GRAD_NORM_CHUNK - 1) / GRAD_NORM_CHUNK + ranges;
-    return (6 * ranges + 2) * 8 + (ranges + chunks) * 8;
+    return (6 * ranges + 2) * 8 + (ranges + chunks) * 8 + bias_table_bytes(table);
 }
 
 GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, int world, Precision p, int B, int T,
@@ -407,12 +416,18 @@ static void allocate(GpuModel& m, const Config& c, Comm& comm, Precision p, int 
     CUDA_CHECK(cudaMemcpy(ranges, packed_ranges.data(), packed_ranges.size() * 8, cudaMemcpyHostToDevice));
     m.range_norms_device = reinterpret_cast<double*>(ranges + packed_ranges.size());
     m.norm_partials = m.range_norms_device + m.shard_ranges.ranges;
+    m.bias_device = static_cast<char*>(m.optimizer_tables) + table_bytes - bias_table_bytes(m.table);
     gpu::matmul_create(m.matmul, m.stream, bf16 ? cast_elements(c, N, 0) : gpu::MatmulCasts{}, p == Precision::FP8);
     const auto carve_host_io = [&](Arena& host) {
         carve_staging(host, N);
         m.balance_host = host.take<double>((int64_t)c.num_blocks() * B);
         m.counts_pinned = host.take<int64_t>((int64_t)c.num_blocks() * c.n_routed_experts);
+        m.bias_offsets = host.take<int64_t>(m.biases + (m.biases * c.n_routed_experts + 1) / 2);  // and the values
+        m.bias_values = reinterpret_cast<float*>(m.bias_offsets + m.biases);
     };
+    m.biases = std::count_if(m.table.tensors.begin(), m.table.tensors.end(), [](const ParamTensor& t) {
+        return !t.trainable;  // the router biases
+    });
     m.host_io = device_alloc(bytes_of(carve_host_io), "the batch's and the losses' copies", /*pinned*/ true);
     Arena host{static_cast<char*>(m.host_io), 0};
     carve_host_io(host);

@@ -387,16 +387,21 @@ void gpu_model_adamw(GpuModel& m, AdamWState& opt, const OptimizerConfig& oc, fl
 
 // On the host's copy, then to the device without a wait: the copy's source changes again only at the next
 // update, after the next forward has waited for the stream.
+// Each bias stepped on the host as the CPU's, then all go up in one copy and one kernel puts them in place. The
+// copy has ended before the next step writes bias_values again: the forward waits for the device.
 void gpu_model_update_router_bias(GpuModel& m, const std::vector<std::vector<int64_t>>& counts) {
     const Config& c = m.config;
-    for (int l = 0; l < c.num_blocks(); l++) {
+    const int64_t E = c.n_routed_experts;
+    for (int l = 0, bias = 0; l < c.num_blocks(); l++) {
         if (!c.is_moe_layer(l)) continue;
-        std::vector<float>& bias = m.router_bias[l];
-        router_bias_step(c, counts[l], bias.data());
-        CUDA_CHECK(cudaMemcpyAsync(m.w.blocks[l].router_bias, bias.data(), bias.size() * sizeof(float),
-                                   cudaMemcpyHostToDevice, m.stream));
+        m.bias_offsets[bias] = m.w.blocks[l].router_bias - m.params;
+        router_bias_step(c, counts[l], m.bias_values + bias++ * E);
         std::fill(m.expert_counts[l].begin(), m.expert_counts[l].end(), 0);
     }
+    CUDA_CHECK(cudaMemcpyAsync(m.bias_device, m.bias_offsets, m.biases * (8 + 4 * E), cudaMemcpyHostToDevice,
+                               m.stream));
+    const int64_t* offsets = static_cast<const int64_t*>(m.bias_device);
+    gpu::put_rows(m.params, offsets, reinterpret_cast<const float*>(offsets + m.biases), m.biases, E, m.stream);
 }
 
 // One moment to the device, FP32 or rounded to BF16 (the CPU's update reads it so rounded too), and back.
@@ -430,11 +435,10 @@ void gpu_model_upload(GpuModel& m, const Model& host, const AdamWState& opt) {
     upload_moments(m.adam_v, m.adam_v16, opt.v);
     if (m.params_bf16) gpu::cast_to_bf16(m.params_bf16, m.params, m.table.total, m.stream);
     refresh_fp8_weights(m);
-    m.router_bias.assign(m.config.num_blocks(), {});
-    for (int l = 0; l < m.config.num_blocks(); l++)
+    for (int l = 0, bias = 0; l < m.config.num_blocks(); l++)
         if (m.config.is_moe_layer(l)) {
-            const float* bias = host.w.blocks[l].router_bias;
-            m.router_bias[l].assign(bias, bias + m.config.n_routed_experts);
+            const float* values = host.w.blocks[l].router_bias;
+            std::copy(values, values + m.config.n_routed_experts, m.bias_values + bias++ * m.config.n_routed_experts);
         }
     sync(m);
 }

@@ -94,9 +94,14 @@ struct GpuModel {
     void* expert_scratch = nullptr;  // the routed experts' backward buffers, grown with the largest layer
     int64_t expert_scratch_rows = 0;
     std::vector<std::vector<int64_t>> expert_counts;  // host, as Model::expert_counts
-    std::vector<std::vector<float>> router_bias;      // host copy of each MoE block's router bias (E), as on the device
+    // The router biases (the tensors outside the optimizer), on the host as on the device: (biases) offsets in the
+    // parameters, then (biases, E) values, in pinned memory; the device's copy of both in the optimizer tables.
+    int64_t biases = 0;
+    int64_t* bias_offsets = nullptr;
+    float* bias_values = nullptr;
+    void* bias_device = nullptr;
     gpu::ShardRanges shard_ranges;     // the shard's ranges on the device (kernels/shard_ranges.h)
-    void* optimizer_tables = nullptr;  // the allocation of shard_ranges' table and the two below
+    void* optimizer_tables = nullptr;  // the allocation of shard_ranges' table, the two below and bias_device
     double *range_norms_device = nullptr, *norm_partials = nullptr;  // each range's squared norm; chunk partials
     void* host_io = nullptr;         // pinned host memory: BatchStaging, then balance_host and counts_pinned
     double* balance_host = nullptr;  // (num_blocks, max_B) each MoE block's balance loss per sequence, queued out

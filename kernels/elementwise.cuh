@@ -1,6 +1,8 @@
 // Elementwise glue, FP32:
 //   copy_columns:  dst[r * dst_ld + c] = src[r * src_ld + c] for r < rows, c < cols: a block of columns (the
 //                  callers offset the pointers; MLA's c_kv out of kv_a and its gradient back; MTP's [enorm | hnorm])
+//   put_rows:      dst[offsets[r] + c] = src[r * cols + c] for r < rows, c < cols: rows sent up together put in
+//                  place (the router biases into the parameters)
 #pragma once
 #include <cstdint>
 
@@ -22,6 +24,18 @@ inline void copy_columns(float* dst, int64_t dst_ld, const float* src, int64_t s
                          cudaStream_t stream) {
     if (rows == 0 || cols == 0) return;
     launch_kernel(copy_columns_kernel, (unsigned)rows, ELEMENTWISE_THREADS, 0, stream, dst, dst_ld, src, src_ld, cols);
+}
+
+static __global__ void put_rows_kernel(float* dst, const int64_t* offsets, const float* src, int64_t cols) {
+    const int64_t r = blockIdx.x;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) dst[offsets[r] + c] = src[r * cols + c];
+}
+
+// offsets (rows) and src (rows, cols) on the device
+inline void put_rows(float* dst, const int64_t* offsets, const float* src, int64_t rows, int64_t cols,
+                     cudaStream_t stream) {
+    if (rows == 0 || cols == 0) return;
+    launch_kernel(put_rows_kernel, (unsigned)rows, ELEMENTWISE_THREADS, 0, stream, dst, offsets, src, cols);
 }
 
 }  // namespace gpu

@@ -99,6 +99,21 @@ static void test_copy_columns(Rng& rng) {
     }
 }
 
+// rows sent up together put at their offsets (the router biases into the parameters): out of order, wider than a
+// thread block, and the values between them untouched
+static void test_put_rows(Rng& rng) {
+    const int64_t rows = 3, cols = 300;
+    const std::vector<int64_t> offsets = {1700, 5, 900};
+    const std::vector<float> src = randn(rows * cols, rng), dst0 = randn(2100, rng);
+    std::vector<float> want = dst0;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) want[offsets[r] + c] = src[r * cols + c];
+    DeviceArray<float> d_src(src), d_dst(dst0);
+    DeviceArray<int64_t> d_offsets(offsets);
+    gpu::put_rows(d_dst.ptr, d_offsets.ptr, d_src.ptr, rows, cols, 0);
+    check("put_rows (rows=3 cols=300)", d_dst.get(), want, 0);
+}
+
 static void test_rmsnorm(Rng& rng) {
     struct Case { int64_t M, C; bool accumulate; };
     for (Case tc : {Case{1537, 1031, false}, Case{5, 37, true}, Case{300, 7168, true}}) {
@@ -1017,6 +1032,7 @@ static void test_attention(Rng& rng) {
 void test_kernels(Rng& rng) {
     test_embedding(rng);
     test_copy_columns(rng);
+    test_put_rows(rng);
     test_rmsnorm(rng);
     test_swiglu(rng);
     test_cross_entropy(rng);
