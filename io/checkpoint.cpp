@@ -1,4 +1,5 @@
-// Checkpoint save (every rank writing its part of one file) and load (every rank reading its part).
+// Checkpoint save (every rank writing its part of one file, then the ranks hashing it back), verification (the
+// ranks sharing the reading) and load (every rank reading its part).
 #include "io/checkpoint.h"
 
 #include <algorithm>
@@ -154,11 +155,11 @@ static bool hash_chunk(int fd, uint64_t data, uint64_t data_bytes, uint64_t chun
 }
 
 static std::map<std::string, std::string> checkpoint_metadata(const Model& m, const AdamWState& opt,
-                                                              const TrainState& st) {
+                                                              const TrainState& st, uint64_t data_bytes) {
     return {
         {"format", FORMAT},
         {"version", VERSION},
-        {"checksums", checksums_placeholder(file_layout(m.table, m.comm->ep_size).bytes)},
+        {"checksums", checksums_placeholder(data_bytes)},
         {"config", config_to_json(m.config)},
         {"step", std::to_string(st.step)},
         {"optimizer_step", std::to_string(opt.step)},
@@ -217,7 +218,7 @@ CheckpointWrite checkpoint_begin(const std::string& dir, const Model& m, const A
     // share the directory then find no file rather than a stale one.
     int64_t shared[2] = {0, 0};
     if (comm.rank == 0) {
-        std::string header = safetensors_header(layout.views, checkpoint_metadata(m, opt, st));
+        std::string header = safetensors_header(layout.views, checkpoint_metadata(m, opt, st, layout.bytes));
         w.checksums_at = checksums_at(header);
         header.replace(w.checksums_at, HASH_DIGITS, hex(XXH3_64bits(header.data(), header.size())));
         shared[0] = (int64_t)header.size();

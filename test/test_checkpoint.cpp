@@ -387,7 +387,7 @@ TEST_CASE("checkpoint: --async-checkpoint writes the synchronous bytes, on 1 ran
 // chosen point and resumed by the next, half of the kills aimed inside a checkpoint write (as soon as its temporary
 // file appears, plus 0 to 20 ms). Every resume must find an intact checkpoint, and every run that reaches its end
 // must write the uninterrupted run's final checkpoint, byte for byte.
-TEST_CASE("checkpoint: a run killed with SIGKILL at 24 points, half aimed inside checkpoint writes, resumes to the same bits") {
+TEST_CASE("checkpoint: a run killed with SIGKILL at 24 points, half aimed inside checkpoint writes, resumes alike") {
     const std::string dir = make_temp_dir();
     const std::string common = "./train_cpu --config small --data 'data/default/train_*.bin' --steps 8 --batch 1 "
                                "--seq 16 --checkpoint-every 1 --resume --checkpoint-dir ";

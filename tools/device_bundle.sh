@@ -1,7 +1,7 @@
 #!/bin/bash
 # Gathers into .device/ what a GPU machine's bare image may lack, for tools/gpu_check.sh to use there: the
-# header-only libraries (nlohmann/json, stb, doctest, xxHash), OpenMPI's headers and shared libraries, and this machine's
-# builds of the GPU programs as a fallback if building there fails. .device/ is kept out of git
+# header-only libraries (nlohmann/json, stb, doctest, xxHash), OpenMPI's headers and shared libraries, and this
+# machine's builds of the GPU programs as a fallback if building there fails. .device/ is kept out of git
 # (.git/info/exclude); copy it to the GPU machine with the working tree.
 #   usage: bash tools/device_bundle.sh        (then, on the GPU machine: bash tools/gpu_check.sh)
 set -euo pipefail

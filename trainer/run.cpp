@@ -438,8 +438,8 @@ void log_step(Run& r, const Step& s) {
                                              std::tuple{"gradient norm", s.grad_norm, s.norm_score}})
         if (score.z > spike_z)
             printf("step %lld: the %s %.4g is %.1f standard deviations above the last %d steps' mean "
-                   "(%.4g +- %.2g)%s\n", (long long)s.step + 1, name, value, score.z, OUTLIER_WINDOW, score.mean, score.deviation,
-                   s.skip_update ? "; its update is skipped (--skip-spikes)" : "");
+                   "(%.4g +- %.2g)%s\n", (long long)s.step + 1, name, value, score.z, OUTLIER_WINDOW, score.mean,
+                   score.deviation, s.skip_update ? "; its update is skipped (--skip-spikes)" : "");
     if (s.loss_score.rise > DIVERGENCE_NATS && s.step >= r.divergence_noted + OUTLIER_WINDOW) {
         printf("step %lld: the loss is diverging: its mean over the last %d steps, %.4g, is %.2f above the lowest "
                "such mean of this run (try a lower --lr)\n", (long long)s.step + 1, OUTLIER_WINDOW,
