@@ -54,7 +54,8 @@ int main(int argc, char** argv) {
     if (run.comm->rank == 0) print_device(run, device, prop, free_before, total);
     const ModelCalls calls{
         [&](const int32_t* inputs, const int32_t* targets, int b, bool training) {
-            return gpu_model_forward(model, inputs, targets, b, training);
+            gpu_model_forward(model, inputs, targets, b, training);
+            return targets ? gpu_model_losses(model)[0] : LossParts{};  // without targets, only the logits
         },
         [&](int64_t row, float* out) { gpu_model_logits_row(model, row, out); },
         [&] { gpu_model_download(model, run.model, run.opt); }};  // the host copy checkpoints are written from
@@ -67,9 +68,10 @@ int main(int argc, char** argv) {
             const int64_t fp8_in_bf16 = model.matmul.fp8_in_bf16;  // FP8 products run in BF16 so far
             gpu_model_zero_grads(model);
             for (int micro = 0; micro < run.args.grad_accum; micro++) {
-                s.add(gpu_model_forward(model, s.inputs_of(micro), s.targets_of(micro), B, /*training*/ true));
+                gpu_model_forward(model, s.inputs_of(micro), s.targets_of(micro), B, /*training*/ true);
                 gpu_model_backward(model, s.loss_scale);
             }
+            for (const LossParts& losses : gpu_model_losses(model)) s.add(losses);  // every micro-step's, one wait
             gpu_model_reduce_grads(model);  // over the ranks that share each tensor
             s.grad_norm = gpu_model_grad_norm(model);
             s.fp8_in_bf16 = (double)(model.matmul.fp8_in_bf16 - fp8_in_bf16);

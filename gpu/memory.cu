@@ -268,9 +268,21 @@ static BatchStaging carve_staging(Arena& ar, int64_t N) {
     return io;
 }
 
-BatchStaging batch_staging(const GpuModel& m) {
-    Arena ar{static_cast<char*>(m.host_io), 0};
-    return carve_staging(ar, (int64_t)m.max_B * m.T);
+static void carve_host_slot(Arena& ar, const Config& c, int B, int T, HostSlot& slot) {
+    slot.io = carve_staging(ar, (int64_t)B * T);
+    slot.balance = ar.take<double>((int64_t)c.num_blocks() * B);
+    slot.counts = ar.take<int64_t>((int64_t)c.num_blocks() * c.n_routed_experts);
+}
+
+HostSlot& host_slot(GpuModel& m, int k) {
+    if (k < (int)m.host_slots.size()) return m.host_slots[k];
+    HostSlot slot;
+    const auto carve = [&](Arena& ar) { carve_host_slot(ar, m.config, m.max_B, m.T, slot); };
+    slot.memory = device_alloc(bytes_of(carve), "the batch's and the losses' copies", /*pinned*/ true);
+    Arena ar{static_cast<char*>(slot.memory), 0};
+    carve(ar);
+    m.host_slots.push_back(slot);
+    return m.host_slots.back();
 }
 
 ExpertScratch expert_scratch_of(const GpuModel& m) {
@@ -418,19 +430,13 @@ static void allocate(GpuModel& m, const Config& c, Comm& comm, Precision p, int 
     m.norm_partials = m.range_norms_device + m.shard_ranges.ranges;
     m.bias_device = static_cast<char*>(m.optimizer_tables) + table_bytes - bias_table_bytes(m.table);
     gpu::matmul_create(m.matmul, m.stream, bf16 ? cast_elements(c, N, 0) : gpu::MatmulCasts{}, p == Precision::FP8);
-    const auto carve_host_io = [&](Arena& host) {
-        carve_staging(host, N);
-        m.balance_host = host.take<double>((int64_t)c.num_blocks() * B);
-        m.counts_pinned = host.take<int64_t>((int64_t)c.num_blocks() * c.n_routed_experts);
-        m.bias_offsets = host.take<int64_t>(m.biases + (m.biases * c.n_routed_experts + 1) / 2);  // and the values
-        m.bias_values = reinterpret_cast<float*>(m.bias_offsets + m.biases);
-    };
+    host_slot(m, 0);
     m.biases = std::count_if(m.table.tensors.begin(), m.table.tensors.end(), [](const ParamTensor& t) {
         return !t.trainable;  // the router biases
     });
-    m.host_io = device_alloc(bytes_of(carve_host_io), "the batch's and the losses' copies", /*pinned*/ true);
-    Arena host{static_cast<char*>(m.host_io), 0};
-    carve_host_io(host);
+    m.bias_offsets = static_cast<int64_t*>(device_alloc(m.biases * (8 + 4 * c.n_routed_experts),
+                                                        "the router biases' copy", /*pinned*/ true));
+    m.bias_values = reinterpret_cast<float*>(m.bias_offsets + m.biases);
     m.expert_counts.assign(c.num_blocks(), {});
     for (int l = 0; l < c.num_blocks(); l++)
         if (c.is_moe_layer(l)) {
@@ -482,7 +488,8 @@ void gpu_model_free(GpuModel& m) {
                     m.optimizer_tables})
         CUDA_CHECK(cudaFree(p));
     gpu::matmul_destroy(m.matmul);
-    if (m.host_io) CUDA_CHECK(cudaFreeHost(m.host_io));
+    for (const HostSlot& slot : m.host_slots) CUDA_CHECK(cudaFreeHost(slot.memory));
+    if (m.bias_offsets) CUDA_CHECK(cudaFreeHost(m.bias_offsets));
     if (m.counts_ready) CUDA_CHECK(cudaEventDestroy(m.counts_ready));
     if (m.stream) CUDA_CHECK(cudaStreamDestroy(m.stream));
     m = GpuModel();

@@ -190,35 +190,35 @@ static void upload_token_rows(GpuModel& m, gpu::TokenRows& rows, const int32_t* 
     upload(m, rows.packed, pinned, 3 * n + 1);
 }
 
-// The balance losses the forward queued, block by block in the CPU's order, once the stream is waited for
-static double sum_balance_losses(const GpuModel& m) {
+// The balance losses a forward queued, block by block in the CPU's order, once the stream is waited for
+static double sum_balance_losses(const GpuModel& m, const HostSlot& slot) {
     const Config& c = m.config;
     double total = 0.0;
     if (c.aux_loss_alpha <= 0) return total;
     for (int l = 0; l < c.num_blocks(); l++) {
         if (!c.is_moe_layer(l)) continue;
         double block = 0.0;  // alpha sum_i f_i P_i, averaged over the B sequences
-        for (int b = 0; b < m.B; b++) block += c.aux_loss_alpha * m.balance_host[(int64_t)l * m.max_B + b] / m.B;
+        for (int b = 0; b < slot.B; b++) block += c.aux_loss_alpha * slot.balance[(int64_t)l * m.max_B + b] / slot.B;
         total += block;
     }
     return total;
 }
 
-// After the forward's wait: the expert counts of its first `blocks` blocks, checked, and when training added to the
-// step's loads.
-static void take_expert_counts(GpuModel& m, int blocks, bool training) {
+// After a wait: the expert counts a forward queued for its first `blocks` blocks, checked, and when it trained added
+// to the step's loads.
+static void take_expert_counts(GpuModel& m, const HostSlot& slot, int blocks) {
     const Config& c = m.config;
     const int64_t E = c.n_routed_experts;
     for (int l = 0; l < blocks; l++) {
         if (!c.is_moe_layer(l)) continue;
-        const int64_t* counts = m.counts_pinned + l * E;
-        check_expert_counts({counts, counts + E}, tokens(m) * c.num_experts_per_tok);
-        if (training)
+        const int64_t* counts = slot.counts + l * E;
+        check_expert_counts({counts, counts + E}, (int64_t)slot.B * m.T * c.num_experts_per_tok);
+        if (slot.training)
             for (int64_t e = 0; e < E; e++) m.expert_counts[l][e] += counts[e];
     }
 }
 
-LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* targets, int B, bool training) {
+void gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* targets, int B, bool training) {
     if (B < 1 || B > m.max_B)
         throw std::runtime_error("internal error: a batch of " + std::to_string(B) + " sequences, allocated for " +
                                  std::to_string(m.max_B));
@@ -226,10 +226,14 @@ LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* t
     m.B = B;
     const int T = m.T;
     const int64_t N = (int64_t)B * T, d = c.hidden_size, L = c.num_hidden_layers;
-    LossParts loss;
-    // the batch's tokens and token rows, and the losses, pass through pinned memory (BatchStaging), so the
-    // forward's one wait is at its end
-    const BatchStaging io = batch_staging(m);
+    // the batch's tokens and token rows, the losses and the counts pass through this forward's own pinned memory,
+    // so the forward needs no wait
+    HostSlot& slot = host_slot(m, m.queued);
+    slot.B = B;
+    slot.training = training;
+    m.balance_host = slot.balance;
+    m.counts_pinned = slot.counts;
+    const BatchStaging& io = slot.io;
     std::copy(inputs, inputs + N, io.inputs);
     upload(m, m.inputs, io.inputs, N);
     m.timer.mark("embedding");
@@ -243,8 +247,8 @@ LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* t
     if (!targets) {  // the logits only, for gpu_model_logits_row
         if (keeps_logits(m)) head_forward(m, main_head(m, false));
         sync(m);
-        take_expert_counts(m, (int)L, training);
-        return loss;
+        take_expert_counts(m, slot, (int)L);
+        return;
     }
     upload_token_rows(m, m.input_rows, inputs, N, io.input_rows);  // for a backward, sorted while the GPU runs
     std::copy(targets, targets + N, io.targets);
@@ -274,13 +278,25 @@ LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* t
         head_forward(m, mtp_head(m));
         CUDA_CHECK(cudaMemcpyAsync(io.mtp_losses, m.losses, N * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
     }
+    m.queued++;
+}
+
+std::vector<LossParts> gpu_model_losses(GpuModel& m) {
+    const Config& c = m.config;
     sync(m);
-    take_expert_counts(m, c.num_blocks(), training);
-    loss.main = sum_losses(io.losses, N) / N;
-    if (c.num_nextn_predict_layers > 0) loss.mtp = sum_losses(io.mtp_losses, N) / ((double)B * (T - 1));
-    loss.balance = sum_balance_losses(m);
-    loss.total = loss.main + c.mtp_loss_weight * loss.mtp + loss.balance;
-    return loss;
+    std::vector<LossParts> losses(m.queued);
+    for (int k = 0; k < m.queued; k++) {
+        const HostSlot& slot = m.host_slots[k];
+        const int64_t N = (int64_t)slot.B * m.T;
+        take_expert_counts(m, slot, c.num_blocks());
+        LossParts& loss = losses[k];
+        loss.main = sum_losses(slot.io.losses, N) / N;
+        if (c.num_nextn_predict_layers > 0) loss.mtp = sum_losses(slot.io.mtp_losses, N) / ((double)slot.B * (m.T - 1));
+        loss.balance = sum_balance_losses(m, slot);
+        loss.total = loss.main + c.mtp_loss_weight * loss.mtp + loss.balance;
+    }
+    m.queued = 0;
+    return losses;
 }
 
 // dembed += dout at the rows' tokens. The step's first call zeroes the whole gradient first: the tokens the batch
@@ -385,10 +401,8 @@ void gpu_model_adamw(GpuModel& m, AdamWState& opt, const OptimizerConfig& oc, fl
     refresh_fp8_weights(m);
 }
 
-// On the host's copy, then to the device without a wait: the copy's source changes again only at the next
-// update, after the next forward has waited for the stream.
 // Each bias stepped on the host as the CPU's, then all go up in one copy and one kernel puts them in place. The
-// copy has ended before the next step writes bias_values again: the forward waits for the device.
+// copy has ended before the next step writes bias_values again: gpu_model_losses waits for the device first.
 void gpu_model_update_router_bias(GpuModel& m, const std::vector<std::vector<int64_t>>& counts) {
     const Config& c = m.config;
     const int64_t E = c.n_routed_experts;
@@ -398,63 +412,11 @@ void gpu_model_update_router_bias(GpuModel& m, const std::vector<std::vector<int
         router_bias_step(c, counts[l], m.bias_values + bias++ * E);
         std::fill(m.expert_counts[l].begin(), m.expert_counts[l].end(), 0);
     }
+    if (m.biases == 0) return;
     CUDA_CHECK(cudaMemcpyAsync(m.bias_device, m.bias_offsets, m.biases * (8 + 4 * E), cudaMemcpyHostToDevice,
                                m.stream));
     const int64_t* offsets = static_cast<const int64_t*>(m.bias_device);
     gpu::put_rows(m.params, offsets, reinterpret_cast<const float*>(offsets + m.biases), m.biases, E, m.stream);
-}
-
-// One moment to the device, FP32 or rounded to BF16 (the CPU's update reads it so rounded too), and back.
-static void upload_moments(float* fp32, __nv_bfloat16* bf16, const std::vector<float>& host) {
-    if (fp32) {
-        CUDA_CHECK(cudaMemcpy(fp32, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
-        return;
-    }
-    std::vector<__nv_bfloat16> rounded(host.size());
-    for (size_t i = 0; i < host.size(); i++) rounded[i] = __float2bfloat16_rn(host[i]);
-    CUDA_CHECK(cudaMemcpy(bf16, rounded.data(), rounded.size() * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice));
-}
-static void download_moments(const GpuModel& m, const float* fp32, const __nv_bfloat16* bf16,
-                             std::vector<float>& host) {
-    host.resize(m.shard.moments);
-    if (fp32) {
-        CUDA_CHECK(cudaMemcpy(host.data(), fp32, host.size() * sizeof(float), cudaMemcpyDeviceToHost));
-        return;
-    }
-    std::vector<__nv_bfloat16> stored(host.size());
-    CUDA_CHECK(cudaMemcpy(stored.data(), bf16, stored.size() * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost));
-    for (size_t i = 0; i < host.size(); i++) host[i] = __bfloat162float(stored[i]);
-}
-
-void gpu_model_upload(GpuModel& m, const Model& host, const AdamWState& opt) {
-    if (host.table.total != m.table.total || (int64_t)opt.m.size() != m.shard.moments ||
-        (int64_t)opt.v.size() != m.shard.moments)
-        throw std::runtime_error("internal error: the host's and the GPU's tables or optimizer shards differ");
-    CUDA_CHECK(cudaMemcpy(m.params, host.params.data(), m.table.total * sizeof(float), cudaMemcpyHostToDevice));
-    upload_moments(m.adam_m, m.adam_m16, opt.m);
-    upload_moments(m.adam_v, m.adam_v16, opt.v);
-    if (m.params_bf16) gpu::cast_to_bf16(m.params_bf16, m.params, m.table.total, m.stream);
-    refresh_fp8_weights(m);
-    for (int l = 0, bias = 0; l < m.config.num_blocks(); l++)
-        if (m.config.is_moe_layer(l)) {
-            const float* values = host.w.blocks[l].router_bias;
-            std::copy(values, values + m.config.n_routed_experts, m.bias_values + bias++ * m.config.n_routed_experts);
-        }
-    sync(m);
-}
-
-void gpu_model_download(const GpuModel& m, Model& host, AdamWState& opt) {
-    sync(m);
-    CUDA_CHECK(cudaMemcpy(host.params.data(), m.params, m.table.total * sizeof(float), cudaMemcpyDeviceToHost));
-    download_moments(m, m.adam_m, m.adam_m16, opt.m);
-    download_moments(m, m.adam_v, m.adam_v16, opt.v);
-}
-
-std::vector<float> gpu_model_grads(const GpuModel& m) {
-    std::vector<float> host(m.table.total);
-    sync(m);
-    CUDA_CHECK(cudaMemcpy(host.data(), m.grads, host.size() * sizeof(float), cudaMemcpyDeviceToHost));
-    return host;
 }
 
 void RegionTimer::mark(const char* name) {

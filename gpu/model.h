@@ -59,6 +59,23 @@ struct Fp8Tensor {
     float *scales = nullptr, *scales_t = nullptr;
 };
 
+// The batch's way in and the losses' way out, in pinned host memory so that the copies queue without a wait:
+// tokens (N each), token rows (3N + 1 each, kernels/token_rows.h), the heads' per-token losses (N each).
+struct BatchStaging {
+    int32_t *inputs, *targets, *mtp_targets, *input_rows, *target_rows;
+    float *losses, *mtp_losses;
+};
+// One forward's pinned host memory: its BatchStaging, and each MoE block's balance loss per sequence (num_blocks,
+// max_B) and expert counts (num_blocks, E), queued out. A slot is read, and free again, at gpu_model_losses.
+struct HostSlot {
+    void* memory = nullptr;
+    BatchStaging io;
+    double* balance = nullptr;
+    int64_t* counts = nullptr;
+    int B = 0;              // the forward's batch
+    bool training = false;  // its counts go to the step's loads
+};
+
 struct GpuModel {
     Config config;
     Comm* comm = nullptr;  // NCCL: device buffers (host buffers are staged)
@@ -103,9 +120,10 @@ struct GpuModel {
     gpu::ShardRanges shard_ranges;     // the shard's ranges on the device (kernels/shard_ranges.h)
     void* optimizer_tables = nullptr;  // the allocation of shard_ranges' table, the two below and bias_device
     double *range_norms_device = nullptr, *norm_partials = nullptr;  // each range's squared norm; chunk partials
-    void* host_io = nullptr;         // pinned host memory: BatchStaging, then balance_host and counts_pinned
-    double* balance_host = nullptr;  // (num_blocks, max_B) each MoE block's balance loss per sequence, queued out
-    int64_t* counts_pinned = nullptr;    // (num_blocks, E) each MoE block's expert counts, queued out
+    std::vector<HostSlot> host_slots;  // one per forward queued since gpu_model_losses (host_slot grows them)
+    int queued = 0;                    // forwards with targets whose losses are not read yet
+    double* balance_host = nullptr;    // the running forward's slot's balance and counts
+    int64_t* counts_pinned = nullptr;
     cudaEvent_t counts_ready = nullptr;  // recorded after a block's copy: what the dispatch plan waits for (EP > 1)
     RegionTimer timer;
 };
@@ -130,9 +148,14 @@ void gpu_model_free(GpuModel& m);
 void gpu_model_upload(GpuModel& m, const Model& host, const AdamWState& opt);
 // Device weights and this rank's moments -> host.
 void gpu_model_download(const GpuModel& m, Model& host, AdamWState& opt);
-// As model_forward: inputs, targets host arrays of B*T tokens (B <= the allocated B). Without targets only the
-// logits (with recompute and a chunked head not even those: gpu_model_logits_row computes a row's chunk).
-LossParts gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* targets, int B, bool training);
+// As model_forward: inputs, targets host arrays of B*T tokens (B <= the allocated B). With targets the forward is
+// queued, its losses and expert counts read by gpu_model_losses: the micro-steps of a step run without a wait.
+// Without targets only the logits, after a wait (with recompute and a chunked head not even those:
+// gpu_model_logits_row computes a row's chunk).
+void gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* targets, int B, bool training);
+// After one wait, the losses of every forward queued since the last call, in order; the training ones' expert
+// counts checked and added to expert_counts.
+std::vector<LossParts> gpu_model_losses(GpuModel& m);
 // The rest as the model_ functions of the same names (model/model.h).
 void gpu_model_backward(GpuModel& m, float loss_scale);
 // Zeroes no memory: the first product into each gradient tensor after it overwrites (grad_accumulates), and the
@@ -173,14 +196,9 @@ struct ExpertScratch {
     float *da, *dg, *du;              // (R, I)
 };
 Scratch scratch_of(const GpuModel& m);
-// The batch's way in and the losses' way out, in pinned host memory so that the copies queue without a wait:
-// tokens (N each), token rows (3N + 1 each, kernels/token_rows.h), the heads' per-token losses (N each).
-struct BatchStaging {
-    int32_t *inputs, *targets, *mtp_targets, *input_rows, *target_rows;
-    float *losses, *mtp_losses;
-};
-BatchStaging batch_staging(const GpuModel& m);
 ExpertScratch expert_scratch_of(const GpuModel& m);
+// Slot k of the forwards' pinned host memory, allocated when first asked for.
+HostSlot& host_slot(GpuModel& m, int k);
 // Grows layer a's expert buffers (and the shared backward ones) to hold R rows.
 void ensure_expert_rows(GpuModel& m, GpuMoEActs& a, int64_t R);
 // Weight w (a pointer into m.params) with the copies its GEMMs read in m's precision.

@@ -171,7 +171,7 @@ static gpu::GemmInput expert_input(const GpuMoEActs& a, bool ep) {
     return {ep ? a.expert_in : a.rows_in, ep ? a.expert_in16 : a.rows_in16};
 }
 
-// Each sequence's sum_i f_i P_i (B values), queued to the host's `out` (the forward sums them after its wait)
+// Each sequence's sum_i f_i P_i (B values), queued to the host's `out` (gpu_model_losses sums them after its wait)
 static void balance_loss(GpuModel& m, const GpuMoEActs& a, const Scratch& s, double* out) {
     m.timer.mark("router");
     gpu::balance_loss(s.seq_balance, s.token_totals, s.seq_counts, a.scores, a.chosen, m.config, m.B, m.T, m.stream);

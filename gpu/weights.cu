@@ -1,8 +1,10 @@
 // The weights as the GEMMs read them (docs/design.md §6, §7.3): weight_of hands a GEMM its FP32 master weight with
 // the BF16 working copy (written by AdamW and at upload) and, in FP8 mode, the E4M3 copies of the blocks' linear
 // layers, W and W^T with their 128 x 128 block scales, which this file lays out and makes again after every change.
+// And the weights and AdamW moments to and from the host's model (gpu_model_upload, gpu_model_download).
 #include "gpu/model.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -65,4 +67,57 @@ void check_fp8_widths(const Config& c) {
             throw std::runtime_error(
                 std::string("--dtype fp8 needs the linear layers' widths to be multiples of 16: ") + name + " is " +
                 std::to_string(width) + " (use --dtype bf16, or another config)");
+}
+
+// One moment to the device, FP32 or rounded to BF16 (the CPU's update reads it so rounded too), and back.
+static void upload_moments(float* fp32, __nv_bfloat16* bf16, const std::vector<float>& host) {
+    if (fp32) {
+        CUDA_CHECK(cudaMemcpy(fp32, host.data(), host.size() * sizeof(float), cudaMemcpyHostToDevice));
+        return;
+    }
+    std::vector<__nv_bfloat16> rounded(host.size());
+    for (size_t i = 0; i < host.size(); i++) rounded[i] = __float2bfloat16_rn(host[i]);
+    CUDA_CHECK(cudaMemcpy(bf16, rounded.data(), rounded.size() * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice));
+}
+static void download_moments(const GpuModel& m, const float* fp32, const __nv_bfloat16* bf16,
+                             std::vector<float>& host) {
+    host.resize(m.shard.moments);
+    if (fp32) {
+        CUDA_CHECK(cudaMemcpy(host.data(), fp32, host.size() * sizeof(float), cudaMemcpyDeviceToHost));
+        return;
+    }
+    std::vector<__nv_bfloat16> stored(host.size());
+    CUDA_CHECK(cudaMemcpy(stored.data(), bf16, stored.size() * sizeof(__nv_bfloat16), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < host.size(); i++) host[i] = __bfloat162float(stored[i]);
+}
+
+void gpu_model_upload(GpuModel& m, const Model& host, const AdamWState& opt) {
+    if (host.table.total != m.table.total || (int64_t)opt.m.size() != m.shard.moments ||
+        (int64_t)opt.v.size() != m.shard.moments)
+        throw std::runtime_error("internal error: the host's and the GPU's tables or optimizer shards differ");
+    CUDA_CHECK(cudaMemcpy(m.params, host.params.data(), m.table.total * sizeof(float), cudaMemcpyHostToDevice));
+    upload_moments(m.adam_m, m.adam_m16, opt.m);
+    upload_moments(m.adam_v, m.adam_v16, opt.v);
+    if (m.params_bf16) gpu::cast_to_bf16(m.params_bf16, m.params, m.table.total, m.stream);
+    refresh_fp8_weights(m);
+    for (int l = 0, bias = 0; l < m.config.num_blocks(); l++)
+        if (m.config.is_moe_layer(l)) {
+            const float* values = host.w.blocks[l].router_bias;
+            std::copy(values, values + m.config.n_routed_experts, m.bias_values + bias++ * m.config.n_routed_experts);
+        }
+    sync(m);
+}
+
+void gpu_model_download(const GpuModel& m, Model& host, AdamWState& opt) {
+    sync(m);
+    CUDA_CHECK(cudaMemcpy(host.params.data(), m.params, m.table.total * sizeof(float), cudaMemcpyDeviceToHost));
+    download_moments(m, m.adam_m, m.adam_m16, opt.m);
+    download_moments(m, m.adam_v, m.adam_v16, opt.v);
+}
+
+std::vector<float> gpu_model_grads(const GpuModel& m) {
+    std::vector<float> host(m.table.total);
+    sync(m);
+    CUDA_CHECK(cudaMemcpy(host.data(), m.grads, host.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    return host;
 }

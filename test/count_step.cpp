@@ -1,13 +1,13 @@
 // make bench-emulated: what one training step asks of the GPU, counted on the kernel emulator. It runs the GPU
-// trainer's step (train.cu's loop body: zero the gradients, forward, backward, reduce, grad norm, the losses and
-// expert loads summed over the ranks, AdamW, router bias) on the emulator, with the real NCCL Comm over the
+// trainer's step (train.cu's loop body: zero the gradients, forward and backward of each micro-batch, their losses read,
+// reduce, grad norm, the losses and expert loads summed over the ranks, AdamW, router bias) on the emulator, with the real NCCL Comm over the
 // emulator's NCCL, and prints, per step: kernel launches by kernel, cuBLASLt products and heuristic lookups, the
 // host's waits for the device, copies and memsets, NCCL calls and their bytes, the bytes the hand-written kernels
 // read and write (each byte once per launch: the compulsory traffic, test/kernel_emulator/counts.h), and the same
 // per region of make bench's table. Counts, not times: they are the same on any machine, and on a GPU the step does
 // the same work.
 //   usage: ./count_step_emulated [--config NAME|PATH] [--batch B] [--seq T] [--steps S] [--dtype bf16|fp32|fp8]
-//                                [--moments fp32|bf16] [--recompute] [--ep E]
+//                                [--moments fp32|bf16] [--recompute] [--ep E] [--grad-accum N]
 //          STAND_IN_GPUS=N mpirun -np N ./count_step_emulated --ep E ...   (rank 0's counts)
 // Weights from model_init_weights, tokens uniformly random, each rank its own (the router spreads the rows about
 // evenly). One step runs first uncounted, so the counts show the steady state, not the first step's setup.
@@ -29,7 +29,7 @@ using emulator::Work;
 
 struct Options {
     std::string config = "small";
-    int B = 2, T = 64, steps = 2, ep = 1;
+    int B = 2, T = 64, steps = 2, ep = 1, grad_accum = 1;
     Precision precision = Precision::BF16;
     ActivationLayout layout;
     Moments moments = Moments::FP32;
@@ -38,8 +38,8 @@ struct Options {
 [[noreturn]] void usage(const std::string& problem) {
     fprintf(stderr,
             "count_step: %s\nusage: ./count_step_emulated [--config NAME|PATH] [--batch B] [--seq T] [--steps S] "
-            "[--dtype bf16|fp32|fp8] [--moments fp32|bf16] [--recompute] [--ep E]\n"
-            "  defaults: small, B 2, T 64, S 2, bf16, fp32 moments, EP 1\n",
+            "[--dtype bf16|fp32|fp8] [--moments fp32|bf16] [--recompute] [--ep E] [--grad-accum N]\n"
+            "  defaults: small, B 2, T 64, S 2, bf16, fp32 moments, EP 1, 1 micro-batch\n",
             problem.c_str());
     exit(2);
 }
@@ -67,6 +67,7 @@ Options parse(int argc, char** argv) {
         else if (flag == "--seq") o.T = positive(flag, value);
         else if (flag == "--steps") o.steps = positive(flag, value);
         else if (flag == "--ep") o.ep = positive(flag, value);
+        else if (flag == "--grad-accum") o.grad_accum = positive(flag, value);
         else if (flag == "--dtype" && (v == "bf16" || v == "fp32" || v == "fp8"))
             o.precision = v == "fp8" ? Precision::FP8 : v == "bf16" ? Precision::BF16 : Precision::FP32;
         else if (flag == "--moments" && (v == "fp32" || v == "bf16"))
@@ -134,12 +135,17 @@ int main(int argc, char** argv) {
         }
         OptimizerConfig oc;
         oc.moments = o.moments;
-        auto step = [&] {  // train.cu's step, one micro-batch, with make bench's region names around the model's
+        auto step = [&] {  // train.cu's step, with make bench's region names around the model's
             m.timer.mark("zero grads, tokens in");
             gpu_model_zero_grads(m);
-            const LossParts loss = gpu_model_forward(m, inputs.data(), targets.data(), o.B, /*training*/ true);
-            gpu_model_backward(m, 1.0f);
+            for (int micro = 0; micro < o.grad_accum; micro++) {
+                gpu_model_forward(m, inputs.data(), targets.data(), o.B, /*training*/ true);
+                gpu_model_backward(m, 1.0f / o.grad_accum);
+            }
             m.timer.mark("grad norm");
+            LossParts loss;
+            for (const LossParts& l : gpu_model_losses(m))
+                loss.total += l.total, loss.main += l.main, loss.mtp += l.mtp, loss.balance += l.balance;
             gpu_model_reduce_grads(m);
             const double norm = gpu_model_grad_norm(m);
             double losses[4] = {loss.total, loss.main, loss.mtp, loss.balance};  // as trainer/run.cpp's reduce_step
@@ -191,9 +197,9 @@ int main(int argc, char** argv) {
             return 0;
         }
         const double S = o.steps, MB = 1e6;
-        printf("count_step: the GPU step on the kernel emulator, config %s, %d x %d tokens, %s%s%s, rank 0 of %d "
-               "(EP %d x DP %d); per step, the mean of %d after one uncounted\n\n",
-               o.config.c_str(), o.B, o.T, o.precision == Precision::FP8 ? "fp8" : o.precision == Precision::BF16
+        printf("count_step: the GPU step on the kernel emulator, config %s, %d x %d tokens x %d micro-batches, %s%s%s, "
+               "rank 0 of %d (EP %d x DP %d); per step, the mean of %d after one uncounted\n\n",
+               o.config.c_str(), o.B, o.T, o.grad_accum, o.precision == Precision::FP8 ? "fp8" : o.precision == Precision::BF16
                                                                                         ? "bf16" : "fp32",
                o.moments == Moments::BF16 ? ", BF16 moments" : "", o.layout.recompute ? ", --recompute" : "",
                comm->world, comm->ep_size, comm->dp_size, o.steps);

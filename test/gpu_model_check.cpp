@@ -189,7 +189,8 @@ void check_fp32(const std::string& tag, const Config& c, int B, int T, uint64_t 
     const LossParts want = model_forward(cpu, in1.data(), tg1.data(), B, T, true);
     model_backward(cpu, loss_scale);
     gpu_model_zero_grads(gm);
-    const LossParts got = gpu_model_forward(gm, in1.data(), tg1.data(), B, true);
+    gpu_model_forward(gm, in1.data(), tg1.data(), B, true);
+    const LossParts got = gpu_model_losses(gm)[0];
     gpu_model_backward(gm, loss_scale);
     check_value(tag + " loss main", got.main, want.main, 1e-6);
     if (c.num_nextn_predict_layers > 0) check_value(tag + " loss mtp", got.mtp, want.mtp, 1e-6);
@@ -203,6 +204,7 @@ void check_fp32(const std::string& tag, const Config& c, int B, int T, uint64_t 
     model_backward(cpu, loss_scale);
     gpu_model_forward(gm, in2.data(), tg2.data(), B, true);
     gpu_model_backward(gm, loss_scale);
+    gpu_model_losses(gm);  // and the counts
     check_grads(tag + " 2 micro-batches", gpu_model_grads(gm), cpu, 1e-5);
     check_counts(tag + " 2 micro-batches expert counts", gm.expert_counts, cpu.expert_counts);
     check_value(tag + " grad norm", gpu_model_grad_norm(gm), model_grad_norm(cpu), 1e-6);
@@ -278,7 +280,8 @@ void check_fp32(const std::string& tag, const Config& c, int B, int T, uint64_t 
     const LossParts want1 = model_forward(cpu, in2.data(), tg2.data(), 1, T, true);
     model_backward(cpu, 1.0f);
     gpu_model_zero_grads(gm);
-    const LossParts got1 = gpu_model_forward(gm, in2.data(), tg2.data(), 1, true);
+    gpu_model_forward(gm, in2.data(), tg2.data(), 1, true);
+    const LossParts got1 = gpu_model_losses(gm)[0];
     gpu_model_backward(gm, 1.0f);
     check_value(tag + " B=1 step: loss total", got1.total, want1.total, 1e-6);
     check_grads(tag + " B=1 step", gpu_model_grads(gm), cpu, 1e-5);
@@ -287,7 +290,8 @@ void check_fp32(const std::string& tag, const Config& c, int B, int T, uint64_t 
     // an evaluation forward (targets, not training), under the region timer (every region lasts 0 ms here)
     std::map<std::string, double> regions;
     gm.timer.enabled = true;
-    const LossParts got_eval = gpu_model_forward(gm, in1.data(), tg1.data(), B, false);
+    gpu_model_forward(gm, in1.data(), tg1.data(), B, false);
+    const LossParts got_eval = gpu_model_losses(gm)[0];
     gm.timer.finish(regions);
     gm.timer.enabled = false;
     const LossParts want_eval = model_forward(cpu, in1.data(), tg1.data(), B, T, false);
@@ -375,7 +379,8 @@ void check_low_precision(const std::string& tag, const Config& c, Precision prec
     }
     gpu_model_zero_grads(gm);
     const int64_t allocated = stand_in::memory().live_bytes;
-    const LossParts got = gpu_model_forward(gm, in.data(), tg.data(), B, true);
+    gpu_model_forward(gm, in.data(), tg.data(), B, true);
+    const LossParts got = gpu_model_losses(gm)[0];
     gpu_model_backward(gm, 1.0f);
     // what init allocated holds the step (on one rank R = N k rows exactly): no buffer grows (the emulated build runs
     // the real kernels/matmul.cuh, whose cast and FP8 buffers grow when the sizes init gave them are too small)
@@ -520,7 +525,8 @@ void copy_params_by_name(const Model& from, Model& to, int ep_rank) {
 double gpu_gradients(GpuModel& gm, const int32_t* inputs, const int32_t* targets, int B) {
     Comm& comm = *gm.comm;
     gpu_model_zero_grads(gm);
-    double loss = gpu_model_forward(gm, inputs, targets, B, true).total / comm.world;
+    gpu_model_forward(gm, inputs, targets, B, true);
+    double loss = gpu_model_losses(gm)[0].total / comm.world;
     gpu_model_backward(gm, 1.0f / comm.world);
     gpu_model_reduce_grads(gm);
     comm.all_reduce_sum(&loss, 1, Group::World);

@@ -65,7 +65,8 @@ void compare_step(const std::string& name, const Config& c, Precision precision,
     AdamWState opt = adamw_state(cpu.shard);
     gpu_model_upload(gm, cpu, opt);
     gpu_model_zero_grads(gm);
-    const LossParts got = gpu_model_forward(gm, inputs.data(), targets.data(), B, true);
+    gpu_model_forward(gm, inputs.data(), targets.data(), B, true);
+    const LossParts got = gpu_model_losses(gm)[0];
     gpu_model_backward(gm, 1.0f);
     const std::vector<float> grads = gpu_model_grads(gm);
     const bool fp32 = precision == Precision::FP32;

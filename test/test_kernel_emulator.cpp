@@ -307,9 +307,9 @@ TEST_CASE("kernel lab: every version of every dev/cuda program matches its CPU r
 // make bench-emulated's counts (test/count_step.cpp) on tiny: every region of the step, and AdamW's bytes its real
 // traffic, each byte once per launch: it reads the parameter, the gradient and both moments (16 bytes a parameter,
 // 12 with BF16 moments) and its table of ranges (a few hundred bytes), and writes the parameter, both moments and
-// the BF16 copy (14, or 10); the gradient norm's first pass reads each gradient once (4 bytes). At one rank the host
-// waits for the device once per MoE block (its expert counts), at the end of the forward (the losses), for the
-// gradient norm, and at the end of the counted step: no more.
+// the BF16 copy (14, or 10); the gradient norm's first pass reads each gradient once (4 bytes). At one rank in BF16
+// the host waits for the device once for the losses of all the step's micro-batches, once for the gradient norm, and
+// at the end of the counted step: no more, with 1 micro-batch or 3.
 TEST_CASE("kernel emulator: make bench-emulated counts each kernel's bytes once") {
     for (const bool bf16_moments : {false, true}) {
         CAPTURE(bf16_moments);
@@ -330,9 +330,19 @@ TEST_CASE("kernel emulator: make bench-emulated counts each kernel's bytes once"
         REQUIRE(waits_at != std::string::npos);
         double waits = 0.0;
         REQUIRE(sscanf(r.out.c_str() + waits_at, "host waits for the device %lf", &waits) == 1);
-        // BF16 at one rank: the forward's end, the gradient norm, and count_step's own wait at the step's end; none
-        // for the expert counts (the experts' GEMMs read their offsets on the device)
+        // BF16 at one rank: the losses, the gradient norm, and count_step's own wait at the step's end; none for the
+        // expert counts (the experts' GEMMs read their offsets on the device)
         CHECK(waits == 3);
+        if (!bf16_moments) {
+            const CommandResult three = run("./count_step_emulated --config tiny --steps 1 --grad-accum 3",
+                                            "count_step_tiny_accum.txt");
+            REQUIRE(three.status == 0);
+            const size_t at = three.out.find("host waits for the device");
+            REQUIRE(at != std::string::npos);
+            double accum_waits = 0.0;
+            REQUIRE(sscanf(three.out.c_str() + at, "host waits for the device %lf", &accum_waits) == 1);
+            CHECK(accum_waits == 3);  // one wait for the three micro-batches' losses
+        }
         double P = 0.0;  // the values AdamW updates
         for (const OptimizerRange& range : host.shard.ranges) P += (double)range.count;
         const double table_bytes = 4096;
