@@ -17,7 +17,7 @@ for target in ${FUZZ_TARGETS:-config safetensors checkpoint shard tokenizer}; do
     [ -d "fuzz/corpus/$target" ] && saved=("fuzz/corpus/$target")
     status=0
     FUZZ_TARGET=$target "$out/moe_fuzz" "$out/corpus/$target" "$out/seeds/$target" "${saved[@]}" "${limit[@]}" \
-        -max_len=65536 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$out/$target-" \
+        -max_len=65536 -timeout=30 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$out/$target-" \
         > "$out/$target.log" 2>&1 || status=$?
     echo "$target: $(grep -E "^stat::number_of_executed_units" "$out/$target.log" | awk '{print $2}') executions," \
          "corpus $(ls "$out/corpus/$target" | wc -l) inputs, peak $(grep -E "^stat::peak_rss_mb" "$out/$target.log" |
