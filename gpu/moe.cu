@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "kernels/grouped_gemm.cuh"
+#include "kernels/grouped_matmul.cuh"
 #include "kernels/permute.cuh"
 #include "kernels/router.cuh"
 #include "kernels/swiglu.cuh"

@@ -78,6 +78,7 @@
 #include "kernels/embedding.cuh"
 #include "kernels/fp8.cuh"
 #include "kernels/grouped_gemm.cuh"
+#include "kernels/grouped_matmul.cuh"
 #include "kernels/matmul.cuh"
 #include "kernels/permute.cuh"
 #include "kernels/rmsnorm.cuh"

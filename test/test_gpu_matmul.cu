@@ -46,6 +46,7 @@
 
 #include "kernels/fp8.cuh"
 #include "kernels/grouped_gemm.cuh"
+#include "kernels/grouped_matmul.cuh"
 #include "kernels/matmul.cuh"
 #include "model/bf16.h"
 #include "model/fp8.h"
