@@ -37,6 +37,20 @@ std::vector<std::string> logged_losses(const std::string& path) {
     return out;
 }
 
+// A fresh model of preset `config` (m, opt, st) saved as checkpoint `step` in dir; returns the file's bytes and
+// its header's length.
+std::pair<std::string, uint64_t> save_fresh(const std::string& dir, const char* config, int64_t step, Model& m,
+                                            AdamWState& opt, TrainState& st) {
+    model_init(m, load_config(config));
+    opt = adamw_state(m.shard);
+    st.step = step;
+    checkpoint_save(dir, m, opt, st);
+    const std::string bytes = slurp(checkpoint_path(dir, step));
+    uint64_t header_bytes = 0;
+    memcpy(&header_bytes, bytes.data(), 8);
+    return {bytes, header_bytes};
+}
+
 }  // namespace
 
 TEST_CASE("checkpoint: safetensors round trip keeps dtypes, shapes, bytes and metadata") {
@@ -125,14 +139,12 @@ TEST_CASE("checkpoint: save and load restore weights, AdamW moments, step, data 
 TEST_CASE("checkpoint: checksums find damage anywhere, and --resume falls back to the newest intact checkpoint") {
     const std::string dir = make_temp_dir();
     Model m;
-    model_init(m, load_config("small"));  // 47 MB: 3 chunks of 16 MiB
-    AdamWState opt = adamw_state(m.shard);
+    AdamWState opt;
     TrainState st;
-    st.step = 2;
-    checkpoint_save(dir, m, opt, st);
-    const std::string path = checkpoint_path(dir, 2), good = slurp(path);
-    uint64_t header_bytes = 0;
-    memcpy(&header_bytes, good.data(), 8);
+    const std::pair<std::string, uint64_t> saved = save_fresh(dir, "small", 2, m, opt, st);  // 47 MB: 3 chunks
+    const std::string& good = saved.first;
+    const uint64_t header_bytes = saved.second;
+    const std::string path = checkpoint_path(dir, 2);
     CHECK(checkpoint_verify(path) == "");
     for (int part = 0; part < 3; part++) CHECK(checkpoint_verify(path, part, 3) == "");
     auto write = [&](const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; };
@@ -187,14 +199,12 @@ TEST_CASE("checkpoint: checksums find damage anywhere, and --resume falls back t
 TEST_CASE("checkpoint: a header whose numbers, step or tensors disagree is refused") {
     std::string dir = make_temp_dir();
     Model m;
-    model_init(m, load_config("tiny"));
-    AdamWState opt = adamw_state(m.shard);
+    AdamWState opt;
     TrainState st;
-    st.step = 3;
-    checkpoint_save(dir, m, opt, st);
-    const std::string path = checkpoint_path(dir, 3), good = slurp(path);
-    uint64_t header_bytes = 0;
-    memcpy(&header_bytes, good.data(), 8);
+    const std::pair<std::string, uint64_t> saved = save_fresh(dir, "tiny", 3, m, opt, st);
+    const std::string& good = saved.first;
+    const uint64_t header_bytes = saved.second;
+    const std::string path = checkpoint_path(dir, 3);
     // the file with its header edited: a new header (padded to 8 bytes), the same data after it
     auto write_edited = [&](const std::function<void(nlohmann::json&)>& edit) {
         nlohmann::json header = nlohmann::json::parse(good.substr(8, header_bytes));
