@@ -434,8 +434,8 @@ static void allocate(GpuModel& m, const Config& c, Comm& comm, Precision p, int 
     m.biases = std::count_if(m.table.tensors.begin(), m.table.tensors.end(), [](const ParamTensor& t) {
         return !t.trainable;  // the router biases
     });
-    m.bias_offsets = static_cast<int64_t*>(device_alloc(m.biases * (8 + 4 * c.n_routed_experts),
-                                                        "the router biases' copy", /*pinned*/ true));
+    m.bias_offsets = static_cast<int64_t*>(device_alloc(bias_table_bytes(m.table), "the router biases' copy",
+                                                        /*pinned*/ true));
     m.bias_values = reinterpret_cast<float*>(m.bias_offsets + m.biases);
     m.expert_counts.assign(c.num_blocks(), {});
     for (int l = 0; l < c.num_blocks(); l++)

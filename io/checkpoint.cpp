@@ -136,20 +136,34 @@ static size_t checksums_at(const std::string& header) {
     return key == std::string::npos ? key : key + strlen(CHECKSUMS_KEY);
 }
 
+// n bytes at offset of fd written from (or read into) bytes, in as many calls as it takes; false with errno set on
+// failure (EIO: no progress, for a read the file's end).
+static bool pread_or_pwrite(int fd, uint64_t offset, char* bytes, uint64_t n, bool write) {
+    while (n > 0) {
+        const size_t most = std::min<uint64_t>(n, 1 << 30);
+        const ssize_t done = write ? pwrite(fd, bytes, most, (off_t)offset) : pread(fd, bytes, most, (off_t)offset);
+        if (done < 0 && errno == EINTR) continue;
+        if (done <= 0) {
+            if (done == 0) errno = EIO;
+            return false;
+        }
+        bytes += done, offset += done, n -= done;
+    }
+    return true;
+}
+static bool write_at(int fd, uint64_t offset, const void* bytes, uint64_t n) {
+    return pread_or_pwrite(fd, offset, (char*)bytes, n, /*write*/ true);
+}
+static bool read_at(int fd, uint64_t offset, void* bytes, uint64_t n) {
+    return pread_or_pwrite(fd, offset, (char*)bytes, n, /*write*/ false);
+}
+
 // The hash of data chunk `chunk` of the file fd whose data section starts at `data` and holds data_bytes
 static bool hash_chunk(int fd, uint64_t data, uint64_t data_bytes, uint64_t chunk, std::vector<char>& buffer,
                        uint64_t* hash) {
     const uint64_t begin = chunk * CHECKSUM_CHUNK, n = std::min(CHECKSUM_CHUNK, data_bytes - begin);
     if (buffer.size() < n) buffer.resize(n);
-    for (uint64_t done = 0; done < n;) {
-        const ssize_t got = pread(fd, buffer.data() + done, n - done, (off_t)(data + begin + done));
-        if (got < 0 && errno == EINTR) continue;
-        if (got <= 0) {
-            if (got == 0) errno = EIO;
-            return false;
-        }
-        done += got;
-    }
+    if (!read_at(fd, data + begin, buffer.data(), n)) return false;
     *hash = XXH3_64bits(buffer.data(), n);
     return true;
 }
@@ -170,21 +184,6 @@ static std::map<std::string, std::string> checkpoint_metadata(const Model& m, co
         {"rng_state", std::to_string(st.rng_state)},
         {"run", st.run},
     };
-}
-
-// Writes n bytes at offset of fd (any number of pwrite calls); false with errno set on failure.
-static bool write_at(int fd, uint64_t offset, const void* bytes, uint64_t n) {
-    const char* p = (const char*)bytes;
-    while (n > 0) {
-        const ssize_t done = pwrite(fd, p, std::min<uint64_t>(n, 1 << 30), (off_t)offset);
-        if (done < 0 && errno == EINTR) continue;
-        if (done <= 0) {
-            if (done == 0) errno = EIO;
-            return false;
-        }
-        p += done, offset += done, n -= done;
-    }
-    return true;
 }
 
 // A number no other write in the directory used: the time in nanoseconds and the process id
@@ -331,10 +330,11 @@ std::string checkpoint_verify(const std::string& path, int part, int parts) {
     const uint64_t file_bytes = (uint64_t)lseek(fd, 0, SEEK_END);
     uint64_t header_bytes = 0;
     std::string header(8, '\0'), error;
-    if (pread(fd, &header[0], 8, 0) == 8) memcpy(&header_bytes, header.data(), 8);
+    bool read = read_at(fd, 0, &header[0], 8);
+    memcpy(&header_bytes, header.data(), 8);
     header.resize(8 + header_bytes);  // the reader has bounded it
     const uint64_t data = header.size(), data_bytes = file_bytes - data, chunks = checksum_chunks(data_bytes);
-    const bool read = pread(fd, &header[8], header_bytes, 8) == (ssize_t)header_bytes;
+    read = read && read_at(fd, 8, &header[8], header_bytes);
     const size_t at = checksums_at(header);
     if (!read)
         error = std::string("cannot read: ") + strerror(errno);
