@@ -38,6 +38,8 @@ int main(int argc, char** argv) {
     size_t free_before = 0, total = 0;
     // the GPU's memory for the model and a batch, taken before the weights are read: what does not fit is said first
     const MakeModel allocate = [&](Run& r) {
+        if (r.comm->pp_size > 1)
+            throw std::runtime_error("--pp: the GPU trainer has no pipeline stages yet (train_cpu has, same flags)");
         CUDA_CHECK(cudaGetDevice(&device));
         CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
         CUDA_CHECK(cudaMemGetInfo(&free_before, &total));

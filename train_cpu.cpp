@@ -3,6 +3,7 @@
 // sampling) is trainer/run.h, shared with the GPU trainer train.cu, whose loop is this one on the GPU.
 #include <stdexcept>
 
+#include "trainer/pipeline.h"
 #include "trainer/run.h"
 
 int main(int argc, char** argv) {
@@ -21,9 +22,20 @@ int main(int argc, char** argv) {
     int status = 0;
     if (!start_run(run, argc, argv, "train_cpu", make_comm, prepare, &status)) return status;
     const int B = run.args.batch, T = run.args.seq;
+    Comm& comm = *run.comm;
+    // what the pipeline stages pass each other: activations forward, their gradients backward
+    const int64_t message = stage_message_floats(run.config, B, T);
+    std::vector<float> buffers(comm.pp_size > 1 ? 4 * message : 0);
+    float* at = buffers.data();
+    const StageMessages messages = comm.pp_size > 1 ? StageMessages{at, at + message, at + 2 * message,
+                                                                    at + 3 * message, message} : StageMessages{};
     const ModelCalls calls{
         [&](const int32_t* inputs, const int32_t* targets, int b, bool training) {
-            return model_forward(model, inputs, targets, b, T, training);
+            LossParts losses;
+            pipeline_forward(comm, [&](const float* in, float* out) {
+                losses = model_stage_forward(model, inputs, targets, b, T, training, in, out);
+            }, messages);
+            return losses;  // the last stage's heads; the balance losses of this stage's blocks
         },
         [&](int64_t row, float* out) { model_logits_row(model, row, out); },
         [] {}};  // the host model is the one trained
@@ -34,10 +46,17 @@ int main(int argc, char** argv) {
         for (int64_t step = run.state.step; step < run.args.steps; step++) {
             Step s = begin_step(run, step);  // every micro-step's batch, read and checked on every rank
             model_zero_grads(model);
-            for (int micro = 0; micro < run.args.grad_accum; micro++) {
-                s.add(model_forward(model, s.inputs_of(micro), s.targets_of(micro), B, T, /*training*/ true));
-                model_backward(model, s.loss_scale);
-            }
+            // every micro-step's forward and backward through the stages (one stage: forward, backward, forward, ...)
+            const StageWork work{
+                [&](int micro, int slot, const float* in, float* out) {
+                    model_use_slot(model, slot);
+                    s.add(model_stage_forward(model, s.inputs_of(micro), s.targets_of(micro), B, T, true, in, out));
+                },
+                [&](int, int slot, const float* dout, float* din) {
+                    model_use_slot(model, slot);
+                    model_stage_backward(model, s.loss_scale, dout, din);
+                }};
+            pipeline_train(comm, run.args.grad_accum, work, messages);
             model_reduce_grads(model);  // over the ranks that share each tensor
             s.grad_norm = model_grad_norm(model);
             reduce_step(run, s, model.expert_counts);  // losses and expert loads over the ranks, checked finite

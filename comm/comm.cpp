@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
-std::unique_ptr<Comm> make_mpi_comm(int ep_size, const char* program);
+std::unique_ptr<Comm> make_mpi_comm(int ep_size, int pp_size, const char* program);
 
 namespace {
 
@@ -24,6 +24,7 @@ public:
     }
     void reduce_scatter_sum(float*, int64_t, Group) override {}
     void all_gather(float*, int64_t, Group) override {}
+    void pipe_exchange(const PipeTransfer*, int) override {}  // one stage: nothing to pass
     void broadcast(void*, int64_t, int) override {}
     void barrier() override {}
     [[noreturn]] void abort(const std::string& message) override {
@@ -56,13 +57,11 @@ bool refuse_launch(int tasks, int world, const char* program) {
     return true;
 }
 
-std::string layout_error(int ep, int ep_max, int ep_min, int world) {
-    if (ep_max != ep_min)
-        return "the ranks were given different --ep (" + std::to_string(ep_min) + " to " + std::to_string(ep_max) +
-               "): start every rank with the same flags";
-    if (ep < 1 || world % ep != 0)
-        return "--ep " + std::to_string(ep) + " does not divide the " + std::to_string(world) +
-               " ranks (world = EP x DP)";
+std::string layout_error(int ep, int pp, bool ranks_agree, int world) {
+    if (!ranks_agree) return "the ranks were given different --ep or --pp: start every rank with the same flags";
+    if (ep < 1 || pp < 1 || world % ((int64_t)ep * pp) != 0)
+        return "--ep " + std::to_string(ep) + " x --pp " + std::to_string(pp) + " does not divide the " +
+               std::to_string(world) + " ranks (world = PP x EP x DP)";
     return "";
 }
 
@@ -71,11 +70,12 @@ Comm& local_comm() {
     return single;
 }
 
-std::unique_ptr<Comm> make_comm(int ep_size, const char* program) {
-    if (launched_by_mpi()) return make_mpi_comm(ep_size, program);
-    if (ep_size != 1) {
-        fprintf(stderr, "%s: --ep %d needs %d or more ranks: launch with mpirun -np N (N a multiple of %d)\n", program,
-                ep_size, ep_size, ep_size);
+std::unique_ptr<Comm> make_comm(int ep_size, int pp_size, const char* program) {
+    if (launched_by_mpi()) return make_mpi_comm(ep_size, pp_size, program);
+    if (ep_size * pp_size != 1) {
+        const int ranks = ep_size * pp_size;
+        fprintf(stderr, "%s: --ep %d x --pp %d needs %d or more ranks: launch with mpirun -np N (N a multiple of %d)\n",
+                program, ep_size, pp_size, ranks, ranks);
         exit(2);
     }
     return std::make_unique<SingleComm>(program);

@@ -24,7 +24,7 @@ constexpr int64_t MAX_PIECE = 1 << 28;  // elements per MPI call
 
 class MpiComm : public Comm {
 public:
-    MpiComm(int ep, const char* program) : program_(program) {
+    MpiComm(int ep, int pp, const char* program) : program_(program) {
         int provided = 0;
         const int tasks = srun_tasks();
         check_mpi(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
@@ -40,20 +40,23 @@ public:
         check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node), "split node");
         check_mpi(MPI_Comm_rank(node, &local_rank), "MPI_Comm_rank(node)");
         check_mpi(MPI_Comm_free(&node), "MPI_Comm_free");
-        int ep_range[2] = {ep, -ep};  // the largest and the smallest --ep of the ranks
-        check_mpi(MPI_Allreduce(MPI_IN_PLACE, ep_range, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD), "MPI_Allreduce(--ep)");
-        if (const std::string why = layout_error(ep, ep_range[0], -ep_range[1], world); !why.empty()) {
+        int range[4] = {ep, -ep, pp, -pp};  // the largest and the smallest --ep and --pp of the ranks
+        check_mpi(MPI_Allreduce(MPI_IN_PLACE, range, 4, MPI_INT, MPI_MAX, MPI_COMM_WORLD), "MPI_Allreduce(--ep)");
+        const bool agree = range[0] == -range[1] && range[2] == -range[3];
+        if (const std::string why = layout_error(ep, pp, agree, world); !why.empty()) {
             if (rank == 0) fprintf(stderr, "%s: %s\n", program, why.c_str());
             MPI_Finalize();
             exit(2);
         }
-        set_layout(ep);
-        check_mpi(MPI_Comm_split(MPI_COMM_WORLD, dp_rank, ep_rank, &ep_comm_), "split EP");
-        check_mpi(MPI_Comm_split(MPI_COMM_WORLD, ep_rank, dp_rank, &dp_comm_), "split DP");
+        set_layout(ep, pp);
+        const int place = group_rank(Group::Stage);  // in its stage
+        check_mpi(MPI_Comm_split(MPI_COMM_WORLD, pp_rank, place, &stage_comm_), "split stage");
+        check_mpi(MPI_Comm_split(MPI_COMM_WORLD, pp_rank * dp_size + dp_rank, ep_rank, &ep_comm_), "split EP");
+        check_mpi(MPI_Comm_split(MPI_COMM_WORLD, pp_rank * ep_size + ep_rank, dp_rank, &dp_comm_), "split DP");
+        check_mpi(MPI_Comm_split(MPI_COMM_WORLD, place, pp_rank, &pipe_comm_), "split pipeline");
     }
     ~MpiComm() override {
-        MPI_Comm_free(&ep_comm_);
-        MPI_Comm_free(&dp_comm_);
+        for (MPI_Comm* c : {&stage_comm_, &ep_comm_, &dp_comm_, &pipe_comm_}) MPI_Comm_free(c);
         MPI_Finalize();
     }
 
@@ -114,6 +117,22 @@ public:
                           "MPI_Bcast");
     }
 
+    // Over the pipeline group, whose rank i is stage i's; in MAX_PIECE parts, all posted before any is waited on.
+    void pipe_exchange(const PipeTransfer* transfers, int n) override {
+        std::vector<MPI_Request> requests;
+        for (int i = 0; i < n; i++) {
+            const PipeTransfer& t = transfers[i];
+            for (int64_t at = 0; at < t.count; at += MAX_PIECE) {
+                const int count = (int)std::min(MAX_PIECE, t.count - at);
+                requests.emplace_back();
+                check_mpi(t.send ? MPI_Isend(t.data + at, count, MPI_FLOAT, t.stage, 9, pipe_comm_, &requests.back())
+                                 : MPI_Irecv(t.data + at, count, MPI_FLOAT, t.stage, 9, pipe_comm_, &requests.back()),
+                          t.send ? "MPI_Isend (pipeline)" : "MPI_Irecv (pipeline)");
+            }
+        }
+        check_mpi(MPI_Waitall((int)requests.size(), requests.data(), MPI_STATUSES_IGNORE), "MPI_Waitall (pipeline)");
+    }
+
     void broadcast(void* data, int64_t bytes, int root) override {
         for (int64_t at = 0; at < bytes; at += MAX_PIECE)
             check_mpi(MPI_Bcast((char*)data + at, (int)std::min(MAX_PIECE, bytes - at), MPI_BYTE, root, MPI_COMM_WORLD),
@@ -139,7 +158,8 @@ private:
                       "MPI_Allreduce");
     }
     MPI_Comm group(Group g) const {
-        return g == Group::World ? MPI_COMM_WORLD : g == Group::ExpertParallel ? ep_comm_ : dp_comm_;
+        return g == Group::World ? MPI_COMM_WORLD : g == Group::Stage ? stage_comm_ : g == Group::ExpertParallel
+                                                                                          ? ep_comm_ : dp_comm_;
     }
     int checked_int(int64_t count) const {  // a count in rows, elements or row widths
         if (count > INT32_MAX) {
@@ -150,11 +170,12 @@ private:
     }
 
     const char* program_;
-    MPI_Comm ep_comm_ = MPI_COMM_NULL, dp_comm_ = MPI_COMM_NULL;
+    MPI_Comm stage_comm_ = MPI_COMM_NULL, ep_comm_ = MPI_COMM_NULL, dp_comm_ = MPI_COMM_NULL;
+    MPI_Comm pipe_comm_ = MPI_COMM_NULL;  // rank i: stage i's rank of this rank's place
 };
 
 }  // namespace
 
-std::unique_ptr<Comm> make_mpi_comm(int ep_size, const char* program) {
-    return std::make_unique<MpiComm>(ep_size, program);
+std::unique_ptr<Comm> make_mpi_comm(int ep_size, int pp_size, const char* program) {
+    return std::make_unique<MpiComm>(ep_size, pp_size, program);
 }

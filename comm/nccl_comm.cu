@@ -26,10 +26,10 @@ __global__ void build_probe_kernel() {}
 
 class NcclComm : public Comm {
 public:
-    NcclComm(int ep, const char* program) : program_(program), use_mpi_(launched_by_mpi()) {
+    NcclComm(int ep, int pp, const char* program) : program_(program), use_mpi_(launched_by_mpi()) {
         int local_ranks = 1;
         MPI_Comm node = MPI_COMM_NULL;  // the ranks on this host
-        int ep_range[2] = {ep, -ep};  // the largest and the smallest --ep of the ranks
+        int range[4] = {ep, -ep, pp, -pp};  // the largest and the smallest --ep and --pp of the ranks
         if (use_mpi_) {
             const int tasks = srun_tasks();
             check_mpi(MPI_Init(nullptr, nullptr), "MPI_Init");
@@ -44,7 +44,7 @@ public:
             check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node), "split");
             check_mpi(MPI_Comm_rank(node, &local_rank), "MPI_Comm_rank(node)");
             check_mpi(MPI_Comm_size(node, &local_ranks), "MPI_Comm_size(node)");
-            check_mpi(MPI_Allreduce(MPI_IN_PLACE, ep_range, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD), "MPI_Allreduce");
+            check_mpi(MPI_Allreduce(MPI_IN_PLACE, range, 4, MPI_INT, MPI_MAX, MPI_COMM_WORLD), "MPI_Allreduce");
         }
         int gpus = 0;
         const cudaError_t counted = cudaGetDeviceCount(&gpus);
@@ -65,9 +65,9 @@ public:
             if (error.empty()) error = shared;
             check_mpi(MPI_Comm_free(&node), "MPI_Comm_free");
         }
-        if (error.empty()) error = layout_error(ep, ep_range[0], -ep_range[1], world);
+        if (error.empty()) error = layout_error(ep, pp, range[0] == -range[1] && range[2] == -range[3], world);
         agree_on_setup(error);
-        set_layout(ep);
+        set_layout(ep, pp);
         check_cuda(cudaSetDevice(device), "cudaSetDevice");
         cudaFuncAttributes probe;
         if (const cudaError_t rc = cudaFuncGetAttributes(&probe, build_probe_kernel); rc != cudaSuccess) {
@@ -93,21 +93,25 @@ public:
         check_nccl(ncclCommInitRank(&world_comm_, world, id, rank), "ncclCommInitRank");
         ncclConfig_t share = NCCL_CONFIG_INITIALIZER;  // the splits share the world's buffers, not each its own
         share.splitShare = 1;
-        check_nccl(ncclCommSplit(world_comm_, dp_rank, ep_rank, &ep_comm_, &share), "ncclCommSplit(EP)");
-        check_nccl(ncclCommSplit(world_comm_, ep_rank, dp_rank, &dp_comm_, &share), "ncclCommSplit(DP)");
+        const int place = group_rank(Group::Stage);  // in its stage
+        check_nccl(ncclCommSplit(world_comm_, pp_rank, place, &stage_comm_, &share), "ncclCommSplit(stage)");
+        check_nccl(ncclCommSplit(world_comm_, pp_rank * dp_size + dp_rank, ep_rank, &ep_comm_, &share),
+                   "ncclCommSplit(EP)");
+        check_nccl(ncclCommSplit(world_comm_, pp_rank * ep_size + ep_rank, dp_rank, &dp_comm_, &share),
+                   "ncclCommSplit(DP)");
+        check_nccl(ncclCommSplit(world_comm_, place, pp_rank, &pipe_comm_, &share), "ncclCommSplit(pipeline)");
         // NCCL (2.22 on) connects lazily and allocates device buffers then. One collective per communicator and one
         // send to each EP peer, here, take most of that before the GPU model plans its memory.
         // NCCL_RUNTIME_CONNECT=0 would connect everything at init.
         double one = 1.0;
-        for (Group g : {Group::World, Group::ExpertParallel, Group::DataParallel}) all_reduce_sum(&one, 1, g);
+        for (Group g : {Group::World, Group::Stage, Group::ExpertParallel, Group::DataParallel})
+            all_reduce_sum(&one, 1, g);
         std::vector<int64_t> counts(ep_size, 0), received(ep_size);
         all_to_all(counts.data(), received.data(), 1);
     }
     ~NcclComm() override {
         cudaFree(stage_);
-        ncclCommDestroy(ep_comm_);
-        ncclCommDestroy(dp_comm_);
-        ncclCommDestroy(world_comm_);
+        for (ncclComm_t c : {stage_comm_, ep_comm_, dp_comm_, pipe_comm_, world_comm_}) ncclCommDestroy(c);
         cudaEventDestroy(followed_);
         cudaStreamDestroy(stream_);
         if (use_mpi_) MPI_Finalize();
@@ -150,6 +154,20 @@ public:
                                      nccl_group(g), stream_),
                        "ncclAllGather");
         });
+    }
+
+    // Device buffers: one group of sends and receives over the pipeline group, whose rank i is stage i's.
+    void pipe_exchange(const PipeTransfer* transfers, int n) override {
+        check_nccl(ncclGroupStart(), "ncclGroupStart");
+        for (int i = 0; i < n; i++) {
+            const PipeTransfer& t = transfers[i];
+            if (t.send)
+                check_nccl(ncclSend(t.data, t.count, ncclFloat32, t.stage, pipe_comm_, stream_), "ncclSend (pipeline)");
+            else
+                check_nccl(ncclRecv(t.data, t.count, ncclFloat32, t.stage, pipe_comm_, stream_), "ncclRecv (pipeline)");
+        }
+        check_nccl(ncclGroupEnd(), "ncclGroupEnd");
+        sync();
     }
 
     void broadcast(void* data, int64_t bytes, int root) override {
@@ -210,7 +228,8 @@ private:
         });
     }
     ncclComm_t nccl_group(Group g) const {
-        return g == Group::World ? world_comm_ : g == Group::ExpertParallel ? ep_comm_ : dp_comm_;
+        return g == Group::World ? world_comm_ : g == Group::Stage ? stage_comm_ : g == Group::ExpertParallel
+                                                                                       ? ep_comm_ : dp_comm_;
     }
 
     // Runs collective(dev_in, dev_out) for the caller's in and out (in == out: in place), then waits for the stream.
@@ -257,7 +276,7 @@ private:
             const cudaError_t rc = cudaStreamQuery(stream_);
             if (rc == cudaSuccess) return;
             if (rc != cudaErrorNotReady) check_cuda(rc, "the Comm's stream");
-            for (ncclComm_t c : {world_comm_, ep_comm_, dp_comm_}) {
+            for (ncclComm_t c : {world_comm_, stage_comm_, ep_comm_, dp_comm_, pipe_comm_}) {
                 ncclResult_t pending = ncclSuccess;
                 if (c) check_nccl(ncclCommGetAsyncError(c, &pending), "ncclCommGetAsyncError");
                 check_nccl(pending, "a collective in flight");
@@ -313,11 +332,12 @@ private:
     cudaEvent_t followed_ = nullptr;  // recorded on the stream follow_stream names
     char* stage_ = nullptr;  // device staging buffer for host-memory arguments
     size_t stage_bytes_ = 0;
-    ncclComm_t world_comm_ = nullptr, ep_comm_ = nullptr, dp_comm_ = nullptr;
+    ncclComm_t world_comm_ = nullptr, stage_comm_ = nullptr, ep_comm_ = nullptr, dp_comm_ = nullptr,
+               pipe_comm_ = nullptr;
 };
 
 }  // namespace
 
-std::unique_ptr<Comm> make_nccl_comm(int ep_size, const char* program) {
-    return std::make_unique<NcclComm>(ep_size, program);
+std::unique_ptr<Comm> make_nccl_comm(int ep_size, int pp_size, const char* program) {
+    return std::make_unique<NcclComm>(ep_size, pp_size, program);
 }

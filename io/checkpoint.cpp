@@ -88,28 +88,30 @@ static int64_t first_in_whole(const ParamTensor& t, const Comm& comm) {
     return t.expert_shard ? comm.ep_rank * t.numel : 0;
 }
 
-// The file's tensors in order: every parameter, then each trainable one's two moments. params[i], m[i] and v[i] are
-// where table tensor i's start in the data section, in bytes.
+// The file's tensors in order: every parameter of the whole model, then each trainable one's two moments. params[i],
+// m[i] and v[i] are where this rank's table tensor i's start in the data section, in bytes (a pipeline stage's table
+// holds its own tensors only).
 struct FileLayout {
     std::vector<TensorView> views;  // no data: for the header
     std::vector<uint64_t> params, m, v;
     uint64_t bytes = 0;  // of the data section
 };
 
-static FileLayout file_layout(const ParamTable& table, int ep_size) {
+static FileLayout file_layout(const Model& model) {
+    const int ep = model.comm->ep_size;
+    const ParamTable whole = build_param_table(model.config, ep);
     FileLayout f;
-    for (const ParamTensor& t : table.tensors)
-        f.views.push_back({t.name, DType::F32, whole_shape(t, ep_size), nullptr});
-    for (const ParamTensor& t : table.tensors)
+    for (const ParamTensor& t : whole.tensors) f.views.push_back({t.name, DType::F32, whole_shape(t, ep), nullptr});
+    for (const ParamTensor& t : whole.tensors)
         for (const char* moment : {"optimizer.m.", "optimizer.v."})
-            if (t.trainable) f.views.push_back({moment + t.name, DType::F32, whole_shape(t, ep_size), nullptr});
+            if (t.trainable) f.views.push_back({moment + t.name, DType::F32, whole_shape(t, ep), nullptr});
     const std::vector<uint64_t> offsets = safetensors_offsets(f.views);
-    size_t view = table.tensors.size();  // the next moment's view
-    for (size_t i = 0; i < table.tensors.size(); i++) {
-        const bool trainable = table.tensors[i].trainable;
-        f.params.push_back(offsets[i]);
-        f.m.push_back(trainable ? offsets[view++] : 0);
-        f.v.push_back(trainable ? offsets[view++] : 0);
+    std::map<std::string, size_t> index;  // of each view, by name
+    for (size_t i = 0; i < f.views.size(); i++) index[f.views[i].name] = i;
+    for (const ParamTensor& t : model.table.tensors) {
+        f.params.push_back(offsets[index.at(t.name)]);
+        f.m.push_back(t.trainable ? offsets[index.at("optimizer.m." + t.name)] : 0);
+        f.v.push_back(t.trainable ? offsets[index.at("optimizer.v." + t.name)] : 0);
     }
     f.bytes = offsets.back();
     return f;
@@ -209,7 +211,7 @@ static void remove_unfinished_writes(const std::string& dir) {
 CheckpointWrite checkpoint_begin(const std::string& dir, const Model& m, const AdamWState& opt, const TrainState& st,
                                  bool copies) {
     Comm& comm = *m.comm;
-    const FileLayout layout = file_layout(m.table, comm.ep_size);
+    const FileLayout layout = file_layout(m);
     CheckpointWrite w;
     w.step = st.step;
     w.path = checkpoint_path(dir, st.step);
@@ -243,10 +245,10 @@ CheckpointWrite checkpoint_begin(const std::string& dir, const Model& m, const A
     auto add = [&](uint64_t begin, const ParamTensor& t, int64_t first, const float* values, int64_t count) {
         w.parts.push_back({data + begin + 4 * (uint64_t)(first_in_whole(t, comm) + first), values, count});
     };
-    // Outside the optimizer: replicated tensors from rank 0, expert tensors from dp_rank 0.
+    // Outside the optimizer: replicated tensors from the first rank of their stage, expert tensors from dp_rank 0.
     for (size_t i = 0; i < m.table.tensors.size(); i++) {
         const ParamTensor& t = m.table.tensors[i];
-        if (!t.trainable && (t.expert_shard ? comm.dp_rank == 0 : comm.rank == 0))
+        if (!t.trainable && (t.expert_shard ? comm.dp_rank == 0 : comm.group_rank(Group::Stage) == 0))
             add(layout.params[i], t, 0, m.params.data() + t.offset, t.numel);
     }
     for (const OptimizerRange& r : m.shard.ranges) {

@@ -238,7 +238,7 @@ static int64_t mla_params(const Config& c) {
 }
 static int64_t swiglu_params(const Config& c, int64_t width) { return 3 * width * c.hidden_size; }
 
-static int64_t block_params(const Config& c, int layer, bool active_only) {
+int64_t count_block_params(const Config& c, int layer, bool active_only) {
     int64_t n = 2 * (int64_t)c.hidden_size + mla_params(c);  // two norms + attention
     if (!c.is_moe_layer(layer)) return n + swiglu_params(c, c.intermediate_size);
     int64_t experts = active_only ? c.num_experts_per_tok : c.n_routed_experts;
@@ -252,7 +252,7 @@ static int64_t block_params(const Config& c, int layer, bool active_only) {
 // §1.6, V3's published 37B), and the main blocks.
 static int64_t model_params(const Config& c, bool active_only) {
     int64_t n = (active_only ? 1 : 2) * (int64_t)c.vocab_size * c.hidden_size + c.hidden_size;
-    for (int l = 0; l < c.num_hidden_layers; l++) n += block_params(c, l, active_only);
+    for (int l = 0; l < c.num_hidden_layers; l++) n += count_block_params(c, l, active_only);
     return n;
 }
 
@@ -263,7 +263,7 @@ int64_t count_active_params(const Config& c) { return model_params(c, true); }
 int64_t count_mtp_params(const Config& c) {
     if (c.num_nextn_predict_layers == 0) return 0;
     int64_t d = c.hidden_size;
-    return 3 * d + 2 * d * d + block_params(c, c.num_hidden_layers, false);  // enorm, hnorm, head norm; eh_proj
+    return 3 * d + 2 * d * d + count_block_params(c, c.num_hidden_layers, false);  // enorm, hnorm, head norm; eh_proj
 }
 
 void validate_config(const Config& c) {
@@ -323,8 +323,8 @@ void validate_config(const Config& c) {
     // Under the bounds above no block overflows int64 (< 2^58); the first, last and MTP blocks cover both kinds.
     const int64_t max_params = (int64_t)1 << 42;
     const int64_t largest_block =
-        std::max({block_params(c, 0, false), block_params(c, c.num_hidden_layers - 1, false),
-                  c.num_nextn_predict_layers > 0 ? block_params(c, c.num_hidden_layers, false) : 0});
+        std::max({count_block_params(c, 0, false), count_block_params(c, c.num_hidden_layers - 1, false),
+                  c.num_nextn_predict_layers > 0 ? count_block_params(c, c.num_hidden_layers, false) : 0});
     const int64_t total = largest_block > max_params ? largest_block : count_total_params(c) + count_mtp_params(c);
     if (total > max_params) {
         char msg[160];

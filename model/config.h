@@ -74,3 +74,5 @@ std::string config_to_json(const Config& c);
 int64_t count_total_params(const Config& c);
 int64_t count_active_params(const Config& c);
 int64_t count_mtp_params(const Config& c);
+// Block `layer`'s parameters (the MTP block's is num_hidden_layers), or those one token passes through: k experts.
+int64_t count_block_params(const Config& c, int layer, bool active_only);

@@ -11,10 +11,12 @@
 #include "optimizer.h"
 #include "rng.h"
 
-void model_init(Model& m, const Config& c, Comm* comm) {
+void model_init(Model& m, const Config& c, Comm* comm, int first_layer, int end_layer) {
     m.config = c;
     m.comm = comm ? comm : &local_comm();
-    m.table = build_param_table(c, m.comm->ep_size);
+    m.first_layer = first_layer;
+    m.end_layer = end_layer < 0 ? c.num_hidden_layers : end_layer;
+    m.table = build_param_table(c, m.comm->ep_size, m.first_layer, m.end_layer);
     m.shard = optimizer_shard(m.table, *m.comm);
     m.params.assign(m.table.total, 0.0f);
     m.grads.assign(m.table.total, 0.0f);
@@ -77,10 +79,13 @@ int64_t head_chunk_rows(const Config& c, int64_t N, const ActivationLayout& layo
     return std::min(N, std::max(aligned, layout.head_chunk_values / V / aligned * aligned));
 }
 
-std::vector<int> block_sets(const Config& c, bool recompute) {
-    std::vector<int> set(c.num_blocks());
+std::vector<int> block_sets(const Config& c, bool recompute, int first_layer, int end_layer) {
+    const int L = c.num_hidden_layers;
+    if (end_layer < 0) end_layer = L;
+    std::vector<int> set(c.num_blocks(), -1);
     int dense = -1, moe = -1, sets = 0;
     for (int l = 0; l < c.num_blocks(); l++) {
+        if ((l < first_layer || l >= end_layer) && !(l >= L && end_layer == L)) continue;  // another stage's
         int& kind = c.is_moe_layer(l) ? moe : dense;
         if (kind < 0 || !recompute) kind = sets++;
         set[l] = kind;
@@ -88,25 +93,30 @@ std::vector<int> block_sets(const Config& c, bool recompute) {
     return set;
 }
 
-// Lays out every activation of a B x T batch in one allocation (re-done only when B or T change).
+// Lays out every activation of a B x T batch in two allocations, the activation sets and the rest (re-done only
+// when B or T change).
 void model_reserve(Model& m, int B, int T) {
     if (m.B == B && m.T == T) return;
     const Config& c = m.config;
     const int64_t N = (int64_t)B * T, d = c.hidden_size, V = c.vocab_size;
     ModelActs& a = m.acts;
     a.residual.assign(c.num_hidden_layers + 1, nullptr);
-    a.block_set = block_sets(c, m.layout.recompute);
+    a.block_set = block_sets(c, m.layout.recompute, m.first_layer, m.end_layer);
     const int sets = *std::max_element(a.block_set.begin(), a.block_set.end()) + 1;
     a.blocks.assign(sets, BlockActs{});
     a.set_layer.assign(sets, -1);
-    const bool mtp = c.num_nextn_predict_layers > 0;
-    const int64_t logit_rows = m.layout.recompute ? head_chunk_rows(c, N, m.layout) : N;
-    carve_arena(m.act_storage, [&](Arena& arena) {
-        for (float*& r : a.residual) r = arena.take<float>(N * d);
+    a.set_slot.assign(sets, -1);
+    carve_arena(m.set_storage, [&](Arena& arena) {
         for (int l = 0, carved = 0; l < c.num_blocks(); l++)
             if (a.block_set[l] == carved) block_carve(arena, c, l, B, T, a.blocks[carved++]);
-        a.final_normed = arena.take<float>(N * d);
-        a.final_rstd = arena.take<float>(N);
+    });
+    const bool last = m.last_stage(), mtp = last && c.num_nextn_predict_layers > 0;
+    const int64_t logit_rows = !last ? 0 : m.layout.recompute ? head_chunk_rows(c, N, m.layout) : N;
+    carve_arena(m.act_storage, [&](Arena& arena) {
+        for (int l = m.first_layer; l < m.end_layer; l++) a.residual[l] = arena.take<float>(N * d);
+        if (last) a.residual[c.num_hidden_layers] = arena.take<float>(N * d);
+        a.final_normed = arena.take<float>(last ? N * d : 0);
+        a.final_rstd = arena.take<float>(last ? N : 0);
         a.logits = arena.take<float>(logit_rows * V);
         a.next_embed = arena.take<float>(mtp ? N * d : 0);
         a.enorm_out = arena.take<float>(mtp ? N * d : 0);
@@ -152,6 +162,7 @@ static double block_forward(Model& m, int layer, const float* h_in, float* h_out
     const BlockWeights& w = m.w.blocks[layer];
     BlockActs& a = block_acts(m, layer);
     m.acts.set_layer[m.acts.block_set[layer]] = layer;
+    m.acts.set_slot[m.acts.block_set[layer]] = m.slot;
     const int64_t N = (int64_t)m.B * m.T, d = c.hidden_size;
     mla_forward(c, m.precision, w, a.mla, a.attn_normed, a.attn_out, m.B, m.T);
     residual_rmsnorm_forward(a.h_mid, a.ffn_normed, a.ffn_rstd, h_in, a.attn_out, w.ffn_norm, N, d, c.rms_norm_eps);
@@ -164,8 +175,10 @@ static double block_forward(Model& m, int layer, const float* h_in, float* h_out
     } else {
         ffn_forward(m.precision, a.ffn_out, a.dense, a.ffn_normed, w.gate, w.up, w.down, N, d, c.intermediate_size);
     }
-    if (h_out)
+    if (h_out && next.weight)
         residual_rmsnorm_forward(h_out, next.out, next.rstd, a.h_mid, a.ffn_out, next.weight, N, d, c.rms_norm_eps);
+    else if (h_out)  // the stage's output: the next stage computes the norm
+        for (int64_t i = 0; i < N * d; i++) h_out[i] = a.h_mid[i] + a.ffn_out[i];
     return balance;
 }
 
@@ -179,7 +192,8 @@ static void block_input_norm(Model& m, int layer, const float* h) {
 // With recompute: block `layer`'s forward again from h_in, if another block has used its activation set since.
 // Not training: the first forward counted the expert loads and the balance loss.
 static void restore_block_acts(Model& m, int layer, const float* h_in) {
-    if (m.acts.set_layer[m.acts.block_set[layer]] == layer) return;
+    const int set = m.acts.block_set[layer];
+    if (m.acts.set_layer[set] == layer && m.acts.set_slot[set] == m.slot) return;
     block_input_norm(m, layer, h_in);
     block_forward(m, layer, h_in, nullptr, NextNorm{}, /*training*/ false, /*with_loss*/ false);
 }
@@ -266,56 +280,81 @@ void model_logits_row(Model& m, int64_t row, float* out) {
     std::copy_n(logits + (row - r0) * V, V, out);
 }
 
+int64_t stage_message_floats(const Config& c, int B, int T) {
+    return (int64_t)B * T * c.hidden_size * (c.num_nextn_predict_layers > 0 ? 2 : 1);
+}
+
 LossParts model_forward(Model& m, const int32_t* inputs, const int32_t* targets, int B, int T, bool training) {
+    return model_stage_forward(m, inputs, targets, B, T, training, nullptr, nullptr);
+}
+
+LossParts model_stage_forward(Model& m, const int32_t* inputs, const int32_t* targets, int B, int T, bool training,
+                              const float* in, float* out) {
     model_reserve(m, B, T);
     const Config& c = m.config;
     ModelActs& a = m.acts;
-    const int64_t N = (int64_t)B * T, d = c.hidden_size, L = c.num_hidden_layers;
+    const int64_t N = (int64_t)B * T, d = c.hidden_size;
+    const int first = m.first_layer, end = m.end_layer;
+    const bool last = m.last_stage(), mtp = c.num_nextn_predict_layers > 0 && targets;
     m.inputs.assign(inputs, inputs + N);
+    if (targets) m.targets.assign(targets, targets + N);
+    else m.targets.clear();
     LossParts loss;
-    embedding_forward(a.residual[0], inputs, m.w.embed, N, d);
+    if (m.first_stage()) embedding_forward(a.residual[first], inputs, m.w.embed, N, d);
+    else std::copy_n(in, N * d, a.residual[first]);
+    block_input_norm(m, first, a.residual[first]);
     const NextNorm final_norm{m.w.final_norm, a.final_normed, a.final_rstd};
-    block_input_norm(m, 0, a.residual[0]);
-    for (int l = 0; l < L; l++) {
-        const NextNorm next = l + 1 < L ? attention_norm(m, l + 1) : final_norm;
-        loss.balance += block_forward(m, l, a.residual[l], a.residual[l + 1], next, training, targets != nullptr);
+    for (int l = first; l < end; l++) {
+        const bool stage_end = l + 1 == end;
+        const NextNorm next = !stage_end ? attention_norm(m, l + 1) : last ? final_norm : NextNorm{};
+        float* h_out = stage_end && !last ? out : a.residual[l + 1];
+        loss.balance += block_forward(m, l, a.residual[l], h_out, next, training, targets != nullptr);
+    }
+    if (!last) {  // Emb(targets) for the last stage's MTP block, passed along
+        if (mtp && m.first_stage()) embedding_forward(out + N * d, targets, m.w.embed, N, d);
+        else if (mtp) std::copy_n(in + N * d, N * d, out + N * d);
+        loss.total = loss.balance;
+        return loss;
     }
     if (!targets) {  // the logits only, for model_logits_row
-        m.targets.clear();
         if (keeps_logits(m)) head_forward(m, main_head(m, false));
         return loss;
     }
-    m.targets.assign(targets, targets + N);
     loss.main = head_forward(m, main_head(m, true)) / N;
-    if (c.num_nextn_predict_layers > 0) {
+    if (mtp) {
         m.mtp_targets.resize(N);
         for (int64_t t = 0; t < N; t++) m.mtp_targets[t] = (t % T == T - 1) ? -1 : targets[t + 1];
-        embedding_forward(a.next_embed, targets, m.w.embed, N, d);
+        if (m.first_stage()) embedding_forward(a.next_embed, targets, m.w.embed, N, d);
+        else std::copy_n(in + N * d, N * d, a.next_embed);
         rmsnorm_forward(a.enorm_out, a.enorm_rstd, a.next_embed, m.w.mtp_enorm, N, d, c.rms_norm_eps);
         rmsnorm_forward(a.hnorm_out, a.hnorm_rstd, a.final_normed, m.w.mtp_hnorm, N, d, c.rms_norm_eps);
         copy_columns(a.mtp_concat, 2 * d, a.enorm_out, d, N, d);
         copy_columns(a.mtp_concat + d, 2 * d, a.hnorm_out, d, N, d);
         matmul_forward(a.mtp_in, a.mtp_concat, m.w.mtp_eh_proj, N, 2 * d, d);
-        block_input_norm(m, (int)L, a.mtp_in);
+        const int L = c.num_hidden_layers;
+        block_input_norm(m, L, a.mtp_in);
         const NextNorm mtp_norm{m.w.mtp_norm, a.mtp_normed, a.mtp_rstd};
-        loss.balance += block_forward(m, (int)L, a.mtp_in, a.mtp_out, mtp_norm, training, true);
+        loss.balance += block_forward(m, L, a.mtp_in, a.mtp_out, mtp_norm, training, true);
         loss.mtp = head_forward(m, mtp_head(m)) / ((double)B * (T - 1));
     }
     loss.total = loss.main + c.mtp_loss_weight * loss.mtp + loss.balance;
     return loss;
 }
 
-void model_backward(Model& m, float loss_scale) {
+void model_backward(Model& m, float loss_scale) { model_stage_backward(m, loss_scale, nullptr, nullptr); }
+
+// The last stage's heads, MTP block and final norm: dh (N, d) at the output of the main blocks, overwritten. dnext:
+// the gradient of Emb(targets), for the embedding (the first stage's, passed back when it is another).
+static void heads_backward(Model& m, float loss_scale, float* dh, float* dnext) {
     const Config& c = m.config;
     ModelActs& a = m.acts;
     const int B = m.B, T = m.T;
     const int64_t N = (int64_t)B * T, d = c.hidden_size, L = c.num_hidden_layers;
-    std::vector<float> dfinal(N * d), dh(N * d), dh_prev(N * d);
-
+    std::vector<float> dfinal(N * d);
     head_backward(m, main_head(m, true), dfinal.data(), loss_scale / N);
     if (c.num_nextn_predict_layers > 0) {
         const float mtp_scale = loss_scale * c.mtp_loss_weight / ((float)B * (T - 1));
-        std::vector<float> dmtp(N * d), dmtp_out(N * d), dconcat(N * 2 * d), dhalf(N * d), dnext(N * d);
+        std::vector<float> dmtp(N * d), dmtp_out(N * d), dconcat(N * 2 * d), dhalf(N * d);
         head_backward(m, mtp_head(m), dmtp.data(), mtp_scale);
         rmsnorm_backward(dmtp_out.data(), m.g.mtp_norm, dmtp.data(), a.mtp_out, m.w.mtp_norm, a.mtp_rstd, N, d,
                          false);
@@ -327,17 +366,56 @@ void model_backward(Model& m, float loss_scale) {
         rmsnorm_backward(dfinal.data(), m.g.mtp_hnorm, dhalf.data(), a.final_normed, m.w.mtp_hnorm, a.hnorm_rstd, N,
                          d, true);
         copy_columns(dhalf.data(), d, dconcat.data(), 2 * d, N, d);
-        rmsnorm_backward(dnext.data(), m.g.mtp_enorm, dhalf.data(), a.next_embed, m.w.mtp_enorm, a.enorm_rstd, N, d,
-                         false);
-        embedding_backward(m.g.embed, dnext.data(), m.targets.data(), N, d);
+        rmsnorm_backward(dnext, m.g.mtp_enorm, dhalf.data(), a.next_embed, m.w.mtp_enorm, a.enorm_rstd, N, d, false);
     }
-    rmsnorm_backward(dh.data(), m.g.final_norm, dfinal.data(), a.residual[L], m.w.final_norm, a.final_rstd, N, d,
-                     false);
-    for (int64_t l = L - 1; l >= 0; l--) {
-        block_backward(m, (int)l, a.residual[l], dh.data(), dh_prev.data(), loss_scale);
+    rmsnorm_backward(dh, m.g.final_norm, dfinal.data(), a.residual[L], m.w.final_norm, a.final_rstd, N, d, false);
+}
+
+void model_stage_backward(Model& m, float loss_scale, const float* dout, float* din) {
+    const Config& c = m.config;
+    const int64_t N = (int64_t)m.B * m.T, d = c.hidden_size;
+    const bool mtp = c.num_nextn_predict_layers > 0;
+    std::vector<float> dh(N * d), dh_prev(N * d), dnext(mtp ? N * d : 0);
+    if (m.last_stage()) {
+        heads_backward(m, loss_scale, dh.data(), dnext.data());
+    } else {
+        std::copy_n(dout, N * d, dh.data());
+        if (mtp) std::copy_n(dout + N * d, N * d, dnext.data());
+    }
+    if (mtp && m.first_stage()) embedding_backward(m.g.embed, dnext.data(), m.targets.data(), N, d);
+    else if (mtp) std::copy_n(dnext.data(), N * d, din + N * d);
+    for (int l = m.end_layer - 1; l >= m.first_layer; l--) {
+        block_backward(m, l, m.acts.residual[l], dh.data(), dh_prev.data(), loss_scale);
         std::swap(dh, dh_prev);
     }
-    embedding_backward(m.g.embed, dh.data(), m.inputs.data(), N, d);
+    if (m.first_stage()) embedding_backward(m.g.embed, dh.data(), m.inputs.data(), N, d);
+    else std::copy_n(dh.data(), N * d, din);
+}
+
+// Swaps the Model's activation fields with slot s's; with recompute the activation sets stay.
+static void swap_slot(Model& m, ActivationSlot& s) {
+    std::swap(m.B, s.B);
+    std::swap(m.T, s.T);
+    m.act_storage.swap(s.act_storage);
+    std::swap(m.acts, s.acts);
+    if (m.layout.recompute) {
+        std::swap(m.acts.blocks, s.acts.blocks);
+        std::swap(m.acts.set_layer, s.acts.set_layer);
+        std::swap(m.acts.set_slot, s.acts.set_slot);
+    } else {
+        m.set_storage.swap(s.set_storage);
+    }
+    m.inputs.swap(s.inputs);
+    m.targets.swap(s.targets);
+    m.mtp_targets.swap(s.mtp_targets);
+}
+
+void model_use_slot(Model& m, int slot) {
+    if (slot == m.slot) return;
+    if ((int)m.parked.size() <= std::max(slot, m.slot)) m.parked.resize(std::max(slot, m.slot) + 1);
+    swap_slot(m, m.parked[m.slot]);  // park the one in use
+    swap_slot(m, m.parked[slot]);
+    m.slot = slot;
 }
 
 void router_bias_step(const Config& c, const std::vector<int64_t>& counts, float* bias) {
@@ -354,7 +432,7 @@ void model_update_router_bias(Model& m, const std::vector<std::vector<int64_t>>&
     const Config& c = m.config;
     for (int l = 0; l < c.num_blocks(); l++) {
         if (!c.is_moe_layer(l)) continue;
-        router_bias_step(c, counts[l], m.w.blocks[l].router_bias);
+        if (m.w.blocks[l].router_bias) router_bias_step(c, counts[l], m.w.blocks[l].router_bias);  // this stage's
         std::fill(m.expert_counts[l].begin(), m.expert_counts[l].end(), 0);
     }
 }

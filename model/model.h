@@ -3,6 +3,8 @@
 // model (gpu/model.h, step for step) and the PyTorch twin are checked against.
 //   loss = CE_main + mtp_loss_weight * CE_mtp + sum over MoE blocks of the balance loss
 // Each block's last residual add is fused with the RMSNorm that reads it, as on the GPU.
+// A pipeline stage (docs/design.md §2.1) is a Model holding consecutive main blocks: the first stage the embedding,
+// the last the final norm, the heads and MTP. Its forward and backward read and write the messages the stages pass.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -29,10 +31,12 @@ struct BlockActs {
 
 struct ModelActs {
     std::vector<float*> residual;  // num_hidden_layers + 1 of (N, d): the input of each main block, then the output
-    // The activation sets: one per block (main, then MTP), or with recompute one per kind of block (dense, MoE).
-    // block_set[l] is block l's set; set_layer[s] is the block whose forward set s holds (-1: none).
+                                   // (a stage carves those of its blocks only; the last stage's output too)
+    // The activation sets: one per block (main, then MTP), or with recompute one per kind of block (dense, MoE),
+    // shared by the activation slots. block_set[l] is block l's set; set s holds the forward of block set_layer[s]
+    // (-1: none) of slot set_slot[s].
     std::vector<BlockActs> blocks;
-    std::vector<int> block_set, set_layer;
+    std::vector<int> block_set, set_layer, set_slot;
     float* final_normed;           // (N, d)
     float* final_rstd;             // (N)
     float* logits;                 // (N, V), or with recompute (head_chunk_rows, V)
@@ -63,6 +67,16 @@ struct LossParts {
     double total = 0, main = 0, mtp = 0, balance = 0;
 };
 
+// What one micro-batch's forward leaves for its backward: the Model fields below of that name. 1F1B keeps several
+// micro-batches in flight; the slot in use is in the Model, the others parked here. With recompute the slots share
+// the activation sets (their blocks' inputs are all they keep), which stay in the Model.
+struct ActivationSlot {
+    int B = 0, T = 0;
+    std::vector<float> act_storage, set_storage;
+    ModelActs acts;
+    std::vector<int32_t> inputs, targets, mtp_targets;
+};
+
 struct Model {
     Config config;
     Comm* comm = nullptr;              // the ranks this model is spread over (expert parallelism); never null
@@ -72,17 +86,24 @@ struct Model {
     ModelWeights w, g;                 // pointers into params and grads
     Precision precision = Precision::FP32;  // the linear layers inside the blocks: FP32 or FP8 (model/fp8.h)
     ActivationLayout layout;  // set before the first forward
-    // activations of the last forward, for a batch of B x T
+    int first_layer = 0, end_layer = 0;  // this pipeline stage's main blocks: [first_layer, end_layer)
+    // activations of the last forward, for a batch of B x T: slot `slot` (model_use_slot)
     int B = 0, T = 0;
-    std::vector<float> act_storage;
+    std::vector<float> act_storage, set_storage;  // the activation sets (acts.blocks) apart
     ModelActs acts;
     std::vector<int32_t> inputs, targets, mtp_targets;  // (N) each; mtp_targets[b, T-1] = -1
-    // each block's expert load since the last bias update (empty for dense blocks)
+    int slot = 0;
+    std::vector<ActivationSlot> parked;  // the other slots (parked[slot] is empty)
+    // each block's expert load since the last bias update (empty for dense blocks; 0 for other stages' blocks)
     std::vector<std::vector<int64_t>> expert_counts;
+
+    bool first_stage() const { return first_layer == 0; }
+    bool last_stage() const { return end_layer == config.num_hidden_layers; }
 };
 
 // Table and zeroed buffers. With comm (default: one process), the routed experts are split over its EP group.
-void model_init(Model& m, const Config& c, Comm* comm = nullptr);
+// A pipeline stage holds main blocks [first_layer, end_layer) (end_layer -1: to the last).
+void model_init(Model& m, const Config& c, Comm* comm = nullptr, int first_layer = 0, int end_layer = -1);
 // For a backend with its own gradients (the GPU's): frees the host gradients and clears m.g. model_backward,
 // model_zero_grads and model_reduce_grads are then not for this model.
 void model_release_grads(Model& m);
@@ -92,14 +113,29 @@ void model_init_weights(Model& m, uint64_t seed);          // N(0, initializer_r
 LossParts model_forward(Model& m, const int32_t* inputs, const int32_t* targets, int B, int T, bool training);
 // Backward of the last forward (which had targets): grads += loss_scale * d loss / d params.
 void model_backward(Model& m, float loss_scale);
+// The message between pipeline stages, in floats: the hidden state (N, d), then with MTP Emb(targets) (N, d), which
+// the first stage computes and the last reads (forward), or their gradients (backward).
+int64_t stage_message_floats(const Config& c, int B, int T);
+// A stage's forward: from `in` (the previous stage's message; the first stage reads the tokens instead) to `out`
+// (the next stage's; nullptr on the last). The losses are the stage's own: the heads' on the last, the balance
+// losses of its blocks. model_forward is this on a model of one stage.
+LossParts model_stage_forward(Model& m, const int32_t* inputs, const int32_t* targets, int B, int T, bool training,
+                              const float* in, float* out);
+// A stage's backward of the forward in use: from `dout` (the next stage's gradient; nullptr on the last) to `din`
+// (the previous stage's; nullptr on the first).
+void model_stage_backward(Model& m, float loss_scale, const float* dout, float* din);
+// Makes activation slot `slot` the one in use: the forward fills it, the backward reads it.
+void model_use_slot(Model& m, int slot);
 void model_zero_grads(Model& m);
 // Allocates the activations of a B x T batch now (the first forward would otherwise): throws std::bad_alloc early.
 void model_reserve(Model& m, int B, int T);
 // Keeps freed memory in the process (mallopt), so the backward's temporaries are not faulted in again each step:
 // call it once before training (docs/performance.md).
 void keep_freed_memory();
-// Block l's activation set: l itself, or with recompute the number of its kind (dense, MoE) in order of appearance.
-std::vector<int> block_sets(const Config& c, bool recompute);
+// Block l's activation set: l itself, or with recompute the number of its kind (dense, MoE) in order of appearance;
+// -1 for the blocks of other pipeline stages (those outside main blocks [first_layer, end_layer) and MTP's, which
+// the last stage holds).
+std::vector<int> block_sets(const Config& c, bool recompute, int first_layer = 0, int end_layer = -1);
 // The rows of one chunk of the output heads for batches of N tokens (ActivationLayout::head_chunk_values).
 int64_t head_chunk_rows(const Config& c, int64_t N, const ActivationLayout& layout);
 // The main head's logits of row `row` of the last forward (V values): kept by it, or with recompute computed again.

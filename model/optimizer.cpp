@@ -16,7 +16,7 @@ float learning_rate(const OptimizerConfig& oc, int64_t step) {
     return (float)(oc.lr * (oc.min_lr_ratio + (1.0 - oc.min_lr_ratio) * cosine));
 }
 
-OptimizerShard optimizer_shard(const ParamTable& table, int world, int rank, int dp_size, int dp_rank) {
+OptimizerShard optimizer_shard(const ParamTable& table, int stage_size, int stage_rank, int dp_size, int dp_rank) {
     OptimizerShard s;
     const std::vector<ParamTensor>& tensors = table.tensors;
     for (size_t first = 0, last = 0; first < tensors.size(); first = last) {
@@ -28,9 +28,9 @@ OptimizerShard optimizer_shard(const ParamTable& table, int world, int rank, int
         OptimizerBucket b;
         b.first = tensors[first].offset;
         b.count = tensors[last - 1].offset + tensors[last - 1].numel - b.first;
-        b.group = tensors[first].expert_shard ? Group::DataParallel : Group::World;
-        b.ranks = b.group == Group::World ? world : dp_size;
-        b.index = b.group == Group::World ? rank : dp_rank;
+        b.group = tensors[first].expert_shard ? Group::DataParallel : Group::Stage;
+        b.ranks = b.group == Group::Stage ? stage_size : dp_size;
+        b.index = b.group == Group::Stage ? stage_rank : dp_rank;
         b.piece = b.ranks == 1 ? b.count : b.count / (b.ranks * PARAM_ALIGN) * PARAM_ALIGN;
         // This rank's ranges: its piece, then the tail, cut at tensor boundaries, gaps skipped. Their moments span
         // the whole piece or tail, gaps included, so every rank keeps as many.
@@ -52,7 +52,7 @@ OptimizerShard optimizer_shard(const ParamTable& table, int world, int rank, int
 }
 
 OptimizerShard optimizer_shard(const ParamTable& table, const Comm& comm) {
-    return optimizer_shard(table, comm.world, comm.rank, comm.dp_size, comm.dp_rank);
+    return optimizer_shard(table, comm.stage_size(), comm.group_rank(Group::Stage), comm.dp_size, comm.dp_rank);
 }
 
 AdamWState adamw_state(const OptimizerShard& s) {

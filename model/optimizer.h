@@ -5,7 +5,8 @@
 // The schedule: linear warmup, the peak, then cosine decay to min_lr_ratio of the peak at the last step, over every
 // step after warmup or only the last decay_steps (warmup-stable-decay).
 // The optimizer shard (ZeRO-1, docs/design.md §8): the moments and the update's work are cut over the ranks that
-// hold each weight, in buckets, pieces, tails and ranges. Every rank keeps the whole master weights.
+// hold each weight (a pipeline stage's ranks, or for experts its DP group), in buckets, pieces, tails and ranges.
+// Every rank keeps the whole master weights of its stage.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -37,7 +38,7 @@ struct AdamWState {
 // A bucket: adjacent trainable tensors held by the same ranks, values [first, first + count) of the buffer.
 struct OptimizerBucket {
     int64_t first = 0, count = 0;
-    Group group = Group::World;
+    Group group = Group::Stage;
     int ranks = 1, index = 0;  // the ranks holding it, and this rank's place among them
     int64_t piece = 0;         // rank i's piece: [first + i piece, first + (i+1) piece); the tail follows the last
 };
@@ -57,8 +58,9 @@ struct OptimizerShard {
     int64_t moments = 0;  // values in each of this rank's AdamW moments (m and v)
 };
 
-// This rank's optimizer shard of the table, for `rank` of `world` ranks laid out as EP x DP (comm/comm.h).
-OptimizerShard optimizer_shard(const ParamTable& table, int world, int rank, int dp_size, int dp_rank);
+// This rank's optimizer shard of its stage's table, for rank `stage_rank` of a stage of `stage_size` ranks laid out
+// as EP x DP (comm/comm.h).
+OptimizerShard optimizer_shard(const ParamTable& table, int stage_size, int stage_rank, int dp_size, int dp_rank);
 OptimizerShard optimizer_shard(const ParamTable& table, const Comm& comm);
 // Zero moments for shard s, at step 0.
 AdamWState adamw_state(const OptimizerShard& s);

@@ -13,11 +13,18 @@ const ParamTensor& ParamTable::at(const std::string& name) const {
 }
 
 // Each tensor names the pointer map_weights sets to it: add(...).block for a field of its block, .model otherwise.
-ParamTable build_param_table(const Config& c, int ep_size) {
+ParamTable build_param_table(const Config& c, int ep_size, int first_layer, int end_layer) {
     ParamTable table;
+    const int L = c.num_hidden_layers;
+    if (end_layer < 0) end_layer = L;
     int layer = -1;  // the block being added, -1 outside the blocks
+    bool head = false;  // adding the final norm and the head
+    ParamTensor not_held;  // what add() returns for a tensor of another stage
     auto add = [&](const std::string& name, std::vector<int64_t> shape, bool trainable = true,
                    bool expert_shard = false) -> ParamTensor& {
+        const bool held = layer < 0 ? (head ? end_layer == L : first_layer == 0)
+                                    : (layer >= first_layer && layer < end_layer) || (layer >= L && end_layer == L);
+        if (!held) return not_held;
         ParamTensor t;
         t.name = name;
         t.shape = shape;
@@ -77,6 +84,7 @@ ParamTable build_param_table(const Config& c, int ep_size) {
         if (layer == c.num_hidden_layers) add(p + "shared_head.norm.weight", {d}).model = &ModelWeights::mtp_norm;
     }
     layer = -1;
+    head = true;
     add("model.norm.weight", {d}).model = &ModelWeights::final_norm;
     add("lm_head.weight", {c.vocab_size, d}).model = &ModelWeights::head;
     return table;

@@ -67,7 +67,9 @@ struct ParamTable {
 };
 
 // ep_size > 1: the routed-expert tensors hold only this rank's E/ep_size experts ([E/ep_size, out, in]).
-ParamTable build_param_table(const Config& c, int ep_size = 1);
+// A pipeline stage holds main blocks [first_layer, end_layer) (end_layer -1: to the last), the embedding when it is
+// the first, and the final norm, the head and the MTP block when it is the last.
+ParamTable build_param_table(const Config& c, int ep_size = 1, int first_layer = 0, int end_layer = -1);
 
 ModelWeights map_weights(const Config& c, const ParamTable& table, float* buffer);
 

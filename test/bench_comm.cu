@@ -111,7 +111,7 @@ int main(int argc, char** argv) {
     if (ep < 1 || E % ep != 0) usage(("--ep " + std::to_string(ep) + " does not divide --experts").c_str());
     if (N * k > (1ll << 31) - 1) usage("--tokens x --topk is over 2^31 rows");
 
-    std::unique_ptr<Comm> comm = make_nccl_comm(ep, "bench_comm");
+    std::unique_ptr<Comm> comm = make_nccl_comm(ep, 1, "bench_comm");
     const int P = comm->ep_size;
     const bool lead = comm->rank == 0;
     cudaStream_t stream;

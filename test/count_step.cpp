@@ -117,7 +117,7 @@ int main(int argc, char** argv) {
     try {
         const Config c = load_config(o.config);
         const int64_t N = (int64_t)o.B * o.T;
-        const std::unique_ptr<Comm> comm = make_nccl_comm(o.ep, "count_step");
+        const std::unique_ptr<Comm> comm = make_nccl_comm(o.ep, 1, "count_step");
         Model host;
         model_init(host, c, comm.get());
         model_release_grads(host);

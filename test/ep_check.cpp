@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
         else if (!strcmp(argv[i], "--expert-tail")) expert_tail = true;
         else return fprintf(stderr, "usage: ep_check [--ep N] [--expert-tail]\n"), 2;
     }
-    std::unique_ptr<Comm> comm = make_comm(ep, "ep_check");
+    std::unique_ptr<Comm> comm = make_comm(ep, 1, "ep_check");
     Config c = load_config("tiny");
     c.aux_loss_alpha = 0.05f;  // make the balance loss's gradient visible
     if (expert_tail) {

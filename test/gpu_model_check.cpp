@@ -695,7 +695,7 @@ void check_distributed(Comm& comm) {
 
 int main(int argc, char** argv) {
     const int ep = argc == 3 && !strcmp(argv[1], "--ep") ? atoi(argv[2]) : 1;
-    std::unique_ptr<Comm> comm = make_comm(ep, "gpu_model_emulated_check");
+    std::unique_ptr<Comm> comm = make_comm(ep, 1, "gpu_model_emulated_check");
     verbose_rank = comm->rank == 0;
     if (comm->rank > 0) rank_tag = "[rank " + std::to_string(comm->rank) + "] ";
     if (comm->world == 1) {

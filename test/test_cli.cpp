@@ -315,5 +315,30 @@ TEST_CASE("cli: --plan for DeepSeek-V3 on 256 GPUs, with and without --recompute
     CHECK(bf16.out.find("host memory per GPU: weights 103.7 GiB, AdamW shard 19.9 GiB; a checkpoint: 8.19 TB, 32 GB "
                         "written by each rank") != std::string::npos);
     expect_clean_failure("./train_cpu --config small --moments fp16", "--moments must be fp32 or bf16");
-    expect_clean_failure("./train_cpu --config deepseek-v3 --plan --gpus 256 --ep 3", "--ep must divide --gpus");
+    expect_clean_failure("./train_cpu --config deepseek-v3 --plan --gpus 64 --pp 64", "--pp 64 exceeds the model's 61 "
+                         "layers");
+    expect_clean_failure("./train_cpu --config deepseek-v3 --plan --gpus 256 --ep 3", "--ep x --pp must divide --gpus");
+}
+
+TEST_CASE("cli: --plan with pipeline stages: DeepSeek-V3 as PP 16 x EP 64 x DP 2 on 2048 GPUs fits in 80 GiB") {
+    const CommandResult plan = run_logged("./train_cpu --config deepseek-v3 --plan --gpus 2048 --pp 16 --ep 64 --batch 1 "
+                                          "--seq 4096 --grad-accum 32 --recompute", "cli_plan_pp.txt", 60);
+    REQUIRE(plan.status == 0);
+    const std::string& out = plan.out;
+    // 61 layers in 16 stages of 4, the last holding layer 60 with the heads and MTP
+    CHECK(out.find("pipeline stages, their first layers: 0 4 8 12 16 20 24 28 32 36 40 44 48 52 56 60; the heaviest in "
+                   "memory: stage 0 (layers 0-3, the embedding)") != std::string::npos);
+    // stage 0: the embedding (0.93e9), 3 dense blocks (0.58e9 each) and one MoE block (0.23e9 replicated, 11.3e9 in
+    // experts / 64) = 3.09e9 parameters x 10 bytes = 28.7 GiB; activations: 16 micro-batches in flight x 4 blocks'
+    // inputs (4096 x 7168 FP32) = 7.0 GiB, one dense and one MoE set (211776 + 326720 values a token) = 8.2 GiB and
+    // the 4 messages (0.9 GiB): 16.1 GiB
+    CHECK(out.find("weights+grads+BF16 copy 28.7 GiB, AdamW shard 0.8 GiB, activations (--recompute) 16.1 GiB, total "
+                   "45.7 of 80 GiB  -> fits") != std::string::npos);
+    // (16 - 1) / (32 + 16 - 1); a message is 4096 tokens x 7168 x (1 + MTP's embedding) FP32, each way
+    CHECK(out.find("0.47 GB to and from each neighbouring stage per micro-step; 1F1B bubble 32%") != std::string::npos);
+    const CommandResult layouts = run_logged("./train_cpu --config deepseek-v3 --plan-layouts --gpus 72 "
+                                             "--gpu-memory-gib 141 --batch 1 --seq 4096 --grad-accum 32 --recompute",
+                                             "cli_plan_layouts.txt", 60);
+    REQUIRE(layouts.status == 0);
+    CHECK(layouts.out.find("none fits: the smallest needs 194.1 GiB per GPU") != std::string::npos);
 }

@@ -90,40 +90,6 @@ TEST_CASE("ep: dispatch plans route every row to its expert, with idle experts a
 
 namespace {
 
-struct Job {
-    int status;
-    double seconds;
-    std::string out, err;
-};
-
-// mpirun as root on an oversubscribed machine; a 120 s timeout turns a hang into a failure. Its output goes to
-// test_path(name + "_out.txt") and "_err.txt", so that jobs of other names can run at the same time.
-Job mpirun(int ranks, const std::string& args, const std::string& name = "mpi") {
-    const std::string out = test_path(name + "_out.txt"), err = test_path(name + "_err.txt");
-    const std::string cmd = "timeout 120 " + mpirun_command(ranks) + args + " > " + out + " 2> " + err;
-    auto t0 = std::chrono::steady_clock::now();
-    int rc = system(cmd.c_str());
-    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    int status = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
-    return {status, seconds, slurp(out), slurp(err)};
-}
-
-int count(const std::string& text, const std::string& what) {
-    int n = 0;
-    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) n++;
-    return n;
-}
-
-std::vector<std::string> losses(const std::string& log) {
-    std::vector<std::string> out;
-    std::istringstream in(slurp(log));
-    for (std::string line; std::getline(in, line);) {
-        size_t at = line.find("\"loss\": ");
-        if (at != std::string::npos) out.push_back(line.substr(at + 8, line.find(',', at) - at - 8));
-    }
-    return out;
-}
-
 const std::string TRAIN = "./train_cpu --config test/data/ep-tiny.json --data 'data/default/train_*.bin' --seq 32 --lr 1e-2";
 
 }  // namespace
@@ -133,7 +99,7 @@ TEST_CASE("ep: EP=2, EP=4, DP=2 and EP=2 x DP=2 give the loss and gradients of o
     // the last: experts shaped so that their buckets leave a tail for the DP group (ep_check --expert-tail)
     for (auto [ranks, ep, flags] : std::vector<std::tuple<int, int, const char*>>{
              {1, 1, ""}, {2, 2, ""}, {4, 4, ""}, {2, 1, ""}, {4, 2, ""}, {4, 2, " --expert-tail"}}) {
-        Job j = mpirun(ranks, "./ep_check --ep " + std::to_string(ep) + flags);
+        MpiJob j = mpirun(ranks, "./ep_check --ep " + std::to_string(ep) + flags);
         INFO("ranks " << ranks << " ep " << ep << flags << "\n" << j.out << j.err);
         CHECK(j.status == 0);
         CHECK(j.out.find(", ok") != std::string::npos);
@@ -147,22 +113,22 @@ TEST_CASE("ep: train_cpu on 4 ranks (EP 2 x DP 2) matches 1 rank, its checkpoint
     const std::string clean = "rm -rf " + ckpt + " " + log_one + " " + log_four + " " + log_two;
     system(clean.c_str());
     // one rank with batch 4 sees the tokens of four ranks with batch 1
-    Job one = mpirun(1, TRAIN + " --steps 6 --batch 4 --log " + log_one);
-    Job four = mpirun(4, TRAIN + " --steps 6 --batch 1 --ep 2 --checkpoint-dir " + ckpt + " --checkpoint-every 3 "
+    MpiJob one = mpirun(1, TRAIN + " --steps 6 --batch 4 --log " + log_one);
+    MpiJob four = mpirun(4, TRAIN + " --steps 6 --batch 1 --ep 2 --checkpoint-dir " + ckpt + " --checkpoint-every 3 "
                                  "--log " + log_four);
     REQUIRE_MESSAGE(one.status == 0, one.err);
     REQUIRE_MESSAGE(four.status == 0, four.err);
-    std::vector<std::string> a = losses(log_one), b = losses(log_four);
+    std::vector<std::string> a = log_values(log_one, "loss"), b = log_values(log_four, "loss");
     REQUIRE(a.size() == 6);
     REQUIRE(b.size() == 6);
     for (int i = 0; i < 6; i++) CHECK(std::stod(b[i]) == doctest::Approx(std::stod(a[i])).epsilon(1e-5));
     // forget steps 4-6 and continue on 2 ranks (EP 2, batch 2: the same global batch)
     REQUIRE(remove((ckpt + "/ckpt_00000006.safetensors").c_str()) == 0);
-    Job two = mpirun(2, TRAIN + " --steps 6 --batch 2 --ep 2 --checkpoint-dir " + ckpt + " --resume "
+    MpiJob two = mpirun(2, TRAIN + " --steps 6 --batch 2 --ep 2 --checkpoint-dir " + ckpt + " --resume "
                                 "--log " + log_two);
     REQUIRE_MESSAGE(two.status == 0, two.err);
     CHECK(two.out.find("resumed from " + ckpt + "/ckpt_00000003.safetensors") != std::string::npos);
-    std::vector<std::string> c = losses(log_two);
+    std::vector<std::string> c = log_values(log_two, "loss");
     REQUIRE(c.size() == 3);
     for (int i = 0; i < 3; i++) CHECK(std::stod(c[i]) == doctest::Approx(std::stod(a[3 + i])).epsilon(1e-5));
     // the validation loss of the newest checkpoint: the mean over the same global batches on 1, 2 and 4 ranks
@@ -170,7 +136,7 @@ TEST_CASE("ep: train_cpu on 4 ranks (EP 2 x DP 2) matches 1 rank, its checkpoint
                                  " --resume --eval-only";
     std::vector<double> val_losses;
     for (auto [ranks, ep] : std::vector<std::pair<int, int>>{{1, 1}, {2, 2}, {4, 2}}) {
-        Job eval = mpirun(ranks, evaluate + " --batch " + std::to_string(4 / ranks) + " --ep " + std::to_string(ep));
+        MpiJob eval = mpirun(ranks, evaluate + " --batch " + std::to_string(4 / ranks) + " --ep " + std::to_string(ep));
         INFO("ranks " << ranks << "\n" << eval.out << eval.err);
         REQUIRE(eval.status == 0);
         const size_t at = eval.out.find("val_loss ");
@@ -184,13 +150,13 @@ TEST_CASE("ep: train_cpu on 4 ranks (EP 2 x DP 2) matches 1 rank, its checkpoint
 
 TEST_CASE("ep: a failing or dying rank ends the whole job within seconds, the reason printed once") {
     // rank 1 hits an error at step 2: it says so, once, and every rank stops
-    Job error = mpirun(4, "env MOE_FAULT=1:2:error " + TRAIN + " --steps 50 --batch 1 --ep 2");
+    MpiJob error = mpirun(4, "env MOE_FAULT=1:2:error " + TRAIN + " --steps 50 --batch 1 --ep 2");
     CHECK(error.status != 0);
-    CHECK(count(error.err, "injected fault at step 2") == 1);
+    CHECK(occurrences(error.err, "injected fault at step 2") == 1);
     CHECK(error.err.find("[rank 1]") != std::string::npos);
     CHECK(error.seconds < 60);
     // rank 3 is killed outright: mpirun notices and ends the job
-    Job crash = mpirun(4, "env MOE_FAULT=3:2:crash " + TRAIN + " --steps 50 --batch 1 --ep 2");
+    MpiJob crash = mpirun(4, "env MOE_FAULT=3:2:crash " + TRAIN + " --steps 50 --batch 1 --ep 2");
     CHECK(crash.status != 0);
     CHECK(crash.seconds < 60);
     // a later shard with a token outside the vocabulary (the loader checks a shard when it reaches it): said once
@@ -199,25 +165,25 @@ TEST_CASE("ep: a failing or dying rank ends the whole job within seconds, the re
     bad[100] = 5000;  // ep-tiny's vocabulary is 1024
     write_shard(test_path("ep_shards_000.bin"), good, 1);
     write_shard(test_path("ep_shards_001.bin"), bad, 1);
-    Job bad_shard = mpirun(2, "./train_cpu --config test/data/ep-tiny.json --seq 32 --batch 4 --steps 50 --data '" +
+    MpiJob bad_shard = mpirun(2, "./train_cpu --config test/data/ep-tiny.json --seq 32 --batch 4 --steps 50 --data '" +
                                   test_path("ep_shards_*.bin") + "'");
     CHECK(bad_shard.status != 0);
-    CHECK(count(bad_shard.err, "holds token 5000") == 1);
+    CHECK(occurrences(bad_shard.err, "holds token 5000") == 1);
     CHECK(bad_shard.seconds < 60);
     // the same shards as validation data, which every rank reaches in the same evaluation: said once too
     const std::string ckpt = test_path("ep_eval_ckpt");
     REQUIRE(mpirun(1, TRAIN + " --steps 1 --batch 1 --checkpoint-dir " + ckpt).status == 0);
-    Job bad_val = mpirun(2, "./train_cpu --config test/data/ep-tiny.json --seq 32 --batch 4 --eval-only --resume "
+    MpiJob bad_val = mpirun(2, "./train_cpu --config test/data/ep-tiny.json --seq 32 --batch 4 --eval-only --resume "
                             "--eval-batches 40 --checkpoint-dir " + ckpt + " --val '" + test_path("ep_shards_*.bin") +
                             "'");
     CHECK(bad_val.status != 0);
-    CHECK(count(bad_val.err, "holds token 5000") == 1);
+    CHECK(occurrences(bad_val.err, "holds token 5000") == 1);
     system(("rm -rf " + ckpt).c_str());
 }
 
 // The launcher's command (train_cpu, or mpirun around it) run in the background until its log has a line, then sent
 // `signal`; returns the job with its exit status.
-static Job stopped_by(const std::string& launcher, const std::string& log, const std::string& signal) {
+static MpiJob stopped_by(const std::string& launcher, const std::string& log, const std::string& signal) {
     const std::string out = test_path("stop_out.txt"), err = test_path("stop_err.txt"), script = test_path("stop.sh");
     std::ofstream(script) << launcher << " > " << out << " 2> " << err << " &\npid=$!\nwhile [ ! -s " << log
                           << " ] && kill -0 $pid 2> /dev/null; do sleep 0.1; done\nkill -" << signal
@@ -230,7 +196,7 @@ TEST_CASE("ep: SIGTERM, or SIGUSR1 through mpirun, ends the run after a step wit
     const std::string ckpt = test_path("stop_ckpt"), log = test_path("stop.jsonl");
     system(("rm -rf " + ckpt + " " + log).c_str());
     const std::string run = " --steps 100000 --batch 1 --checkpoint-dir " + ckpt + " --log " + log;
-    Job term = stopped_by(TRAIN + run, log, "TERM");
+    MpiJob term = stopped_by(TRAIN + run, log, "TERM");
     INFO(term.out << term.err);
     CHECK(term.status == 128 + SIGTERM);
     const size_t at = term.out.find("stopped by SIGTERM after step ");
@@ -238,18 +204,18 @@ TEST_CASE("ep: SIGTERM, or SIGUSR1 through mpirun, ends the run after a step wit
     const long long step = atoll(term.out.c_str() + at + strlen("stopped by SIGTERM after step "));
     CHECK(step >= 1);
     CHECK(checkpoint_find_latest(ckpt) == checkpoint_path(ckpt, step));
-    CHECK((long long)losses(log).size() == step);  // every finished step logged, the checkpoint at the last
-    Job resumed = mpirun(1, TRAIN + " --batch 1 --steps " + std::to_string(step + 2) + " --checkpoint-dir " + ckpt +
+    CHECK((long long)log_values(log, "loss").size() == step);  // every finished step logged, the checkpoint at the last
+    MpiJob resumed = mpirun(1, TRAIN + " --batch 1 --steps " + std::to_string(step + 2) + " --checkpoint-dir " + ckpt +
                                 " --resume");
     CHECK(resumed.status == 0);
     CHECK(resumed.out.find("resumed from " + checkpoint_path(ckpt, step)) != std::string::npos);
 
     // two ranks: mpirun forwards SIGUSR1 to both, which agree on the step to stop after
     system(("rm -rf " + ckpt + " " + log).c_str());
-    Job usr1 = stopped_by(mpirun_command(2) + TRAIN + " --ep 2" + run, log, "USR1");
+    MpiJob usr1 = stopped_by(mpirun_command(2) + TRAIN + " --ep 2" + run, log, "USR1");
     INFO(usr1.out << usr1.err);
     CHECK(usr1.status == 128 + SIGUSR1);
-    CHECK(count(usr1.out, "stopped by SIGUSR1 after step ") == 1);
+    CHECK(occurrences(usr1.out, "stopped by SIGUSR1 after step ") == 1);
     CHECK(!checkpoint_find_latest(ckpt).empty());
     system(("rm -rf " + ckpt + " " + log).c_str());
 }
@@ -287,12 +253,12 @@ TEST_CASE("ep: bad layouts and launches are one error from rank 0 and a non-zero
         {"unshared", 1, TRAIN + " --steps 2 --batch 1 --checkpoint-dir " + dirs + "/a : -np 1 " + TRAIN +
                             " --steps 2 --batch 1 --checkpoint-dir " + dirs + "/b"},
     };
-    std::map<std::string, Job> jobs;
+    std::map<std::string, MpiJob> jobs;
     std::vector<std::thread> running;
     std::mutex guard;
     for (const auto& [name, ranks, args] : launches)
         running.emplace_back([&, name = name, ranks = ranks, args = args] {
-            Job job = mpirun(ranks, args, "ep_" + name);
+            MpiJob job = mpirun(ranks, args, "ep_" + name);
             std::lock_guard<std::mutex> lock(guard);
             jobs[name] = job;
         });
@@ -312,19 +278,19 @@ TEST_CASE("ep: bad layouts and launches are one error from rank 0 and a non-zero
         {"empty_dir", differ},
         {"rank1_flag", "[rank 1] --batch needs an integer"},
         {"every_rank_flag", "--batch needs an integer"},
-        {"ep_mismatch_mpi", "the ranks were given different --ep (1 to 2): start every rank with the same flags"},
-        {"ep_mismatch_nccl", "the ranks were given different --ep (1 to 2): start every rank with the same flags"},
+        {"ep_mismatch_mpi", "the ranks were given different --ep or --pp: start every rank with the same flags"},
+        {"ep_mismatch_nccl", "the ranks were given different --ep or --pp: start every rank with the same flags"},
         {"unshared", "[rank 1] --checkpoint-dir " + dirs + "/b: this rank does not see the file rank 0 created there"},
     };
     for (const auto& [name, message] : refusals) {
-        const Job& job = jobs.at(name);
+        const MpiJob& job = jobs.at(name);
         INFO(name << "\n" << job.err);
         CHECK(job.status != 0);
-        CHECK(count(job.err, message) == 1);
+        CHECK(occurrences(job.err, message) == 1);
     }
     CHECK(jobs.at("unshared").out.find("step") == std::string::npos);
     CHECK(lone.status == 2);
-    CHECK(count(lone.out, "srun started 2 tasks, but MPI sees each of them alone: start them with srun --mpi=pmix") == 1);
+    CHECK(occurrences(lone.out, "srun started 2 tasks, but MPI sees each of them alone: start them with srun --mpi=pmix") == 1);
     CHECK(jobs.at("under_mpirun").status == 0);
     system(("rm -rf " + dirs).c_str());
 }

@@ -202,7 +202,7 @@ void test_training_step_fp8(int shard, int shards) {
 // over a world of one: the trainers skip them there), on a device buffer and on a staged host one: a sum over one
 // rank and a gather from one leave every value as it was.
 void test_nccl_shard_collectives() {
-    std::unique_ptr<Comm> comm = make_nccl_comm(1, "test_gpu");
+    std::unique_ptr<Comm> comm = make_nccl_comm(1, 1, "test_gpu");
     Rng rng(31);
     const int64_t piece = 3 * PARAM_ALIGN;
     std::vector<float> host(piece);

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -116,4 +117,44 @@ inline CommandResult run_logged(const std::string& cmd, const std::string& log, 
     const std::string path = test_path(log);
     const int rc = system(("timeout " + std::to_string(seconds) + " " + cmd + " > " + path + " 2>&1").c_str());
     return {WIFEXITED(rc) ? WEXITSTATUS(rc) : 128, slurp(path)};
+}
+
+// An MPI job: its exit status (128 when killed by a signal), wall time and output.
+struct MpiJob {
+    int status;
+    double seconds;
+    std::string out, err;
+};
+
+// mpirun as root on an oversubscribed machine; a 120 s timeout turns a hang into a failure. Its output goes to
+// test_path(name + "_out.txt") and "_err.txt", so that jobs of other names can run at the same time.
+inline MpiJob mpirun(int ranks, const std::string& args, const std::string& name = "mpi") {
+    const std::string out = test_path(name + "_out.txt"), err = test_path(name + "_err.txt");
+    const std::string cmd = "timeout 120 " + mpirun_command(ranks) + args + " > " + out + " 2> " + err;
+    const auto start = std::chrono::steady_clock::now();
+    const int rc = system(cmd.c_str());
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return {WIFEXITED(rc) ? WEXITSTATUS(rc) : 128, seconds, slurp(out), slurp(err)};
+}
+
+// How often `what` occurs in `text`.
+inline int occurrences(const std::string& text, const std::string& what) {
+    int n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) n++;
+    return n;
+}
+
+// The value of `key` on every line of a JSON-lines log that has it, as written ("[1.2,1.0]" for a list).
+inline std::vector<std::string> log_values(const std::string& log, const std::string& key) {
+    std::vector<std::string> values;
+    std::istringstream in(slurp(log));
+    const std::string label = "\"" + key + "\": ";
+    for (std::string line; std::getline(in, line);) {
+        const size_t at = line.find(label);
+        if (at == std::string::npos) continue;
+        const size_t from = at + label.size();
+        const size_t to = line[from] == '[' ? line.find(']', from) + 1 : line.find_first_of(",}", from);
+        values.push_back(line.substr(from, to - from));
+    }
+    return values;
 }

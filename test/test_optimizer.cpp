@@ -187,7 +187,7 @@ TEST_CASE("optimizer: ZeRO-1 shards cover every trainable value once, on 1 to 64
             for (const OptimizerBucket& b : s.buckets) {
                 for (int64_t i = b.first + b.ranks * b.piece; rank == 0 && i < b.first + b.count; i++) in_tail[i] = true;
                 CHECK((b.ranks == 1 ? b.piece == b.count : b.piece % PARAM_ALIGN == 0));
-                CHECK(b.index == (b.group == Group::World ? rank : rank / ep));
+                CHECK(b.index == (b.group == Group::Stage ? rank : rank / ep));
                 pieces += b.piece > 0;
                 all_tail_buckets += b.piece == 0;
             }

@@ -44,7 +44,7 @@ Outcome two_micro_batches(const Config& c, Precision precision, const Activation
     }
     out.grads = m.grads;
     out.counts = m.expert_counts;
-    out.activation_floats = m.act_storage.size();
+    out.activation_floats = m.act_storage.size() + m.set_storage.size();
     const std::vector<int32_t> prompt = random_tokens(T, c.vocab_size, 27);
     model_forward(m, prompt.data(), nullptr, 1, T, false);
     out.logits.resize((int64_t)T * c.vocab_size);

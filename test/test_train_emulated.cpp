@@ -270,7 +270,7 @@ TEST_CASE("train_emulated under mpirun: EP 2 x DP 2 and EP 2 follow one rank, in
              {&fp8_one, "fp8_one", fresh(EMU + " --dtype fp8", "fp8_one", "")},
              {&bf16_ep2, "bf16_ep2", fresh(two + "./train_emulated --dtype bf16 --ep 2", "bf16_ep2", "", 2)},
              {&fp8_ep2, "fp8_ep2", fresh(two + "./train_emulated --dtype fp8 --ep 2", "fp8_ep2", "", 2)}});
-    CHECK(dist.out.find("4 rank(s) (EP 2 x DP 2)") != std::string::npos);
+    CHECK(dist.out.find("4 rank(s) (PP 1 x EP 2 x DP 2)") != std::string::npos);
     check_logs("EP 2 x DP 2 vs 1 rank, steps 1-4 (loss, grad norm)", "dist", "fp32", {"loss", "grad_norm"}, 1, 4, 1e-5);
     check_logs("bf16 EP 2 vs 1 rank, step 1 (loss, grad norm)", "bf16_ep2", "bf16_one", {"loss", "grad_norm"}, 1, 1,
                1e-6);

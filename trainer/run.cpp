@@ -16,6 +16,7 @@
 #include "io/hf.h"
 #include "model/sample.h"
 #include "tools/plot.h"
+#include "trainer/pipeline.h"
 
 static Comm* g_comm = nullptr;
 
@@ -163,8 +164,12 @@ static void resolve_config(Run& r) {
         if (r.config.n_routed_experts % args.ep != 0)
             throw std::runtime_error("--ep " + std::to_string(args.ep) + " does not divide n_routed_experts " +
                                      std::to_string(r.config.n_routed_experts));
-        if (!args.export_hf.empty() && args.ep != 1)
-            throw std::runtime_error("--export-hf needs --ep 1 (resume the checkpoint on one rank to export it)");
+        r.stage_first = pipeline_cut(r.config, args.pp, args.pp_split, args.seq);
+        if (!args.export_hf.empty() && (args.ep != 1 || args.pp != 1))
+            throw std::runtime_error("--export-hf needs --ep 1 and --pp 1 (resume the checkpoint on one rank to "
+                                     "export it)");
+        if (!args.init_from_hf.empty() && args.pp != 1)
+            throw std::runtime_error("--init-from-hf needs --pp 1 (resume its first checkpoint with --pp N)");
         if (args.eval_only && args.resume && r.resume_from.empty())
             throw std::runtime_error("--eval-only --resume: there is no checkpoint in " + args.checkpoint_dir);
     });
@@ -178,14 +183,14 @@ static void resolve_config(Run& r) {
         fprintf(stderr, "%s: no checkpoint in %s yet; starting from step 0\n", r.program, args.checkpoint_dir.c_str());
 }
 
-// What makes two runs the same run: a resume that changes it is told so
-static std::string run_record(const TrainArgs& args, int world) {
+// What makes two runs the same run: a resume that changes it is told so. replicas: the ranks of a stage.
+static std::string run_record(const TrainArgs& args, int replicas) {
     return "lr=" + std::to_string(args.lr) + " warmup=" + std::to_string(args.warmup) +
            " steps=" + std::to_string(args.steps) +
            (args.decay_steps >= 0 ? " decay_steps=" + std::to_string(args.decay_steps) : "") +
            (args.min_lr_ratio != 0.1f ? " min_lr_ratio=" + std::to_string(args.min_lr_ratio) : "") +
            " seq=" + std::to_string(args.seq) +
-           " global_batch=" + std::to_string((int64_t)args.batch * world * args.grad_accum) +
+           " global_batch=" + std::to_string((int64_t)args.batch * replicas * args.grad_accum) +
            " weight_decay=" + std::to_string(args.weight_decay) + " grad_clip=" + std::to_string(args.grad_clip);
 }
 
@@ -207,16 +212,17 @@ static void setup_model_and_data(Run& r, const MakeModel& make_model) {
     if (T > r.config.max_position_embeddings)
         throw std::runtime_error("--seq " + std::to_string(T) + " exceeds max_position_embeddings " +
                                  std::to_string(r.config.max_position_embeddings));
-    // each rank reads its own slice of every global batch; first, so that data too short for the batch is said
-    // before the model's memory is taken
+    // each rank of a stage reads its own slice of every global batch, the stages alike; first, so that data too
+    // short for the batch is said before the model's memory is taken
+    const int replica = comm.group_rank(Group::Stage), replicas = comm.stage_size();
     if (!args.data.empty())
-        r.train = std::make_unique<DataLoader>(args.data, B, T, comm.rank, comm.world, r.config.vocab_size);
+        r.train = std::make_unique<DataLoader>(args.data, B, T, replica, replicas, r.config.vocab_size);
     if (!args.val.empty()) {
-        r.val = std::make_unique<DataLoader>(args.val, B, T, comm.rank, comm.world, r.config.vocab_size);
+        r.val = std::make_unique<DataLoader>(args.val, B, T, replica, replicas, r.config.vocab_size);
         // never more batches than one pass over the validation data, so no token is counted twice
         r.eval_batches = (int)std::min<int64_t>(args.eval_batches, r.val->batches_per_pass());
     }
-    model_init(r.model, r.config, &comm);
+    model_init(r.model, r.config, &comm, r.stage_first[comm.pp_rank], r.stage_first[comm.pp_rank + 1]);
     model_init_weights(r.model, args.seed);
     make_model(r);  // its memory before the weights are read: a batch that does not fit is said first
     r.opt = adamw_state(r.model.shard);
@@ -261,14 +267,16 @@ bool start_run(Run& r, int argc, char** argv, const char* program, MakeComm make
             const Config config = parse_config_file(args.config);
             if (config.n_routed_experts % args.ep != 0)
                 throw std::runtime_error("--ep " + std::to_string(args.ep) + " does not divide n_routed_experts");
-            print_plan(config, args.plan_inputs);
+            pipeline_cut(config, args.pp, args.pp_split, args.seq);  // a --pp the model's layers cannot take
+            if (args.plan_layouts) print_layouts(config, args.plan_inputs);
+            else print_plan(config, args.plan_inputs);
         } catch (const std::exception& e) {
             fprintf(stderr, "%s: %s\n", program, e.what());
             *status = 1;
         }
         return false;
     }
-    g_comm = make_comm(args.ep, program).release();  // lives until exit; fail() ends the job through it
+    g_comm = make_comm(args.ep, args.pp, program).release();  // lives until exit; fail() ends the job through it
     r.comm = g_comm;
     resolve_config(r);
     if (args.describe) {
@@ -281,7 +289,7 @@ bool start_run(Run& r, int argc, char** argv, const char* program, MakeComm make
         return false;
     }
     agree(r, [&] { setup_model_and_data(r, make_model); });
-    const std::string record = run_record(args, r.comm->world);
+    const std::string record = run_record(args, r.comm->stage_size());
     if (r.comm->rank == 0 && !args.eval_only && !r.resume_from.empty() && r.state.run != record &&
         !r.state.run.empty())
         fprintf(stderr, "%s: note: the checkpoint's run had %s; this one has %s (the schedule changes)\n", program,
@@ -321,11 +329,16 @@ void start_training(Run& r) {
     if (comm.rank == 0) {
         if (!r.resume_from.empty())
             printf("resumed from %s at step %lld\n", r.resume_from.c_str(), (long long)r.state.step);
-        printf("model: %lld parameters (%lld active per token, %lld in MTP); %d rank(s) (EP %d x DP %d); "
+        printf("model: %lld parameters (%lld active per token, %lld in MTP); %d rank(s) (PP %d x EP %d x DP %d); "
                "batch %d x %d x %d micro-steps per rank; %d steps\n",
                (long long)count_total_params(r.config), (long long)count_active_params(r.config),
-               (long long)count_mtp_params(r.config), comm.world, comm.ep_size, comm.dp_size, args.batch, args.seq,
-               args.grad_accum, args.steps);
+               (long long)count_mtp_params(r.config), comm.world, comm.pp_size, comm.ep_size, comm.dp_size,
+               args.batch, args.seq, args.grad_accum, args.steps);
+        if (comm.pp_size > 1) {
+            printf("pipeline stages, their first layers:");
+            for (int stage = 0; stage < comm.pp_size; stage++) printf(" %d", r.stage_first[stage]);
+            printf("\n");
+        }
     }
     if (!args.checkpoint_dir.empty()) catch_stop_signals(true);
     r.first_step = r.state.step;
@@ -339,7 +352,7 @@ Step begin_step(Run& r, int64_t step) {
     s.step = step;
     s.B = r.args.batch;
     s.T = r.args.seq;
-    s.loss_scale = 1.0f / (float)((int64_t)r.args.grad_accum * r.comm->world);
+    s.loss_scale = 1.0f / (float)((int64_t)r.args.grad_accum * r.comm->stage_size());
     read_batches(r, *r.train, /*from_start*/ false, r.args.grad_accum, s.inputs, s.targets);
     return s;
 }
@@ -390,8 +403,8 @@ double evaluate(Run& r, const ModelCalls& calls) {
     double total = 0.0;
     for (int i = 0; i < r.eval_batches; i++)
         total += calls.forward(&inputs[i * batch_tokens], &targets[i * batch_tokens], B, false).main;
-    r.comm->all_reduce_sum(&total, 1, Group::World);
-    return total / r.eval_batches / r.comm->world;
+    r.comm->all_reduce_sum(&total, 1, Group::World);  // the last stage's ranks hold the losses
+    return total / r.eval_batches / r.comm->stage_size();
 }
 
 int eval_only(Run& r, const ModelCalls& calls) {
@@ -420,7 +433,7 @@ void log_step(Run& r, const Step& s) {
     }
     if (r.comm->rank != 0) return;
     const double eta = (r.timed_steps ? r.train_seconds / r.timed_steps : s.seconds) * (r.args.steps - s.step - 1);
-    const double tokens_per_step = (double)s.B * s.T * r.args.grad_accum * r.comm->world;
+    const double tokens_per_step = (double)s.B * s.T * r.args.grad_accum * r.comm->stage_size();
     const double tokens_per_s = tokens_per_step / s.seconds, tokens = tokens_per_step * (s.step + 1);
     const double* loss = s.loss;
     // model FLOPs utilisation of one device, when its peak is known
@@ -549,7 +562,10 @@ static void sample_text(Run& r, const ModelCalls& calls) {
     if (prompt.empty()) prompt.push_back('\n');
     std::vector<int32_t> context(prompt.begin(), prompt.end());
     std::vector<float> logits(V);
-    const bool speak = r.comm->rank == 0;  // every rank samples the same tokens (EP needs them all); one prints
+    Comm& comm = *r.comm;
+    // the last stage's ranks sample the same tokens (EP needs them all); its first tells the others; rank 0 prints
+    const bool speak = comm.rank == 0, samples = comm.pp_rank == comm.pp_size - 1;
+    const int sampler = (comm.pp_size - 1) * comm.stage_size();
     if (speak) printf("sample (temperature %.2f, top-k %d):\n%s", args.temperature, args.top_k, args.prompt.c_str());
     for (int i = 0; i < args.sample; i++) {
         const int64_t start = std::max<int64_t>(0, (int64_t)context.size() - T);
@@ -557,10 +573,14 @@ static void sample_text(Run& r, const ModelCalls& calls) {
         const int last = (int)window.size() - 1;
         window.resize(T, 0);
         calls.forward(window.data(), nullptr, 1, false);
-        calls.logits_row(last, logits.data());
-        if (!std::all_of(logits.begin(), logits.end(), [](float x) { return std::isfinite(x); }))
-            halt_all(*r.comm, "sampling: the logits are not finite (the model's weights are damaged)");
-        const int next = sample_token(logits.data(), V, args.temperature, args.top_k, r.rng);
+        int32_t next = -1;  // -1: the logits are not finite
+        if (samples) {
+            calls.logits_row(last, logits.data());
+            if (std::all_of(logits.begin(), logits.end(), [](float x) { return std::isfinite(x); }))
+                next = sample_token(logits.data(), V, args.temperature, args.top_k, r.rng);
+        }
+        if (comm.pp_size > 1) comm.broadcast(&next, sizeof(next), sampler);
+        if (next < 0) halt_all(comm, "sampling: the logits are not finite (the model's weights are damaged)");
         context.push_back(next);
         if (speak && (uint32_t)next < (uint32_t)tok.vocab_size()) {
             printf("%s", tok.token_bytes(next).c_str());

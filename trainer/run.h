@@ -25,7 +25,7 @@
 #include "trainer/outliers.h"
 #include "trainer/train_args.h"
 
-using MakeComm = std::unique_ptr<Comm> (*)(int ep_size, const char* program);
+using MakeComm = std::unique_ptr<Comm> (*)(int ep_size, int pp_size, const char* program);
 struct Run;
 // Makes the program's model for the host model just built (its memory, before the weights are read).
 using MakeModel = std::function<void(Run&)>;
@@ -45,8 +45,9 @@ struct Run {
     TrainArgs args;
     Comm* comm = nullptr;
     Config config;
-    std::string resume_from;  // the checkpoint resumed from, if any
-    Model model;              // the host model
+    std::vector<int> stage_first;  // the pipeline cut: stage s holds main blocks [stage_first[s], stage_first[s+1])
+    std::string resume_from;       // the checkpoint resumed from, if any
+    Model model;                   // the host model: this rank's stage
     OptimizerConfig oc;
     AdamWState opt;
     TrainState state;
@@ -72,7 +73,7 @@ struct Run {
 struct Step {
     int64_t step = 0;
     int B = 0, T = 0;
-    float loss_scale = 0;  // 1 / (grad_accum x world): each micro-step's share of the global mean loss
+    float loss_scale = 0;  // 1 / (grad_accum x EP x DP): each micro-step's share of the global mean loss
     std::vector<int32_t> inputs, targets;  // every micro-step's batch, B*T tokens each
     double loss[4] = {0, 0, 0, 0};         // total, main, MTP, balance: this rank's, then the global means
     double grad_norm = 0, seconds = 0, val_loss = NAN;
@@ -104,7 +105,8 @@ void start_training(Run& r);
 // The step's batches, read and checked on every rank, and its clock.
 Step begin_step(Run& r, int64_t step);
 // After the backward and the gradient norm (s.grad_norm): the losses, FP8 fallbacks and expert loads summed over the
-// ranks (counts in place), the load imbalance; a loss or gradient norm that is not finite ends the job.
+// ranks (counts in place; each stage counts its own blocks), the load imbalance; a loss or gradient norm that is not
+// finite ends the job.
 void reduce_step(Run& r, Step& s, std::vector<std::vector<int64_t>>& expert_counts);
 bool eval_due(const Run& r, int64_t step);
 // The mean main-head loss over the validation batches of every rank.

@@ -49,7 +49,9 @@ static const char* USAGE =
     "  --prompt TEXT          sampling prompt (\"The\")\n"
     "  --temperature X        sampling temperature (1.0)\n"
     "  --top-k K              sample among the K most likely tokens, 0 for all (0)\n"
-    "  --ep N                 split the routed experts over N ranks (launch with mpirun; world = EP x DP) (1)\n"
+    "  --ep N                 split the routed experts over N ranks (launch with mpirun; world = PP x EP x DP) (1)\n"
+    "  --pp N                 cut the layers into N pipeline stages, run 1F1B over the --grad-accum micro-batches (1)\n"
+    "  --pp-split L1,L2,...   the first layer of stages 1 to N-1 (default: the cut that balances their FLOPs)\n"
     "  --vocab N              override the config's vocab_size (e.g. 50257 for llm.c's GPT-2 shards)\n"
     "  --init-from-hf DIR     start from a Hugging Face directory (config.json + safetensors)\n"
     "  --export-hf DIR        write a Hugging Face directory at the end (with --export-dtype bf16|f32, bf16)\n"
@@ -62,8 +64,9 @@ static const char* USAGE =
     "  --plot FILE.png        plot the --log at the end (--plot-log-scale for a logarithmic loss axis)\n"
     "  --describe             print the config and parameter counts, then exit\n"
     "  --plan                 plan a run on paper: memory, FLOPs, all-to-all bytes, predicted step time; with\n"
-    "                         --gpus N (8) --gpus-per-node N (8) --ep M --batch B --seq T --grad-accum N\n"
-    "                         --matmul-tflops X (400) --nvlink-gbps X (160) --network-gbps X (40) --gpu-memory-gib X (80)\n";
+    "                         --gpus N (8) --gpus-per-node N (8) --pp P --ep M --batch B --seq T --grad-accum N\n"
+    "                         --matmul-tflops X (400) --nvlink-gbps X (160) --network-gbps X (40) --gpu-memory-gib X (80)\n"
+    "  --plan-layouts         --plan's memory and throughput for every PP x EP x DP of --gpus, and the best that fits\n";
 
 // This process's rank in its job, from the launcher's environment (mpirun's, or srun's with PMIx or PMI): the
 // flags are parsed before MPI starts. "0" when there is no launcher.
@@ -120,6 +123,7 @@ TrainArgs parse_train_args(int argc, char** argv, const char* program) {
         if (!strcmp(flag, "--resume")) { a.resume = true; continue; }
         if (!strcmp(flag, "--describe")) { a.describe = true; continue; }
         if (!strcmp(flag, "--plan")) { a.plan = true; continue; }
+        if (!strcmp(flag, "--plan-layouts")) { a.plan = a.plan_layouts = true; continue; }
         if (!strcmp(flag, "--eval-only")) { a.eval_only = true; continue; }
         if (!strcmp(flag, "--plot-log-scale")) { a.plot_log_scale = true; continue; }
         if (!strcmp(flag, "--recompute")) { a.recompute = true; continue; }
@@ -154,6 +158,16 @@ TrainArgs parse_train_args(int argc, char** argv, const char* program) {
         else if (!strcmp(flag, "--temperature")) a.temperature = parse_float(program, flag, v, 1e-3, 100.0);
         else if (!strcmp(flag, "--top-k")) a.top_k = (int)parse_int(program, flag, v, 0, BIG);
         else if (!strcmp(flag, "--ep")) a.ep = (int)parse_int(program, flag, v, 1, 1 << 16);
+        else if (!strcmp(flag, "--pp")) a.pp = (int)parse_int(program, flag, v, 1, 1 << 12);
+        else if (!strcmp(flag, "--pp-split")) {
+            a.pp_split.clear();
+            for (const char* at = v; *at;) {
+                const char* comma = strchr(at, ',');
+                const std::string layer = comma ? std::string(at, comma) : std::string(at);
+                a.pp_split.push_back((int)parse_int(program, flag, layer.c_str(), 1, 1 << 20));
+                at = comma ? comma + 1 : at + layer.size();
+            }
+        }
         else if (!strcmp(flag, "--vocab")) a.vocab = (int)parse_int(program, flag, v, 2, MAX_VOCAB_SIZE);
         else if (!strcmp(flag, "--init-from-hf")) a.init_from_hf = v;
         else if (!strcmp(flag, "--export-hf")) a.export_hf = v;
@@ -180,12 +194,16 @@ TrainArgs parse_train_args(int argc, char** argv, const char* program) {
         bad(program, "--decay-steps " + std::to_string(a.decay_steps) + " exceeds the " +
                          std::to_string(std::max(0, a.steps - a.warmup)) + " steps after warmup");
     a.plan_inputs.ep = a.ep;
+    a.plan_inputs.pp = a.pp;
     a.plan_inputs.batch = a.batch;
     a.plan_inputs.seq = a.seq;
     a.plan_inputs.grad_accum = a.grad_accum;
     a.plan_inputs.recompute = a.recompute;
     a.plan_inputs.moment_bytes = moment_bytes(a.moments);
-    if (a.plan && (a.plan_inputs.gpus % a.ep != 0)) bad(program, "--ep must divide --gpus");
+    if (a.plan && a.plan_inputs.gpus % (a.ep * a.pp) != 0) bad(program, "--ep x --pp must divide --gpus");
+    if (!a.pp_split.empty() && (int)a.pp_split.size() != a.pp - 1)
+        bad(program, "--pp-split gives " + std::to_string(a.pp_split.size()) + " layers; --pp " +
+                         std::to_string(a.pp) + " needs " + std::to_string(a.pp - 1));
     if (a.export_dtype != "bf16" && a.export_dtype != "f32") bad(program, "--export-dtype must be bf16 or f32");
     if (!a.dtype.empty() && a.dtype != "fp32" && a.dtype != "bf16" && a.dtype != "fp8")
         bad(program, "--dtype must be fp32, bf16 or fp8");

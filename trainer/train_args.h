@@ -2,6 +2,7 @@
 // Bad flags or values print one line and exit with status 2.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "model/fp8.h"
 #include "model/optimizer.h"
@@ -37,7 +38,9 @@ struct TrainArgs {
     std::string prompt = "The";     // --prompt TEXT
     float temperature = 1.0f;       // --temperature X
     int top_k = 0;                  // --top-k K        (0: all tokens)
-    int ep = 1;                     // --ep N           expert-parallel ranks (world = EP x DP, under mpirun)
+    int ep = 1;                     // --ep N           expert-parallel ranks (world = PP x EP x DP, under mpirun)
+    int pp = 1;                     // --pp N           pipeline stages
+    std::vector<int> pp_split;      // --pp-split L1,L2 the first layer of stages 1.. (default: balanced by FLOPs)
     int vocab = 0;                  // --vocab N        override the config's vocab_size (e.g. 50257 for GPT-2 shards)
     std::string init_from_hf;       // --init-from-hf DIR  start from a Hugging Face directory
     std::string export_hf;          // --export-hf DIR  write a Hugging Face directory at the end
@@ -49,6 +52,7 @@ struct TrainArgs {
     bool plot_log_scale = false;    // --plot-log-scale
     bool describe = false;          // --describe
     bool plan = false;              // --plan: memory, FLOPs, all-to-all and step time on paper, then exit
+    bool plan_layouts = false;      // --plan-layouts: --plan's memory and throughput for every layout of --gpus
     PlanInputs plan_inputs;         // --gpus, --gpus-per-node, --matmul-tflops, --nvlink-gbps, --network-gbps,
                                     // --gpu-memory-gib; ep, batch, seq, grad_accum and recompute from the flags above
     // --dtype as a Precision, or `fallback` when it is not given
