@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "gpu/model.h"
+#include "trainer/pipeline.h"
 #include "trainer/run.h"
 
 // Rank 0's opening lines: the GPU, the GEMMs' precision, the memory plan against what was free.
@@ -14,8 +15,11 @@ static void print_device(const Run& run, int device, const cudaDeviceProp& prop,
     CUDA_CHECK(cudaMemGetInfo(&free_after, &total));
     const TrainArgs& args = run.args;
     const Precision p = args.precision_or(Precision::BF16);
-    const GpuMemoryPlan plan = gpu_memory_plan(run.config, run.comm->ep_size, run.comm->world, p, args.batch,
-                                               args.seq, ActivationLayout{args.recompute}, run.oc.moments);
+    const Comm& comm = *run.comm;
+    const GpuMemoryPlan plan = gpu_memory_plan(run.config, comm.ep_size, comm.stage_size(), p, args.batch, args.seq,
+                                               ActivationLayout{args.recompute}, run.oc.moments,
+                                               run.model.first_layer, run.model.end_layer,
+                                               pipeline_slots(comm, args.grad_accum));
     const double gib = 1024.0 * 1024.0 * 1024.0;
     printf("GPU %d: %s, %.1f GiB; GEMM inputs %s (FP32 accumulation)\n", device, prop.name, total / gib,
            p == Precision::FP8 ? "fp8 in the blocks' linear layers, bf16 elsewhere"
@@ -36,27 +40,39 @@ int main(int argc, char** argv) {
     int device = 0;
     cudaDeviceProp prop;
     size_t free_before = 0, total = 0;
+    float* pipe_buffers = nullptr;  // what the pipeline stages pass each other: activations forward, gradients back
     // the GPU's memory for the model and a batch, taken before the weights are read: what does not fit is said first
     const MakeModel allocate = [&](Run& r) {
-        if (r.comm->pp_size > 1)
-            throw std::runtime_error("--pp: the GPU trainer has no pipeline stages yet (train_cpu has, same flags)");
         CUDA_CHECK(cudaGetDevice(&device));
         CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
         CUDA_CHECK(cudaMemGetInfo(&free_before, &total));
         gpu_model_init(model, r.config, *r.comm, r.args.precision_or(Precision::BF16), r.args.batch, r.args.seq,
-                       ActivationLayout{r.args.recompute}, r.oc.moments);
-        r.on_end = [&] { gpu_model_free(model); };
+                       ActivationLayout{r.args.recompute}, r.oc.moments, r.model.first_layer, r.model.end_layer);
+        if (r.comm->pp_size > 1)
+            CUDA_CHECK(cudaMalloc(&pipe_buffers, 4 * stage_message_floats(r.config, r.args.batch, r.args.seq) * 4));
+        r.on_end = [&] {
+            CUDA_CHECK(cudaFree(pipe_buffers));
+            gpu_model_free(model);
+        };
         model_release_grads(r.model);  // the gradients live on the GPU only
     };
     int status = 0;
     if (!start_run(run, argc, argv, "train", make_nccl_comm, allocate, &status)) return status;
     const int B = run.args.batch;
+    Comm& comm = *run.comm;
     agree(run, [&] { gpu_model_upload(model, run.model, run.opt); });
+    const int64_t message = stage_message_floats(run.config, B, run.args.seq);
+    float* at = pipe_buffers;
+    const StageMessages messages = comm.pp_size > 1 ? StageMessages{at, at + message, at + 2 * message,
+                                                                    at + 3 * message, message} : StageMessages{};
     run.peak_flops = gpu_peak_flops(prop);
     if (run.comm->rank == 0) print_device(run, device, prop, free_before, total);
     const ModelCalls calls{
         [&](const int32_t* inputs, const int32_t* targets, int b, bool training) {
-            gpu_model_forward(model, inputs, targets, b, training);
+            pipeline_forward(comm, [&](const float* in, float* out) {
+                gpu_model_forward(model, inputs, targets, b, training, in, out);
+                if (comm.pp_size > 1) comm_follows(model);  // the message is written before it is sent
+            }, messages);
             return targets ? gpu_model_losses(model)[0] : LossParts{};  // without targets, only the logits
         },
         [&](int64_t row, float* out) { gpu_model_logits_row(model, row, out); },
@@ -69,10 +85,19 @@ int main(int argc, char** argv) {
             Step s = begin_step(run, step);  // every micro-step's batch, read and checked on every rank
             const int64_t fp8_in_bf16 = model.matmul.fp8_in_bf16;  // FP8 products run in BF16 so far
             gpu_model_zero_grads(model);
-            for (int micro = 0; micro < run.args.grad_accum; micro++) {
-                gpu_model_forward(model, s.inputs_of(micro), s.targets_of(micro), B, /*training*/ true);
-                gpu_model_backward(model, s.loss_scale);
-            }
+            // every micro-step's forward and backward through the stages (one stage: forward, backward, forward, ...)
+            const StageWork work{
+                [&](int micro, int slot, const float* in, float* out) {
+                    gpu_model_use_slot(model, slot);
+                    gpu_model_forward(model, s.inputs_of(micro), s.targets_of(micro), B, true, in, out);
+                    if (comm.pp_size > 1) comm_follows(model);  // the message is written before it is sent
+                },
+                [&](int, int slot, const float* dout, float* din) {
+                    gpu_model_use_slot(model, slot);
+                    gpu_model_backward(model, s.loss_scale, dout, din);
+                    if (comm.pp_size > 1) comm_follows(model);
+                }};
+            pipeline_train(comm, run.args.grad_accum, work, messages);
             for (const LossParts& losses : gpu_model_losses(model)) s.add(losses);  // every micro-step's, one wait
             gpu_model_reduce_grads(model);  // over the ranks that share each tensor
             s.grad_norm = gpu_model_grad_norm(model);

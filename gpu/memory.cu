@@ -27,6 +27,9 @@ static void* device_alloc(int64_t bytes, const char* what, bool pinned = false) 
     return p;
 }
 
+// The RoPE tables cos and sin, (T, dr/2) each
+static int64_t rope_bytes(const Config& c, int T) { return 2 * (int64_t)T * (c.qk_rope_head_dim / 2) * 4; }
+
 static int64_t bytes_of(const std::function<void(Arena&)>& carve) {
     Arena counting;
     carve(counting);
@@ -138,44 +141,50 @@ static void carve_block(Arena& ar, const Config& c, bool bf16, int layer, int64_
     a.ffn_normed16 = ar.take<__nv_bfloat16>(b16 * N * d);
 }
 
-static void carve_activations(Arena& ar, GpuModel& m, const Config& c, bool bf16, int B, int T,
-                              const ActivationLayout& layout) {
-    const int64_t N = (int64_t)B * T, d = c.hidden_size, V = c.vocab_size, L = c.num_hidden_layers;
-    const int64_t mtp = c.num_nextn_predict_layers > 0 ? 1 : 0, b16 = bf16 ? 1 : 0;
-    m.residual.assign(L + 1, nullptr);
-    m.block_set = block_sets(c, layout.recompute);
-    const int sets = *std::max_element(m.block_set.begin(), m.block_set.end()) + 1;
-    m.blocks.resize(sets);
-    m.set_layer.assign(sets, -1);
-    for (float*& r : m.residual) r = ar.take<float>(N * d);
+// One activation slot's sets: one per block, or with recompute one per kind (block_set, block_sets)
+static void carve_sets(Arena& ar, const Config& c, bool bf16, int64_t N, const std::vector<int>& block_set,
+                       GpuActs& a) {
+    const int sets = *std::max_element(block_set.begin(), block_set.end()) + 1;
+    a.blocks.resize(sets);
+    a.set_layer.assign(sets, -1);
+    a.set_slot.assign(sets, -1);
     for (int l = 0, carved = 0; l < c.num_blocks(); l++)
-        if (m.block_set[l] == carved) carve_block(ar, c, bf16, l, N, m.blocks[carved++]);
-    const int64_t logit_rows = layout.recompute ? head_chunk_rows(c, N, layout) : N;
-    m.final_normed = ar.take<float>(N * d);
-    m.final_rstd = ar.take<float>(N);
-    m.logits = ar.take<float>(logit_rows * V);
-    m.losses = ar.take<float>(N);
-    m.next_embed = ar.take<float>(mtp * N * d);
-    m.enorm_out = ar.take<float>(mtp * N * d);
-    m.enorm_rstd = ar.take<float>(mtp * N);
-    m.hnorm_out = ar.take<float>(mtp * N * d);
-    m.hnorm_rstd = ar.take<float>(mtp * N);
-    m.mtp_concat = ar.take<float>(mtp * 2 * N * d);
-    m.mtp_in = ar.take<float>(mtp * N * d);
-    m.mtp_out = ar.take<float>(mtp * N * d);
-    m.mtp_normed = ar.take<float>(mtp * N * d);
-    m.mtp_rstd = ar.take<float>(mtp * N);
-    m.mtp_logits = ar.take<float>(mtp * logit_rows * V);
-    m.final_normed16 = ar.take<__nv_bfloat16>(b16 * N * d);
-    m.mtp_concat16 = ar.take<__nv_bfloat16>(b16 * mtp * 2 * N * d);
-    m.mtp_normed16 = ar.take<__nv_bfloat16>(b16 * mtp * N * d);
-    m.rope_cos = ar.take<float>((int64_t)T * c.qk_rope_head_dim / 2);
-    m.rope_sin = ar.take<float>((int64_t)T * c.qk_rope_head_dim / 2);
-    m.inputs = ar.take<int32_t>(N);
-    m.targets = ar.take<int32_t>(N);
-    m.mtp_targets = ar.take<int32_t>(N);
-    m.input_rows.packed = ar.take<int32_t>(3 * N + 1);
-    m.target_rows.packed = ar.take<int32_t>(mtp * (3 * N + 1));
+        if (block_set[l] == carved) carve_block(ar, c, bf16, l, N, a.blocks[carved++]);
+}
+
+// The rest of one slot's activations, for a pipeline stage of main blocks [first, end)
+static void carve_activations(Arena& ar, const Config& c, bool bf16, int B, int T, const ActivationLayout& layout,
+                              int first, int end, GpuActs& a) {
+    const int64_t N = (int64_t)B * T, d = c.hidden_size, V = c.vocab_size, L = c.num_hidden_layers;
+    const int64_t last = end == L ? 1 : 0, mtp = c.num_nextn_predict_layers > 0 ? 1 : 0, b16 = bf16 ? 1 : 0;
+    const int64_t heads_mtp = last * mtp;  // what the last stage's MTP block keeps
+    a.residual.assign(L + 1, nullptr);
+    for (int l = first; l < end; l++) a.residual[l] = ar.take<float>(N * d);
+    if (last) a.residual[L] = ar.take<float>(N * d);
+    const int64_t logit_rows = !last ? 0 : layout.recompute ? head_chunk_rows(c, N, layout) : N;
+    a.final_normed = ar.take<float>(last * N * d);
+    a.final_rstd = ar.take<float>(last * N);
+    a.logits = ar.take<float>(logit_rows * V);
+    a.losses = ar.take<float>(last * N);
+    a.next_embed = ar.take<float>(heads_mtp * N * d);
+    a.enorm_out = ar.take<float>(heads_mtp * N * d);
+    a.enorm_rstd = ar.take<float>(heads_mtp * N);
+    a.hnorm_out = ar.take<float>(heads_mtp * N * d);
+    a.hnorm_rstd = ar.take<float>(heads_mtp * N);
+    a.mtp_concat = ar.take<float>(heads_mtp * 2 * N * d);
+    a.mtp_in = ar.take<float>(heads_mtp * N * d);
+    a.mtp_out = ar.take<float>(heads_mtp * N * d);
+    a.mtp_normed = ar.take<float>(heads_mtp * N * d);
+    a.mtp_rstd = ar.take<float>(heads_mtp * N);
+    a.mtp_logits = ar.take<float>(heads_mtp * logit_rows * V);
+    a.final_normed16 = ar.take<__nv_bfloat16>(last * b16 * N * d);
+    a.mtp_concat16 = ar.take<__nv_bfloat16>(heads_mtp * b16 * 2 * N * d);
+    a.mtp_normed16 = ar.take<__nv_bfloat16>(heads_mtp * b16 * N * d);
+    a.inputs = ar.take<int32_t>(N);
+    a.targets = ar.take<int32_t>(N);  // the first stage's MTP embedding reads them too
+    a.mtp_targets = ar.take<int32_t>(heads_mtp * N);
+    a.input_rows.packed = ar.take<int32_t>(3 * N + 1);
+    a.target_rows.packed = ar.take<int32_t>(mtp * (3 * N + 1));
 }
 
 static Scratch carve_scratch(Arena& ar, const Config& c, bool bf16, int B, int T) {
@@ -349,15 +358,18 @@ static int64_t optimizer_table_bytes(const ParamTable& table) {
     return (6 * ranges + 2) * 8 + (ranges + chunks) * 8 + bias_table_bytes(table);
 }
 
-GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, int world, Precision p, int B, int T,
-                              const ActivationLayout& layout, Moments moments) {
-    const ParamTable table = build_param_table(c, ep_size);
+GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, int stage_size, Precision p, int B, int T,
+                              const ActivationLayout& layout, Moments moments, int first_layer, int end_layer,
+                              int slots) {
+    if (end_layer < 0) end_layer = c.num_hidden_layers;
+    const ParamTable table = build_param_table(c, ep_size, first_layer, end_layer);
     const int64_t total = table.total, N = (int64_t)B * T;
     const int64_t R = N * c.num_experts_per_tok;  // the expected rows per rank: the buffers grow beyond it
-    const std::vector<int> set = block_sets(c, layout.recompute);
+    const std::vector<int> set = block_sets(c, layout.recompute, first_layer, end_layer);
     std::set<int> moe_sets;  // the activation sets of MoE blocks, each with its expert rows
     for (int l = 0; l < c.num_blocks(); l++)
-        if (c.is_moe_layer(l)) moe_sets.insert(set[l]);
+        if (c.is_moe_layer(l) && set[l] >= 0) moe_sets.insert(set[l]);
+    const int set_copies = layout.recompute ? 1 : slots;  // with recompute the slots share the sets
     GpuMemoryPlan plan;
     const bool bf16 = p != Precision::FP32;
     std::map<int64_t, Fp8Tensor> counted;
@@ -365,31 +377,78 @@ GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, int world, Precision
         plan.fp8_weights = bytes_of([&](Arena& ar) { carve_fp8_weights(ar, table, nullptr, counted); });
     plan.params = total * 4 + (bf16 ? total * 2 : 0) + plan.fp8_weights;
     plan.grads = total * 4;
-    plan.optimizer = optimizer_shard(table, world, 0, world / ep_size, 0).moments * 2 * moment_bytes(moments);
-    GpuModel counting;
-    plan.activations = bytes_of([&](Arena& ar) { carve_activations(ar, counting, c, bf16, B, T, layout); });
+    plan.optimizer = optimizer_shard(table, stage_size, 0, stage_size / ep_size, 0).moments * 2 * moment_bytes(moments);
+    GpuActs counting;
+    plan.activations =
+        slots * bytes_of([&](Arena& ar) {
+            carve_activations(ar, c, bf16, B, T, layout, first_layer, end_layer, counting);
+        }) + set_copies * bytes_of([&](Arena& ar) { carve_sets(ar, c, bf16, N, set, counting); });
     GpuMoEActs layer;
     if (!moe_sets.empty())
-        plan.expert_rows = (int64_t)moe_sets.size() *
+        plan.expert_rows = set_copies * (int64_t)moe_sets.size() *
                                bytes_of([&](Arena& ar) { carve_expert_rows(ar, c, bf16, ep_size, R, layer); }) +
                            bytes_of([&](Arena& ar) { carve_expert_scratch(ar, c, ep_size, R); });
     plan.scratch = bytes_of([&](Arena& ar) { carve_scratch(ar, c, bf16, B, T); }) +
-                   optimizer_table_bytes(table) +
+                   optimizer_table_bytes(table) + rope_bytes(c, T) +
                    gpu::matmul_memory_bytes(bf16 ? cast_elements(c, N, R) : gpu::MatmulCasts{}, p == Precision::FP8);
     return plan;
 }
 
+// One activation slot's memory (with_sets: its own activation sets too, and their expert rows)
+static void allocate_slot(GpuModel& m, GpuActs& a, bool with_sets) {
+    const Config& c = m.config;
+    const bool bf16 = m.precision != Precision::FP32;
+    const int64_t N = (int64_t)m.max_B * m.T;
+    const auto rest = [&](Arena& ar) {
+        carve_activations(ar, c, bf16, m.max_B, m.T, m.layout, m.first_layer, m.end_layer, a);
+    };
+    a.arena = device_alloc(bytes_of(rest), "the activations");
+    Arena ar{static_cast<char*>(a.arena), 0};
+    rest(ar);
+    if (!with_sets) return;
+    const auto sets = [&](Arena& arena) { carve_sets(arena, c, bf16, N, m.block_set, a); };
+    a.sets_arena = device_alloc(bytes_of(sets), "the activations");
+    Arena sr{static_cast<char*>(a.sets_arena), 0};
+    sets(sr);
+    for (int l = 0; l < c.num_blocks(); l++)
+        if (c.is_moe_layer(l) && m.block_set[l] >= 0)
+            ensure_expert_rows(m, a.blocks[m.block_set[l]].moe, N * c.num_experts_per_tok);
+}
+
+// Swaps the model's activations with parked slot p's; with recompute the activation sets stay.
+static void swap_slot(GpuModel& m, GpuActs& p) {
+    std::swap(m.acts, p);
+    if (!m.layout.recompute) return;
+    std::swap(m.acts.blocks, p.blocks);
+    std::swap(m.acts.set_layer, p.set_layer);
+    std::swap(m.acts.set_slot, p.set_slot);
+    std::swap(m.acts.sets_arena, p.sets_arena);
+}
+
+void gpu_model_use_slot(GpuModel& m, int slot) {
+    if (slot == m.slot) return;
+    const int most = std::max(slot, m.slot);
+    if ((int)m.parked.size() <= most) m.parked.resize(most + 1);
+    swap_slot(m, m.parked[m.slot]);  // park the one in use
+    swap_slot(m, m.parked[slot]);
+    m.slot = slot;
+    if (!m.acts.arena) allocate_slot(m, m.acts, !m.layout.recompute);  // its first use
+}
+
 // Everything gpu_model_init allocates, in the order of the memory plan.
 static void allocate(GpuModel& m, const Config& c, Comm& comm, Precision p, int B, int T,
-                     const ActivationLayout& layout, Moments moments, const GpuMemoryPlan& plan) {
+                     const ActivationLayout& layout, Moments moments, const GpuMemoryPlan& plan, int first_layer,
+                     int end_layer) {
     m.config = c;
+    m.first_layer = first_layer;
+    m.end_layer = end_layer;
     m.layout = layout;
     m.head_rows = head_chunk_rows(c, (int64_t)B * T, layout);
     m.comm = &comm;
     m.precision = p;
-    m.table = build_param_table(c, comm.ep_size);
+    m.table = build_param_table(c, comm.ep_size, first_layer, end_layer);
     m.shard = optimizer_shard(m.table, comm);
-    m.max_B = m.B = B;
+    m.max_B = m.acts.B = B;
     m.T = T;
     CUDA_CHECK(cudaStreamCreate(&m.stream));
     CUDA_CHECK(cudaEventCreateWithFlags(&m.counts_ready, cudaEventDisableTiming));
@@ -413,9 +472,7 @@ static void allocate(GpuModel& m, const Config& c, Comm& comm, Precision p, int 
     }
     m.w = map_weights(c, m.table, m.params);
     m.g = map_weights(c, m.table, m.grads);
-    m.arena = device_alloc(plan.activations, "the activations");
-    Arena ar{static_cast<char*>(m.arena), 0};
-    carve_activations(ar, m, c, bf16, B, T, layout);
+    m.block_set = block_sets(c, layout.recompute, first_layer, end_layer);
     m.scratch = device_alloc(bytes_of([&](Arena& counting) { carve_scratch(counting, c, bf16, B, T); }),
                              "the backward's buffers");
     const std::vector<int64_t> packed_ranges = gpu::shard_ranges_pack(m.shard);
@@ -431,25 +488,26 @@ static void allocate(GpuModel& m, const Config& c, Comm& comm, Precision p, int 
     m.bias_device = static_cast<char*>(m.optimizer_tables) + table_bytes - bias_table_bytes(m.table);
     gpu::matmul_create(m.matmul, m.stream, bf16 ? cast_elements(c, N, 0) : gpu::MatmulCasts{}, p == Precision::FP8);
     host_slot(m, 0);
+    allocate_slot(m, m.acts, /*with_sets*/ true);
+    m.rope_cos = static_cast<float*>(device_alloc(rope_bytes(c, T), "the RoPE tables"));
+    m.rope_sin = m.rope_cos + (int64_t)T * c.qk_rope_head_dim / 2;
     m.biases = std::count_if(m.table.tensors.begin(), m.table.tensors.end(), [](const ParamTensor& t) {
         return !t.trainable;  // the router biases
     });
     m.bias_offsets = static_cast<int64_t*>(device_alloc(bias_table_bytes(m.table), "the router biases' copy",
                                                         /*pinned*/ true));
     m.bias_values = reinterpret_cast<float*>(m.bias_offsets + m.biases);
-    m.expert_counts.assign(c.num_blocks(), {});
+    m.expert_counts.assign(c.num_blocks(), {});  // every block's: the ranks sum them, each stage its own
     for (int l = 0; l < c.num_blocks(); l++)
-        if (c.is_moe_layer(l)) {
-            m.expert_counts[l].assign(c.n_routed_experts, 0);
-            ensure_expert_rows(m, m.blocks[m.block_set[l]].moe, N * c.num_experts_per_tok);
-        }
+        if (c.is_moe_layer(l)) m.expert_counts[l].assign(c.n_routed_experts, 0);
     gpu::rope_table(m.rope_cos, m.rope_sin, c, T, m.stream);
     CUDA_CHECK(cudaMemsetAsync(m.grads, 0, total * 4, m.stream));
     sync(m);
 }
 
 void gpu_model_init(GpuModel& m, const Config& c, Comm& comm, Precision p, int B, int T,
-                    const ActivationLayout& layout, Moments moments) {
+                    const ActivationLayout& layout, Moments moments, int first_layer, int end_layer) {
+    if (end_layer < 0) end_layer = c.num_hidden_layers;
     if (c.qk_rope_head_dim % 2 != 0)
         throw std::runtime_error("qk_rope_head_dim " + std::to_string(c.qk_rope_head_dim) +
                                  " is odd: RoPE rotates pairs");
@@ -459,7 +517,8 @@ void gpu_model_init(GpuModel& m, const Config& c, Comm& comm, Precision p, int B
         throw std::runtime_error("hidden_size " + std::to_string(c.hidden_size) +
                                  " is odd: with --dtype bf16 and --ep > 1 the expert rows travel as pairs of BF16 "
                                  "values (use an even hidden size, or --dtype fp32)");
-    const GpuMemoryPlan plan = gpu_memory_plan(c, comm.ep_size, comm.world, p, B, T, layout, moments);
+    const GpuMemoryPlan plan = gpu_memory_plan(c, comm.ep_size, comm.stage_size(), p, B, T, layout, moments,
+                                               first_layer, end_layer);
     size_t free_bytes = 0, total_bytes = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
     const int64_t reserve = 1ll << 30;  // the CUDA context, NCCL's and cuBLASLt's own buffers: not in the plan
@@ -473,7 +532,7 @@ void gpu_model_init(GpuModel& m, const Config& c, Comm& comm, Precision p, int B
         throw std::runtime_error(msg);
     }
     try {
-        allocate(m, c, comm, p, B, T, layout, moments, plan);
+        allocate(m, c, comm, p, B, T, layout, moments, plan, first_layer, end_layer);
     } catch (...) {
         gpu_model_free(m);  // what was allocated before the failure
         throw;
@@ -482,10 +541,15 @@ void gpu_model_init(GpuModel& m, const Config& c, Comm& comm, Precision p, int B
 
 void gpu_model_free(GpuModel& m) {
     m.timer.release();
-    for (GpuBlockActs& a : m.blocks) CUDA_CHECK(cudaFree(a.moe.expert_alloc));
+    m.parked.push_back(m.acts);
+    for (const GpuActs& slot : m.parked) {
+        for (const GpuBlockActs& a : slot.blocks) CUDA_CHECK(cudaFree(a.moe.expert_alloc));
+        CUDA_CHECK(cudaFree(slot.arena));
+        CUDA_CHECK(cudaFree(slot.sets_arena));
+    }
     for (void* p : {(void*)m.params, (void*)m.grads, (void*)m.adam_m, (void*)m.adam_v, (void*)m.adam_m16,
-                    (void*)m.adam_v16, (void*)m.params_bf16, m.fp8_alloc, m.arena, m.scratch, m.expert_scratch,
-                    m.optimizer_tables})
+                    (void*)m.adam_v16, (void*)m.params_bf16, m.fp8_alloc, m.scratch, m.expert_scratch,
+                    m.optimizer_tables, (void*)m.rope_cos})
         CUDA_CHECK(cudaFree(p));
     gpu::matmul_destroy(m.matmul);
     for (const HostSlot& slot : m.host_slots) CUDA_CHECK(cudaFreeHost(slot.memory));

@@ -34,13 +34,13 @@ void mla_forward(GpuModel& m, const BlockWeights& w, GpuMLAActs& a, gpu::GemmInp
         gpu::rope_heads_forward_bf16(a.q_heads16, a.k_heads16, a.v_heads16, a.q, a.kv, a.kv_a, m.rope_cos, m.rope_sin,
                                      N, m.T, H, dn, dr, dv, kr, m.stream);
         m.timer.mark("attention forward");
-        gpu::attention_forward_bf16(a.o, a.lse, a.q_heads16, a.k_heads16, a.v_heads16, dv, m.B, m.T, (int)H, (int)dqk,
-                                    (int)dv, scale, m.stream);
+        gpu::attention_forward_bf16(a.o, a.lse, a.q_heads16, a.k_heads16, a.v_heads16, dv, m.acts.B, m.T, (int)H,
+                                    (int)dqk, (int)dv, scale, m.stream);
     } else {
         gpu::rope_heads_forward(a.q_heads, a.k_heads, a.q, a.kv, a.kv_a, m.rope_cos, m.rope_sin, N, m.T, H, dn, dr, dv,
                                 kr, m.stream);
         m.timer.mark("attention forward");
-        gpu::attention_forward(a.o, a.lse, a.q_heads, a.k_heads, a.kv + dn, dn + dv, m.B, m.T, (int)H, (int)dqk,
+        gpu::attention_forward(a.o, a.lse, a.q_heads, a.k_heads, a.kv + dn, dn + dv, m.acts.B, m.T, (int)H, (int)dqk,
                                (int)dv, scale, m.stream);
     }
     m.timer.mark("attention projections");
@@ -60,11 +60,11 @@ void mla_backward(GpuModel& m, const BlockWeights& w, BlockWeights& g, const Gpu
     if (a.q_heads16) {
         gpu::cast_to_bf16(s.d_o16, s.d_o, N * H * dv, m.stream);
         gpu::attention_backward_bf16(s.dq_heads, s.dk_heads, s.dkv + dn, dn + dv, s.attn_d, s.d_o, s.d_o16,
-                                     a.q_heads16, a.k_heads16, a.v_heads16, dv, a.o, a.lse, m.B, m.T, (int)H, (int)dqk,
-                                     (int)dv, scale, m.stream);
+                                     a.q_heads16, a.k_heads16, a.v_heads16, dv, a.o, a.lse, m.acts.B, m.T, (int)H,
+                                     (int)dqk, (int)dv, scale, m.stream);
     } else {
         gpu::attention_backward(s.dq_heads, s.dk_heads, s.dkv + dn, s.attn_d, s.d_o, a.q_heads, a.k_heads, a.kv + dn,
-                                dn + dv, a.o, a.lse, m.B, m.T, (int)H, (int)dqk, (int)dv, scale, m.stream);
+                                dn + dv, a.o, a.lse, m.acts.B, m.T, (int)H, (int)dqk, (int)dv, scale, m.stream);
     }
     m.timer.mark("rope");
     gpu::rope_heads_backward(s.dq, s.dkv, s.dkv_a, s.dq_heads, s.dk_heads, m.rope_cos, m.rope_sin, N, m.T, H, dn, dr,

@@ -12,7 +12,7 @@
 #include "kernels/embedding.cuh"
 #include "kernels/rmsnorm.cuh"
 
-static GpuBlockActs& block_acts(GpuModel& m, int layer) { return m.blocks[m.block_set[layer]]; }
+static GpuBlockActs& block_acts(GpuModel& m, int layer) { return m.acts.blocks[m.block_set[layer]]; }
 
 // The RMSNorm that reads a block's output (the next block's attention norm, or the final norm), fused with the
 // block's last residual add: its weight, and where the normalised rows (and their BF16 copy) and their rstd go.
@@ -36,7 +36,8 @@ static void block_forward(GpuModel& m, int layer, const float* h_in, float* h_ou
     const Config& c = m.config;
     const BlockWeights& w = m.w.blocks[layer];
     GpuBlockActs& a = block_acts(m, layer);
-    m.set_layer[m.block_set[layer]] = layer;
+    m.acts.set_layer[m.block_set[layer]] = layer;
+    m.acts.set_slot[m.block_set[layer]] = m.slot;
     const int64_t N = tokens(m), d = c.hidden_size;
     m.timer.mark("attention projections");
     mla_forward(m, w, a.mla, {a.attn_normed, a.attn_normed16}, a.attn_out);
@@ -54,8 +55,11 @@ static void block_forward(GpuModel& m, int layer, const float* h_in, float* h_ou
     }
     if (!h_out) return;
     m.timer.mark("rmsnorm + residual");
-    gpu::residual_rmsnorm_forward(h_out, next.out, next.out16, next.rstd, a.h_mid, a.ffn_out, next.weight, N, d,
-                                  c.rms_norm_eps, m.stream);
+    if (next.weight)
+        gpu::residual_rmsnorm_forward(h_out, next.out, next.out16, next.rstd, a.h_mid, a.ffn_out, next.weight, N, d,
+                                      c.rms_norm_eps, m.stream);
+    else  // a pipeline stage's output: the next stage computes the norm
+        gpu::add(h_out, a.h_mid, a.ffn_out, N * d, m.stream);
 }
 
 // The attention norm of block `layer` on its input h (for the blocks no earlier block feeds: the first, and MTP's).
@@ -70,7 +74,8 @@ static void block_input_norm(GpuModel& m, int layer, const float* h) {
 // since: the same kernels on the same values, so the same bits. The balance loss and the expert counts were taken
 // from the first forward.
 static void restore_block_acts(GpuModel& m, int layer, const float* h_in) {
-    if (m.set_layer[m.block_set[layer]] == layer) return;
+    const int set = m.block_set[layer];
+    if (m.acts.set_layer[set] == layer && m.acts.set_slot[set] == m.slot) return;
     m.timer.label = "recompute";
     block_input_norm(m, layer, h_in);
     block_forward(m, layer, h_in, nullptr, NextNorm{}, /*with_loss*/ false);
@@ -116,9 +121,11 @@ struct Head {
     const int32_t* targets;
 };
 static Head main_head(GpuModel& m, bool with_targets) {
-    return {m.logits, {m.final_normed, m.final_normed16}, with_targets ? m.targets : nullptr};
+    return {m.acts.logits, {m.acts.final_normed, m.acts.final_normed16}, with_targets ? m.acts.targets : nullptr};
 }
-static Head mtp_head(GpuModel& m) { return {m.mtp_logits, {m.mtp_normed, m.mtp_normed16}, m.mtp_targets}; }
+static Head mtp_head(GpuModel& m) {
+    return {m.acts.mtp_logits, {m.acts.mtp_normed, m.acts.mtp_normed16}, m.acts.mtp_targets};
+}
 
 // Whether the forward keeps every chunk's logits: without recompute, and with it when one chunk holds all the rows
 static bool keeps_logits(const GpuModel& m) { return !m.layout.recompute || m.head_rows >= (int64_t)m.max_B * m.T; }
@@ -135,7 +142,7 @@ static const float* head_logits(GpuModel& m, const Head& h, int64_t r0, int64_t 
     return logits;
 }
 
-// Head h's forward, chunk by chunk: the logits, and with targets each row's loss into m.losses
+// Head h's forward, chunk by chunk: the logits, and with targets each row's loss into m.acts.losses
 static void head_forward(GpuModel& m, const Head& h) {
     const int64_t N = tokens(m), V = m.config.vocab_size;
     for (int64_t r0 = 0; r0 < N; r0 += m.head_rows) {
@@ -143,7 +150,8 @@ static void head_forward(GpuModel& m, const Head& h) {
         const float* logits = head_logits(m, h, r0, rows, /*compute*/ true);
         if (!h.targets) continue;
         m.timer.mark("cross-entropy");
-        gpu::cross_entropy_forward_backward(m.losses + r0, nullptr, logits, h.targets + r0, rows, V, 0.0f, m.stream);
+        gpu::cross_entropy_forward_backward(m.acts.losses + r0, nullptr, logits, h.targets + r0, rows, V, 0.0f,
+                                            m.stream);
     }
 }
 
@@ -159,10 +167,10 @@ static void head_backward(GpuModel& m, const Scratch& s, float* dnormed, const H
         m.timer.label = nullptr;
         m.timer.mark("cross-entropy");
         if (s.dlogits16)
-            gpu::cross_entropy_forward_backward_bf16(m.losses + r0, s.dlogits16 + r0 * V, logits, h.targets + r0, rows,
-                                                     V, scale, m.stream);
+            gpu::cross_entropy_forward_backward_bf16(m.acts.losses + r0, s.dlogits16 + r0 * V, logits,
+                                                     h.targets + r0, rows, V, scale, m.stream);
         else
-            gpu::cross_entropy_forward_backward(m.losses + r0, s.dlogits + r0 * V, logits, h.targets + r0, rows, V,
+            gpu::cross_entropy_forward_backward(m.acts.losses + r0, s.dlogits + r0 * V, logits, h.targets + r0, rows, V,
                                                 scale, m.stream);
     }
     m.timer.mark("head");
@@ -196,7 +204,7 @@ static double sum_balance_losses(const GpuModel& m, const HostSlot& slot) {
     double total = 0.0;
     if (c.aux_loss_alpha <= 0) return total;
     for (int l = 0; l < c.num_blocks(); l++) {
-        if (!c.is_moe_layer(l)) continue;
+        if (!c.is_moe_layer(l) || m.block_set[l] < 0) continue;  // dense, or another stage's
         double block = 0.0;  // alpha sum_i f_i P_i, averaged over the B sequences
         for (int b = 0; b < slot.B; b++) block += c.aux_loss_alpha * slot.balance[(int64_t)l * m.max_B + b] / slot.B;
         total += block;
@@ -210,7 +218,7 @@ static void take_expert_counts(GpuModel& m, const HostSlot& slot, int blocks) {
     const Config& c = m.config;
     const int64_t E = c.n_routed_experts;
     for (int l = 0; l < blocks; l++) {
-        if (!c.is_moe_layer(l)) continue;
+        if (!c.is_moe_layer(l) || m.block_set[l] < 0) continue;  // dense, or another stage's
         const int64_t* counts = slot.counts + l * E;
         check_expert_counts({counts, counts + E}, (int64_t)slot.B * m.T * c.num_experts_per_tok);
         if (slot.training)
@@ -218,14 +226,22 @@ static void take_expert_counts(GpuModel& m, const HostSlot& slot, int blocks) {
     }
 }
 
-void gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* targets, int B, bool training) {
+// n floats from one device buffer to another, queued
+static void copy_on_device(GpuModel& m, float* dst, const float* src, int64_t n) {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, m.stream));
+}
+
+void gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* targets, int B, bool training,
+                       const float* in, float* out) {
     if (B < 1 || B > m.max_B)
         throw std::runtime_error("internal error: a batch of " + std::to_string(B) + " sequences, allocated for " +
                                  std::to_string(m.max_B));
     const Config& c = m.config;
-    m.B = B;
-    const int T = m.T;
+    GpuActs& a = m.acts;
+    a.B = B;
+    const int T = m.T, first = m.first_layer, end = m.end_layer;
     const int64_t N = (int64_t)B * T, d = c.hidden_size, L = c.num_hidden_layers;
+    const bool first_stage = first == 0, last = end == L, mtp = c.num_nextn_predict_layers > 0;
     // the batch's tokens and token rows, the losses and the counts pass through this forward's own pinned memory,
     // so the forward needs no wait
     HostSlot& slot = host_slot(m, m.queued);
@@ -235,48 +251,63 @@ void gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* target
     m.counts_pinned = slot.counts;
     const BatchStaging& io = slot.io;
     std::copy(inputs, inputs + N, io.inputs);
-    upload(m, m.inputs, io.inputs, N);
+    upload(m, a.inputs, io.inputs, N);
     m.timer.mark("embedding");
-    gpu::embedding_forward(m.residual[0], m.inputs, m.w.embed, N, d, m.stream);
-    const NextNorm final_norm{m.w.final_norm, m.final_normed, m.final_normed16, m.final_rstd};
-    block_input_norm(m, 0, m.residual[0]);
-    for (int l = 0; l < L; l++) {
-        const NextNorm next = l + 1 < L ? attention_norm(m, l + 1) : final_norm;
-        block_forward(m, l, m.residual[l], m.residual[l + 1], next, targets != nullptr);
+    if (first_stage) gpu::embedding_forward(a.residual[first], a.inputs, m.w.embed, N, d, m.stream);
+    else copy_on_device(m, a.residual[first], in, N * d);
+    const NextNorm final_norm{m.w.final_norm, a.final_normed, a.final_normed16, a.final_rstd};
+    block_input_norm(m, first, a.residual[first]);
+    for (int l = first; l < end; l++) {
+        const bool stage_end = l + 1 == end;
+        const NextNorm next = !stage_end ? attention_norm(m, l + 1) : last ? final_norm : NextNorm{};
+        block_forward(m, l, a.residual[l], stage_end && !last ? out : a.residual[l + 1], next, targets != nullptr);
     }
     if (!targets) {  // the logits only, for gpu_model_logits_row
-        if (keeps_logits(m)) head_forward(m, main_head(m, false));
+        if (last && keeps_logits(m)) head_forward(m, main_head(m, false));
         sync(m);
         take_expert_counts(m, slot, (int)L);
         return;
     }
-    upload_token_rows(m, m.input_rows, inputs, N, io.input_rows);  // for a backward, sorted while the GPU runs
+    if (first_stage)  // for a backward, sorted while the GPU runs
+        upload_token_rows(m, a.input_rows, inputs, N, io.input_rows);
     std::copy(targets, targets + N, io.targets);
-    upload(m, m.targets, io.targets, N);
+    upload(m, a.targets, io.targets, N);
+    if (!last) {  // Emb(targets) for the last stage's MTP block, passed along
+        if (mtp && first_stage) {
+            upload_token_rows(m, a.target_rows, targets, N, io.target_rows);
+            m.timer.mark("embedding");
+            gpu::embedding_forward(out + N * d, a.targets, m.w.embed, N, d, m.stream);
+        } else if (mtp) {
+            copy_on_device(m, out + N * d, in + N * d, N * d);
+        }
+        m.queued++;
+        return;
+    }
     head_forward(m, main_head(m, true));
-    CUDA_CHECK(cudaMemcpyAsync(io.losses, m.losses, N * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
-    if (c.num_nextn_predict_layers > 0) {
-        upload_token_rows(m, m.target_rows, targets, N, io.target_rows);  // while the head runs
+    CUDA_CHECK(cudaMemcpyAsync(io.losses, a.losses, N * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
+    if (mtp) {
+        if (first_stage) upload_token_rows(m, a.target_rows, targets, N, io.target_rows);  // while the head runs
         for (int64_t t = 0; t < N; t++) io.mtp_targets[t] = (t % T == T - 1) ? -1 : targets[t + 1];
-        upload(m, m.mtp_targets, io.mtp_targets, N);
+        upload(m, a.mtp_targets, io.mtp_targets, N);
         m.timer.mark("embedding");
-        gpu::embedding_forward(m.next_embed, m.targets, m.w.embed, N, d, m.stream);
+        if (first_stage) gpu::embedding_forward(a.next_embed, a.targets, m.w.embed, N, d, m.stream);
+        else copy_on_device(m, a.next_embed, in + N * d, N * d);
         m.timer.mark("rmsnorm + residual");
-        gpu::rmsnorm_forward(m.enorm_out, nullptr, m.enorm_rstd, m.next_embed, m.w.mtp_enorm, N, d, c.rms_norm_eps,
+        gpu::rmsnorm_forward(a.enorm_out, nullptr, a.enorm_rstd, a.next_embed, m.w.mtp_enorm, N, d, c.rms_norm_eps,
                              m.stream);
-        gpu::rmsnorm_forward(m.hnorm_out, nullptr, m.hnorm_rstd, m.final_normed, m.w.mtp_hnorm, N, d, c.rms_norm_eps,
+        gpu::rmsnorm_forward(a.hnorm_out, nullptr, a.hnorm_rstd, a.final_normed, m.w.mtp_hnorm, N, d, c.rms_norm_eps,
                              m.stream);
-        gpu::copy_columns(m.mtp_concat, 2 * d, m.enorm_out, d, N, d, m.stream);
-        gpu::copy_columns(m.mtp_concat + d, 2 * d, m.hnorm_out, d, N, d, m.stream);
+        gpu::copy_columns(a.mtp_concat, 2 * d, a.enorm_out, d, N, d, m.stream);
+        gpu::copy_columns(a.mtp_concat + d, 2 * d, a.hnorm_out, d, N, d, m.stream);
         m.timer.mark("head");
-        if (m.mtp_concat16) gpu::cast_to_bf16(m.mtp_concat16, m.mtp_concat, N * 2 * d, m.stream);
-        gpu::matmul_forward(m.matmul, m.mtp_in, {m.mtp_concat, m.mtp_concat16}, weight_of(m, m.w.mtp_eh_proj), N, 2 * d,
-                            d, false);
-        block_input_norm(m, (int)L, m.mtp_in);
-        const NextNorm mtp_norm{m.w.mtp_norm, m.mtp_normed, m.mtp_normed16, m.mtp_rstd};
-        block_forward(m, (int)L, m.mtp_in, m.mtp_out, mtp_norm, true);
+        if (a.mtp_concat16) gpu::cast_to_bf16(a.mtp_concat16, a.mtp_concat, N * 2 * d, m.stream);
+        gpu::matmul_forward(m.matmul, a.mtp_in, {a.mtp_concat, a.mtp_concat16}, weight_of(m, m.w.mtp_eh_proj), N,
+                            2 * d, d, false);
+        block_input_norm(m, (int)L, a.mtp_in);
+        const NextNorm mtp_norm{m.w.mtp_norm, a.mtp_normed, a.mtp_normed16, a.mtp_rstd};
+        block_forward(m, (int)L, a.mtp_in, a.mtp_out, mtp_norm, true);
         head_forward(m, mtp_head(m));
-        CUDA_CHECK(cudaMemcpyAsync(io.mtp_losses, m.losses, N * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
+        CUDA_CHECK(cudaMemcpyAsync(io.mtp_losses, a.losses, N * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
     }
     m.queued++;
 }
@@ -289,9 +320,11 @@ std::vector<LossParts> gpu_model_losses(GpuModel& m) {
         const HostSlot& slot = m.host_slots[k];
         const int64_t N = (int64_t)slot.B * m.T;
         take_expert_counts(m, slot, c.num_blocks());
-        LossParts& loss = losses[k];
-        loss.main = sum_losses(slot.io.losses, N) / N;
-        if (c.num_nextn_predict_layers > 0) loss.mtp = sum_losses(slot.io.mtp_losses, N) / ((double)slot.B * (m.T - 1));
+        LossParts& loss = losses[k];  // a pipeline stage's own: the heads' on the last
+        const bool last = m.end_layer == c.num_hidden_layers;
+        if (last) loss.main = sum_losses(slot.io.losses, N) / N;
+        if (last && c.num_nextn_predict_layers > 0)
+            loss.mtp = sum_losses(slot.io.mtp_losses, N) / ((double)slot.B * (m.T - 1));
         loss.balance = sum_balance_losses(m, slot);
         loss.total = loss.main + c.mtp_loss_weight * loss.mtp + loss.balance;
     }
@@ -308,44 +341,57 @@ static void embedding_backward(GpuModel& m, const float* dout, const gpu::TokenR
     gpu::embedding_backward(m.g.embed, dout, rows, d, m.stream);
 }
 
-void gpu_model_backward(GpuModel& m, float loss_scale) {
+void gpu_model_backward(GpuModel& m, float loss_scale, const float* dout, float* din) {
     const Config& c = m.config;
-    const int B = m.B, T = m.T;
+    const GpuActs& a = m.acts;
+    const int B = a.B, T = m.T;
     const int64_t N = (int64_t)B * T, d = c.hidden_size, L = c.num_hidden_layers;
+    const bool first_stage = m.first_layer == 0, last = m.end_layer == L, mtp = c.num_nextn_predict_layers > 0;
     const Scratch s = scratch_of(m);
-    head_backward(m, s, s.dfinal, main_head(m, true), loss_scale / N);
     float* dh = s.dh;
     float* dh_prev = s.dh_prev;
-    if (c.num_nextn_predict_layers > 0) {
+    if (!last) {  // the next stage's gradients: of this stage's output, then of Emb(targets)
+        copy_on_device(m, dh, dout, N * d);
+        m.timer.mark("embedding");
+        if (mtp && first_stage) embedding_backward(m, dout + N * d, a.target_rows);
+        else if (mtp) copy_on_device(m, din + N * d, dout + N * d, N * d);
+    } else {
+        head_backward(m, s, s.dfinal, main_head(m, true), loss_scale / N);
+    }
+    if (last && mtp) {
         const float mtp_scale = loss_scale * c.mtp_loss_weight / ((float)B * (T - 1));
         head_backward(m, s, s.dmtp, mtp_head(m), mtp_scale);
         m.timer.mark("rmsnorm + residual");
-        gpu::rmsnorm_backward(s.dmtp_out, m.g.mtp_norm, s.dmtp, m.mtp_out, m.w.mtp_norm, m.mtp_rstd, N, d, nullptr,
+        gpu::rmsnorm_backward(s.dmtp_out, m.g.mtp_norm, s.dmtp, a.mtp_out, m.w.mtp_norm, a.mtp_rstd, N, d, nullptr,
                               s.rms, m.stream, grad_accumulates(m, m.g.mtp_norm));
-        block_backward(m, (int)L, m.mtp_in, s.dmtp_out, s.dmtp, loss_scale, s);
+        block_backward(m, (int)L, a.mtp_in, s.dmtp_out, s.dmtp, loss_scale, s);
         m.timer.mark("head");
-        gpu::matmul_backward(m.matmul, s.dconcat, m.g.mtp_eh_proj, s.dmtp, {m.mtp_concat, m.mtp_concat16},
+        gpu::matmul_backward(m.matmul, s.dconcat, m.g.mtp_eh_proj, s.dmtp, {a.mtp_concat, a.mtp_concat16},
                              weight_of(m, m.w.mtp_eh_proj), N, 2 * d, d, false, grad_accumulates(m, m.g.mtp_eh_proj));
         // split [d enorm_out | d hnorm_out]; the h half flows into the main model's final state
         m.timer.mark("rmsnorm + residual");
         gpu::copy_columns(s.dhalf, d, s.dconcat + d, 2 * d, N, d, m.stream);
-        gpu::rmsnorm_backward(s.dfinal, m.g.mtp_hnorm, s.dhalf, m.final_normed, m.w.mtp_hnorm, m.hnorm_rstd, N, d,
+        gpu::rmsnorm_backward(s.dfinal, m.g.mtp_hnorm, s.dhalf, a.final_normed, m.w.mtp_hnorm, a.hnorm_rstd, N, d,
                               s.dfinal, s.rms, m.stream, grad_accumulates(m, m.g.mtp_hnorm));
         gpu::copy_columns(s.dhalf, d, s.dconcat, 2 * d, N, d, m.stream);
-        gpu::rmsnorm_backward(s.dnext, m.g.mtp_enorm, s.dhalf, m.next_embed, m.w.mtp_enorm, m.enorm_rstd, N, d, nullptr,
-                              s.rms, m.stream, grad_accumulates(m, m.g.mtp_enorm));
+        gpu::rmsnorm_backward(s.dnext, m.g.mtp_enorm, s.dhalf, a.next_embed, m.w.mtp_enorm, a.enorm_rstd, N, d,
+                              nullptr, s.rms, m.stream, grad_accumulates(m, m.g.mtp_enorm));
         m.timer.mark("embedding");
-        embedding_backward(m, s.dnext, m.target_rows);
+        if (first_stage) embedding_backward(m, s.dnext, a.target_rows);
+        else copy_on_device(m, din + N * d, s.dnext, N * d);  // for the first stage's embedding
     }
-    m.timer.mark("rmsnorm + residual");
-    gpu::rmsnorm_backward(dh, m.g.final_norm, s.dfinal, m.residual[L], m.w.final_norm, m.final_rstd, N, d, nullptr,
-                          s.rms, m.stream, grad_accumulates(m, m.g.final_norm));
-    for (int64_t l = L - 1; l >= 0; l--) {
-        block_backward(m, (int)l, m.residual[l], dh, dh_prev, loss_scale, s);
+    if (last) {
+        m.timer.mark("rmsnorm + residual");
+        gpu::rmsnorm_backward(dh, m.g.final_norm, s.dfinal, a.residual[L], m.w.final_norm, a.final_rstd, N, d,
+                              nullptr, s.rms, m.stream, grad_accumulates(m, m.g.final_norm));
+    }
+    for (int l = m.end_layer - 1; l >= m.first_layer; l--) {
+        block_backward(m, l, a.residual[l], dh, dh_prev, loss_scale, s);
         std::swap(dh, dh_prev);
     }
     m.timer.mark("embedding");
-    embedding_backward(m, dh, m.input_rows);
+    if (first_stage) embedding_backward(m, dh, a.input_rows);
+    else copy_on_device(m, din, dh, N * d);
     for (const ParamTensor& t : m.table.tensors)  // a trainable tensor nothing wrote has a zero gradient
         if (t.trainable && !grad_accumulates(m, m.grads + t.offset))
             CUDA_CHECK(cudaMemsetAsync(m.grads + t.offset, 0, t.numel * sizeof(float), m.stream));
@@ -408,8 +454,10 @@ void gpu_model_update_router_bias(GpuModel& m, const std::vector<std::vector<int
     const int64_t E = c.n_routed_experts;
     for (int l = 0, bias = 0; l < c.num_blocks(); l++) {
         if (!c.is_moe_layer(l)) continue;
-        m.bias_offsets[bias] = m.w.blocks[l].router_bias - m.params;
-        router_bias_step(c, counts[l], m.bias_values + bias++ * E);
+        if (m.w.blocks[l].router_bias) {  // this stage's block
+            m.bias_offsets[bias] = m.w.blocks[l].router_bias - m.params;
+            router_bias_step(c, counts[l], m.bias_values + bias++ * E);
+        }
         std::fill(m.expert_counts[l].begin(), m.expert_counts[l].end(), 0);
     }
     if (m.biases == 0) return;

@@ -76,6 +76,24 @@ struct HostSlot {
     bool training = false;  // its counts go to the step's loads
 };
 
+// One micro-batch's activations, as model/model.h's ModelActs with the slot's fields, and its tokens on the device.
+// 1F1B keeps several micro-batches in flight: the slot in use is the model's acts, the others parked; with recompute
+// the slots share the activation sets (blocks, set_layer, set_slot and their allocation), which stay in acts.
+struct GpuActs {
+    int B = 0;                     // the batch of the slot's last forward
+    void* arena = nullptr;         // everything below but the sets
+    void* sets_arena = nullptr;    // the activation sets
+    std::vector<float*> residual;  // L+1 of (N, d); a pipeline stage carves its blocks' (the last stage's output too)
+    std::vector<GpuBlockActs> blocks;
+    std::vector<int> set_layer, set_slot;  // set s holds the forward of block set_layer[s] of slot set_slot[s]
+    float *final_normed, *final_rstd, *logits, *losses;                  // (N, d), (N), (N or head_rows, V), (N)
+    float *next_embed, *enorm_out, *enorm_rstd, *hnorm_out, *hnorm_rstd; // MTP
+    float *mtp_concat, *mtp_in, *mtp_out, *mtp_normed, *mtp_rstd, *mtp_logits;
+    __nv_bfloat16 *final_normed16, *mtp_concat16, *mtp_normed16;         // BF16: the heads' and MTP's GEMM inputs
+    int32_t *inputs, *targets, *mtp_targets;     // (N) each
+    gpu::TokenRows input_rows, target_rows;      // inputs and targets grouped by token: the embedding's backward
+};
+
 struct GpuModel {
     Config config;
     Comm* comm = nullptr;  // NCCL: device buffers (host buffers are staged)
@@ -92,21 +110,15 @@ struct GpuModel {
     std::map<int64_t, Fp8Tensor> fp8_weights;    // by the weight's offset in the parameter buffer
     ModelWeights w, g;                           // device pointers into params and grads
     std::set<const float*> grads_written;        // the gradient tensors written since gpu_model_zero_grads
-    int max_B = 0, T = 0, B = 0;                 // allocated batch; the last forward's B
-    // activations, as model/model.h's ModelActs
-    void* arena = nullptr;
-    std::vector<float*> residual;  // L+1 of (N, d)
-    std::vector<GpuBlockActs> blocks;
-    std::vector<int> block_set, set_layer;
+    int max_B = 0, T = 0;                        // allocated batch
+    int first_layer = 0, end_layer = 0;          // this pipeline stage's main blocks: [first_layer, end_layer)
+    GpuActs acts;                                // the activations of activation slot `slot` (gpu_model_use_slot)
+    int slot = 0;
+    std::vector<GpuActs> parked;                 // the other slots, allocated on first use (parked[slot] is empty)
+    std::vector<int> block_set;                  // each block's activation set (block_sets), -1: another stage's
     ActivationLayout layout;  // recompute, the heads' chunks
     int64_t head_rows = 0;    // the rows of one chunk of the output heads (head_chunk_rows)
-    float *final_normed, *final_rstd, *logits, *losses;                  // (N, d), (N), (N or head_rows, V), (N)
-    float *next_embed, *enorm_out, *enorm_rstd, *hnorm_out, *hnorm_rstd; // MTP
-    float *mtp_concat, *mtp_in, *mtp_out, *mtp_normed, *mtp_rstd, *mtp_logits;
-    __nv_bfloat16 *final_normed16, *mtp_concat16, *mtp_normed16;         // BF16: the heads' and MTP's GEMM inputs
-    float *rope_cos, *rope_sin;                  // (T, dr/2)
-    int32_t *inputs, *targets, *mtp_targets;     // (N) each
-    gpu::TokenRows input_rows, target_rows;      // inputs and targets grouped by token: the embedding's backward
+    float *rope_cos = nullptr, *rope_sin = nullptr;  // (T, dr/2)
     void* scratch = nullptr;         // the backward's buffers, shared by the blocks (Scratch)
     void* expert_scratch = nullptr;  // the routed experts' backward buffers, grown with the largest layer
     int64_t expert_scratch_rows = 0;
@@ -134,15 +146,19 @@ struct GpuMemoryPlan {
     int64_t fp8_weights = 0;  // FP8: the weights' E4M3 copies, counted in params too
     int64_t total() const { return params + grads + optimizer + activations + expert_rows + scratch; }
 };
-// world ranks, ep_size of them in an expert-parallel group (the optimizer's shard: model/optimizer.h).
-GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, int world, Precision p, int B, int T,
-                              const ActivationLayout& layout = {}, Moments moments = Moments::FP32);
+// A stage of stage_size ranks, ep_size of them in an expert-parallel group (the optimizer's shard:
+// model/optimizer.h), holding main blocks [first_layer, end_layer) (-1: to the last), with `slots` activation slots.
+GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, int stage_size, Precision p, int B, int T,
+                              const ActivationLayout& layout = {}, Moments moments = Moments::FP32,
+                              int first_layer = 0, int end_layer = -1, int slots = 1);
 
 // Allocates everything for batches of up to B sequences of T tokens on the current device; throws
 // std::runtime_error (with the plan and the free memory) when it does not fit, or for a config the kernels do not
 // support.
+// A pipeline stage holds main blocks [first_layer, end_layer) (-1: to the last), as model_init's.
 void gpu_model_init(GpuModel& m, const Config& c, Comm& comm, Precision p, int B, int T,
-                    const ActivationLayout& layout = {}, Moments moments = Moments::FP32);
+                    const ActivationLayout& layout = {}, Moments moments = Moments::FP32, int first_layer = 0,
+                    int end_layer = -1);
 void gpu_model_free(GpuModel& m);
 // Host weights and this rank's moments (opt: adamw_state(m.shard)) -> device. The tables must match.
 void gpu_model_upload(GpuModel& m, const Model& host, const AdamWState& opt);
@@ -152,12 +168,17 @@ void gpu_model_download(const GpuModel& m, Model& host, AdamWState& opt);
 // queued, its losses and expert counts read by gpu_model_losses: the micro-steps of a step run without a wait.
 // Without targets only the logits, after a wait (with recompute and a chunked head not even those:
 // gpu_model_logits_row computes a row's chunk).
-void gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* targets, int B, bool training);
+// A pipeline stage's, as model_stage_forward: from `in` (device memory; the first stage reads the tokens) to `out`
+// (nullptr on the last stage); the queued losses are the stage's own.
+void gpu_model_forward(GpuModel& m, const int32_t* inputs, const int32_t* targets, int B, bool training,
+                       const float* in = nullptr, float* out = nullptr);
 // After one wait, the losses of every forward queued since the last call, in order; the training ones' expert
 // counts checked and added to expert_counts.
 std::vector<LossParts> gpu_model_losses(GpuModel& m);
-// The rest as the model_ functions of the same names (model/model.h).
-void gpu_model_backward(GpuModel& m, float loss_scale);
+// The rest as the model_ functions of the same names (model/model.h); a stage's backward as model_stage_backward.
+void gpu_model_backward(GpuModel& m, float loss_scale, const float* dout = nullptr, float* din = nullptr);
+// Makes activation slot `slot` the one in use, allocating it on first use (model_use_slot).
+void gpu_model_use_slot(GpuModel& m, int slot);
 // Zeroes no memory: the first product into each gradient tensor after it overwrites (grad_accumulates), and the
 // backward's end zeroes a trainable tensor nothing wrote.
 void gpu_model_zero_grads(GpuModel& m);
@@ -212,7 +233,7 @@ void refresh_fp8_weights(GpuModel& m);
 // count); the check that every width the FP8 layers sum over is a multiple of 16 (throws a line saying which).
 void carve_fp8_weights(Arena& ar, const ParamTable& table, const float* params, std::map<int64_t, Fp8Tensor>& weights);
 void check_fp8_widths(const Config& c);
-inline int64_t tokens(const GpuModel& m) { return (int64_t)m.B * m.T; }
+inline int64_t tokens(const GpuModel& m) { return (int64_t)m.acts.B * m.T; }
 inline void sync(const GpuModel& m) { CUDA_CHECK(cudaStreamSynchronize(m.stream)); }
 // Before a collective on the model's device buffers: the Comm's stream follows the model's on the device (NCCL), or
 // the host waits for it (a Comm that reads the memory itself, as the tests' MPI Comm on the emulator)

@@ -175,8 +175,9 @@ static gpu::GemmInput expert_input(const GpuMoEActs& a, bool ep) {
 // Each sequence's sum_i f_i P_i (B values), queued to the host's `out` (gpu_model_losses sums them after its wait)
 static void balance_loss(GpuModel& m, const GpuMoEActs& a, const Scratch& s, double* out) {
     m.timer.mark("router");
-    gpu::balance_loss(s.seq_balance, s.token_totals, s.seq_counts, a.scores, a.chosen, m.config, m.B, m.T, m.stream);
-    CUDA_CHECK(cudaMemcpyAsync(out, s.seq_balance, m.B * sizeof(double), cudaMemcpyDeviceToHost, m.stream));
+    gpu::balance_loss(s.seq_balance, s.token_totals, s.seq_counts, a.scores, a.chosen, m.config, m.acts.B, m.T,
+                      m.stream);
+    CUDA_CHECK(cudaMemcpyAsync(out, s.seq_balance, m.acts.B * sizeof(double), cudaMemcpyDeviceToHost, m.stream));
 }
 
 void moe_forward(GpuModel& m, const BlockWeights& w, GpuMoEActs& a, gpu::GemmInput x, float* out, int64_t* counts_out,
@@ -231,7 +232,7 @@ void moe_backward(GpuModel& m, const BlockWeights& w, BlockWeights& g, GpuMoEAct
     m.timer.mark("permute");
     gpu::permute_backward(dx, s.drows_in, a.row_of_assignment, N, (int)k, d, S > 0, m.stream);
     m.timer.mark("router");
-    gpu::router_backward(s.drouter_logits, s.dgate_weights, a.scores, a.chosen, c, m.B, m.T, balance_scale,
+    gpu::router_backward(s.drouter_logits, s.dgate_weights, a.scores, a.chosen, c, m.acts.B, m.T, balance_scale,
                          s.seq_counts, m.stream);
     gpu::matmul_backward(m.matmul, dx, g.router, s.drouter_logits, x.fp32, router_weight(m, w.router), N, d, E, true,
                          grad_accumulates(m, g.router));

@@ -101,7 +101,7 @@ void gpu_model_upload(GpuModel& m, const Model& host, const AdamWState& opt) {
     if (m.params_bf16) gpu::cast_to_bf16(m.params_bf16, m.params, m.table.total, m.stream);
     refresh_fp8_weights(m);
     for (int l = 0, bias = 0; l < m.config.num_blocks(); l++)
-        if (m.config.is_moe_layer(l)) {
+        if (m.config.is_moe_layer(l) && host.w.blocks[l].router_bias) {  // this stage's MoE blocks
             const float* values = host.w.blocks[l].router_bias;
             std::copy(values, values + m.config.n_routed_experts, m.bias_values + bias++ * m.config.n_routed_experts);
         }

@@ -26,13 +26,12 @@ struct HFTensor {
     bool keep_f32;          // e_score_correction_bias: always written in F32
 };
 
-// Every parameter under its Hugging Face name, in table order. A stacked tensor becomes one tensor per expert, all E
-// of them; those of other EP ranks have offset -1.
-std::vector<HFTensor> hf_tensors(const Model& m) {
+// Every parameter of a table under its Hugging Face name, in table order. A stacked tensor becomes one tensor per
+// expert, all E of them; those of other EP ranks than ep_rank have offset -1.
+std::vector<HFTensor> hf_tensors(const ParamTable& table, const Config& c, int64_t ep_rank) {
     const std::string stacked = ".mlp.experts.";
-    const int64_t ep_rank = m.comm->ep_rank;
     std::vector<HFTensor> out;
-    for (const ParamTensor& t : m.table.tensors) {
+    for (const ParamTensor& t : table.tensors) {
         size_t at = t.name.find(stacked);
         if (at == std::string::npos) {
             out.push_back({t.name, t.shape, t.offset, t.numel, !t.trainable});
@@ -41,7 +40,7 @@ std::vector<HFTensor> hf_tensors(const Model& m) {
         // model.layers.N.mlp.experts.gate_proj.weight (E, o, i) -> ...mlp.experts.E.gate_proj.weight (o, i)
         const std::string head = t.name.substr(0, at + stacked.size()), tail = t.name.substr(at + stacked.size());
         const int64_t n = t.shape[1] * t.shape[2], local = t.shape[0], first = ep_rank * local;
-        for (int64_t e = 0; e < m.config.n_routed_experts; e++) {
+        for (int64_t e = 0; e < c.n_routed_experts; e++) {
             const bool here = e >= first && e < first + local;
             out.push_back({head + std::to_string(e) + "." + tail, {t.shape[1], t.shape[2]},
                            here ? t.offset + (e - first) * n : -1, n, false});
@@ -50,11 +49,11 @@ std::vector<HFTensor> hf_tensors(const Model& m) {
     return out;
 }
 
-// The published checkpoints repeat the shared embedding and output head inside the MTP layer.
-std::vector<HFTensor> mtp_copies(const Model& m) {
-    if (m.config.num_nextn_predict_layers == 0) return {};
-    const std::string p = "model.layers." + std::to_string(m.config.num_hidden_layers) + ".";
-    const ParamTensor &e = m.table.at("model.embed_tokens.weight"), &h = m.table.at("lm_head.weight");
+// The published checkpoints repeat the shared embedding and output head inside the MTP layer (a whole model's table).
+std::vector<HFTensor> mtp_copies(const ParamTable& table, const Config& c) {
+    if (c.num_nextn_predict_layers == 0) return {};
+    const std::string p = "model.layers." + std::to_string(c.num_hidden_layers) + ".";
+    const ParamTensor &e = table.at("model.embed_tokens.weight"), &h = table.at("lm_head.weight");
     return {{p + "embed_tokens.weight", e.shape, e.offset, e.numel, false},
             {p + "shared_head.head.weight", h.shape, h.offset, h.numel, false}};
 }
@@ -72,8 +71,10 @@ void export_hf(const Model& m, const std::string& dir, ExportDType dtype) {
     if (m.comm->ep_size > 1)
         throw std::runtime_error("export_hf: this rank holds 1/" + std::to_string(m.comm->ep_size) +
                                  " of the routed experts; export a model that holds them all");
+    if (!m.first_stage() || !m.last_stage())
+        throw std::runtime_error("export_hf: this rank holds one pipeline stage; export a model that holds them all");
     make_dirs(dir);
-    std::vector<HFTensor> ts = hf_tensors(m), copies = mtp_copies(m);
+    std::vector<HFTensor> ts = hf_tensors(m.table, m.config, 0), copies = mtp_copies(m.table, m.config);
     ts.insert(ts.end(), copies.begin(), copies.end());
     std::vector<TensorView> views;
     for (const HFTensor& t : ts)
@@ -137,11 +138,14 @@ void import_hf(Model& m, const std::string& dir) {
         throw std::runtime_error(dir + ": neither model.safetensors nor model.safetensors.index.json found");
     }
 
-    // Check everything before reading any data.
-    const std::vector<HFTensor> need = hf_tensors(m);
+    // Check everything before reading any data: this rank reads its stage's tensors (need) and accepts the whole
+    // model's (known).
+    const Config& c = m.config;
+    const std::vector<HFTensor> need = hf_tensors(m.table, c, m.comm->ep_rank);
+    const ParamTable whole = build_param_table(c, m.comm->ep_size);
     std::set<std::string> known;
-    for (const HFTensor& t : need) known.insert(t.name);
-    for (const HFTensor& t : mtp_copies(m)) known.insert(t.name);  // accepted and ignored
+    for (const HFTensor& t : hf_tensors(whole, c, m.comm->ep_rank)) known.insert(t.name);
+    for (const HFTensor& t : mtp_copies(whole, c)) known.insert(t.name);  // accepted and ignored
     std::string stray;  // the first tensor of the checkpoint that this model does not have (an empty one aside:
     for (const auto& kv : where)  // transformers saves n_shared_experts 0 as shared experts of width 0)
         if (!known.count(kv.first) && readers.at(kv.second)->info(kv.first).numel() > 0) {
@@ -150,8 +154,8 @@ void import_hf(Model& m, const std::string& dir) {
         }
     // transformers' default config declares an MTP layer its model does not have: with none of its tensors in the
     // checkpoint, the MTP block keeps its initialisation, said once
-    const std::string mtp_prefix = "model.layers." + std::to_string(m.config.num_hidden_layers) + ".";
-    bool mtp_absent = m.config.num_nextn_predict_layers > 0;
+    const std::string mtp_prefix = "model.layers." + std::to_string(c.num_hidden_layers) + ".";
+    bool mtp_absent = c.num_nextn_predict_layers > 0 && m.last_stage();
     for (const HFTensor& t : need)
         if (t.name.rfind(mtp_prefix, 0) == 0 && where.count(t.name)) mtp_absent = false;
     if (mtp_absent)

@@ -3,7 +3,9 @@
 //                  callers offset the pointers; MLA's c_kv out of kv_a and its gradient back; MTP's [enorm | hnorm])
 //   put_rows:      dst[offsets[r] + c] = src[r * cols + c] for r < rows, c < cols: rows sent up together put in
 //                  place (the router biases into the parameters)
+//   add:           out[i] = a[i] + b[i]: the last residual add of a pipeline stage, whose norm the next computes
 #pragma once
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/common.cuh"
@@ -36,6 +38,17 @@ inline void put_rows(float* dst, const int64_t* offsets, const float* src, int64
                      cudaStream_t stream) {
     if (rows == 0 || cols == 0) return;
     launch_kernel(put_rows_kernel, (unsigned)rows, ELEMENTWISE_THREADS, 0, stream, dst, offsets, src, cols);
+}
+
+static __global__ void add_kernel(float* out, const float* a, const float* b, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = a[i] + b[i];
+}
+
+inline void add(float* out, const float* a, const float* b, int64_t n, cudaStream_t stream) {
+    if (n == 0) return;
+    const int64_t blocks = std::min<int64_t>((n + ELEMENTWISE_THREADS - 1) / ELEMENTWISE_THREADS, 4096);
+    launch_kernel(add_kernel, (unsigned)blocks, ELEMENTWISE_THREADS, 0, stream, out, a, b, n);
 }
 
 }  // namespace gpu

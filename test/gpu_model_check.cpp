@@ -48,6 +48,7 @@
 #include "model/model.h"
 #include "model/optimizer.h"
 #include "model/rng.h"
+#include "test/device_array.h"
 #include "test/random_model.h"
 #include "test/recompute_check.h"
 
@@ -691,6 +692,60 @@ void check_distributed(Comm& comm) {
     gpu_model_free(bf16);
 }
 
+// ---- pipeline stages -------------------------------------------------------------------------------------------
+
+// Stage [first, end) of c on one process, in its second activation slot: init allocates the memory plan of one slot,
+// the second slot's first use the plan of two (with recompute sharing the first's activation sets); from the same
+// message in, the forward gives the CPU stage's message out (or the heads' losses on the last stage), the backward
+// from the same message back the CPU stage's gradients and message back; free releases everything.
+void check_stage(const std::string& tag, const Config& c, int first, int end, const ActivationLayout& layout) {
+    const int B = 2, T = 12;
+    const float loss_scale = 0.75f;
+    const int64_t N = (int64_t)B * T, message = stage_message_floats(c, B, T);
+    Model cpu;
+    model_init(cpu, c, nullptr, first, end);
+    cpu.layout = layout;
+    randomize_for_test(cpu, 41);
+    const int64_t before = stand_in::memory().live_bytes;
+    const auto allocated = [&] { return (double)(stand_in::memory().live_bytes - before); };
+    const auto plan = [&](int slots) {
+        return (double)gpu_memory_plan(c, 1, 1, Precision::FP32, B, T, layout, Moments::FP32, first, end, slots)
+            .total();
+    };
+    GpuModel gm;
+    gpu_model_init(gm, c, local_comm(), Precision::FP32, B, T, layout, Moments::FP32, first, end);
+    report(tag + " memory plan = what init allocates", allocated() == plan(1),
+           fmt("allocated %.0f bytes, plan %.0f", allocated(), plan(1)));
+    AdamWState opt = adamw_state(cpu.shard);
+    gpu_model_upload(gm, cpu, opt);
+    model_use_slot(cpu, 1);
+    gpu_model_use_slot(gm, 1);
+    report(tag + " a second slot: the plan of two", allocated() == plan(2),
+           fmt("allocated %.0f bytes, plan %.0f", allocated(), plan(2)));
+
+    Rng rng(42);
+    const std::vector<float> in = randn(message, rng), dout = randn(message, rng, 1e-3f);
+    const std::vector<int32_t> x = random_tokens(N, c.vocab_size, 43), y = random_tokens(N, c.vocab_size, 44);
+    const bool first_stage = cpu.first_stage(), last = cpu.last_stage();
+    std::vector<float> out(message), din(message);
+    model_zero_grads(cpu);
+    const LossParts want = model_stage_forward(cpu, x.data(), y.data(), B, T, true, in.data(), out.data());
+    model_stage_backward(cpu, loss_scale, dout.data(), din.data());
+    {
+        DeviceArray<float> d_in(in), d_out(message), d_dout(dout), d_din(message);
+        gpu_model_zero_grads(gm);
+        gpu_model_forward(gm, x.data(), y.data(), B, true, d_in.ptr, d_out.ptr);
+        const LossParts got = gpu_model_losses(gm)[0];
+        gpu_model_backward(gm, loss_scale, d_dout.ptr, d_din.ptr);
+        check_value(tag + " loss total", got.total, want.total, 1e-6);
+        if (!last) check_array(tag + " message out", d_out.get().data(), out.data(), message, 1e-5);
+        if (!first_stage) check_array(tag + " message back", d_din.get().data(), din.data(), message, 1e-5);
+        check_grads(tag, gpu_model_grads(gm), cpu, 1e-5);
+    }
+    gpu_model_free(gm);
+    report(tag + " free releases everything", allocated() == 0, fmt("%.0f bytes live", allocated()));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -741,6 +796,16 @@ int main(int argc, char** argv) {
         guarded("tiny bf16 recompute", [&] { check_recompute("tiny B=2 T=12 bf16", tiny, bf16, 2, 12, 19); });
         guarded("tiny16 fp8 recompute", [&] { check_recompute("tiny16 B=2 T=40 fp8", tiny16, fp8, 2, 40, 20); });
         guarded("errors", [&] { check_errors(tiny); });
+        Config three = tiny;  // 3 layers: a first, a middle and a last stage
+        three.num_hidden_layers = 3;
+        ActivationLayout recomputing;
+        recomputing.recompute = true;
+        guarded("stages", [&] {
+            check_stage("stage [0, 1) of 3 layers", three, 0, 1, {});
+            check_stage("stage [1, 2) of 3 layers", three, 1, 2, {});
+            check_stage("stage [2, 3) of 3 layers", three, 2, 3, {});
+            check_stage("stage [1, 3) of 3 layers recompute", three, 1, 3, recomputing);
+        });
     }
     try {  // an error on one rank would leave the others waiting in a collective: end the whole job
         check_distributed(*comm);

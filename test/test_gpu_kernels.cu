@@ -114,6 +114,18 @@ static void test_put_rows(Rng& rng) {
     check("put_rows (rows=3 cols=300)", d_dst.get(), want, 0);
 }
 
+// a pipeline stage's last residual add: sizes below one thread block, and above the grid's 4096 blocks (a stride)
+static void test_add(Rng& rng) {
+    for (int64_t n : {int64_t(1), int64_t(1000), int64_t(4096) * 256 + 77}) {
+        const std::vector<float> a = randn(n, rng), b = randn(n, rng);
+        std::vector<float> want(n);
+        for (int64_t i = 0; i < n; i++) want[i] = a[i] + b[i];
+        DeviceArray<float> d_a(a), d_b(b), d_out(std::vector<float>(n, 0.0f));
+        gpu::add(d_out.ptr, d_a.ptr, d_b.ptr, n, 0);
+        check("add (n=" + std::to_string(n) + ")", d_out.get(), want, 0);
+    }
+}
+
 static void test_rmsnorm(Rng& rng) {
     struct Case { int64_t M, C; bool accumulate; };
     for (Case tc : {Case{1537, 1031, false}, Case{5, 37, true}, Case{300, 7168, true}}) {
@@ -1033,6 +1045,7 @@ void test_kernels(Rng& rng) {
     test_embedding(rng);
     test_copy_columns(rng);
     test_put_rows(rng);
+    test_add(rng);
     test_rmsnorm(rng);
     test_swiglu(rng);
     test_cross_entropy(rng);

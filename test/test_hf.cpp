@@ -465,6 +465,30 @@ struct FakeEPComm : Comm {
 };
 }  // namespace
 
+TEST_CASE("hf: each pipeline stage imports its own tensors of the whole model's files; export needs every stage") {
+    std::string dir = temp_dir();
+    Model full = tiny_model(19);
+    export_hf(full, dir + "/all", ExportDType::F32);
+    const Config c = hf_config(dir + "/all");  // tiny: 2 layers, MTP
+    for (auto [first, end] : std::vector<std::pair<int, int>>{{0, 1}, {1, -1}}) {
+        CAPTURE(first);
+        Model stage;
+        model_init(stage, c, nullptr, first, end);
+        const std::string said = capture_stderr([&] { import_hf(stage, dir + "/all"); });
+        CHECK(said.find("MTP") == std::string::npos);  // the MTP block is in the files, the stage's or not
+        int64_t wrong = 0;
+        for (const ParamTensor& t : stage.table.tensors) {
+            const ParamTensor& f = full.table.at(t.name);
+            wrong += memcmp(stage.params.data() + t.offset, full.params.data() + f.offset, t.numel * 4) != 0;
+        }
+        CHECK(wrong == 0);
+        CHECK(stage.table.tensors.size() < full.table.tensors.size());
+        CHECK_THROWS_WITH_AS(export_hf(stage, dir + "/no", ExportDType::F32), doctest::Contains("pipeline stage"),
+                             std::runtime_error);
+    }
+    remove_dir(dir);
+}
+
 TEST_CASE("hf: an expert-parallel rank imports its own experts only; export needs all experts") {
     std::string dir = temp_dir();
     Model full = tiny_model(17);

@@ -217,8 +217,9 @@ void check_logs_agree(const std::string& log, const std::string& reference, cons
 
 // Tolerances: PP alone moves no arithmetic between ranks but two double sums over the stages (the losses, the squared
 // gradient norm), so with --grad-clip 0 the weights are the same bits and the checkpoints the same file, and the
-// logged values agree to double rounding (1e-12); --recompute gives the same bits too (test_recompute.cpp). With EP or DP the gradients are also FP32 sums over ranks in
-// another order (as in test_ep.cpp): 1e-5 over 6 steps of lr 1e-2. The expert loads are integers: equal.
+// logged values agree to double rounding (1e-12); --recompute gives the same bits too (test_recompute.cpp). With EP
+// or DP the gradients are also FP32 sums over ranks in another order (as in test_ep.cpp): 1e-5 over 6 steps of lr
+// 1e-2. The expert loads are integers: equal.
 TEST_CASE("pipeline: train_cpu with PP 2, PP 4, PP 2 x EP 2 and PP 2 x DP 2 logs one rank's losses, gradient norms, "
           "expert loads and validation losses; PP alone writes its checkpoint byte for byte and samples its text") {
     struct Layout {

@@ -317,3 +317,37 @@ TEST_CASE("train_emulated under mpirun: EP 2 x DP 2 and EP 2 follow one rank, in
     CHECK(no_gpu_at != std::string::npos);
     CHECK(no_gpu.out.find(no_gpu_why, no_gpu_at + 1) == std::string::npos);
 }
+
+// Pipeline stages through the NCCL Comm over the emulator's NCCL (MPI): PP 2 with 2 micro-batches of 2 sequences
+// (stage 0 keeps both in flight), with --recompute (the slots share the activation sets), and PP 2 x EP 2 with
+// micro-batches of 1, against one rank's batch of 4; checkpoints resumed across layouts; sampling on 2 stages.
+TEST_CASE("train_emulated under mpirun: PP 2, PP 2 with --recompute and PP 2 x EP 2 follow one rank") {
+    base();
+    const std::string two = "env STAND_IN_GPUS=2 " + mpirun_command(2);
+    const std::string four = "env STAND_IN_GPUS=4 " + mpirun_command(4);
+    const std::string pp2 = "./train_emulated --dtype fp32 --pp 2 --grad-accum 2";
+    Job pp, pp_recompute, pp_ep;
+    run_all({{&pp, "pp2", fresh(two + pp2, "pp2", "", 2)},
+             {&pp_recompute, "pp2_recompute", fresh(two + pp2 + " --recompute", "pp2_recompute", "", 2)},
+             {&pp_ep, "pp2_ep2", fresh(four + pp2 + " --ep 2", "pp2_ep2", "", 1)}});
+    CHECK(pp_ep.out.find("4 rank(s) (PP 2 x EP 2 x DP 1)") != std::string::npos);
+    check_logs("PP 2 vs 1 rank, steps 1-4 (loss, grad norm)", "pp2", "fp32", {"loss", "grad_norm"}, 1, 4, 1e-5);
+    check_logs("PP 2 --recompute vs 1 rank, steps 1-4 (loss, grad norm)", "pp2_recompute", "fp32",
+               {"loss", "grad_norm"}, 1, 4, 1e-5);
+    check_logs("PP 2 x EP 2 vs 1 rank, steps 1-4 (loss, grad norm)", "pp2_ep2", "fp32", {"loss", "grad_norm"}, 1, 4,
+               1e-5);
+    copy_checkpoint("pp2_ep2", 2, "pp2ep2_to_one");
+    copy_checkpoint("fp32", 2, "one_to_pp2");
+    copy_checkpoint("cpu", 4, "sample_pp2");
+    copy_checkpoint("cpu", 4, "sample_cpu");
+    Job to_one, to_pp, sample_pp, sample_cpu;
+    run_all({{&to_one, "pp2ep2_to_one", train(EMU + " --dtype fp32 --resume", "pp2ep2_to_one", "")},
+             {&to_pp, "one_to_pp2", train(two + pp2 + " --resume", "one_to_pp2", "", 2)},
+             {&sample_pp, "sample_pp2", train(two + pp2 + " --resume", "sample_pp2", " --sample 12", 2)},
+             {&sample_cpu, "sample_cpu", train(CPU + " --resume", "sample_cpu", " --sample 12")}});
+    check_logs("PP 2 x EP 2 step 2 resumed on 1 rank, steps 3-4", "pp2ep2_to_one", "fp32", {"loss", "grad_norm"}, 3,
+               4, 1e-5);
+    check_logs("1-rank step 2 resumed as PP 2, steps 3-4", "one_to_pp2", "fp32", {"loss", "grad_norm"}, 3, 4, 1e-5);
+    CHECK(sample_of(sample_cpu).size() > 20);
+    CHECK(sample_of(sample_pp) == sample_of(sample_cpu));  // the last stage samples; rank 0, the first, prints
+}

@@ -3,8 +3,8 @@
 // min(PP - 1 - stage, M) forwards, then alternates one forward and one backward, then runs the backwards left:
 //   stage 0  F0 F1 F2 F3 B0 F4 B1 ...           (PP = 4, M micro-batches)
 //   stage 3           F0 B0 F1 B1 ...
-// so a stage keeps at most min(warmup + 1, M) micro-batches' activations. Neighbours pass one message per micro-batch each
-// way, through Comm::pipe_exchange: the activations forward, their gradients backward.
+// so a stage keeps at most min(warmup + 1, M) micro-batches' activations. Neighbours pass one message per
+// micro-batch each way, through Comm::pipe_exchange: the activations forward, their gradients backward.
 #pragma once
 #include <cstdint>
 #include <functional>

@@ -168,8 +168,6 @@ static void resolve_config(Run& r) {
         if (!args.export_hf.empty() && (args.ep != 1 || args.pp != 1))
             throw std::runtime_error("--export-hf needs --ep 1 and --pp 1 (resume the checkpoint on one rank to "
                                      "export it)");
-        if (!args.init_from_hf.empty() && args.pp != 1)
-            throw std::runtime_error("--init-from-hf needs --pp 1 (resume its first checkpoint with --pp N)");
         if (args.eval_only && args.resume && r.resume_from.empty())
             throw std::runtime_error("--eval-only --resume: there is no checkpoint in " + args.checkpoint_dir);
     });
