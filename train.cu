@@ -61,10 +61,7 @@ int main(int argc, char** argv) {
     const int B = run.args.batch;
     Comm& comm = *run.comm;
     agree(run, [&] { gpu_model_upload(model, run.model, run.opt); });
-    const int64_t message = stage_message_floats(run.config, B, run.args.seq);
-    float* at = pipe_buffers;
-    const StageMessages messages = comm.pp_size > 1 ? StageMessages{at, at + message, at + 2 * message,
-                                                                    at + 3 * message, message} : StageMessages{};
+    const StageMessages messages = stage_messages(pipe_buffers, stage_message_floats(run.config, B, run.args.seq));
     run.peak_flops = gpu_peak_flops(prop);
     if (run.comm->rank == 0) print_device(run, device, prop, free_before, total);
     const ModelCalls calls{

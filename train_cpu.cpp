@@ -26,9 +26,7 @@ int main(int argc, char** argv) {
     // what the pipeline stages pass each other: activations forward, their gradients backward
     const int64_t message = stage_message_floats(run.config, B, T);
     std::vector<float> buffers(comm.pp_size > 1 ? 4 * message : 0);
-    float* at = buffers.data();
-    const StageMessages messages = comm.pp_size > 1 ? StageMessages{at, at + message, at + 2 * message,
-                                                                    at + 3 * message, message} : StageMessages{};
+    const StageMessages messages = stage_messages(comm.pp_size > 1 ? buffers.data() : nullptr, message);
     const ModelCalls calls{
         [&](const int32_t* inputs, const int32_t* targets, int b, bool training) {
             LossParts losses;

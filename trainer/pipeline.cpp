@@ -47,6 +47,11 @@ std::vector<int> pipeline_cut(const Config& c, int pp, const std::vector<int>& s
     return first;
 }
 
+StageMessages stage_messages(float* buffer, int64_t floats) {
+    if (!buffer) return StageMessages{};
+    return {buffer, buffer + floats, buffer + 2 * floats, buffer + 3 * floats, floats};
+}
+
 int pipeline_slots(const Comm& comm, int micro_batches) {
     return std::min(comm.pp_size - comm.pp_rank, micro_batches);
 }

@@ -30,6 +30,8 @@ struct StageMessages {
     float *in, *out, *dout, *din;
     int64_t floats;
 };
+// The four carved from one buffer of 4 x floats values; none (nullptr each) for a buffer of nullptr: one stage.
+StageMessages stage_messages(float* buffer, int64_t floats);
 
 // The activation slots this rank's stage uses for `micro_batches`: the most micro-batches it has in flight.
 int pipeline_slots(const Comm& comm, int micro_batches);
