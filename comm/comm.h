@@ -68,12 +68,20 @@ public:
     [[noreturn]] virtual void abort(const std::string& message) = 0;
 
     int group_size(Group g) const {
-        return g == Group::World ? world : g == Group::Stage ? stage_size() : g == Group::ExpertParallel ? ep_size
-                                                                                                         : dp_size;
+        switch (g) {
+            case Group::World: return world;
+            case Group::Stage: return stage_size();
+            case Group::ExpertParallel: return ep_size;
+            default: return dp_size;
+        }
     }
     int group_rank(Group g) const {
-        return g == Group::World ? rank : g == Group::Stage ? rank % stage_size() : g == Group::ExpertParallel
-                                                                                         ? ep_rank : dp_rank;
+        switch (g) {
+            case Group::World: return rank;
+            case Group::Stage: return rank % stage_size();
+            case Group::ExpertParallel: return ep_rank;
+            default: return dp_rank;
+        }
     }
 };
 

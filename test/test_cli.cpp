@@ -321,8 +321,8 @@ TEST_CASE("cli: --plan for DeepSeek-V3 on 256 GPUs, with and without --recompute
 }
 
 TEST_CASE("cli: --plan with pipeline stages: DeepSeek-V3 as PP 16 x EP 64 x DP 2 on 2048 GPUs fits in 80 GiB") {
-    const CommandResult plan = run_logged("./train_cpu --config deepseek-v3 --plan --gpus 2048 --pp 16 --ep 64 --batch 1 "
-                                          "--seq 4096 --grad-accum 32 --recompute", "cli_plan_pp.txt", 60);
+    const CommandResult plan = run_logged("./train_cpu --config deepseek-v3 --plan --gpus 2048 --pp 16 --ep 64 "
+                                          "--batch 1 --seq 4096 --grad-accum 32 --recompute", "cli_plan_pp.txt", 60);
     REQUIRE(plan.status == 0);
     const std::string& out = plan.out;
     // 61 layers in 16 stages of 4, the last holding layer 60 with the heads and MTP

@@ -66,7 +66,8 @@ static const char* USAGE =
     "  --plan                 plan a run on paper: memory, FLOPs, all-to-all bytes, predicted step time; with\n"
     "                         --gpus N (8) --gpus-per-node N (8) --pp P --ep M --batch B --seq T --grad-accum N\n"
     "                         --matmul-tflops X (400) --nvlink-gbps X (160) --network-gbps X (40) --gpu-memory-gib X (80)\n"
-    "  --plan-layouts         --plan's memory and throughput for every PP x EP x DP of --gpus, and the best that fits\n";
+    "  --plan-layouts         --plan's memory and throughput for every PP x EP x DP of --gpus, and the best that\n"
+    "                         fits\n";
 
 // This process's rank in its job, from the launcher's environment (mpirun's, or srun's with PMIx or PMI): the
 // flags are parsed before MPI starts. "0" when there is no launcher.
