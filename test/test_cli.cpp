@@ -336,6 +336,9 @@ TEST_CASE("cli: --plan with pipeline stages: DeepSeek-V3 as PP 16 x EP 64 x DP 2
                    "45.7 of 80 GiB  -> fits") != std::string::npos);
     // (16 - 1) / (32 + 16 - 1); a message is 4096 tokens x 7168 x (1 + MTP's embedding) FP32, each way
     CHECK(out.find("0.47 GB to and from each neighbouring stage per micro-step; 1F1B bubble 32%") != std::string::npos);
+    const CommandResult split = run_logged("./train_cpu --config deepseek-v3 --plan --gpus 64 --pp 2 --ep 32 --batch 1 "
+                                           "--seq 4096 --grad-accum 4 --pp-split 20", "cli_plan_split.txt", 60);
+    CHECK(split.out.find("pipeline stages, their first layers: 0 20;") != std::string::npos);  // as given
     const CommandResult layouts = run_logged("./train_cpu --config deepseek-v3 --plan-layouts --gpus 72 "
                                              "--gpu-memory-gib 141 --batch 1 --seq 4096 --grad-accum 32 --recompute",
                                              "cli_plan_layouts.txt", 60);

@@ -142,7 +142,7 @@ struct LayoutPlan {
 
 static LayoutPlan plan_layout(const Config& c, const PlanInputs& p) {
     LayoutPlan plan;
-    const std::vector<int> cut = pipeline_cut(c, p.pp, {}, p.seq);
+    const std::vector<int> cut = pipeline_cut(c, p.pp, p.pp_split, p.seq);
     for (int s = 0; s < p.pp; s++) {
         plan.stages.push_back(plan_stage(c, p, s, cut[s], cut[s + 1]));
         if (plan.stages[s].bytes() > plan.stages[plan.heaviest].bytes()) plan.heaviest = s;
@@ -236,6 +236,7 @@ void print_layouts(const Config& c, const PlanInputs& p) {
             PlanInputs q = p;
             q.pp = pp;
             q.ep = ep;
+            q.pp_split.clear();  // each layout's balanced cut
             const LayoutPlan plan = plan_layout(c, q);
             const double bytes = plan.stages[plan.heaviest].bytes();
             const bool fits = bytes <= p.gpu_memory_gib * GiB;

@@ -1,6 +1,8 @@
 // Planning on paper (train_cpu --plan): for a config spread over G GPUs as PP x EP x DP, what one GPU holds and does
 // per step, and a step time predicted from a stated matmul rate and stated link bandwidths. No hardware needed.
 #pragma once
+#include <vector>
+
 #include "model/config.h"
 
 struct PlanInputs {
@@ -13,10 +15,12 @@ struct PlanInputs {
     double gpu_memory_gib = 80;
     bool recompute = false;       // --recompute: one activation set per kind of block kept, the forward run twice
     int moment_bytes = 4;         // --moments: 4 (fp32) or 2 (bf16) bytes for each of AdamW's m and v on the GPU
+    std::vector<int> pp_split;    // --pp-split, or empty: the balanced cut (trainer/pipeline.h)
 };
 
 void print_plan(const Config& c, const PlanInputs& p);
-// --plan-layouts: every PP x EP x DP of p.gpus (the other inputs as given), and the fastest that fits.
+// --plan-layouts: every PP x EP x DP of p.gpus (each cut balanced, the other inputs as given), and the fastest that
+// fits.
 void print_layouts(const Config& c, const PlanInputs& p);
 // Training FLOPs per token for sequences of T tokens (forward and backward): 6 x the active parameters (shared
 // experts and MTP included) + the attention scores, causal halved. The numerator of MFU.

@@ -196,6 +196,7 @@ TrainArgs parse_train_args(int argc, char** argv, const char* program) {
                          std::to_string(std::max(0, a.steps - a.warmup)) + " steps after warmup");
     a.plan_inputs.ep = a.ep;
     a.plan_inputs.pp = a.pp;
+    a.plan_inputs.pp_split = a.pp_split;
     a.plan_inputs.batch = a.batch;
     a.plan_inputs.seq = a.seq;
     a.plan_inputs.grad_accum = a.grad_accum;
