@@ -33,8 +33,8 @@ struct ModelActs {
     std::vector<float*> residual;  // num_hidden_layers + 1 of (N, d): the input of each main block, then the output
                                    // (a stage carves those of its blocks only; the last stage's output too)
     // The activation sets: one per block (main, then MTP), or with recompute one per kind of block (dense, MoE),
-    // shared by the activation slots. block_set[l] is block l's set; set s holds the forward of block set_layer[s]
-    // (-1: none) of slot set_slot[s].
+    // which the activation slots then share. block_set[l] is block l's set; set s holds the forward of block
+    // set_layer[s] (-1: none) of slot set_slot[s].
     std::vector<BlockActs> blocks;
     std::vector<int> block_set, set_layer, set_slot;
     float* final_normed;           // (N, d)
