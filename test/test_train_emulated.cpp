@@ -319,23 +319,29 @@ TEST_CASE("train_emulated under mpirun: EP 2 x DP 2 and EP 2 follow one rank, in
 }
 
 // Pipeline stages through the NCCL Comm over the emulator's NCCL (MPI): PP 2 with 2 micro-batches of 2 sequences
-// (stage 0 keeps both in flight), with --recompute (the slots share the activation sets), and PP 2 x EP 2 with
-// micro-batches of 1, against one rank's batch of 4; checkpoints resumed across layouts; sampling on 2 stages.
-TEST_CASE("train_emulated under mpirun: PP 2, PP 2 with --recompute and PP 2 x EP 2 follow one rank") {
+// (stage 0 keeps both in flight), with --recompute (the slots share the activation sets), in BF16, and PP 2 x EP 2
+// with micro-batches of 1, against one rank's batch of 4; checkpoints resumed across layouts; sampling on 2 stages.
+TEST_CASE("train_emulated under mpirun: PP 2, PP 2 with --recompute or in BF16, and PP 2 x EP 2 follow one rank") {
     base();
     const std::string two = "env STAND_IN_GPUS=2 " + mpirun_command(2);
     const std::string four = "env STAND_IN_GPUS=4 " + mpirun_command(4);
     const std::string pp2 = "./train_emulated --dtype fp32 --pp 2 --grad-accum 2";
-    Job pp, pp_recompute, pp_ep;
+    Job pp, pp_recompute, pp_ep, pp_bf16, one_bf16;
     run_all({{&pp, "pp2", fresh(two + pp2, "pp2", "", 2)},
              {&pp_recompute, "pp2_recompute", fresh(two + pp2 + " --recompute", "pp2_recompute", "", 2)},
-             {&pp_ep, "pp2_ep2", fresh(four + pp2 + " --ep 2", "pp2_ep2", "", 1)}});
+             {&pp_ep, "pp2_ep2", fresh(four + pp2 + " --ep 2", "pp2_ep2", "", 1)},
+             {&pp_bf16, "pp2_bf16",
+              fresh(two + "./train_emulated --dtype bf16 --pp 2 --grad-accum 2", "pp2_bf16", "", 2)},
+             {&one_bf16, "one_bf16", fresh(EMU + " --dtype bf16", "one_bf16", "")}});
     CHECK(pp_ep.out.find("4 rank(s) (PP 2 x EP 2 x DP 1)") != std::string::npos);
     check_logs("PP 2 vs 1 rank, steps 1-4 (loss, grad norm)", "pp2", "fp32", {"loss", "grad_norm"}, 1, 4, 1e-5);
     check_logs("PP 2 --recompute vs 1 rank, steps 1-4 (loss, grad norm)", "pp2_recompute", "fp32",
                {"loss", "grad_norm"}, 1, 4, 1e-5);
     check_logs("PP 2 x EP 2 vs 1 rank, steps 1-4 (loss, grad norm)", "pp2_ep2", "fp32", {"loss", "grad_norm"}, 1, 4,
                1e-5);
+    check_logs("bf16 PP 2 vs 1 rank, step 1 (loss, grad norm)", "pp2_bf16", "one_bf16", {"loss", "grad_norm"}, 1, 1,
+               1e-6);
+    check_logs("bf16 PP 2 vs 1 rank, steps 2-4 (loss)", "pp2_bf16", "one_bf16", {"loss"}, 2, 4, 1e-3);
     copy_checkpoint("pp2_ep2", 2, "pp2ep2_to_one");
     copy_checkpoint("fp32", 2, "one_to_pp2");
     copy_checkpoint("cpu", 4, "sample_pp2");
