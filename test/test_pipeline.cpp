@@ -314,3 +314,18 @@ TEST_CASE("pipeline: a cut that leaves a stage without a block is refused on eve
     CHECK(crash.status != 0);
     CHECK(crash.seconds < 60);
 }
+
+TEST_CASE("pipeline: --init-from-hf on two stages trains as one rank from the same files") {
+    const std::string hf = test_path("pp_hf_in");
+    const std::string one = test_path("pp_hf_one.jsonl"), two = test_path("pp_hf_two.jsonl");
+    REQUIRE(mpirun(1, PP_TRAIN + " --batch 2 --steps 2 --export-hf " + hf + " --export-dtype f32", "pp_hf_export")
+                .status == 0);
+    REQUIRE(mpirun(1, PP_TRAIN + " --batch 2 --steps 3 --init-from-hf " + hf + " --log " + one, "pp_hf_one").status ==
+            0);
+    const MpiJob staged = mpirun(2, PP_TRAIN + " --batch 2 --steps 3 --pp 2 --init-from-hf " + hf + " --log " + two,
+                                 "pp_hf_two");
+    INFO(staged.err);
+    REQUIRE(staged.status == 0);
+    CHECK(staged.err.find("MTP") == std::string::npos);  // each stage found its tensors, MTP's included
+    for (const char* key : {"loss", "grad_norm"}) check_logs_agree(two, one, key, 1e-12);
+}
