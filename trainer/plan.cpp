@@ -61,6 +61,7 @@ struct StagePlan {
     double replicated = 0, experts = 0;  // parameters one GPU holds: the stage's replicated ones, its experts / EP
     double moment_values = 0;           // of m, and of v, in one GPU's AdamW shard
     double weight_bytes = 0, optimizer_bytes = 0, activation_bytes = 0;
+    double all_to_all_bytes = 0, message_bytes = 0;  // sent per micro-step; one message to a neighbour
     double compute_s = 0, all_to_all_s = 0, p2p_s = 0, exchange_s = 0;  // per micro-step; the exchange per step
     double bytes() const { return weight_bytes + optimizer_bytes + activation_bytes; }
     double micro_step_s() const { return compute_s + all_to_all_s + p2p_s; }
@@ -75,6 +76,11 @@ static double block_activations_per_token(const Config& c, int layer) {
                         H * (c.qk_nope_head_dim + dv) + H * dqk + H * dv + 2 * H;
     if (!c.is_moe_layer(layer)) return attn + 2 * d + 3 * c.intermediate_size;
     return attn + 2 * d + c.n_routed_experts + 2 * k * d + k * 3 * I + 3 * c.n_shared_experts * I;
+}
+
+// The share of an EP group's all-to-all that crosses NVLink: (per_node - 1) / EP; 1 / EP stays on the GPU
+static double nvlink_share(const PlanInputs& p) {
+    return std::max(0.0, (double)(std::min(p.gpus_per_node, p.ep) - 1) / p.ep);
 }
 
 static StagePlan plan_stage(const Config& c, const PlanInputs& p, int stage, int first, int end) {
@@ -105,8 +111,8 @@ static StagePlan plan_stage(const Config& c, const PlanInputs& p, int stage, int
         const double rows = p.recompute ? (double)head_chunk_rows(c, (int64_t)tokens, ActivationLayout{}) : tokens;
         s.activation_bytes += 4 * (1 + mtp) * rows * c.vocab_size + 2 * tokens * c.vocab_size;
     }
-    const double message = 4 * tokens * d * (1 + mtp);  // FP32 activations (and Emb(targets) for MTP)
-    if (pp > 1) s.activation_bytes += 4 * message;      // the four message buffers
+    s.message_bytes = 4 * tokens * d * (1 + mtp);            // FP32 activations (and Emb(targets) for MTP)
+    if (pp > 1) s.activation_bytes += 4 * s.message_bytes;  // the four message buffers
     // compute: the stage's blocks, the heads on the last, and with recompute their forward again
     double flops = 0;
     for (int l = first; l < end; l++) flops += block_flops_per_token(c, l, p.seq);
@@ -117,14 +123,13 @@ static StagePlan plan_stage(const Config& c, const PlanInputs& p, int stage, int
     // recompute) and backward; 1/EP stays on the GPU, (per_node - 1)/EP crosses NVLink, the rest the network
     int moe_blocks = 0;
     for (int l = first; l < (last ? c.num_blocks() : end); l++) moe_blocks += c.is_moe_layer(l);
-    const double sent = (p.recompute ? 6 : 4) * moe_blocks * tokens * c.num_experts_per_tok * 2 * d;
-    const double node_share = std::max(0.0, (double)(std::min(p.gpus_per_node, p.ep) - 1) / p.ep);
-    const double network_share = 1.0 - 1.0 / p.ep - node_share;
-    s.all_to_all_s = sent * node_share / (p.nvlink_gbps * 1e9) + sent * network_share / (p.network_gbps * 1e9);
+    s.all_to_all_bytes = (p.recompute ? 6 : 4) * moe_blocks * tokens * c.num_experts_per_tok * 2 * d;
+    const double node_share = nvlink_share(p), network_share = 1.0 - 1.0 / p.ep - node_share;
+    s.all_to_all_s = s.all_to_all_bytes * (node_share / (p.nvlink_gbps * 1e9) + network_share / (p.network_gbps * 1e9));
     // the message to each neighbour and its gradient back: over the network once a stage spans a node
     const int neighbours = (stage > 0) + !last;
     const bool same_node = p.ep * dp < p.gpus_per_node;
-    s.p2p_s = neighbours * 2 * message / ((same_node ? p.nvlink_gbps : p.network_gbps) * 1e9);
+    s.p2p_s = neighbours * 2 * s.message_bytes / ((same_node ? p.nvlink_gbps : p.network_gbps) * 1e9);
     // once per step the gradients are reduce-scattered and the weights all-gathered, in FP32: a ring all-reduce's
     // 2 (n-1)/n of the buffer per GPU, over the stage's GPUs for replicated tensors and the DP group for experts
     const double stage_gpus = p.ep * dp;
@@ -137,6 +142,7 @@ static StagePlan plan_stage(const Config& c, const PlanInputs& p, int stage, int
 struct LayoutPlan {
     std::vector<StagePlan> stages;
     int heaviest = 0, slowest = 0;  // by memory, by micro-step
+    double exchange_s = 0;  // the slowest stage's gradient and weight exchange
     double step_s = 0, tokens_per_gpu_s = 0, bubble = 0;
 };
 
@@ -148,11 +154,10 @@ static LayoutPlan plan_layout(const Config& c, const PlanInputs& p) {
         if (plan.stages[s].bytes() > plan.stages[plan.heaviest].bytes()) plan.heaviest = s;
         if (plan.stages[s].micro_step_s() > plan.stages[plan.slowest].micro_step_s()) plan.slowest = s;
     }
-    double exchange_s = 0;
-    for (const StagePlan& s : plan.stages) exchange_s = std::max(exchange_s, s.exchange_s);
+    for (const StagePlan& s : plan.stages) plan.exchange_s = std::max(plan.exchange_s, s.exchange_s);
     const int M = p.grad_accum;
     plan.bubble = (double)(p.pp - 1) / (M + p.pp - 1);
-    plan.step_s = (M + p.pp - 1) * plan.stages[plan.slowest].micro_step_s() + exchange_s;
+    plan.step_s = (M + p.pp - 1) * plan.stages[plan.slowest].micro_step_s() + plan.exchange_s;
     const double replicas = (double)p.gpus / p.pp;  // the GPUs of a stage, each with its own tokens
     plan.tokens_per_gpu_s = M * (double)p.batch * p.seq * replicas / p.gpus / plan.step_s;
     return plan;
@@ -200,25 +205,19 @@ void print_plan(const Config& c, const PlanInputs& p) {
         printf(", + %.4g recomputed (the blocks' and heads' forward, not model FLOPs)",
                recomputed_flops_per_token(c, p.seq));
     printf("\n");
-    const double tokens = (double)p.batch * p.seq, row_bytes = 2.0 * c.hidden_size;
-    int moe_blocks = 0;
-    for (int l = slow.first; l < (plan.slowest == p.pp - 1 ? c.num_blocks() : slow.end); l++)
-        moe_blocks += c.is_moe_layer(l);
-    const double sent = (p.recompute ? 6 : 4) * moe_blocks * tokens * c.num_experts_per_tok * row_bytes;
-    const double node_share = std::max(0.0, (double)(std::min(p.gpus_per_node, p.ep) - 1) / p.ep);
+    const double node_share = nvlink_share(p);
+    const char* slowest = p.pp > 1 ? " (the slowest stage)" : "";
     printf("all-to-all per GPU per micro-step%s: %.3g GB sent (%.0f%% local, %.0f%% NVLink, %.0f%% network)\n",
-           p.pp > 1 ? " (the slowest stage)" : "", sent / 1e9, 100.0 / p.ep, 100 * node_share,
-           100 * (1 - 1.0 / p.ep - node_share));
+           slowest, slow.all_to_all_bytes / 1e9, 100.0 / p.ep, 100 * node_share, 100 * (1 - 1.0 / p.ep - node_share));
     if (p.pp > 1)
         printf("pipeline: %.3g GB to and from each neighbouring stage per micro-step; 1F1B bubble %.0f%% ((PP - 1) / "
-               "(micro-steps + PP - 1))\n", 2 * 4 * tokens * c.hidden_size * (1 + (c.num_nextn_predict_layers > 0)) /
-               1e9, 100 * plan.bubble);
+               "(micro-steps + PP - 1))\n", 2 * slow.message_bytes / 1e9, 100 * plan.bubble);
     printf("assumed: matmul %.0f TFLOP/s per GPU, NVLink %.0f GB/s, network %.0f GB/s per GPU, no overlap\n",
            p.matmul_tflops, p.nvlink_gbps, p.network_gbps);
-    printf("predicted per micro-step%s: compute %.3f s, all-to-all %.3f s%s; per step: gradient and weight exchange "
-           "%.3f s, step %.3f s\n", p.pp > 1 ? " (the slowest stage)" : "", slow.compute_s, slow.all_to_all_s,
-           p.pp > 1 ? (", stage to stage " + std::to_string(slow.p2p_s).substr(0, 5) + " s").c_str() : "",
-           plan.step_s - (p.grad_accum + p.pp - 1) * slow.micro_step_s(), plan.step_s);
+    printf("predicted per micro-step%s: compute %.3f s, all-to-all %.3f s", slowest, slow.compute_s,
+           slow.all_to_all_s);
+    if (p.pp > 1) printf(", stage to stage %.3f s", slow.p2p_s);
+    printf("; per step: gradient and weight exchange %.3f s, step %.3f s\n", plan.exchange_s, plan.step_s);
     printf("predicted throughput: %.0f tokens/s per GPU = %.0fK GPU-hours per trillion tokens\n",
            plan.tokens_per_gpu_s, 1e12 / plan.tokens_per_gpu_s / 3600 / 1e3);
 }
