@@ -62,13 +62,17 @@ int main(int argc, char** argv) {
     Comm& comm = *run.comm;
     agree(run, [&] { gpu_model_upload(model, run.model, run.opt); });
     const StageMessages messages = stage_messages(pipe_buffers, stage_message_floats(run.config, B, run.args.seq));
+    // after a stage's forward or backward: the message it wrote is complete before the Comm sends it
+    const auto hand_over = [&] {
+        if (comm.pp_size > 1) comm_follows(model);
+    };
     run.peak_flops = gpu_peak_flops(prop);
     if (run.comm->rank == 0) print_device(run, device, prop, free_before, total);
     const ModelCalls calls{
         [&](const int32_t* inputs, const int32_t* targets, int b, bool training) {
             pipeline_forward(comm, [&](const float* in, float* out) {
                 gpu_model_forward(model, inputs, targets, b, training, in, out);
-                if (comm.pp_size > 1) comm_follows(model);  // the message is written before it is sent
+                hand_over();
             }, messages);
             return targets ? gpu_model_losses(model)[0] : LossParts{};  // without targets, only the logits
         },
@@ -87,12 +91,12 @@ int main(int argc, char** argv) {
                 [&](int micro, int slot, const float* in, float* out) {
                     gpu_model_use_slot(model, slot);
                     gpu_model_forward(model, s.inputs_of(micro), s.targets_of(micro), B, true, in, out);
-                    if (comm.pp_size > 1) comm_follows(model);  // the message is written before it is sent
+                    hand_over();
                 },
                 [&](int, int slot, const float* dout, float* din) {
                     gpu_model_use_slot(model, slot);
                     gpu_model_backward(model, s.loss_scale, dout, din);
-                    if (comm.pp_size > 1) comm_follows(model);
+                    hand_over();
                 }};
             pipeline_train(comm, run.args.grad_accum, work, messages);
             for (const LossParts& losses : gpu_model_losses(model)) s.add(losses);  // every micro-step's, one wait
