@@ -56,20 +56,23 @@ int pipeline_slots(const Comm& comm, int micro_batches) {
     return std::min(comm.pp_size - comm.pp_rank, micro_batches);
 }
 
-void pipeline_train(Comm& comm, int micro_batches, const StageWork& work, const StageMessages& m) {
-    const int stage = comm.pp_rank, M = micro_batches;
+// The transfers of one point in a schedule, posted together; none across a missing neighbour.
+static void exchange(Comm& comm, const StageMessages& m, bool send_forward, bool receive_forward, bool send_backward,
+                     bool receive_backward) {
+    const int stage = comm.pp_rank;
     const bool first = stage == 0, last = stage == comm.pp_size - 1;
-    const int warmup = std::min(comm.pp_size - 1 - stage, M), slots = pipeline_slots(comm, M);
-    // The transfers of one point in the schedule, posted together; none across a missing neighbour.
-    auto exchange = [&](bool send_forward, bool receive_forward, bool send_backward, bool receive_backward) {
-        PipeTransfer t[4];
-        int n = 0;
-        if (send_forward && !last) t[n++] = {m.out, m.floats, stage + 1, true};
-        if (receive_backward && !last) t[n++] = {m.dout, m.floats, stage + 1, false};
-        if (send_backward && !first) t[n++] = {m.din, m.floats, stage - 1, true};
-        if (receive_forward && !first) t[n++] = {m.in, m.floats, stage - 1, false};
-        if (n > 0) comm.pipe_exchange(t, n);
-    };
+    PipeTransfer t[4];
+    int n = 0;
+    if (send_forward && !last) t[n++] = {m.out, m.floats, stage + 1, true};
+    if (receive_backward && !last) t[n++] = {m.dout, m.floats, stage + 1, false};
+    if (send_backward && !first) t[n++] = {m.din, m.floats, stage - 1, true};
+    if (receive_forward && !first) t[n++] = {m.in, m.floats, stage - 1, false};
+    if (n > 0) comm.pipe_exchange(t, n);
+}
+
+void pipeline_train(Comm& comm, int micro_batches, const StageWork& work, const StageMessages& m) {
+    const int M = micro_batches;
+    const int warmup = std::min(comm.pp_size - 1 - comm.pp_rank, M), slots = pipeline_slots(comm, M);
     int forwards = 0, backwards = 0;
     auto forward = [&] {
         work.forward(forwards, forwards % slots, m.in, m.out);
@@ -80,29 +83,27 @@ void pipeline_train(Comm& comm, int micro_batches, const StageWork& work, const 
         backwards++;
     };
     for (int i = 0; i < warmup; i++) {  // forwards only, filling the pipeline
-        exchange(false, true, false, false);
+        exchange(comm, m, false, true, false, false);
         forward();
-        exchange(true, false, false, false);
+        exchange(comm, m, true, false, false, false);
     }
-    if (warmup < M) exchange(false, true, false, false);
+    if (warmup < M) exchange(comm, m, false, true, false, false);
     for (int i = warmup; i < M; i++) {  // one forward, one backward
         forward();
-        exchange(true, false, false, true);
+        exchange(comm, m, true, false, false, true);
         backward();
-        exchange(false, i + 1 < M, true, false);
+        exchange(comm, m, false, i + 1 < M, true, false);
     }
     for (int i = 0; i < warmup; i++) {  // backwards only, draining it
-        exchange(false, false, false, true);
+        exchange(comm, m, false, false, false, true);
         backward();
-        exchange(false, false, true, false);
+        exchange(comm, m, false, false, true, false);
     }
 }
 
 void pipeline_forward(Comm& comm, const std::function<void(const float* in, float* out)>& forward,
                       const StageMessages& m) {
-    const int stage = comm.pp_rank;
-    PipeTransfer receive{m.in, m.floats, stage - 1, false}, send{m.out, m.floats, stage + 1, true};
-    if (stage > 0) comm.pipe_exchange(&receive, 1);
+    exchange(comm, m, false, true, false, false);
     forward(m.in, m.out);
-    if (stage + 1 < comm.pp_size) comm.pipe_exchange(&send, 1);
+    exchange(comm, m, true, false, false, false);
 }
