@@ -4,6 +4,7 @@
 // accumulation, fp32 everything in FP32 (it follows train_cpu closely), fp8 the linear layers inside the blocks in
 // DeepSeek-V3's FP8 recipe (it follows train_cpu --dtype fp8).
 #include <cstdio>
+#include <stdexcept>
 
 #include "gpu/model.h"
 #include "trainer/pipeline.h"
@@ -24,10 +25,11 @@ static void print_device(const Run& run, int device, const cudaDeviceProp& prop,
     printf("GPU %d: %s, %.1f GiB; GEMM inputs %s (FP32 accumulation)\n", device, prop.name, total / gib,
            p == Precision::FP8 ? "fp8 in the blocks' linear layers, bf16 elsewhere"
            : p == Precision::BF16 ? "bf16" : "fp32");
-    printf("memory plan per GPU: parameters %.2f GiB, gradients %.2f GiB, optimizer state %.2f GiB%s, activations "
-           "%.2f GiB%s, expert rows %.2f GiB, workspace %.2f GiB; free %.2f GiB before, %.2f GiB after\n",
+    printf("memory plan per GPU: parameters %.2f GiB, gradients %.2f GiB, optimizer state %.2f GiB (%s moments%s), "
+           "activations %.2f GiB%s, expert rows %.2f GiB, workspace %.2f GiB; free %.2f GiB before, %.2f GiB after\n",
            plan.params / gib, plan.grads / gib, plan.optimizer / gib,
-           run.oc.moments == Moments::BF16 ? " (BF16 moments)" : "", plan.activations / gib,
+           run.oc.moments == Moments::BF16 ? "BF16" : "FP32", p == Precision::FP32 ? "" : ", FP32 master weights",
+           plan.activations / gib,
            args.recompute ? " (--recompute: the blocks' inputs, one set per kind of block)" : "",
            plan.expert_rows / gib, plan.scratch / gib, free_before / gib, free_after / gib);
     if (run.peak_flops == 0.0)
@@ -46,7 +48,11 @@ int main(int argc, char** argv) {
         CUDA_CHECK(cudaGetDevice(&device));
         CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
         CUDA_CHECK(cudaMemGetInfo(&free_before, &total));
-        gpu_model_init(model, r.config, *r.comm, r.args.precision_or(Precision::BF16), r.args.batch, r.args.seq,
+        const Precision p = r.args.precision_or(Precision::BF16);
+        if (!r.args.export_hf.empty() && r.args.export_dtype == "f32" && p != Precision::FP32 && r.comm->world > 1)
+            throw std::runtime_error("--export-dtype f32 needs the FP32 master weights, which --dtype bf16 and fp8 "
+                                     "shard over the ranks (export bf16, or resume the checkpoint on one rank)");
+        gpu_model_init(model, r.config, *r.comm, p, r.args.batch, r.args.seq,
                        ActivationLayout{r.args.recompute}, r.oc.moments, r.model.first_layer, r.model.end_layer);
         if (r.comm->pp_size > 1)
             CUDA_CHECK(cudaMalloc(&pipe_buffers, 4 * stage_message_floats(r.config, r.args.batch, r.args.seq) * 4));

@@ -24,6 +24,7 @@ public:
     }
     void reduce_scatter_sum(float*, int64_t, Group) override {}
     void all_gather(float*, int64_t, Group) override {}
+    void all_gather(uint16_t*, int64_t, Group) override {}
     void pipe_exchange(const PipeTransfer*, int) override {}  // one stage: nothing to pass
     void broadcast(void*, int64_t, int) override {}
     void barrier() override {}

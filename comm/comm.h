@@ -52,9 +52,10 @@ public:
                               int64_t width) = 0;
     // Over group g, on group_size(g) pieces of `piece` values, piece i the group's i-th rank's (docs/design.md §8).
     // reduce_scatter_sum: this rank's piece becomes its sum over the group; the others are left undefined.
-    // all_gather: every rank's piece is copied to every rank.
+    // all_gather: every rank's piece is copied to every rank (FP32 values, or BF16 ones as their bits).
     virtual void reduce_scatter_sum(float* data, int64_t piece, Group g) = 0;
     virtual void all_gather(float* data, int64_t piece, Group g) = 0;
+    virtual void all_gather(uint16_t* data, int64_t piece, Group g) = 0;
     // Every transfer posted at once, all complete on return: a send and a receive of two neighbours that wait on each
     // other (the 1F1B schedule's) cannot deadlock.
     virtual void pipe_exchange(const PipeTransfer* transfers, int n) = 0;

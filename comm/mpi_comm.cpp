@@ -109,13 +109,8 @@ public:
                           "MPI_Reduce");
             }
     }
-    void all_gather(float* data, int64_t piece, Group g) override {
-        for (int root = 0; root < group_size(g); root++)
-            for (int64_t at = root * piece; at < (root + 1) * piece; at += MAX_PIECE)
-                check_mpi(MPI_Bcast(data + at, (int)std::min(MAX_PIECE, (root + 1) * piece - at), MPI_FLOAT, root,
-                                    group(g)),
-                          "MPI_Bcast");
-    }
+    void all_gather(float* data, int64_t piece, Group g) override { gather(data, piece, MPI_FLOAT, g); }
+    void all_gather(uint16_t* data, int64_t piece, Group g) override { gather(data, piece, MPI_UINT16_T, g); }
 
     // Over the pipeline group, whose rank i is stage i's; in MAX_PIECE parts, all posted before any is waited on.
     void pipe_exchange(const PipeTransfer* transfers, int n) override {
@@ -149,6 +144,16 @@ public:
     }
 
 private:
+    // all_gather: each rank's piece broadcast from it, in MAX_PIECE parts
+    void gather(void* data, int64_t piece, MPI_Datatype type, Group g) {
+        int size = 0;
+        MPI_Type_size(type, &size);
+        for (int root = 0; root < group_size(g); root++)
+            for (int64_t at = root * piece; at < (root + 1) * piece; at += MAX_PIECE)
+                check_mpi(MPI_Bcast((char*)data + at * size, (int)std::min(MAX_PIECE, (root + 1) * piece - at), type,
+                                    root, group(g)),
+                          "MPI_Bcast");
+    }
     void reduce(void* data, int64_t n, MPI_Datatype type, Group g) {
         int size = 0;
         MPI_Type_size(type, &size);

@@ -146,15 +146,8 @@ public:
                        "ncclReduceScatter");
         });
     }
-    void all_gather(float* data, int64_t piece, Group g) override {
-        if (piece == 0 || group_size(g) == 1) return;
-        const size_t bytes = (size_t)(piece * group_size(g)) * sizeof(float);
-        on_device(data, bytes, data, bytes, [&](const void* in, void* out) {
-            check_nccl(ncclAllGather(static_cast<const float*>(in) + group_rank(g) * piece, out, piece, ncclFloat32,
-                                     nccl_group(g), stream_),
-                       "ncclAllGather");
-        });
-    }
+    void all_gather(float* data, int64_t piece, Group g) override { gather(data, piece, ncclFloat32, g); }
+    void all_gather(uint16_t* data, int64_t piece, Group g) override { gather(data, piece, ncclBfloat16, g); }
 
     // Device buffers: one group of sends and receives over the pipeline group, whose rank i is stage i's.
     void pipe_exchange(const PipeTransfer* transfers, int n) override {
@@ -191,6 +184,18 @@ public:
 
 private:
     static constexpr size_t STAGE_KEEP_BYTES = size_t(256) << 20;  // a larger staging buffer is freed after use
+
+    // all_gather of values of T (float, or BF16 bits), NCCL type `type`
+    template <typename T>
+    void gather(T* data, int64_t piece, ncclDataType_t type, Group g) {
+        if (piece == 0 || group_size(g) == 1) return;
+        const size_t bytes = (size_t)(piece * group_size(g)) * sizeof(T);
+        on_device(data, bytes, data, bytes, [&](const void* in, void* out) {
+            check_nccl(ncclAllGather(static_cast<const T*>(in) + group_rank(g) * piece, out, piece, type,
+                                     nccl_group(g), stream_),
+                       "ncclAllGather");
+        });
+    }
 
     // Over the EP group: send_rows[p] rows of `width` values of type T to rank p, recv_rows[p] from it, each rank's
     // rows consecutive in rank order.

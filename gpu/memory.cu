@@ -375,9 +375,11 @@ GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, int stage_size, Prec
     std::map<int64_t, Fp8Tensor> counted;
     if (p == Precision::FP8)
         plan.fp8_weights = bytes_of([&](Arena& ar) { carve_fp8_weights(ar, table, nullptr, counted); });
-    plan.params = total * 4 + (bf16 ? total * 2 : 0) + plan.fp8_weights;
+    // FP32: 4 bytes a value; BF16 and FP8: 4 for the tensors read in FP32, 2 for the GEMM weights' working copy
+    plan.params = (bf16 ? table.fp32_total * 4 + (total - table.fp32_total) * 2 : total * 4) + plan.fp8_weights;
     plan.grads = total * 4;
-    plan.optimizer = optimizer_shard(table, stage_size, 0, stage_size / ep_size, 0).moments * 2 * moment_bytes(moments);
+    const int64_t shard = optimizer_shard(table, stage_size, 0, stage_size / ep_size, 0).moments;
+    plan.optimizer = shard * (2 * moment_bytes(moments) + (bf16 ? 4 : 0));  // the moments, the master weights
     GpuActs counting;
     plan.activations =
         slots * bytes_of([&](Arena& ar) {
@@ -455,7 +457,7 @@ static void allocate(GpuModel& m, const Config& c, Comm& comm, Precision p, int 
     m.timer.stream = m.stream;
     const int64_t total = m.table.total, N = (int64_t)B * T;
     const bool bf16 = p != Precision::FP32;
-    m.params = static_cast<float*>(device_alloc(total * 4, "the parameters"));
+    m.params = static_cast<float*>(device_alloc((bf16 ? m.table.fp32_total : total) * 4, "the parameters"));
     m.grads = static_cast<float*>(device_alloc(total * 4, "the gradients"));
     if (moments == Moments::BF16) {
         m.adam_m16 = static_cast<__nv_bfloat16*>(device_alloc(m.shard.moments * 2, "the AdamW moments"));
@@ -464,11 +466,15 @@ static void allocate(GpuModel& m, const Config& c, Comm& comm, Precision p, int 
         m.adam_m = static_cast<float*>(device_alloc(m.shard.moments * 4, "the AdamW moments"));
         m.adam_v = static_cast<float*>(device_alloc(m.shard.moments * 4, "the AdamW moments"));
     }
-    if (bf16) m.params_bf16 = static_cast<__nv_bfloat16*>(device_alloc(total * 2, "the BF16 weights"));
+    if (bf16) {
+        m.params_bf16 = static_cast<__nv_bfloat16*>(
+            device_alloc((total - m.table.fp32_total) * 2, "the BF16 weights"));
+        m.master = static_cast<float*>(device_alloc(m.shard.moments * 4, "the master weights"));
+    }
     if (p == Precision::FP8) {
         m.fp8_alloc = device_alloc(plan.fp8_weights, "the FP8 weights");
         Arena fp8{static_cast<char*>(m.fp8_alloc), 0};
-        carve_fp8_weights(fp8, m.table, m.params, m.fp8_weights);
+        carve_fp8_weights(fp8, m.table, m.params_bf16, m.fp8_weights);
     }
     m.w = map_weights(c, m.table, m.params);
     m.g = map_weights(c, m.table, m.grads);
@@ -548,7 +554,7 @@ void gpu_model_free(GpuModel& m) {
         CUDA_CHECK(cudaFree(slot.sets_arena));
     }
     for (void* p : {(void*)m.params, (void*)m.grads, (void*)m.adam_m, (void*)m.adam_v, (void*)m.adam_m16,
-                    (void*)m.adam_v16, (void*)m.params_bf16, m.fp8_alloc, m.scratch, m.expert_scratch,
+                    (void*)m.adam_v16, (void*)m.params_bf16, (void*)m.master, m.fp8_alloc, m.scratch, m.expert_scratch,
                     m.optimizer_tables, (void*)m.rope_cos})
         CUDA_CHECK(cudaFree(p));
     gpu::matmul_destroy(m.matmul);

@@ -426,24 +426,33 @@ double gpu_model_grad_norm(GpuModel& m) {
     return sqrt(sum);
 }
 
-// The update writes the BF16 copy of this rank's ranges; after the gather, the buckets that other ranks updated
-// too are cast again whole. The router bias is selection only, so its BF16 copy needs no refresh.
+// The update writes the working copy of this rank's ranges; the gather brings every rank's pieces: FP32 weights in
+// FP32 mode; in BF16 and FP8 modes the tensors read in FP32 in FP32 and the GEMM weights' BF16 working copy, 2 bytes
+// a value (the master weights stay sharded).
 void gpu_model_adamw(GpuModel& m, AdamWState& opt, const OptimizerConfig& oc, float lr, float grad_multiplier) {
     if ((oc.moments == Moments::BF16) != (m.adam_m16 != nullptr))
         throw std::runtime_error("internal error: AdamW's moments are not allocated in the precision asked for");
     opt.step++;
     m.timer.mark("AdamW");
+    const int64_t f = m.table.fp32_total;
     if (m.adam_m16)
-        gpu::adamw_update(m.shard_ranges, m.params, m.params_bf16, m.grads, m.adam_m16, m.adam_v16, oc, lr, opt.step,
-                          grad_multiplier, m.stream);
+        gpu::adamw_update(m.shard_ranges, m.params, m.params_bf16, m.master, f, m.grads, m.adam_m16, m.adam_v16, oc,
+                          lr, opt.step, grad_multiplier, m.stream);
     else
-        gpu::adamw_update(m.shard_ranges, m.params, m.params_bf16, m.grads, m.adam_m, m.adam_v, oc, lr, opt.step,
-                          grad_multiplier, m.stream);
+        gpu::adamw_update(m.shard_ranges, m.params, m.params_bf16, m.master, f, m.grads, m.adam_m, m.adam_v, oc, lr,
+                          opt.step, grad_multiplier, m.stream);
     comm_follows(m);
-    shard_gather(m.shard, m.params, *m.comm);
-    if (m.params_bf16)
-        for (const OptimizerBucket& b : m.shard.buckets)
-            if (b.ranks > 1) gpu::cast_to_bf16(m.params_bf16 + b.first, m.params + b.first, b.count, m.stream);
+    if (!m.master) {
+        shard_gather(m.shard, m.params, *m.comm);
+        return;
+    }
+    for (const OptimizerBucket& b : m.shard.buckets) {
+        if (b.ranks == 1) continue;
+        if (b.first < f)
+            m.comm->all_gather(m.params + b.first, b.piece, b.group);
+        else
+            m.comm->all_gather(reinterpret_cast<uint16_t*>(m.params_bf16 + b.first - f), b.piece, b.group);
+    }
     refresh_fp8_weights(m);
 }
 

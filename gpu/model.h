@@ -1,9 +1,11 @@
 // The whole model on one GPU (docs/design.md §1, §6): model/model.h's functions step for step, with the kernels of
 // kernels/ and cuBLASLt GEMMs (kernels/matmul.cuh) in place of the CPU loops; read each file beside its model/ twin.
-// One device buffer each for the FP32 master weights and the gradients, laid out by the CPU model's ParamTable, and
-// for this rank's shard of each AdamW moment (model/optimizer.h). The precision, FP32, BF16 or FP8 (design.md §6), is
-// chosen at run time; the `16` buffers are the BF16 copies of GEMM inputs, made once in the forward. Activations are
-// carved from one allocation (gpu/memory.cu); with recompute the blocks of a kind share one set and the backward runs
+// The weights, the gradients and this rank's shard of each AdamW moment (model/optimizer.h) in one device buffer
+// each. The precision, FP32, BF16 or FP8 (design.md §6), is chosen at run time. In FP32 mode the weights are FP32 and
+// their own master copy. In BF16 and FP8 modes (the distributed optimizer, design.md §8) a rank keeps the tensors it
+// reads in FP32 (embedding, norms, routers) in FP32, the GEMM weights as a BF16 working copy alone, and the FP32
+// master weights of its optimizer shard beside the moments; the `16` buffers are the BF16 copies of GEMM inputs.
+// Activations are carved from one allocation (gpu/memory.cu); with recompute the blocks of a kind share one set and the backward runs
 // each block's forward again. Every kernel and GEMM is deterministic, so the same bits come back.
 #pragma once
 #include <cstdint>
@@ -53,7 +55,7 @@ struct GpuBlockActs {
 // FP8 mode: the E4M3 copies of one weight of the blocks' linear layers (a matrix rows x cols, or a stack of `batch`
 // experts' matrices): q and q^T with their 128 x 128 scales (kernels/fp8.cuh, fp8_quantize_blocks).
 struct Fp8Tensor {
-    const float* w = nullptr;  // the FP32 weight (m.params)
+    const __nv_bfloat16* w = nullptr;  // the weight's BF16 working copy (m.params_bf16)
     int64_t batch = 1, rows = 0, cols = 0;
     __nv_fp8_storage_t *q = nullptr, *qt = nullptr;
     float *scales = nullptr, *scales_t = nullptr;
@@ -102,10 +104,14 @@ struct GpuModel {
     Precision precision = Precision::FP32;
     cudaStream_t stream = nullptr;
     gpu::Matmul matmul;
-    float *params = nullptr, *grads = nullptr;   // table layout
+    // The weights, table layout: all of them in FP32 mode; in BF16 and FP8 modes values [0, table.fp32_total), the
+    // tensors read in FP32. m.w's pointers past them name the GEMM weights, which live in params_bf16 alone.
+    float* params = nullptr;
+    float* grads = nullptr;                      // table layout
     float *adam_m = nullptr, *adam_v = nullptr;  // the shard's moments (OptimizerRange::moments), FP32
     __nv_bfloat16 *adam_m16 = nullptr, *adam_v16 = nullptr;  // or, with Moments::BF16, in BF16
-    __nv_bfloat16* params_bf16 = nullptr;        // BF16 and FP8: the working copy the GEMMs read
+    __nv_bfloat16* params_bf16 = nullptr;  // BF16 and FP8: the GEMM weights, table values [fp32_total, total)
+    float* master = nullptr;               // BF16 and FP8: the shard's FP32 master weights, laid out as the moments
     void* fp8_alloc = nullptr;                   // FP8: the Fp8Tensors' copies
     std::map<int64_t, Fp8Tensor> fp8_weights;    // by the weight's offset in the parameter buffer
     ModelWeights w, g;                           // device pointers into params and grads
@@ -142,7 +148,8 @@ struct GpuModel {
 
 // What init allocates, in bytes (the plan printed at start, and the out-of-memory check).
 struct GpuMemoryPlan {
-    int64_t params = 0, grads = 0, optimizer = 0, activations = 0, expert_rows = 0, scratch = 0;
+    int64_t params = 0, grads = 0, activations = 0, expert_rows = 0, scratch = 0;
+    int64_t optimizer = 0;    // the moments, and in BF16 and FP8 modes the master weights
     int64_t fp8_weights = 0;  // FP8: the weights' E4M3 copies, counted in params too
     int64_t total() const { return params + grads + optimizer + activations + expert_rows + scratch; }
 };
@@ -162,7 +169,8 @@ void gpu_model_init(GpuModel& m, const Config& c, Comm& comm, Precision p, int B
 void gpu_model_free(GpuModel& m);
 // Host weights and this rank's moments (opt: adamw_state(m.shard)) -> device. The tables must match.
 void gpu_model_upload(GpuModel& m, const Model& host, const AdamWState& opt);
-// Device weights and this rank's moments -> host.
+// Device weights and this rank's moments -> host. In BF16 and FP8 modes the GEMM weights outside this rank's shard
+// come from the working copy, rounded to BF16; the shard's, which a checkpoint writes, are the exact master weights.
 void gpu_model_download(const GpuModel& m, Model& host, AdamWState& opt);
 // As model_forward: inputs, targets host arrays of B*T tokens (B <= the allocated B). With targets the forward is
 // queued, its losses and expert counts read by gpu_model_losses: the micro-steps of a step run without a wait.
@@ -222,16 +230,18 @@ ExpertScratch expert_scratch_of(const GpuModel& m);
 HostSlot& host_slot(GpuModel& m, int k);
 // Grows layer a's expert buffers (and the shared backward ones) to hold R rows.
 void ensure_expert_rows(GpuModel& m, GpuMoEActs& a, int64_t R);
-// Weight w (a pointer into m.params) with the copies its GEMMs read in m's precision.
+// Weight w (a field of m.w) with the copies its GEMMs read in m's precision.
 gpu::GemmWeight weight_of(const GpuModel& m, const float* w);
 // Whether a product into the gradient tensor grad (a pointer into m.grads) adds to it: false for the first since
 // gpu_model_zero_grads, which overwrites it.
 bool grad_accumulates(GpuModel& m, const float* grad);
-// FP8 mode: the E4M3 copies made again from the FP32 weights (after every change to them).
+// FP8 mode: the E4M3 copies made again from the BF16 working copy (after every change to it).
 void refresh_fp8_weights(GpuModel& m);
-// The E4M3 copies of every FP8 weight, by the weights' offsets, carved (params: the device weights, or nullptr to
-// count); the check that every width the FP8 layers sum over is a multiple of 16 (throws a line saying which).
-void carve_fp8_weights(Arena& ar, const ParamTable& table, const float* params, std::map<int64_t, Fp8Tensor>& weights);
+// The E4M3 copies of every FP8 weight, by the weights' offsets, carved (params_bf16: the device's working copy, or
+// nullptr to count); the check that every width the FP8 layers sum over is a multiple of 16 (throws a line saying
+// which).
+void carve_fp8_weights(Arena& ar, const ParamTable& table, const __nv_bfloat16* params_bf16,
+                       std::map<int64_t, Fp8Tensor>& weights);
 void check_fp8_widths(const Config& c);
 inline int64_t tokens(const GpuModel& m) { return (int64_t)m.acts.B * m.T; }
 inline void sync(const GpuModel& m) { CUDA_CHECK(cudaStreamSynchronize(m.stream)); }

@@ -1,7 +1,8 @@
-// The weights as the GEMMs read them (docs/design.md §6, §7.3): weight_of hands a GEMM its FP32 master weight with
-// the BF16 working copy (written by AdamW and at upload) and, in FP8 mode, the E4M3 copies of the blocks' linear
-// layers, W and W^T with their 128 x 128 block scales, which this file lays out and makes again after every change.
-// And the weights and AdamW moments to and from the host's model (gpu_model_upload, gpu_model_download).
+// The weights as the GEMMs read them (docs/design.md §6, §7.3): weight_of hands a GEMM its FP32 weight (FP32 mode)
+// or its BF16 working copy (written by AdamW and at upload) and, in FP8 mode, the E4M3 copies of the blocks' linear
+// layers, W and W^T with their 128 x 128 block scales, made from the working copy, which this file lays out and
+// makes again after every change. And the weights, the master shard and the AdamW moments to and from the host's
+// model (gpu_model_upload, gpu_model_download).
 #include "gpu/model.h"
 
 #include <algorithm>
@@ -19,11 +20,12 @@ static bool fp8_linear(const ParamTensor& t) {
     return in_block && n.find("_proj") != std::string::npos;
 }
 
-void carve_fp8_weights(Arena& ar, const ParamTable& table, const float* params, std::map<int64_t, Fp8Tensor>& weights) {
+void carve_fp8_weights(Arena& ar, const ParamTable& table, const __nv_bfloat16* params_bf16,
+                       std::map<int64_t, Fp8Tensor>& weights) {
     for (const ParamTensor& t : table.tensors) {
         if (!fp8_linear(t)) continue;
         Fp8Tensor f;
-        f.w = params ? params + t.offset : nullptr;
+        f.w = params_bf16 ? params_bf16 + t.offset - table.fp32_total : nullptr;
         f.batch = t.shape.size() == 3 ? t.shape[0] : 1;
         f.rows = t.shape[t.shape.size() - 2];
         f.cols = t.shape.back();
@@ -43,11 +45,14 @@ void refresh_fp8_weights(GpuModel& m) {
 }
 
 gpu::GemmWeight weight_of(const GpuModel& m, const float* w) {
-    const auto f = m.fp8_weights.find(w - m.params);
+    const int64_t offset = w - m.params;
+    if (!m.params_bf16) return gpu::GemmWeight(w);  // FP32 mode
+    if (offset < m.table.fp32_total) throw std::runtime_error("internal error: weight_of on a tensor read in FP32");
+    const auto f = m.fp8_weights.find(offset);
     const gpu::Fp8Weight w8 = f == m.fp8_weights.end() ? gpu::Fp8Weight{}
                                                        : gpu::Fp8Weight{f->second.q, f->second.qt, f->second.scales,
                                                                         f->second.scales_t};
-    return gpu::GemmWeight(w, m.params_bf16 ? m.params_bf16 + (w - m.params) : nullptr, w8);
+    return gpu::GemmWeight(nullptr, m.params_bf16 + offset - m.table.fp32_total, w8);
 }
 
 // FP8 GEMMs read their operands with leading dimensions that are multiples of 16 bytes: every width a linear layer
@@ -91,14 +96,33 @@ static void download_moments(const GpuModel& m, const float* fp32, const __nv_bf
     for (size_t i = 0; i < host.size(); i++) host[i] = __bfloat162float(stored[i]);
 }
 
+// The values of `values` (table layout) in this rank's shard, laid out as the moments (gaps zero), and back.
+static std::vector<float> shard_values(const OptimizerShard& s, const float* values) {
+    std::vector<float> packed(s.moments, 0.0f);
+    for (const OptimizerRange& r : s.ranges)
+        std::copy(values + r.first, values + r.first + r.count, packed.begin() + r.moments);
+    return packed;
+}
+static void unpack_shard(const OptimizerShard& s, const std::vector<float>& packed, float* values) {
+    for (const OptimizerRange& r : s.ranges)
+        std::copy(packed.begin() + r.moments, packed.begin() + r.moments + r.count, values + r.first);
+}
+
 void gpu_model_upload(GpuModel& m, const Model& host, const AdamWState& opt) {
-    if (host.table.total != m.table.total || (int64_t)opt.m.size() != m.shard.moments ||
-        (int64_t)opt.v.size() != m.shard.moments)
+    if (host.table.total != m.table.total || host.table.fp32_total != m.table.fp32_total ||
+        (int64_t)opt.m.size() != m.shard.moments || (int64_t)opt.v.size() != m.shard.moments)
         throw std::runtime_error("internal error: the host's and the GPU's tables or optimizer shards differ");
-    CUDA_CHECK(cudaMemcpy(m.params, host.params.data(), m.table.total * sizeof(float), cudaMemcpyHostToDevice));
+    const int64_t f = m.table.fp32_total, n = m.params_bf16 ? f : m.table.total;  // the FP32 values
+    CUDA_CHECK(cudaMemcpy(m.params, host.params.data(), n * sizeof(float), cudaMemcpyHostToDevice));
+    if (m.params_bf16) {
+        const std::vector<float> master = shard_values(m.shard, host.params.data());
+        CUDA_CHECK(cudaMemcpy(m.master, master.data(), master.size() * sizeof(float), cudaMemcpyHostToDevice));
+        std::vector<__nv_bfloat16> working(m.table.total - f);
+        for (size_t i = 0; i < working.size(); i++) working[i] = __float2bfloat16_rn(host.params[f + i]);
+        CUDA_CHECK(cudaMemcpy(m.params_bf16, working.data(), working.size() * 2, cudaMemcpyHostToDevice));
+    }
     upload_moments(m.adam_m, m.adam_m16, opt.m);
     upload_moments(m.adam_v, m.adam_v16, opt.v);
-    if (m.params_bf16) gpu::cast_to_bf16(m.params_bf16, m.params, m.table.total, m.stream);
     refresh_fp8_weights(m);
     for (int l = 0, bias = 0; l < m.config.num_blocks(); l++)
         if (m.config.is_moe_layer(l) && host.w.blocks[l].router_bias) {  // this stage's MoE blocks
@@ -110,7 +134,16 @@ void gpu_model_upload(GpuModel& m, const Model& host, const AdamWState& opt) {
 
 void gpu_model_download(const GpuModel& m, Model& host, AdamWState& opt) {
     sync(m);
-    CUDA_CHECK(cudaMemcpy(host.params.data(), m.params, m.table.total * sizeof(float), cudaMemcpyDeviceToHost));
+    const int64_t f = m.table.fp32_total, n = m.params_bf16 ? f : m.table.total;
+    CUDA_CHECK(cudaMemcpy(host.params.data(), m.params, n * sizeof(float), cudaMemcpyDeviceToHost));
+    if (m.params_bf16) {
+        std::vector<__nv_bfloat16> working(m.table.total - f);
+        CUDA_CHECK(cudaMemcpy(working.data(), m.params_bf16, working.size() * 2, cudaMemcpyDeviceToHost));
+        for (size_t i = 0; i < working.size(); i++) host.params[f + i] = __bfloat162float(working[i]);
+        std::vector<float> master(m.shard.moments);
+        CUDA_CHECK(cudaMemcpy(master.data(), m.master, master.size() * sizeof(float), cudaMemcpyDeviceToHost));
+        unpack_shard(m.shard, master, host.params.data());
+    }
     download_moments(m, m.adam_m, m.adam_m16, opt.m);
     download_moments(m, m.adam_v, m.adam_v16, opt.v);
 }

@@ -7,8 +7,9 @@
 //                        gradient's operands (cuBLASLt takes row counts that are multiples of 4)
 //   fp8_quantize_cols    x (rows, cols), 128 x 1 tiles, transposed -> q^T (cols, ld) with rows [rows, ld) zero,
 //                        scales (outer = cols, inner = ld): the weight gradient's operands, summed over the tokens
-//   fp8_quantize_blocks  W (batch, rows, cols) FP32, 128 x 128 blocks -> q (rows, cols) and q^T (cols, rows), each
-//                        with its scales: W for the forward, W^T for the input gradient
+//   fp8_quantize_blocks  W (batch, rows, cols) BF16 (the model's working copy) or FP32, 128 x 128 blocks -> q
+//                        (rows, cols) and q^T (cols, rows), each with its scales: W for the forward, W^T for the
+//                        input gradient
 #pragma once
 #include <cuda_fp8.h>
 
@@ -121,8 +122,9 @@ inline void fp8_quantize_cols(__nv_fp8_storage_t* qt, float* scales, const T* x,
 }
 
 // 128 x 128 blocks: a thread block per block of W writes both copies
+template <typename T>
 static __global__ void fp8_quantize_blocks_kernel(__nv_fp8_storage_t* q, __nv_fp8_storage_t* qt, float* scales,
-                                                  float* scales_t, const float* W, int64_t rows, int64_t cols) {
+                                                  float* scales_t, const T* W, int64_t rows, int64_t cols) {
     const int64_t matrix = blockIdx.z, b = blockIdx.x, rb = blockIdx.y;
     W += matrix * rows * cols;
     q += matrix * rows * cols;
@@ -134,15 +136,15 @@ static __global__ void fp8_quantize_blocks_kernel(__nv_fp8_storage_t* q, __nv_fp
                   width = cols - c0 < FP8_TILE ? cols - c0 : FP8_TILE;
     float amax = 0.0f;
     for (int64_t i = threadIdx.x; i < height * width; i += blockDim.x)
-        amax = fmaxf(amax, fabsf(W[(r0 + i / width) * cols + c0 + i % width]));
+        amax = fmaxf(amax, fabsf(to_float(W[(r0 + i / width) * cols + c0 + i % width])));
     const float scale = fp8_scale_of(block_max(amax));
     for (int64_t i = threadIdx.x; i < height * width; i += blockDim.x) {  // along W's rows
         const int64_t r = r0 + i / width, c = c0 + i % width;
-        q[r * cols + c] = to_e4m3(W[r * cols + c], scale);
+        q[r * cols + c] = to_e4m3(to_float(W[r * cols + c]), scale);
     }
     for (int64_t i = threadIdx.x; i < height * width; i += blockDim.x) {  // along W^T's rows
         const int64_t c = c0 + i / height, r = r0 + i % height;
-        qt[c * rows + r] = to_e4m3(W[r * cols + c], scale);
+        qt[c * rows + r] = to_e4m3(to_float(W[r * cols + c]), scale);
     }
     if (threadIdx.x == 0) {
         scales[rb * round_up(ceil_div(cols, FP8_TILE), 4) + b] = scale;
@@ -152,11 +154,12 @@ static __global__ void fp8_quantize_blocks_kernel(__nv_fp8_storage_t* q, __nv_fp
 
 // For each of the batch matrices W (rows, cols): q (rows, cols) with scales (fp8_blk128_scales(rows, cols)) and
 // q^T (cols, rows) with scales_t (fp8_blk128_scales(cols, rows)); matrix z of each at z times its size.
+template <typename T>
 inline void fp8_quantize_blocks(__nv_fp8_storage_t* q, __nv_fp8_storage_t* qt, float* scales, float* scales_t,
-                                const float* W, int64_t batch, int64_t rows, int64_t cols, cudaStream_t stream) {
+                                const T* W, int64_t batch, int64_t rows, int64_t cols, cudaStream_t stream) {
     if (batch == 0 || rows == 0 || cols == 0) return;
     const dim3 grid((unsigned)ceil_div(cols, FP8_TILE), (unsigned)ceil_div(rows, FP8_TILE), (unsigned)batch);
-    launch_kernel(fp8_quantize_blocks_kernel, grid, FP8_THREADS, 0, stream, q, qt, scales, scales_t, W, rows, cols);
+    launch_kernel(fp8_quantize_blocks_kernel<T>, grid, FP8_THREADS, 0, stream, q, qt, scales, scales_t, W, rows, cols);
 }
 
 }  // namespace gpu

@@ -46,9 +46,10 @@ struct Fp8Weight {
     }
 };
 
-// A linear layer's weight W (N, K), or a stack (G, N, K): the FP32 master, the working copy (BF16 and FP8 modes) and
-// the E4M3 copies (FP8 mode). The most compact copy present decides the precision: FP8, else BF16, else FP32, or
-// TF32 for an FP32 weight made by tf32_inputs: FP32 operands that the tensor cores round to TF32 (10-bit mantissa).
+// A linear layer's weight W (N, K), or a stack (G, N, K): FP32 (FP32 mode, and the router), or the BF16 working copy
+// (BF16 and FP8 modes) with the E4M3 copies (FP8 mode). The most compact copy present decides the precision: FP8,
+// else BF16, else FP32, or TF32 for an FP32 weight made by tf32_inputs: FP32 operands that the tensor cores round to
+// TF32 (10-bit mantissa).
 struct GemmWeight {
     const float* fp32;
     const __nv_bfloat16* bf16;
@@ -64,7 +65,7 @@ struct GemmWeight {
         return fp8.q ? GemmType::FP8 : bf16 ? GemmType::BF16 : tf32 ? GemmType::TF32 : GemmType::FP32;
     }
     GemmWeight at(int64_t g, int64_t N, int64_t K) const {
-        GemmWeight w(fp32 + g * N * K, bf16 ? bf16 + g * N * K : nullptr, fp8.at(g, N, K));
+        GemmWeight w(fp32 ? fp32 + g * N * K : nullptr, bf16 ? bf16 + g * N * K : nullptr, fp8.at(g, N, K));
         w.tf32 = tf32;
         return w;
     }

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "bf16.h"
 #include "ops.h"
 
 float e4m3_round(float x) {
@@ -59,11 +60,17 @@ void fp8_round_trip(float* out, const float* x, int64_t rows, int64_t cols, int6
     quantize_tiles(out, nullptr, x, rows, cols, tile_rows, tile_cols, true);
 }
 
+// W's E4M3 copy is made from its BF16 working copy, as the GPU's (gpu/weights.cu): W8 = Q[128x128](bf16(W))
+static void weight_round_trip(float* W8, const float* W, int64_t N, int64_t K) {
+    for (int64_t i = 0; i < N * K; i++) W8[i] = bf16_round(W[i]);
+    fp8_round_trip(W8, W8, N, K, FP8_TILE, FP8_TILE);
+}
+
 void linear_forward(Precision p, float* out, const float* inp, const float* W, int64_t M, int64_t K, int64_t N) {
     if (p != Precision::FP8) return matmul_forward(out, inp, W, M, K, N);
     std::vector<float> inp8(M * K), W8(N * K);
     fp8_round_trip(inp8.data(), inp, M, K, 1, FP8_TILE);
-    fp8_round_trip(W8.data(), W, N, K, FP8_TILE, FP8_TILE);
+    weight_round_trip(W8.data(), W, N, K);
     matmul_forward(out, inp8.data(), W8.data(), M, K, N);
 }
 
@@ -73,7 +80,7 @@ void linear_backward(Precision p, float* dinp, float* dW, const float* dout, con
     if (dinp) {  // summed over N: dout in 1 x 128 tiles along N, W in its 128 x 128 blocks
         std::vector<float> dout8(M * N), W8(N * K);
         fp8_round_trip(dout8.data(), dout, M, N, 1, FP8_TILE);
-        fp8_round_trip(W8.data(), W, N, K, FP8_TILE, FP8_TILE);
+        weight_round_trip(W8.data(), W, N, K);
         gemm_nn(dinp, dout8.data(), W8.data(), M, N, K, accumulate_dinp);
     }
     // summed over the M tokens: both operands in 128 x 1 tiles down the rows

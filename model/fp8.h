@@ -1,7 +1,8 @@
 // DeepSeek-V3's FP8 recipe on the CPU (docs/design.md §1.5): the reference for the GPU's FP8 GEMMs, and a way to
 // see what FP8 does to training on any machine. E4M3: largest 448, smallest normal 2^-6, subnormals in steps of
 // 2^-9, no infinities. A tile (partial at the edges) shares scale = max(amax, FP8_MIN_AMAX) / 448, and
-// q = E4M3(x / scale), x ~ q scale. A linear layer is three products of such values, with FP32 sums:
+// q = E4M3(x / scale), x ~ q scale. A linear layer is three products of such values, with FP32 sums (W: the weight's
+// BF16 working copy, from which the GPU makes its E4M3 copies):
 //   forward   y  = Q[1x128](x)  Q[128x128](W)^T
 //   backward  dx = Q[1x128](dy) Q[128x128](W)
 //             dW += Q[128x1](dy)^T Q[128x1](x)

@@ -18,17 +18,22 @@ float learning_rate(const OptimizerConfig& oc, int64_t step) {
 
 OptimizerShard optimizer_shard(const ParamTable& table, int stage_size, int stage_rank, int dp_size, int dp_rank) {
     OptimizerShard s;
-    const std::vector<ParamTensor>& tensors = table.tensors;
+    std::vector<const ParamTensor*> tensors;  // in the buffer's order
+    for (const ParamTensor& t : table.tensors) tensors.push_back(&t);
+    std::sort(tensors.begin(), tensors.end(), [](const ParamTensor* a, const ParamTensor* b) {
+        return a->offset < b->offset;
+    });
     for (size_t first = 0, last = 0; first < tensors.size(); first = last) {
-        last = first + 1;  // the bucket: tensors [first, last)
-        if (!tensors[first].trainable) continue;
-        while (last < tensors.size() && tensors[last].trainable &&
-               tensors[last].expert_shard == tensors[first].expert_shard)
+        last = first + 1;  // the bucket: tensors [first, last), all read in FP32 or all GEMM weights
+        if (!tensors[first]->trainable) continue;
+        while (last < tensors.size() && tensors[last]->trainable &&
+               tensors[last]->expert_shard == tensors[first]->expert_shard &&
+               tensors[last]->gemm_weight == tensors[first]->gemm_weight)
             last++;
         OptimizerBucket b;
-        b.first = tensors[first].offset;
-        b.count = tensors[last - 1].offset + tensors[last - 1].numel - b.first;
-        b.group = tensors[first].expert_shard ? Group::DataParallel : Group::Stage;
+        b.first = tensors[first]->offset;
+        b.count = tensors[last - 1]->offset + tensors[last - 1]->numel - b.first;
+        b.group = tensors[first]->expert_shard ? Group::DataParallel : Group::Stage;
         b.ranks = b.group == Group::Stage ? stage_size : dp_size;
         b.index = b.group == Group::Stage ? stage_rank : dp_rank;
         b.piece = b.ranks == 1 ? b.count : b.count / (b.ranks * PARAM_ALIGN) * PARAM_ALIGN;
@@ -37,12 +42,13 @@ OptimizerShard optimizer_shard(const ParamTable& table, int stage_size, int stag
         const int64_t piece_first = b.first + b.index * b.piece, tail_first = b.first + b.ranks * b.piece;
         const int64_t spans[2][2] = {{piece_first, piece_first + b.piece}, {tail_first, b.first + b.count}};
         for (int span = 0; span < 2; span++) {
-            for (size_t t = first; t < last; t++) {
-                const int64_t lo = std::max(spans[span][0], tensors[t].offset);
-                const int64_t hi = std::min(spans[span][1], tensors[t].offset + tensors[t].numel);
+            for (size_t i = first; i < last; i++) {
+                const ParamTensor& t = *tensors[i];
+                const int64_t lo = std::max(spans[span][0], t.offset);
+                const int64_t hi = std::min(spans[span][1], t.offset + t.numel);
                 if (lo < hi)
-                    s.ranges.push_back({lo, hi - lo, s.moments + lo - spans[span][0], tensors[t].weight_decay,
-                                        span == 0 || b.index == 0, (int)t});
+                    s.ranges.push_back({lo, hi - lo, s.moments + lo - spans[span][0], t.weight_decay,
+                                        span == 0 || b.index == 0, (int)(&t - table.tensors.data())});
             }
             s.moments += spans[span][1] - spans[span][0];
         }

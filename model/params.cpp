@@ -30,12 +30,10 @@ ParamTable build_param_table(const Config& c, int ep_size, int first_layer, int 
         t.shape = shape;
         t.numel = 1;
         for (int64_t s : shape) t.numel *= s;
-        t.offset = (table.total + PARAM_ALIGN - 1) / PARAM_ALIGN * PARAM_ALIGN;
         t.weight_decay = shape.size() >= 2;
         t.trainable = trainable;
         t.expert_shard = expert_shard;
         t.layer = layer;
-        table.total = t.offset + t.numel;
         table.tensors.push_back(t);
         return table.tensors.back();
     };
@@ -87,6 +85,15 @@ ParamTable build_param_table(const Config& c, int ep_size, int first_layer, int 
     head = true;
     add("model.norm.weight", {d}).model = &ModelWeights::final_norm;
     add("lm_head.weight", {c.vocab_size, d}).model = &ModelWeights::head;
+    for (bool gemm : {false, true}) {  // the offsets: the tensors read in FP32, then the GEMM weights
+        for (ParamTensor& t : table.tensors) {
+            t.gemm_weight = t.shape.size() >= 2 && t.model != &ModelWeights::embed && t.block != &BlockWeights::router;
+            if (t.gemm_weight != gemm) continue;
+            t.offset = (table.total + PARAM_ALIGN - 1) / PARAM_ALIGN * PARAM_ALIGN;
+            table.total = t.offset + t.numel;
+        }
+        if (!gemm) table.fp32_total = table.total;
+    }
     return table;
 }
 

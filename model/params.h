@@ -1,6 +1,7 @@
 // The parameter table (docs/design.md §4): every tensor with its Hugging Face name, shape and 64-bit offset into one
-// float buffer; the gradients use the same offsets in their own. Offsets are multiples of PARAM_ALIGN floats (256
-// bytes, gaps zero), for vector loads and cuBLASLt's fastest kernels. A block's routed experts are one stacked
+// float buffer (the tensors read in FP32 first, then the GEMM weights); the gradients use the same offsets in their
+// own. Offsets are multiples of PARAM_ALIGN floats (256 bytes, gaps zero), for vector loads and cuBLASLt's fastest
+// kernels. A block's routed experts are one stacked
 // tensor (E, out, in), model.layers.N.mlp.experts.*_proj.weight; the published files hold its slice E as
 // model.layers.N.mlp.experts.E.*_proj.weight. The MTP block is layer num_hidden_layers.
 #pragma once
@@ -54,15 +55,21 @@ struct ParamTensor {
     bool weight_decay = false;  // matrices and embeddings decay; norm weights do not
     bool trainable = true;      // false for e_score_correction_bias (updated by the balancing rule, not AdamW)
     bool expert_shard = false;  // an expert tensor: this rank holds E/ep_size experts (dim 0)
+    // A linear layer's weight or the head: read only by GEMMs, which in the GPU's BF16 and FP8 modes take its BF16
+    // working copy. The rest (embedding, norms, routers and their biases) the GPU reads in FP32.
+    bool gemm_weight = false;
     // The pointer map_weights sets to it: a field of its block's BlockWeights, or else of ModelWeights
     int layer = -1;
     float* BlockWeights::*block = nullptr;
     float* ModelWeights::*model = nullptr;
 };
 
+// The tensors are listed in the published order; in the buffer the ones read in FP32 come first, [0, fp32_total),
+// then the GEMM weights, [fp32_total, total): the GPU's BF16 and FP8 modes keep only the first part in FP32.
 struct ParamTable {
     std::vector<ParamTensor> tensors;
-    int64_t total = 0;  // floats in the whole buffer, the alignment gaps included
+    int64_t fp32_total = 0;  // floats before the first GEMM weight
+    int64_t total = 0;       // floats in the whole buffer, the alignment gaps included
     const ParamTensor& at(const std::string& name) const;  // aborts with the name when absent
 };
 

@@ -727,15 +727,17 @@ std::vector<KernelResult> bench_kernels(const Config& c, const Options& o, cudaS
         DeviceArray<__nv_fp8_storage_t> q(std::max(R, E * I) * d), qt(E * I * d);
         fill_uniform(x, 21, -1.0f, 1.0f, s);
         fill_uniform(W, 22, -0.02f, 0.02f, s);
+        DeviceArray<__nv_bfloat16> W16(E * I * d);  // the working copy the model quantizes
+        gpu::cast_to_bf16(W16.ptr, W.ptr, E * I * d, s);
         // reads x (R d floats); writes q (R d bytes) and a scale per 128
         run("fp8_quantize_rows", dims({R, d}), F * R * d + R * d + F * rows_scales,
             [&] { gpu::fp8_quantize_rows(q.ptr, scales.ptr, x.ptr, R, d, s); });
         // the same, written transposed in 128 x 1 tiles (R is a multiple of 16 here: no padding)
         run("fp8_quantize_cols", dims({R, d}), F * R * d + R * d + F * cols_scales,
             [&] { gpu::fp8_quantize_cols(q.ptr, scales.ptr, x.ptr, R, d, gpu::round_up(R, 16), s); });
-        // reads W (E I d floats); writes q and q^T (E I d bytes each) and their block scales
-        run("fp8_quantize_blocks", dims({E, I, d}), F * E * I * d + 2.0 * E * I * d + F * (w_scales + w_scales_t), [&] {
-            gpu::fp8_quantize_blocks(q.ptr, qt.ptr, W_scales.ptr, W_scales_t.ptr, W.ptr, E, I, d, s);
+        // reads W (E I d BF16 values); writes q and q^T (E I d bytes each) and their block scales
+        run("fp8_quantize_blocks", dims({E, I, d}), 4.0 * E * I * d + F * (w_scales + w_scales_t), [&] {
+            gpu::fp8_quantize_blocks(q.ptr, qt.ptr, W_scales.ptr, W_scales_t.ptr, W16.ptr, E, I, d, s);
         });
     }
     {  // the optimizer's passes over one large tensor (256M values, 1 GiB per buffer)
@@ -755,10 +757,10 @@ std::vector<KernelResult> bench_kernels(const Config& c, const Options& o, cudaS
         fill_uniform(v, 20, 0.0f, 1e-6f, s);
         OptimizerConfig oc;
         int64_t step = 0;
-        // reads params, grads, m, v; writes params, m, v (n each) and the BF16 copy (n x 2 bytes), as with
-        // --dtype bf16
+        // reads the master weights, grads, m, v; writes the master weights, m, v (n each) and the BF16 working copy
+        // (n x 2 bytes), as with --dtype bf16
         run("adamw_update", dims({n}), F * 7 * n + 2.0 * n, [&] {
-            gpu::adamw_update(ranges, p.ptr, p16.ptr, g.ptr, m.ptr, v.ptr, oc, 1e-4f, ++step, 1.0f, s);
+            gpu::adamw_update(ranges, nullptr, p16.ptr, p.ptr, 0, g.ptr, m.ptr, v.ptr, oc, 1e-4f, ++step, 1.0f, s);
         });
         // reads grads (n); the partial sums (n / chunk doubles) are negligible
         run("range_norms_squared", dims({n}), F * n,

@@ -164,9 +164,38 @@ int64_t init_uploaded(GpuModel& gm, const std::string& name, const Model& host, 
     const int64_t allocated = stand_in::memory().live_bytes - before;
     report(name + " memory plan = what init allocates", allocated == plan.total(),
            fmt("allocated %.0f bytes, plan %.0f", (double)allocated, (double)plan.total()));
+    if (p != Precision::FP32) {  // the distributed optimizer (docs/design.md §8)
+        const double per_parameter = (double)(plan.params - plan.fp8_weights + plan.grads) / gm.table.total;
+        report(name + " weights and gradients: 6 to 8 bytes a parameter", per_parameter >= 6 && per_parameter <= 8,
+               fmt("%.2f bytes", per_parameter));
+        report(name + " the optimizer shard: m, v and the master weight, 12 bytes a value",
+               plan.optimizer == 12 * gm.shard.moments, fmt("%.2f bytes", (double)plan.optimizer / gm.shard.moments));
+    }
     opt = adamw_state(host.shard);
     gpu_model_upload(gm, host, opt);
     return before;
+}
+
+// The model's working copy of every weight as floats, table layout (the GEMM weights' BF16 values widened)
+static std::vector<float> working_copy(const GpuModel& m) {
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const int64_t f = m.table.fp32_total;
+    std::vector<float> w(m.table.total);
+    for (int64_t i = 0; i < m.table.total; i++) w[i] = i < f ? m.params[i] : __bfloat162float(m.params_bf16[i - f]);
+    return w;
+}
+// BF16 and FP8 modes: the values of this rank's shard whose working copy is not its master weight (rounded to BF16
+// for the GEMM weights)
+static int64_t working_copy_mismatches(const GpuModel& m) {
+    const std::vector<float> w = working_copy(m);
+    int64_t wrong = 0;
+    for (const OptimizerRange& r : m.shard.ranges)
+        for (int64_t k = 0; k < r.count; k++) {
+            const float master = m.master[r.moments + k];
+            const float rounded = __bfloat162float(__float2bfloat16_rn(master));
+            wrong += w[r.first + k] != (r.first < m.table.fp32_total ? master : rounded);
+        }
+    return wrong;
 }
 
 // ---- one process --------------------------------------------------------------------------------------------
@@ -332,21 +361,17 @@ void check_low_precision(const std::string& tag, const Config& c, Precision prec
     GpuModel gm;
     AdamWState opt;
     init_uploaded(gm, tag, cpu, local_comm(), precision, B, T, opt);
-    auto copy_is_fresh = [&]() {  // params_bf16 == the rounded params, everywhere
-        CUDA_CHECK(cudaDeviceSynchronize());
-        for (int64_t i = 0; i < gm.table.total; i++)
-            if (gm.params_bf16[i].bits != __float2bfloat16_rn(gm.params[i]).bits) return false;
-        return true;
-    };
+    auto copy_is_fresh = [&]() { return working_copy_mismatches(gm) == 0; };
     auto fp8_is_fresh = [&]() {  // every FP8 copy == the CPU's quantization of the params, byte and scale
         CUDA_CHECK(cudaDeviceSynchronize());
         for (const auto& entry : gm.fp8_weights) {
             const Fp8Tensor& f = entry.second;
             const int64_t size = f.rows * f.cols, down = (f.rows + 127) / 128, across = (f.cols + 127) / 128;
             const int64_t S = gpu::fp8_blk128_scales(f.rows, f.cols), St = gpu::fp8_blk128_scales(f.cols, f.rows);
-            std::vector<float> q(size), scales(down * across);
+            std::vector<float> q(size), scales(down * across), w(size);
             for (int64_t z = 0; z < f.batch; z++) {
-                fp8_quantize(q.data(), scales.data(), f.w + z * size, f.rows, f.cols, FP8_TILE, FP8_TILE);
+                for (int64_t i = 0; i < size; i++) w[i] = __bfloat162float(f.w[z * size + i]);
+                fp8_quantize(q.data(), scales.data(), w.data(), f.rows, f.cols, FP8_TILE, FP8_TILE);
                 for (int64_t r = 0; r < f.rows; r++)
                     for (int64_t col = 0; col < f.cols; col++) {
                         const __nv_fp8_storage_t want =
@@ -674,21 +699,32 @@ void check_distributed(Comm& comm) {
                    fmt("worst rel %.2e tol 1e-04", moment) + " (" + worst_moment + ")");
     }
     gpu_model_free(gm);
-    // BF16: after an update and the gather of the weights, every rank's BF16 copy of the trained tensors is its
-    // weights rounded (the router bias, selection only, has no fresh copy)
+    // BF16: after an update and the gather, every rank's working copy holds its shard's master weights (the GEMM
+    // weights rounded), and every rank holding a tensor the same copy of it (the stage's ranks a replicated tensor,
+    // the DP group an expert tensor)
     GpuModel bf16;
     AdamWState opt_bf16;
     init_uploaded(bf16, tag + " bf16", host, comm, Precision::BF16, B, T, opt_bf16);
     gpu_gradients(bf16, my_inputs, my_targets, B);
     gpu_update(bf16, opt_bf16, oc, 1);
-    CUDA_CHECK(cudaDeviceSynchronize());
-    double stale = 0.0;
-    for (const ParamTensor& t : bf16.table.tensors)
-        for (int64_t i = t.offset; t.trainable && i < t.offset + t.numel; i++)
-            stale += bf16.params_bf16[i].bits != __float2bfloat16_rn(bf16.params[i]).bits;
+    double stale = (double)working_copy_mismatches(bf16);
     comm.all_reduce_sum(&stale, 1, Group::World);
-    report(tag + " bf16: the BF16 copies = the gathered weights rounded", stale == 0.0,
-           fmt("%.0f values differ", stale));
+    report(tag + " bf16: the working copy = the master shards", stale == 0.0, fmt("%.0f values differ", stale));
+    const std::vector<float> mine = working_copy(bf16);
+    const int64_t n = (int64_t)mine.size();
+    double differing = 0.0;  // tensors, counted once per pair of ranks
+    for (Group g : {Group::Stage, Group::DataParallel}) {
+        std::vector<float> all(comm.group_size(g) * n);
+        std::copy(mine.begin(), mine.end(), all.begin() + comm.group_rank(g) * n);
+        comm.all_gather(all.data(), n, g);
+        for (const ParamTensor& t : bf16.table.tensors)
+            for (int r = 0; t.expert_shard == (g == Group::DataParallel) && r < comm.group_size(g); r++)
+                differing += !std::equal(mine.begin() + t.offset, mine.begin() + t.offset + t.numel,
+                                         all.begin() + r * n + t.offset);
+    }
+    comm.all_reduce_sum(&differing, 1, Group::World);
+    report(tag + " bf16: the ranks' working copies agree", differing == 0.0,
+           fmt("%.0f tensors differ", differing));
     gpu_model_free(bf16);
 }
 

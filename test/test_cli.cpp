@@ -286,9 +286,10 @@ TEST_CASE("cli: --plan for DeepSeek-V3 on 256 GPUs, with and without --recompute
     CHECK(out.find("FLOPs per token: 2.606e+11") != std::string::npos);
     // all-to-all: 4 x 59 MoE blocks x 4096 tokens x 8 rows x 7168 x 2 bytes = 111 GB
     CHECK(out.find("111 GB sent") != std::string::npos);
-    CHECK(out.find("does NOT fit") != std::string::npos);  // 27.8B parameters x 10 bytes on one 80 GiB GPU
-    // the AdamW moments of a ZeRO-1 shard: 8 bytes x (17.5e9 replicated / 256 GPUs + 665e9 in experts / 64 / 4)
-    CHECK(out.find("AdamW shard 19.9 GiB") != std::string::npos);
+    CHECK(out.find("does NOT fit") != std::string::npos);  // 27.8B parameters x 6 bytes on one 80 GiB GPU
+    // the optimizer shard, AdamW's m and v and the FP32 master weights: 12 bytes x (17.5e9 replicated / 256 GPUs +
+    // 665e9 in experts / 64 / 4 = 2.66e9 values)
+    CHECK(out.find("optimizer shard (moments, master weights) 29.8 GiB") != std::string::npos);
     // FP32 (plan.cpp's per-token counts) and the head's BF16 output gradient, 2 x 4096 x 129280 bytes = 0.99 GiB
     CHECK(out.find("activations 308.8 GiB") != std::string::npos);
     // the host: 27.8e9 FP32 weights = 103.7 GiB; a checkpoint, 12 bytes x 6.83e11 (the router biases' 58 x 256 without
@@ -307,11 +308,12 @@ TEST_CASE("cli: --plan for DeepSeek-V3 on 256 GPUs, with and without --recompute
     CHECK(again.out.find("activations (--recompute) 16.5 GiB") != std::string::npos);
     CHECK(again.out.find("+ 8.668e+10 recomputed") != std::string::npos);
     CHECK(again.out.find("166 GB sent") != std::string::npos);
-    // BF16 moments: half the GPU's AdamW shard, 4 bytes x 2.66e9 values; the host and the checkpoint keep FP32
+    // BF16 moments: 4 bytes of the 12 less, 8 x 2.66e9; the host and the checkpoint keep FP32
     const CommandResult bf16 = run_logged("./train_cpu --config deepseek-v3 --plan --gpus 256 --ep 64 --batch 1 --seq "
                                           "4096 --grad-accum 16 --moments bf16", "cli_plan_bf16_moments.txt", 60);
     REQUIRE(bf16.status == 0);
-    CHECK(bf16.out.find("AdamW shard 9.9 GiB, activations 308.8 GiB, total 578.0 of 80 GiB") != std::string::npos);
+    CHECK(bf16.out.find("(moments, master weights) 19.9 GiB, activations 308.8 GiB, total 486.2 of 80 GiB") !=
+          std::string::npos);
     CHECK(bf16.out.find("host memory per GPU: weights 103.7 GiB, AdamW shard 19.9 GiB; a checkpoint: 8.19 TB, 32 GB "
                         "written by each rank") != std::string::npos);
     expect_clean_failure("./train_cpu --config small --moments fp16", "--moments must be fp32 or bf16");
@@ -329,11 +331,13 @@ TEST_CASE("cli: --plan with pipeline stages: DeepSeek-V3 as PP 16 x EP 64 x DP 2
     CHECK(out.find("pipeline stages, their first layers: 0 4 8 12 16 20 24 28 32 36 40 44 48 52 56 60; the heaviest in "
                    "memory: stage 0 (layers 0-3, the embedding)") != std::string::npos);
     // stage 0: the embedding (0.93e9), 3 dense blocks (0.58e9 each) and one MoE block (0.23e9 replicated, 11.3e9 in
-    // experts / 64) = 3.09e9 parameters x 10 bytes = 28.7 GiB; activations: 16 micro-batches in flight x 4 blocks'
-    // inputs (4096 x 7168 FP32) = 7.0 GiB, one dense and one MoE set (211776 + 326720 values a token) = 8.2 GiB and
-    // the 4 messages (0.9 GiB): 16.1 GiB
-    CHECK(out.find("weights+grads+BF16 copy 28.7 GiB, AdamW shard 0.8 GiB, activations (--recompute) 16.1 GiB, total "
-                   "45.7 of 80 GiB  -> fits") != std::string::npos);
+    // experts / 64) = 3.09e9 parameters, the embedding's (FP32 weight and gradient) at 8 bytes and the GEMM weights'
+    // 2.16e9 (BF16 working copy, FP32 gradient) at 6 = 19.0 GiB; the optimizer shard: 2.9e9 replicated / 128 + 0.18e9
+    // experts / 2 = 0.11e9 values of m, v and the master weights, 12 bytes each = 1.2 GiB; activations: 16
+    // micro-batches in flight x 4 blocks' inputs (4096 x 7168 FP32) = 7.0 GiB, one dense and one MoE set (211776 +
+    // 326720 values a token) = 8.2 GiB and the 4 messages (0.9 GiB): 16.1 GiB
+    CHECK(out.find("weights+grads 19.0 GiB, optimizer shard (moments, master weights) 1.2 GiB, activations "
+                   "(--recompute) 16.1 GiB, total 36.3 of 80 GiB  -> fits") != std::string::npos);
     // (16 - 1) / (32 + 16 - 1); a message is 4096 tokens x 7168 x (1 + MTP's embedding) FP32, each way
     CHECK(out.find("0.47 GB to and from each neighbouring stage per micro-step; 1F1B bubble 32%") != std::string::npos);
     const CommandResult split = run_logged("./train_cpu --config deepseek-v3 --plan --gpus 64 --pp 2 --ep 32 --batch 1 "
@@ -343,5 +347,5 @@ TEST_CASE("cli: --plan with pipeline stages: DeepSeek-V3 as PP 16 x EP 64 x DP 2
                                              "--gpu-memory-gib 141 --batch 1 --seq 4096 --grad-accum 32 --recompute",
                                              "cli_plan_layouts.txt", 60);
     REQUIRE(layouts.status == 0);
-    CHECK(layouts.out.find("none fits: the smallest needs 194.1 GiB per GPU") != std::string::npos);
+    CHECK(layouts.out.find("none fits: the smallest needs 188.8 GiB per GPU") != std::string::npos);
 }

@@ -279,28 +279,42 @@ static void test_adamw(Rng& rng) {
         AdamWState state{pack_moments(m0), pack_moments(v0), 6};
         std::vector<float> params = params0;
         DeviceArray<float> d_params(params), d_m(state.m), d_v(state.v);
-        DeviceArray<__nv_bfloat16> d_params16(n);
-        d_params16.poison();
         const float lr = 1e-3f, multiplier = 0.37f;
         adamw_update(shard, params.data(), grads.data(), state, oc, lr, multiplier);
-        gpu::adamw_update(ranges, d_params.ptr, d_params16.ptr, d_grads.ptr, d_m.ptr, d_v.ptr, oc, lr, state.step,
-                          multiplier, 0);
+        gpu::adamw_update(ranges, d_params.ptr, (__nv_bfloat16*)nullptr, nullptr, 0, d_grads.ptr, d_m.ptr, d_v.ptr, oc,
+                          lr, state.step, multiplier, 0);
         const std::string shape =
             fmt("(small: %ld values, %ld ranges of rank %d of %d, step %ld)", n, ranges.ranges, rank, ranks, state.step);
-        const std::vector<float> got = d_params.get();
-        std::vector<float> got16 = widened(d_params16.get());
-        check("adamw params " + shape, got, params, 1e-6);
+        check("adamw params " + shape, d_params.get(), params, 1e-6);
         check("adamw m " + shape, d_m.get(), state.m, 1e-6);
         check("adamw v " + shape, d_v.get(), state.v, 1e-6);
-        // the BF16 copy: the updated values rounded in the shard's ranges; everything else (other ranks' pieces,
-        // frozen tensors, the alignment gaps between tensors) is left as it was (poison: NaN)
-        const std::vector<float> rounded = bf16_rounded(got);
-        std::vector<float> want16(n, NAN);
+
+        // BF16 mode: the update reads and writes the master shard, then writes the working copy of its ranges, FP32
+        // before fp32_total and BF16 after it; everything else (other ranks' pieces, frozen tensors, the alignment
+        // gaps) is left as it was (poison: NaN)
+        const int64_t f = table.fp32_total;
+        DeviceArray<float> d_master(pack_moments(params0)), d_working(f);
+        DeviceArray<float> d_m2(pack_moments(m0)), d_v2(pack_moments(v0));
+        DeviceArray<__nv_bfloat16> d_working16(n - f);
+        d_working.poison();
+        d_working16.poison();
+        gpu::adamw_update(ranges, d_working.ptr, d_working16.ptr, d_master.ptr, f, d_grads.ptr, d_m2.ptr, d_v2.ptr, oc,
+                          lr, state.step, multiplier, 0);
+        const std::vector<float> master = d_master.get();
+        check("adamw master shard " + shape, master, pack_moments(params), 1e-6);
+        std::vector<float> got(n), want(n, NAN);
+        const std::vector<float> got_fp32 = d_working.get(), got16 = widened(d_working16.get());
+        std::copy(got_fp32.begin(), got_fp32.end(), got.begin());
+        std::copy(got16.begin(), got16.end(), got.begin() + f);
         for (const OptimizerRange& r : shard.ranges)
-            std::copy(rounded.begin() + r.first, rounded.begin() + r.first + r.count, want16.begin() + r.first);
+            for (int64_t k = 0; k < r.count; k++) {
+                const float updated = master[r.moments + k];
+                want[r.first + k] = r.first < f ? updated : __bfloat162float(__float2bfloat16_rn(updated));
+            }
         for (int64_t i = 0; i < n; i++)
-            if (std::isnan(want16[i]) && std::isnan(got16[i])) want16[i] = got16[i] = 0.0f;  // poison left in place
-        check("adamw BF16 copy = the new params rounded " + shape, got16, want16, 0);
+            if (std::isnan(want[i]) && std::isnan(got[i])) want[i] = got[i] = 0.0f;  // poison left in place
+        check("adamw working copy = the master, BF16 for the GEMM weights " + shape, got, want, 0);
+        check("adamw, master shard: m " + shape, d_m2.get(), state.m, 1e-6);
 
         // --moments bf16, from FP32 moments (as after a checkpoint of a run without it): both round them where read.
         // The stored moments may differ by one BF16 step where the GPU's and the CPU's FP32 values fall on either
@@ -317,8 +331,8 @@ static void test_adamw(Rng& rng) {
         }
         DeviceArray<__nv_bfloat16> d_m16(m16), d_v16(v16);
         adamw_update(shard, params_b.data(), grads.data(), state16, oc16, lr, multiplier);
-        gpu::adamw_update(ranges, d_params_b.ptr, (__nv_bfloat16*)nullptr, d_grads.ptr, d_m16.ptr, d_v16.ptr, oc16, lr,
-                          state16.step, multiplier, 0);
+        gpu::adamw_update(ranges, d_params_b.ptr, (__nv_bfloat16*)nullptr, nullptr, 0, d_grads.ptr, d_m16.ptr,
+                          d_v16.ptr, oc16, lr, state16.step, multiplier, 0);
         check("adamw, BF16 moments: params " + shape, d_params_b.get(), params_b, 1e-6);
         check("adamw, BF16 moments: m " + shape, widened(d_m16.get()), state16.m, 4e-3);
         check("adamw, BF16 moments: v " + shape, widened(d_v16.get()), state16.v, 4e-3);
@@ -611,6 +625,17 @@ static void test_fp8(Rng& rng) {
             check("fp8_quantize_blocks q^T " + shape + " x2", e4m3_decoded(d_qt.get()), want_t, 0);
             check("fp8_quantize_blocks scales " + shape + " x2", by_block, scales, 0);
             check("fp8_quantize_blocks scales of q^T " + shape + " x2", by_block_t, scales, 0);
+            // from a BF16 working copy, as the model's: the CPU's quantization of the rounded values
+            const std::vector<float> W2_16 = bf16_rounded(W2);
+            std::vector<__nv_bfloat16> W2_bits(W2.size());
+            for (size_t i = 0; i < W2.size(); i++) W2_bits[i] = __float2bfloat16_rn(W2[i]);
+            for (int64_t z = 0; z < batch; z++)
+                fp8_quantize(q.data() + z * rows * cols, scales.data() + z * down * across,
+                             W2_16.data() + z * rows * cols, rows, cols, FP8_TILE, FP8_TILE);
+            DeviceArray<__nv_bfloat16> d_W16(W2_bits);
+            d_q.poison();
+            gpu::fp8_quantize_blocks(d_q.ptr, d_qt.ptr, d_scales.ptr, d_scales_t.ptr, d_W16.ptr, batch, rows, cols, 0);
+            check("fp8_quantize_blocks q, from BF16 " + shape + " x2", e4m3_decoded(d_q.get()), q, 0);
         }
     }
 }

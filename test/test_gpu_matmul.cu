@@ -111,11 +111,12 @@ struct MatmulW16 {
     MatmulW16(const float* W, size_t n, size_t offset) : w(n, offset) { gpu::cast_to_bf16(w.ptr, W, (int64_t)n, 0); }
 };
 
-// The E4M3 copies of W (G, N, K), made on the device by fp8_quantize_blocks (checked bit for bit in test_fp8)
+// The E4M3 copies of W (G, N, K), made on the device by fp8_quantize_blocks from its BF16 copy, as the model's
+// (checked bit for bit in test_fp8)
 struct MatmulW8 {
     DeviceArray<__nv_fp8_storage_t> q, qt;
     DeviceArray<float> scales, scales_t;
-    MatmulW8(const float* W, int64_t G, int64_t N, int64_t K)
+    MatmulW8(const __nv_bfloat16* W, int64_t G, int64_t N, int64_t K)
         : q(G * N * K), qt(G * N * K), scales(G * gpu::fp8_blk128_scales(N, K)),
           scales_t(G * gpu::fp8_blk128_scales(K, N)) {
         gpu::fp8_quantize_blocks(q.ptr, qt.ptr, scales.ptr, scales_t.ptr, W, G, N, K, 0);
@@ -145,7 +146,7 @@ void matmul_test_fp8(gpu::Matmul& mm, Rng& rng, const std::vector<int64_t>& coun
     const MatmulRef ref = matmul_cpu(inp, W, dout, dW0, offsets, K, N, Precision::FP8);
     DeviceArray<float> d_inp(inp), d_W(W), d_dout(dout), d_out(R * N), d_dinp(R * K), d_dW(dW0);
     MatmulW16 W16(d_W.ptr, W.size(), 0);
-    MatmulW8 W8(d_W.ptr, G, N, K);
+    MatmulW8 W8(W16.w.ptr, G, N, K);
     const gpu::GemmWeight weight(d_W.ptr, W16.w.ptr, W8.view());
     d_out.poison();
     d_dinp.poison();
@@ -325,7 +326,7 @@ void matmul_test_fp8_fallback(gpu::Matmul& mm, Rng& rng) {
     const std::vector<float> dW0 = randn(G * N * K, rng);
     DeviceArray<float> d_inp(inp), d_W(W), d_dout(dout), d_out(R * N), d_dinp(R * K), d_dW(dW0);
     MatmulW16 W16(d_W.ptr, W.size(), 0);
-    MatmulW8 W8(d_W.ptr, G, N, K);
+    MatmulW8 W8(W16.w.ptr, G, N, K);
     const gpu::GemmWeight bf16(d_W.ptr, W16.w.ptr), fp8(d_W.ptr, W16.w.ptr, W8.view());
     auto dense = [&](const gpu::GemmWeight& w) {  // out and dinp of rows [0, 37) with W_0, and dW_0
         d_out.poison();
@@ -374,7 +375,7 @@ void matmul_test_streams(gpu::Matmul& mm, Rng& rng, gpu::GemmType type) {
     DeviceArray<float> d_inp(inp), d_W(W), d_dout(dout), d_out(R * N), d_dinp(R * K), d_dW(dW0);
     DeviceArray<float> seen_out(R * N), seen_dinp(R * K), seen_dW(G * N * K);
     MatmulW16 W16(d_W.ptr, W.size(), 0);
-    MatmulW8 W8(d_W.ptr, G, N, K);
+    MatmulW8 W8(W16.w.ptr, G, N, K);
     const gpu::GemmWeight weight(d_W.ptr, type == gpu::GemmType::FP32 ? nullptr : W16.w.ptr,
                                  type == gpu::GemmType::FP8 ? W8.view() : gpu::Fp8Weight{});
     auto copy_on_stream = [&](DeviceArray<float>& dst, const DeviceArray<float>& src) {

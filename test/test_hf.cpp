@@ -458,6 +458,7 @@ struct FakeEPComm : Comm {
     void all_to_all_v(const float*, const int64_t*, float*, const int64_t*, int64_t) override {}
     void reduce_scatter_sum(float*, int64_t, Group) override {}
     void all_gather(float*, int64_t, Group) override {}
+    void all_gather(uint16_t*, int64_t, Group) override {}
     void pipe_exchange(const PipeTransfer*, int) override {}
     void broadcast(void*, int64_t, int) override {}
     void barrier() override {}

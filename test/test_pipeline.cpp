@@ -99,6 +99,7 @@ public:
     void all_to_all_v(const float*, const int64_t*, float*, const int64_t*, int64_t) override { unused(); }
     void reduce_scatter_sum(float*, int64_t, Group) override { unused(); }
     void all_gather(float*, int64_t, Group) override { unused(); }
+    void all_gather(uint16_t*, int64_t, Group) override { unused(); }
     void broadcast(void*, int64_t, int) override { unused(); }
     void barrier() override { unused(); }
     [[noreturn]] void abort(const std::string& message) override { throw std::runtime_error(message); }

@@ -15,7 +15,8 @@
 //   - A checkpoint resumed by the program that wrote it: the same bytes at the last step (BF16 with --recompute too:
 //     the checkpoint holds all the state, the weights' copies are remade at load, recomputation changes no bit).
 //   - Under mpirun (EP 2 x DP 2): the sums over tokens are split over the ranks: 1e-5 [7e-7]. BF16 with EP 2: step 1
-//     1e-6 [0], then BF16 roundings of weights that differ by roundoff may flip: 1e-3 [0]. FP8 with EP 2: a rank's
+//     1e-6 [0], then BF16 roundings of weights that differ by roundoff may flip: 1e-3 [3e-7]; so with DP 2 [3e-7],
+//     and a DP 2 checkpoint resumed on one rank [0]. FP8 with EP 2: a rank's
 //     weight gradients quantize 128 x 1 tiles of its own tokens, so the layout changes the rounding: 1e-3 [2e-4].
 //   - Evaluation: 1e-6 [1e-8]. Sampling: the same text (a token changes only if the uniform draw falls within ~1e-7
 //     of a boundary). Export of a loaded checkpoint: the same bytes (copies only, no arithmetic).
@@ -258,24 +259,45 @@ TEST_CASE("train_emulated --dtype bf16 and fp8: near fp32 and train_cpu's fp8, t
 // Under mpirun, the real NCCL Comm over the emulator's NCCL (MPI). EP 2 x DP 2 on 4 ranks with batch 1 each against
 // one rank with batch 4; a checkpoint of each layout resumed in the other; the 4-rank checkpoint evaluated by
 // train_cpu; sampling on 2 ranks (every rank's forward, the experts split) the same text as one rank's; BF16 and FP8
-// with EP 2 (the expert rows exchanged in BF16; each rank's own E4M3 copies) against one rank. Two ranks on a host
-// with one GPU, and a rank that sees no GPU: one clear line, a non-zero exit.
+// with EP 2 (the expert rows exchanged in BF16; each rank's own E4M3 copies) and BF16 with DP 2 (the master weights
+// sharded over the two) against one rank; the DP 2 run resumed on itself to the same checkpoint bytes, and on one
+// rank. Two ranks on a host with one GPU, and a rank that sees no GPU: one clear line, a non-zero exit.
 TEST_CASE("train_emulated under mpirun: EP 2 x DP 2 and EP 2 follow one rank, in every precision") {
     base();
     const std::string ep2dp2 = " --dtype fp32 --ep 2", two = "env STAND_IN_GPUS=2 " + mpirun_command(2);
     const std::string four = "env STAND_IN_GPUS=4 " + mpirun_command(4);
-    Job dist, bf16_ep2, fp8_ep2, bf16_one, fp8_one;
+    Job dist, bf16_ep2, fp8_ep2, bf16_one, fp8_one, bf16_dp2;
     run_all({{&dist, "dist", fresh(four + "./train_emulated" + ep2dp2, "dist", "", 1)},
              {&bf16_one, "bf16_one", fresh(EMU + " --dtype bf16", "bf16_one", "")},
              {&fp8_one, "fp8_one", fresh(EMU + " --dtype fp8", "fp8_one", "")},
              {&bf16_ep2, "bf16_ep2", fresh(two + "./train_emulated --dtype bf16 --ep 2", "bf16_ep2", "", 2)},
-             {&fp8_ep2, "fp8_ep2", fresh(two + "./train_emulated --dtype fp8 --ep 2", "fp8_ep2", "", 2)}});
+             {&fp8_ep2, "fp8_ep2", fresh(two + "./train_emulated --dtype fp8 --ep 2", "fp8_ep2", "", 2)},
+             {&bf16_dp2, "bf16_dp2", fresh(two + "./train_emulated --dtype bf16", "bf16_dp2", "", 2)}});
     CHECK(dist.out.find("4 rank(s) (PP 1 x EP 2 x DP 2)") != std::string::npos);
     check_logs("EP 2 x DP 2 vs 1 rank, steps 1-4 (loss, grad norm)", "dist", "fp32", {"loss", "grad_norm"}, 1, 4, 1e-5);
     check_logs("bf16 EP 2 vs 1 rank, step 1 (loss, grad norm)", "bf16_ep2", "bf16_one", {"loss", "grad_norm"}, 1, 1,
                1e-6);
     check_logs("bf16 EP 2 vs 1 rank, steps 2-4 (loss)", "bf16_ep2", "bf16_one", {"loss"}, 2, 4, 1e-3);
     check_logs("fp8 EP 2 vs 1 rank, steps 1-4 (loss)", "fp8_ep2", "fp8_one", {"loss"}, 1, 4, 1e-3);
+    check_logs("bf16 DP 2 vs 1 rank, steps 1-4 (loss)", "bf16_dp2", "bf16_one", {"loss"}, 1, 4, 1e-3);
+    // each rank writes its shard of the master weights: the checkpoint resumes to the same bytes, and on one rank
+    copy_checkpoint("bf16_dp2", 2, "bf16_dp2_resumed");
+    copy_checkpoint("bf16_dp2", 2, "bf16_dp2_one");
+    Job bf16_dp2_resumed, bf16_dp2_one;
+    run_all({{&bf16_dp2_resumed, "bf16_dp2_resumed",
+              train(two + "./train_emulated --dtype bf16 --resume", "bf16_dp2_resumed", "", 2)},
+             {&bf16_dp2_one, "bf16_dp2_one", train(EMU + " --dtype bf16 --resume", "bf16_dp2_one", "")}});
+    CHECK_MESSAGE(slurp(checkpoint_of("bf16_dp2_resumed", 4)) == slurp(checkpoint_of("bf16_dp2", 4)),
+                  "bf16 DP 2 resumed on itself: a different checkpoint");
+    check_logs("bf16 DP 2 step 2 resumed on 1 rank, steps 3-4 (loss)", "bf16_dp2_one", "bf16_dp2", {"loss"}, 3, 4,
+               1e-3);
+    // no rank holds the whole FP32 master weights to export: refused before training, in one line
+    const std::string f32 = " --export-hf " + dir("f32_export_hf") + " --export-dtype f32";
+    const Job f32_export = sh("f32_export", two + train("./train_emulated --dtype bf16", "f32_export", f32, 2));
+    INFO(f32_export.out);
+    CHECK(f32_export.status != 0);
+    CHECK(occurrences(f32_export.out, "--export-dtype f32 needs the FP32 master weights, which --dtype bf16 and fp8 "
+                                      "shard over the ranks") == 1);
     copy_checkpoint("fp32", 2, "one2dist");
     copy_checkpoint("dist", 2, "dist2one");
     copy_checkpoint("cpu", 4, "sample_ep2");

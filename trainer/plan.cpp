@@ -1,7 +1,8 @@
 // The arithmetic of --plan (docs/design.md §1.4, §2, §8). The layers are cut into PP stages as the trainers cut them
 // (trainer/pipeline.h); a GPU of stage s holds the stage's replicated parameters whole and its routed experts / EP,
-// as FP32 master weights, FP32 gradients and a BF16 working copy, and the AdamW moments of its optimizer shard; the
-// plan reports the heaviest stage. FLOPs per token, as Megatron counts: 6 x active parameters (shared experts and
+// as ./train --dtype bf16 does: FP32 gradients, a BF16 working copy of the GEMM weights and FP32 of the rest
+// (embedding, norms, routers), and its optimizer shard, the AdamW moments and FP32 master weights; the plan reports
+// the heaviest stage. FLOPs per token, as Megatron counts: 6 x active parameters (shared experts and
 // MTP included) + the attention scores, causal halved. All-to-all: per MoE block and token, k rows of d BF16 values
 // are dispatched and returned in the forward, and again in the backward; 1/EP stays on the GPU, (per_node - 1)/EP
 // crosses NVLink, the rest the network. The predicted step adds compute and communication, no overlap; 1F1B runs
@@ -59,6 +60,7 @@ static double recomputed_flops_per_token(const Config& c, int T) {
 struct StagePlan {
     int first = 0, end = 0;             // main blocks [first, end)
     double replicated = 0, experts = 0;  // parameters one GPU holds: the stage's replicated ones, its experts / EP
+    double replicated_fp32 = 0;          // of the replicated ones, those read in FP32 (all experts are GEMM weights)
     double moment_values = 0;           // of m, and of v, in one GPU's AdamW shard
     double weight_bytes = 0, optimizer_bytes = 0, activation_bytes = 0;
     double all_to_all_bytes = 0, message_bytes = 0;  // sent per micro-step; one message to a neighbour
@@ -89,12 +91,15 @@ static StagePlan plan_stage(const Config& c, const PlanInputs& p, int stage, int
     s.end = end;
     const int pp = p.pp, dp = p.gpus / (p.ep * pp), M = p.grad_accum;
     const bool last = stage == pp - 1;
-    for (const ParamTensor& t : build_param_table(c, 1, first, end).tensors)
+    for (const ParamTensor& t : build_param_table(c, 1, first, end).tensors) {
         (t.expert_shard ? s.experts : s.replicated) += t.numel;
+        if (!t.gemm_weight) s.replicated_fp32 += t.numel;
+    }
     s.experts /= p.ep;
-    s.weight_bytes = (s.replicated + s.experts) * (4 + 4 + 2);  // master, gradient, BF16 copy
+    const double gemm_values = s.replicated + s.experts - s.replicated_fp32;
+    s.weight_bytes = 4 * (s.replicated + s.experts) + 4 * s.replicated_fp32 + 2 * gemm_values;  // gradients, weights
     s.moment_values = s.replicated / (p.ep * dp) + s.experts / dp;
-    s.optimizer_bytes = 2 * p.moment_bytes * s.moment_values;
+    s.optimizer_bytes = (2 * p.moment_bytes + 4) * s.moment_values;  // m, v and the master weights
     // per token and micro-batch in flight (trainer/pipeline.h): every block's set, or with recompute every block's
     // input, the micro-batches sharing one set of each kind of block; on the last stage (one micro-batch in flight)
     // the heads' logits (all, or one chunk each) and their gradient (every row, BF16)
@@ -130,10 +135,12 @@ static StagePlan plan_stage(const Config& c, const PlanInputs& p, int stage, int
     const int neighbours = (stage > 0) + !last;
     const bool same_node = p.ep * dp < p.gpus_per_node;
     s.p2p_s = neighbours * 2 * s.message_bytes / ((same_node ? p.nvlink_gbps : p.network_gbps) * 1e9);
-    // once per step the gradients are reduce-scattered and the weights all-gathered, in FP32: a ring all-reduce's
-    // 2 (n-1)/n of the buffer per GPU, over the stage's GPUs for replicated tensors and the DP group for experts
+    // once per step the gradients are reduce-scattered in FP32 and the weights all-gathered, the GEMM weights' BF16
+    // working copy and the rest in FP32: (n-1)/n of each buffer per GPU in a ring, over the stage's GPUs for
+    // replicated tensors and the DP group for experts
     const double stage_gpus = p.ep * dp;
-    s.exchange_s = (2.0 * (stage_gpus - 1) / stage_gpus * 4 * s.replicated + 2.0 * (dp - 1) / dp * 4 * s.experts) /
+    const double replicated_bytes = 4 * s.replicated + 4 * s.replicated_fp32 + 2 * (s.replicated - s.replicated_fp32);
+    s.exchange_s = ((stage_gpus - 1) / stage_gpus * replicated_bytes + (dp - 1.0) / dp * (4 + 2) * s.experts) /
                    (p.network_gbps * 1e9);
     return s;
 }
@@ -185,8 +192,8 @@ void print_plan(const Config& c, const PlanInputs& p) {
     printf("parameters: %.3g total (%.3g replicated, %.3g in routed experts); one GPU holds %.3g\n",
            replicated_params + expert_params, replicated_params, expert_params, heavy.replicated + heavy.experts);
     const bool fits = heavy.bytes() <= p.gpu_memory_gib * GiB;
-    printf("memory per GPU: weights+grads+BF16 copy %.1f GiB, AdamW shard %.1f GiB, activations%s %.1f GiB, "
-           "total %.1f of %.0f GiB%s\n",
+    printf("memory per GPU: weights+grads %.1f GiB, optimizer shard (moments, master weights) %.1f GiB, "
+           "activations%s %.1f GiB, total %.1f of %.0f GiB%s\n",
            heavy.weight_bytes / GiB, heavy.optimizer_bytes / GiB, p.recompute ? " (--recompute)" : "",
            heavy.activation_bytes / GiB, heavy.bytes() / GiB, p.gpu_memory_gib,
            fits ? "  -> fits"

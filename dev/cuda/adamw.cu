@@ -140,8 +140,8 @@ static void run(int v, int block, Buffers& b, const Problem& p) {
         gpu::launch_kernel(adamw_thread_per_value, (unsigned)gpu::ceil_div(p.n, block), block, 0, nullptr,
                            b.params.ptr, b.m.ptr, b.v.ptr, b.grads.ptr, a, p.n);
     } else if (v == 2) {
-        gpu::adamw_update(b.shard, b.params.ptr, nullptr, b.grads.ptr, b.m.ptr, b.v.ptr, p.oc, p.lr, p.step,
-                          p.grad_multiplier, nullptr);
+        gpu::adamw_update(b.shard, b.params.ptr, nullptr, nullptr, 0, b.grads.ptr, b.m.ptr, b.v.ptr, p.oc, p.lr,
+                          p.step, p.grad_multiplier, nullptr);
     } else {
         cudaDeviceProp prop;
         CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));

@@ -29,7 +29,7 @@ enum ncclResult_t {
     ncclInvalidArgument = 4,
     ncclInvalidUsage = 5,
 };
-enum ncclDataType_t { ncclUint8 = 1, ncclInt64 = 4, ncclFloat32 = 7, ncclFloat64 = 8 };
+enum ncclDataType_t { ncclUint8 = 1, ncclInt64 = 4, ncclFloat32 = 7, ncclFloat64 = 8, ncclBfloat16 = 9 };
 enum ncclRedOp_t { ncclSum = 0 };
 struct ncclUniqueId {
     char internal[128];
@@ -62,9 +62,15 @@ inline bool mpi_running() {
     MPI_Finalized(&finalized);
     return initialized && !finalized;
 }
-inline size_t type_bytes(ncclDataType_t t) { return t == ncclUint8 ? 1 : t == ncclFloat32 ? 4 : 8; }
+inline size_t type_bytes(ncclDataType_t t) {
+    return t == ncclUint8 ? 1 : t == ncclBfloat16 ? 2 : t == ncclFloat32 ? 4 : 8;
+}
 inline MPI_Datatype mpi_type(ncclDataType_t t) {
-    return t == ncclUint8 ? MPI_UINT8_T : t == ncclInt64 ? MPI_INT64_T : t == ncclFloat32 ? MPI_FLOAT : MPI_DOUBLE;
+    return t == ncclUint8      ? MPI_UINT8_T
+           : t == ncclBfloat16 ? MPI_UINT16_T
+           : t == ncclInt64    ? MPI_INT64_T
+           : t == ncclFloat32  ? MPI_FLOAT
+                               : MPI_DOUBLE;
 }
 // count elements of t as an MPI count (of bytes for the point-to-point transfers), or -1 when MPI's int cannot
 inline int mpi_count(size_t count) { return count > (size_t)INT_MAX ? -1 : (int)count; }
