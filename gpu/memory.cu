@@ -12,10 +12,8 @@
 #include "kernels/attention.cuh"
 #include "kernels/rmsnorm.cuh"
 #include "kernels/rope.cuh"
-#include "kernels/router.cuh"
 
-// Device memory, or with pinned host memory (cudaMallocHost), which copies queue from and to without a wait
-static void* device_alloc(int64_t bytes, const char* what, bool pinned = false) {
+void* device_alloc(int64_t bytes, const char* what, bool pinned) {
     void* p = nullptr;
     if (bytes <= 0) return nullptr;
     if ((pinned ? cudaMallocHost(&p, (size_t)bytes) : cudaMalloc(&p, (size_t)bytes)) != cudaSuccess) {
@@ -39,40 +37,6 @@ static int64_t bytes_of(const std::function<void(Arena&)>& carve) {
 // Whether the attention runs on the tensor cores, with its inputs stored in BF16 (attention_bf16.cuh)
 static bool bf16_attention(const Config& c, bool bf16) {
     return gpu::attention_on_tensor_cores(bf16 ? Precision::BF16 : Precision::FP32, c.qk_head_dim(), c.v_head_dim);
-}
-
-// Ampere or newer (the build's PTX is compute_80); the tensor-core attention's shared memory (99 KiB a block on
-// sm_86 and sm_89); for FP8, Hopper and a cuBLASLt from 12.9 on (its block-scaled FP8 GEMMs are sm_90's and came in
-// 12.9).
-static void check_device(const Config& c, Precision p) {
-    int device = 0;
-    cudaDeviceProp prop;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-    const std::string sm = "sm_" + std::to_string(prop.major) + std::to_string(prop.minor);
-    if (prop.major < 8)
-        throw std::runtime_error(std::string(prop.name) + " (" + sm + ") is older than the Ampere GPUs (sm_80) " +
-                                 "moe.cu's kernels are built for");
-    if (p == Precision::FP8 && prop.major != 9)
-        throw std::runtime_error("--dtype fp8 runs on cuBLASLt's 128-block scaled FP8 GEMMs, which Hopper GPUs " +
-                                 std::string("(sm_90) have and this one (") + sm + ") does not: use --dtype bf16");
-    const size_t lt = cublasLtGetVersion();
-    if (p == Precision::FP8 && lt < 120900)
-        throw std::runtime_error("--dtype fp8 needs cuBLASLt 12.9 or newer (its 128-block scaled FP8 GEMMs) and " +
-                                 std::string("this process loaded ") + std::to_string(lt / 10000) + "." +
-                                 std::to_string(lt / 100 % 100) + ": use a newer CUDA toolkit, or --dtype bf16");
-    if (c.n_routed_experts > gpu::ROUTER_MAX_EXPERTS)
-        throw std::runtime_error("n_routed_experts " + std::to_string(c.n_routed_experts) + " is above the " +
-                                 std::to_string(gpu::ROUTER_MAX_EXPERTS) +
-                                 " the router's kernels count in shared memory (train_cpu takes it)");
-    const int64_t attention_bytes =
-        bf16_attention(c, p != Precision::FP32) ? gpu::attn_bf16_backward_bytes(c.qk_head_dim(), c.v_head_dim) : 0;
-    if (attention_bytes > (int64_t)prop.sharedMemPerBlockOptin)
-        throw std::runtime_error("the attention at head dims " + std::to_string(c.qk_head_dim()) + " / " +
-                                 std::to_string(c.v_head_dim) + " needs " + std::to_string(attention_bytes >> 10) +
-                                 " KiB of shared memory a block on the tensor cores and " + sm + " has " +
-                                 std::to_string(prop.sharedMemPerBlockOptin >> 10) +
-                                 " KiB: use --dtype fp32, or smaller head dims");
 }
 
 static void carve_swiglu(Arena& ar, int64_t M, int64_t I, bool bf16, GpuSwigluActs& s) {
@@ -341,23 +305,6 @@ void ensure_expert_rows(GpuModel& m, GpuMoEActs& a, int64_t R) {
     gpu::matmul_reserve(m.matmul, cast_elements(c, (int64_t)m.max_B * m.T, R));
 }
 
-// The router biases (the tensors outside the optimizer): an offset and the values of each, in bytes
-static int64_t bias_table_bytes(const ParamTable& table) {
-    int64_t bytes = 0;
-    for (const ParamTensor& t : table.tensors)
-        if (!t.trainable) bytes += 8 + 4 * t.numel;
-    return bytes;
-}
-
-// The device tables of the shard's AdamW and norm: its packed ranges (6 R + 2 int64), each range's squared norm and
-// the norm's chunk partials. Bounded alike on every rank: at most two ranges per tensor (a piece's and a tail's).
-// Then the router biases' table.
-static int64_t optimizer_table_bytes(const ParamTable& table) {
-    const int64_t ranges = 2 * (int64_t)table.tensors.size();
-    const int64_t chunks = (table.total + GRAD_NORM_CHUNK - 1) / GRAD_NORM_CHUNK + ranges;
-    return (6 * ranges + 2) * 8 + (ranges + chunks) * 8 + bias_table_bytes(table);
-}
-
 GpuMemoryPlan gpu_memory_plan(const Config& c, int ep_size, int stage_size, Precision p, int B, int T,
                               const ActivationLayout& layout, Moments moments, int first_layer, int end_layer,
                               int slots) {
@@ -459,18 +406,10 @@ static void allocate(GpuModel& m, const Config& c, Comm& comm, Precision p, int 
     const bool bf16 = p != Precision::FP32;
     m.params = static_cast<float*>(device_alloc((bf16 ? m.table.fp32_total : total) * 4, "the parameters"));
     m.grads = static_cast<float*>(device_alloc(total * 4, "the gradients"));
-    if (moments == Moments::BF16) {
-        m.adam_m16 = static_cast<__nv_bfloat16*>(device_alloc(m.shard.moments * 2, "the AdamW moments"));
-        m.adam_v16 = static_cast<__nv_bfloat16*>(device_alloc(m.shard.moments * 2, "the AdamW moments"));
-    } else {
-        m.adam_m = static_cast<float*>(device_alloc(m.shard.moments * 4, "the AdamW moments"));
-        m.adam_v = static_cast<float*>(device_alloc(m.shard.moments * 4, "the AdamW moments"));
-    }
-    if (bf16) {
+    if (bf16)
         m.params_bf16 = static_cast<__nv_bfloat16*>(
             device_alloc((total - m.table.fp32_total) * 2, "the BF16 weights"));
-        m.master = static_cast<float*>(device_alloc(m.shard.moments * 4, "the master weights"));
-    }
+    allocate_optimizer(m, moments);
     if (p == Precision::FP8) {
         m.fp8_alloc = device_alloc(plan.fp8_weights, "the FP8 weights");
         Arena fp8{static_cast<char*>(m.fp8_alloc), 0};
@@ -481,28 +420,11 @@ static void allocate(GpuModel& m, const Config& c, Comm& comm, Precision p, int 
     m.block_set = block_sets(c, layout.recompute, first_layer, end_layer);
     m.scratch = device_alloc(bytes_of([&](Arena& counting) { carve_scratch(counting, c, bf16, B, T); }),
                              "the backward's buffers");
-    const std::vector<int64_t> packed_ranges = gpu::shard_ranges_pack(m.shard);
-    const int64_t table_bytes = optimizer_table_bytes(m.table);
-    m.optimizer_tables = device_alloc(table_bytes, "the optimizer's tables");
-    int64_t* ranges = static_cast<int64_t*>(m.optimizer_tables);
-    m.shard_ranges = gpu::shard_ranges_of(packed_ranges, ranges);
-    if ((int64_t)packed_ranges.size() * 8 + (m.shard_ranges.ranges + m.shard_ranges.chunks) * 8 > table_bytes)
-        throw std::runtime_error("internal error: the optimizer shard's ranges exceed their bound");
-    CUDA_CHECK(cudaMemcpy(ranges, packed_ranges.data(), packed_ranges.size() * 8, cudaMemcpyHostToDevice));
-    m.range_norms_device = reinterpret_cast<double*>(ranges + packed_ranges.size());
-    m.norm_partials = m.range_norms_device + m.shard_ranges.ranges;
-    m.bias_device = static_cast<char*>(m.optimizer_tables) + table_bytes - bias_table_bytes(m.table);
     gpu::matmul_create(m.matmul, m.stream, bf16 ? cast_elements(c, N, 0) : gpu::MatmulCasts{}, p == Precision::FP8);
     host_slot(m, 0);
     allocate_slot(m, m.acts, /*with_sets*/ true);
     m.rope_cos = static_cast<float*>(device_alloc(rope_bytes(c, T), "the RoPE tables"));
     m.rope_sin = m.rope_cos + (int64_t)T * c.qk_rope_head_dim / 2;
-    m.biases = std::count_if(m.table.tensors.begin(), m.table.tensors.end(), [](const ParamTensor& t) {
-        return !t.trainable;  // the router biases
-    });
-    m.bias_offsets = static_cast<int64_t*>(device_alloc(bias_table_bytes(m.table), "the router biases' copy",
-                                                        /*pinned*/ true));
-    m.bias_values = reinterpret_cast<float*>(m.bias_offsets + m.biases);
     m.expert_counts.assign(c.num_blocks(), {});  // every block's: the ranks sum them, each stage its own
     for (int l = 0; l < c.num_blocks(); l++)
         if (c.is_moe_layer(l)) m.expert_counts[l].assign(c.n_routed_experts, 0);

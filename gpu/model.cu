@@ -1,16 +1,17 @@
-// The GPU model's forward and backward, the optimizer's steps and the host <-> device copies (model/model.cpp step
-// for step). Everything runs on m.stream; the grouped GEMMs fork onto the Matmul's streams and join back.
+// The GPU model's forward and backward (model/model.cpp step for step), and what it needs of the device. Everything
+// runs on m.stream; the grouped GEMMs fork onto the Matmul's streams and join back.
 #include "gpu/model.h"
 
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
 
-#include "kernels/adamw.cuh"
+#include "kernels/attention.cuh"
 #include "kernels/cross_entropy.cuh"
 #include "kernels/elementwise.cuh"
 #include "kernels/embedding.cuh"
 #include "kernels/rmsnorm.cuh"
+#include "kernels/router.cuh"
 
 static GpuBlockActs& block_acts(GpuModel& m, int layer) { return m.acts.blocks[m.block_set[layer]]; }
 
@@ -409,73 +410,6 @@ bool grad_accumulates(GpuModel& m, const float* grad) { return !m.grads_written.
 
 void gpu_model_zero_grads(GpuModel& m) { m.grads_written.clear(); }
 
-void gpu_model_reduce_grads(GpuModel& m) {
-    comm_follows(m);
-    shard_reduce_grads(m.shard, m.grads, *m.comm);
-}
-
-double gpu_model_grad_norm(GpuModel& m) {
-    const std::vector<OptimizerRange>& ranges = m.shard.ranges;
-    gpu::range_norms_squared(m.range_norms_device, m.shard_ranges, m.grads, m.norm_partials, m.stream);
-    std::vector<double> norms(ranges.size());
-    copy_sync(m, norms.data(), m.range_norms_device, (int64_t)ranges.size(), cudaMemcpyDeviceToHost);
-    double sum = 0.0;  // as model_grad_norm
-    for (size_t i = 0; i < ranges.size(); i++)
-        if (ranges[i].owned) sum += norms[i];
-    m.comm->all_reduce_sum(&sum, 1, Group::World);
-    return sqrt(sum);
-}
-
-// The update writes the working copy of this rank's ranges; the gather brings every rank's pieces: FP32 weights in
-// FP32 mode; in BF16 and FP8 modes the tensors read in FP32 in FP32 and the GEMM weights' BF16 working copy, 2 bytes
-// a value (the master weights stay sharded).
-void gpu_model_adamw(GpuModel& m, AdamWState& opt, const OptimizerConfig& oc, float lr, float grad_multiplier) {
-    if ((oc.moments == Moments::BF16) != (m.adam_m16 != nullptr))
-        throw std::runtime_error("internal error: AdamW's moments are not allocated in the precision asked for");
-    opt.step++;
-    m.timer.mark("AdamW");
-    const int64_t f = m.table.fp32_total;
-    if (m.adam_m16)
-        gpu::adamw_update(m.shard_ranges, m.params, m.params_bf16, m.master, f, m.grads, m.adam_m16, m.adam_v16, oc,
-                          lr, opt.step, grad_multiplier, m.stream);
-    else
-        gpu::adamw_update(m.shard_ranges, m.params, m.params_bf16, m.master, f, m.grads, m.adam_m, m.adam_v, oc, lr,
-                          opt.step, grad_multiplier, m.stream);
-    comm_follows(m);
-    if (!m.master) {
-        shard_gather(m.shard, m.params, *m.comm);
-        return;
-    }
-    for (const OptimizerBucket& b : m.shard.buckets) {
-        if (b.ranks == 1) continue;
-        if (b.first < f)
-            m.comm->all_gather(m.params + b.first, b.piece, b.group);
-        else
-            m.comm->all_gather(reinterpret_cast<uint16_t*>(m.params_bf16 + b.first - f), b.piece, b.group);
-    }
-    refresh_fp8_weights(m);
-}
-
-// Each bias stepped on the host as the CPU's, then all go up in one copy and one kernel puts them in place. The
-// copy has ended before the next step writes bias_values again: gpu_model_losses waits for the device first.
-void gpu_model_update_router_bias(GpuModel& m, const std::vector<std::vector<int64_t>>& counts) {
-    const Config& c = m.config;
-    const int64_t E = c.n_routed_experts;
-    for (int l = 0, bias = 0; l < c.num_blocks(); l++) {
-        if (!c.is_moe_layer(l)) continue;
-        if (m.w.blocks[l].router_bias) {  // this stage's block
-            m.bias_offsets[bias] = m.w.blocks[l].router_bias - m.params;
-            router_bias_step(c, counts[l], m.bias_values + bias++ * E);
-        }
-        std::fill(m.expert_counts[l].begin(), m.expert_counts[l].end(), 0);
-    }
-    if (m.biases == 0) return;
-    CUDA_CHECK(cudaMemcpyAsync(m.bias_device, m.bias_offsets, m.biases * (8 + 4 * E), cudaMemcpyHostToDevice,
-                               m.stream));
-    const int64_t* offsets = static_cast<const int64_t*>(m.bias_device);
-    gpu::put_rows(m.params, offsets, reinterpret_cast<const float*>(offsets + m.biases), m.biases, E, m.stream);
-}
-
 void RegionTimer::mark(const char* name) {
     if (!enabled) return;
     if (label) name = label;
@@ -501,6 +435,41 @@ void RegionTimer::finish(std::map<std::string, double>& totals) {
 void RegionTimer::release() {
     for (auto& mk : marks) CUDA_CHECK(cudaEventDestroy(mk.second));
     marks.clear();
+}
+
+// Ampere or newer (the build's PTX is compute_80); the tensor-core attention's shared memory (99 KiB a block on
+// sm_86 and sm_89); for FP8, Hopper and a cuBLASLt from 12.9 on (its block-scaled FP8 GEMMs are sm_90's and came in
+// 12.9).
+void check_device(const Config& c, Precision p) {
+    int device = 0;
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    const std::string sm = "sm_" + std::to_string(prop.major) + std::to_string(prop.minor);
+    if (prop.major < 8)
+        throw std::runtime_error(std::string(prop.name) + " (" + sm + ") is older than the Ampere GPUs (sm_80) " +
+                                 "moe.cu's kernels are built for");
+    if (p == Precision::FP8 && prop.major != 9)
+        throw std::runtime_error("--dtype fp8 runs on cuBLASLt's 128-block scaled FP8 GEMMs, which Hopper GPUs " +
+                                 std::string("(sm_90) have and this one (") + sm + ") does not: use --dtype bf16");
+    const size_t lt = cublasLtGetVersion();
+    if (p == Precision::FP8 && lt < 120900)
+        throw std::runtime_error("--dtype fp8 needs cuBLASLt 12.9 or newer (its 128-block scaled FP8 GEMMs) and " +
+                                 std::string("this process loaded ") + std::to_string(lt / 10000) + "." +
+                                 std::to_string(lt / 100 % 100) + ": use a newer CUDA toolkit, or --dtype bf16");
+    if (c.n_routed_experts > gpu::ROUTER_MAX_EXPERTS)
+        throw std::runtime_error("n_routed_experts " + std::to_string(c.n_routed_experts) + " is above the " +
+                                 std::to_string(gpu::ROUTER_MAX_EXPERTS) +
+                                 " the router's kernels count in shared memory (train_cpu takes it)");
+    const bool tensor_cores = gpu::attention_on_tensor_cores(p == Precision::FP32 ? p : Precision::BF16,
+                                                             c.qk_head_dim(), c.v_head_dim);
+    const int64_t attention_bytes = tensor_cores ? gpu::attn_bf16_backward_bytes(c.qk_head_dim(), c.v_head_dim) : 0;
+    if (attention_bytes > (int64_t)prop.sharedMemPerBlockOptin)
+        throw std::runtime_error("the attention at head dims " + std::to_string(c.qk_head_dim()) + " / " +
+                                 std::to_string(c.v_head_dim) + " needs " + std::to_string(attention_bytes >> 10) +
+                                 " KiB of shared memory a block on the tensor cores and " + sm + " has " +
+                                 std::to_string(prop.sharedMemPerBlockOptin >> 10) +
+                                 " KiB: use --dtype fp32, or smaller head dims");
 }
 
 double gpu_peak_flops(const cudaDeviceProp& prop) {

@@ -226,6 +226,15 @@ struct ExpertScratch {
 };
 Scratch scratch_of(const GpuModel& m);
 ExpertScratch expert_scratch_of(const GpuModel& m);
+// Device memory of `bytes` (nullptr for none), or pinned host memory (cudaMallocHost), which copies queue from and to
+// without a wait; out of memory throws a line naming `what` and what to change.
+void* device_alloc(int64_t bytes, const char* what, bool pinned = false);
+// Throws a line saying what the device lacks to run c in precision p.
+void check_device(const Config& c, Precision p);
+// gpu/optimizer.cu: the bytes of the optimizer's tables (its ranges, their norms, the router biases' copy), and the
+// optimizer's memory allocated for m's shard.
+int64_t optimizer_table_bytes(const ParamTable& table);
+void allocate_optimizer(GpuModel& m, Moments moments);
 // Slot k of the forwards' pinned host memory, allocated when first asked for.
 HostSlot& host_slot(GpuModel& m, int k);
 // Grows layer a's expert buffers (and the shared backward ones) to hold R rows.

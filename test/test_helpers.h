@@ -3,6 +3,7 @@
 #pragma once
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <cmath>
 #include <chrono>
 #include <cstdint>
@@ -100,11 +101,20 @@ inline std::string capture_stderr(const std::function<void()>& fn) {
     return text;
 }
 
-// The start of a command line that runs a program on `ranks` MPI ranks: as root, oversubscribed (this VM's 2 cores
-// run 4 ranks), one OpenMP thread per rank.
+// The environment of one mpirun: as root, one OpenMP thread per rank, and a session directory of its own (OpenMPI
+// creates its shared one when a job starts and removes it when the job ends, and two mpiruns that start together
+// can fail on it: "mkdir ... File exists").
+inline std::string mpirun_env() {
+    static std::atomic<int> launches{0};
+    const std::string session = test_path("mpirun_session_" + std::to_string(launches++));
+    std::filesystem::create_directories(session);
+    return "env OMPI_MCA_orte_tmpdir_base=" + session +
+           " OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 ";
+}
+
+// The start of a command line that runs a program on `ranks` MPI ranks, oversubscribed (this VM's 2 cores run 4).
 inline std::string mpirun_command(int ranks) {
-    return "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 "
-           "mpirun --oversubscribe -np " + std::to_string(ranks) + " ";
+    return mpirun_env() + "mpirun --oversubscribe -np " + std::to_string(ranks) + " ";
 }
 
 // A shell command run under `timeout seconds` (a hang becomes a failure, status 124), its stdout and stderr kept in

@@ -329,9 +329,8 @@ TEST_CASE("train_emulated under mpirun: EP 2 x DP 2 and EP 2 follow one rank, in
     CHECK(crowded.out.find(why, at + 1) == std::string::npos);  // printed once, by rank 1
     // a problem on some hosts only (here rank 1 sees no GPU): that rank says so once, and no rank waits for it
     const std::string args = ep2dp2 + COMMON + " --batch 1 --checkpoint-dir " + dir("no_gpu");
-    const Job no_gpu = sh("no_gpu", "env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 "
-                                    "mpirun --oversubscribe -np 1 -x STAND_IN_GPUS=2 ./train_emulated" + args +
-                                    " : -np 1 -x STAND_IN_GPUS=0 ./train_emulated" + args);
+    const Job no_gpu = sh("no_gpu", mpirun_env() + "mpirun --oversubscribe -np 1 -x STAND_IN_GPUS=2 ./train_emulated" +
+                                    args + " : -np 1 -x STAND_IN_GPUS=0 ./train_emulated" + args);
     INFO(no_gpu.out);
     CHECK((no_gpu.status != 0 && no_gpu.status != 124));
     const std::string no_gpu_why = "[rank 1] no CUDA GPU found";
