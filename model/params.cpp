@@ -85,14 +85,20 @@ ParamTable build_param_table(const Config& c, int ep_size, int first_layer, int 
     head = true;
     add("model.norm.weight", {d}).model = &ModelWeights::final_norm;
     add("lm_head.weight", {c.vocab_size, d}).model = &ModelWeights::head;
-    for (bool gemm : {false, true}) {  // the offsets: the tensors read in FP32, then the GEMM weights
+    // The offsets, in four runs: the trainable tensors read in FP32, the router biases, then the GEMM weights, the
+    // replicated ones and the experts'. Each trainable run is one bucket of the optimizer (model/optimizer.h).
+    const auto run_of = [](const ParamTensor& t) {
+        return !t.gemm_weight ? (t.trainable ? 0 : 1) : (t.expert_shard ? 3 : 2);
+    };
+    for (ParamTensor& t : table.tensors)
+        t.gemm_weight = t.shape.size() >= 2 && t.model != &ModelWeights::embed && t.block != &BlockWeights::router;
+    for (int run = 0; run < 4; run++) {
         for (ParamTensor& t : table.tensors) {
-            t.gemm_weight = t.shape.size() >= 2 && t.model != &ModelWeights::embed && t.block != &BlockWeights::router;
-            if (t.gemm_weight != gemm) continue;
+            if (run_of(t) != run) continue;
             t.offset = (table.total + PARAM_ALIGN - 1) / PARAM_ALIGN * PARAM_ALIGN;
             table.total = t.offset + t.numel;
         }
-        if (!gemm) table.fp32_total = table.total;
+        if (run == 1) table.fp32_total = table.total;
     }
     return table;
 }

@@ -65,7 +65,9 @@ struct ParamTensor {
 };
 
 // The tensors are listed in the published order; in the buffer the ones read in FP32 come first, [0, fp32_total),
-// then the GEMM weights, [fp32_total, total): the GPU's BF16 and FP8 modes keep only the first part in FP32.
+// then the GEMM weights, [fp32_total, total): the GPU's BF16 and FP8 modes keep only the first part in FP32. Within
+// each part the trainable tensors come together (the router biases last of the first part, the experts' last of
+// the second): the optimizer has at most three buckets.
 struct ParamTable {
     std::vector<ParamTensor> tensors;
     int64_t fp32_total = 0;  // floats before the first GEMM weight

@@ -4,8 +4,8 @@
 // process, then that 10 optimizer steps give the same losses, then that the single process's checkpoint, loaded
 // in this layout and saved again (every rank writing its own part), is the same file byte for byte. Exit status 0
 // when all agree.
-// With --expert-tail the experts are shaped so that each MoE layer's expert bucket leaves a tail under DP 2 (4
-// experts of width 3: 576 values a rank at EP 2, two pieces of 256 and a tail of 64), which the optimizer
+// With --expert-tail the experts are shaped so that the experts' bucket leaves a tail under DP 2 (3 MoE blocks of
+// 4 experts of width 3: 1,728 values a rank at EP 2, two pieces of 832 and a tail of 64), which the optimizer
 // all-reduces over the DP group instead of reduce-scattering it (model/optimizer.h); tiny's buckets have none.
 // Tolerance: the routing and every per-row product are bit-identical in both layouts (the GEMM sums each output
 // in a fixed order whatever the batch); only the sums over tokens and ranks are reordered, ~1e-6 relative in fp32
@@ -64,6 +64,7 @@ int main(int argc, char** argv) {
     if (expert_tail) {
         c.n_routed_experts = 4;
         c.moe_intermediate_size = 3;
+        c.num_hidden_layers = 3;
         c.n_group = c.topk_group = 1;
     }
     const int B_global = 4, T = 16;
