@@ -272,7 +272,8 @@ TEST_CASE("train_emulated under mpirun: EP 2 x DP 2 and EP 2 follow one rank, in
              {&fp8_one, "fp8_one", fresh(EMU + " --dtype fp8", "fp8_one", "")},
              {&bf16_ep2, "bf16_ep2", fresh(two + "./train_emulated --dtype bf16 --ep 2", "bf16_ep2", "", 2)},
              {&fp8_ep2, "fp8_ep2", fresh(two + "./train_emulated --dtype fp8 --ep 2", "fp8_ep2", "", 2)},
-             {&bf16_dp2, "bf16_dp2", fresh(two + "./train_emulated --dtype bf16", "bf16_dp2", "", 2)}});
+             {&bf16_dp2, "bf16_dp2",
+              fresh(two + "./train_emulated --dtype bf16", "bf16_dp2", " --export-hf " + dir("bf16_dp2_hf"), 2)}});
     CHECK(dist.out.find("4 rank(s) (PP 1 x EP 2 x DP 2)") != std::string::npos);
     check_logs("EP 2 x DP 2 vs 1 rank, steps 1-4 (loss, grad norm)", "dist", "fp32", {"loss", "grad_norm"}, 1, 4, 1e-5);
     check_logs("bf16 EP 2 vs 1 rank, step 1 (loss, grad norm)", "bf16_ep2", "bf16_one", {"loss", "grad_norm"}, 1, 1,
@@ -280,15 +281,23 @@ TEST_CASE("train_emulated under mpirun: EP 2 x DP 2 and EP 2 follow one rank, in
     check_logs("bf16 EP 2 vs 1 rank, steps 2-4 (loss)", "bf16_ep2", "bf16_one", {"loss"}, 2, 4, 1e-3);
     check_logs("fp8 EP 2 vs 1 rank, steps 1-4 (loss)", "fp8_ep2", "fp8_one", {"loss"}, 1, 4, 1e-3);
     check_logs("bf16 DP 2 vs 1 rank, steps 1-4 (loss)", "bf16_dp2", "bf16_one", {"loss"}, 1, 4, 1e-3);
-    // each rank writes its shard of the master weights: the checkpoint resumes to the same bytes, and on one rank
+    // each rank writes its shard of the master weights: the checkpoint resumes to the same bytes, and on one rank;
+    // rank 0's BF16 export (its working copy) is the one rank's export of the final checkpoint
     copy_checkpoint("bf16_dp2", 2, "bf16_dp2_resumed");
     copy_checkpoint("bf16_dp2", 2, "bf16_dp2_one");
-    Job bf16_dp2_resumed, bf16_dp2_one;
+    copy_checkpoint("bf16_dp2", 4, "bf16_dp2_final");
+    Job bf16_dp2_resumed, bf16_dp2_one, bf16_dp2_final;
     run_all({{&bf16_dp2_resumed, "bf16_dp2_resumed",
               train(two + "./train_emulated --dtype bf16 --resume", "bf16_dp2_resumed", "", 2)},
-             {&bf16_dp2_one, "bf16_dp2_one", train(EMU + " --dtype bf16 --resume", "bf16_dp2_one", "")}});
+             {&bf16_dp2_one, "bf16_dp2_one", train(EMU + " --dtype bf16 --resume", "bf16_dp2_one", "")},
+             {&bf16_dp2_final, "bf16_dp2_final", train(EMU + " --dtype bf16 --resume", "bf16_dp2_final",
+                                                       " --export-hf " + dir("bf16_dp2_final_hf"))}});
     CHECK_MESSAGE(slurp(checkpoint_of("bf16_dp2_resumed", 4)) == slurp(checkpoint_of("bf16_dp2", 4)),
                   "bf16 DP 2 resumed on itself: a different checkpoint");
+    const std::string exported = slurp(dir("bf16_dp2_hf") + "/model.safetensors");
+    CHECK(exported.size() > 100000);
+    CHECK_MESSAGE(slurp(dir("bf16_dp2_final_hf") + "/model.safetensors") == exported,
+                  "bf16 DP 2's export differs from its final checkpoint's");
     check_logs("bf16 DP 2 step 2 resumed on 1 rank, steps 3-4 (loss)", "bf16_dp2_one", "bf16_dp2", {"loss"}, 3, 4,
                1e-3);
     // no rank holds the whole FP32 master weights to export: refused before training, in one line
