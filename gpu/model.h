@@ -5,8 +5,8 @@
 // their own master copy. In BF16 and FP8 modes (the distributed optimizer, design.md §8) a rank keeps the tensors it
 // reads in FP32 (embedding, norms, routers) in FP32, the GEMM weights as a BF16 working copy alone, and the FP32
 // master weights of its optimizer shard beside the moments; the `16` buffers are the BF16 copies of GEMM inputs.
-// Activations are carved from one allocation (gpu/memory.cu); with recompute the blocks of a kind share one set and the backward runs
-// each block's forward again. Every kernel and GEMM is deterministic, so the same bits come back.
+// Activations are carved from one allocation (gpu/memory.cu); with recompute the blocks of a kind share one set and
+// the backward runs each block's forward again. Every kernel and GEMM is deterministic, so the same bits come back.
 #pragma once
 #include <cstdint>
 #include <map>

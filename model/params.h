@@ -1,9 +1,9 @@
 // The parameter table (docs/design.md §4): every tensor with its Hugging Face name, shape and 64-bit offset into one
 // float buffer (the tensors read in FP32 first, then the GEMM weights); the gradients use the same offsets in their
 // own. Offsets are multiples of PARAM_ALIGN floats (256 bytes, gaps zero), for vector loads and cuBLASLt's fastest
-// kernels. A block's routed experts are one stacked
-// tensor (E, out, in), model.layers.N.mlp.experts.*_proj.weight; the published files hold its slice E as
-// model.layers.N.mlp.experts.E.*_proj.weight. The MTP block is layer num_hidden_layers.
+// kernels. A block's routed experts are one stacked tensor (E, out, in), model.layers.N.mlp.experts.*_proj.weight;
+// the published files hold its slice E as model.layers.N.mlp.experts.E.*_proj.weight. The MTP block is layer
+// num_hidden_layers.
 #pragma once
 #include <cstdint>
 #include <string>
