@@ -96,18 +96,6 @@ static void download_moments(const GpuModel& m, const float* fp32, const __nv_bf
     for (size_t i = 0; i < host.size(); i++) host[i] = __bfloat162float(stored[i]);
 }
 
-// The values of `values` (table layout) in this rank's shard, laid out as the moments (gaps zero), and back.
-static std::vector<float> shard_values(const OptimizerShard& s, const float* values) {
-    std::vector<float> packed(s.moments, 0.0f);
-    for (const OptimizerRange& r : s.ranges)
-        std::copy(values + r.first, values + r.first + r.count, packed.begin() + r.moments);
-    return packed;
-}
-static void unpack_shard(const OptimizerShard& s, const std::vector<float>& packed, float* values) {
-    for (const OptimizerRange& r : s.ranges)
-        std::copy(packed.begin() + r.moments, packed.begin() + r.moments + r.count, values + r.first);
-}
-
 void gpu_model_upload(GpuModel& m, const Model& host, const AdamWState& opt) {
     if (host.table.total != m.table.total || host.table.fp32_total != m.table.fp32_total ||
         (int64_t)opt.m.size() != m.shard.moments || (int64_t)opt.v.size() != m.shard.moments)
@@ -115,7 +103,7 @@ void gpu_model_upload(GpuModel& m, const Model& host, const AdamWState& opt) {
     const int64_t f = m.table.fp32_total, n = m.params_bf16 ? f : m.table.total;  // the FP32 values
     CUDA_CHECK(cudaMemcpy(m.params, host.params.data(), n * sizeof(float), cudaMemcpyHostToDevice));
     if (m.params_bf16) {
-        const std::vector<float> master = shard_values(m.shard, host.params.data());
+        const std::vector<float> master = shard_pack(m.shard, host.params.data());
         CUDA_CHECK(cudaMemcpy(m.master, master.data(), master.size() * sizeof(float), cudaMemcpyHostToDevice));
         std::vector<__nv_bfloat16> working(m.table.total - f);
         for (size_t i = 0; i < working.size(); i++) working[i] = __float2bfloat16_rn(host.params[f + i]);
@@ -142,7 +130,7 @@ void gpu_model_download(const GpuModel& m, Model& host, AdamWState& opt) {
         for (size_t i = 0; i < working.size(); i++) host.params[f + i] = __bfloat162float(working[i]);
         std::vector<float> master(m.shard.moments);
         CUDA_CHECK(cudaMemcpy(master.data(), m.master, master.size() * sizeof(float), cudaMemcpyDeviceToHost));
-        unpack_shard(m.shard, master, host.params.data());
+        shard_unpack(m.shard, master, host.params.data());
     }
     download_moments(m, m.adam_m, m.adam_m16, opt.m);
     download_moments(m, m.adam_v, m.adam_v16, opt.v);

@@ -65,6 +65,18 @@ AdamWState adamw_state(const OptimizerShard& s) {
     return {std::vector<float>(s.moments), std::vector<float>(s.moments), 0};
 }
 
+std::vector<float> shard_pack(const OptimizerShard& s, const float* values) {
+    std::vector<float> packed(s.moments, 0.0f);
+    for (const OptimizerRange& r : s.ranges)
+        std::copy(values + r.first, values + r.first + r.count, packed.begin() + r.moments);
+    return packed;
+}
+
+void shard_unpack(const OptimizerShard& s, const std::vector<float>& packed, float* values) {
+    for (const OptimizerRange& r : s.ranges)
+        std::copy(packed.begin() + r.moments, packed.begin() + r.moments + r.count, values + r.first);
+}
+
 void shard_reduce_grads(const OptimizerShard& s, float* grads, Comm& comm) {
     for (const OptimizerBucket& b : s.buckets) {
         if (b.ranks == 1) continue;

@@ -64,6 +64,10 @@ OptimizerShard optimizer_shard(const ParamTable& table, int stage_size, int stag
 OptimizerShard optimizer_shard(const ParamTable& table, const Comm& comm);
 // Zero moments for shard s, at step 0.
 AdamWState adamw_state(const OptimizerShard& s);
+// The values of `values` (laid out by the table) in shard s's ranges, laid out as its moments (the gaps zero), and
+// back: the GPU's master weights to and from the host's weights.
+std::vector<float> shard_pack(const OptimizerShard& s, const float* values);
+void shard_unpack(const OptimizerShard& s, const std::vector<float>& packed, float* values);
 // Sums the gradients over the ranks holding each bucket, where this rank needs them: its pieces and the tails.
 // grads: host memory, or device memory with the NCCL Comm.
 void shard_reduce_grads(const OptimizerShard& s, float* grads, Comm& comm);

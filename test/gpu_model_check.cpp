@@ -147,8 +147,7 @@ void expect_throw(const std::string& name, const std::string& expect, const std:
 // A rank's optimizer moments (its shard's layout) laid out by the table, every rank's pieces gathered in. Collective.
 std::vector<float> moments_by_table(const Model& m, const std::vector<float>& moments) {
     std::vector<float> whole(m.table.total, 0.0f);
-    for (const OptimizerRange& r : m.shard.ranges)
-        std::copy(moments.begin() + r.moments, moments.begin() + r.moments + r.count, whole.begin() + r.first);
+    shard_unpack(m.shard, moments, whole.data());
     shard_gather(m.shard, whole.data(), *m.comm);
     return whole;
 }

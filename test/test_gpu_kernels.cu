@@ -270,12 +270,7 @@ static void test_adamw(Rng& rng) {
         DeviceArray<int64_t> d_table(packed);
         const gpu::ShardRanges ranges = gpu::shard_ranges_of(packed, d_table.ptr);
         // both keep the moments of the shard's ranges alone, packed: m0 and v0's values of those ranges
-        auto pack_moments = [&](const std::vector<float>& x) {
-            std::vector<float> out(shard.moments);
-            for (const OptimizerRange& r : shard.ranges)
-                std::copy(x.begin() + r.first, x.begin() + r.first + r.count, out.begin() + r.moments);
-            return out;
-        };
+        auto pack_moments = [&](const std::vector<float>& x) { return shard_pack(shard, x.data()); };
         AdamWState state{pack_moments(m0), pack_moments(v0), 6};
         std::vector<float> params = params0;
         DeviceArray<float> d_params(params), d_m(state.m), d_v(state.v);

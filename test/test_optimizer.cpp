@@ -203,6 +203,17 @@ TEST_CASE("optimizer: ZeRO-1 shards cover every trainable value once, on 1 to 64
                         if (i >= b.first && i < b.first + b.ranks * b.piece) misplaced += (i - b.first) / b.piece != b.index;
                 }
             }
+            // shard_pack puts each range's values at its moments and zeros in the gaps; shard_unpack puts them back
+            std::vector<float> values(table.total), back(table.total, -1.0f);
+            for (int64_t i = 0; i < table.total; i++) values[i] = (float)(i % 65521 + 1);
+            const std::vector<float> packed = shard_pack(s, values.data());
+            shard_unpack(s, packed, back.data());
+            int64_t repacked_wrong = 0;
+            for (int64_t j = 0; j < s.moments; j++) repacked_wrong += !taken[j] && packed[j] != 0.0f;
+            for (const OptimizerRange& r : s.ranges)
+                for (int64_t k = 0, i = r.first; k < r.count; k++, i++)
+                    repacked_wrong += packed[r.moments + k] != values[i] || back[i] != values[i];
+            CHECK(repacked_wrong == 0);
         }
         CHECK(shared_places == 0);  // no two values share a moment
         CHECK(misplaced == 0);
